@@ -1,0 +1,3 @@
+from onnxbuild.cli import main
+
+main()

@@ -1,0 +1,73 @@
+"""Small helpers shared by the engine and the steps: canonical JSON, hashing, atomic writes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+CHUNK = 1 << 20
+
+
+def canonical_json(data: Any) -> str:
+    """JSON that is identical for equal data: sorted keys, no whitespace, no NaN."""
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def pretty_json(data: Any) -> str:
+    """Stable, reviewable JSON for files people read and diff (sorted keys, trailing newline)."""
+    return json.dumps(data, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_text(text: str) -> str:
+    return sha256_bytes(text.encode("utf-8"))
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` so that readers see either the old file or the whole new one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def write_if_changed(path: str | os.PathLike[str], text: str) -> bool:
+    """Atomically write ``text`` unless the file already holds exactly it; True if written."""
+    data = text.encode("utf-8")
+    try:
+        if Path(path).read_bytes() == data:
+            return False
+    except OSError:
+        pass
+    atomic_write_bytes(path, data)
+    return True

@@ -1,0 +1,171 @@
+"""The library API the CLI is a thin layer over: load, plan, build, inspect, clean."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from onnxbuild.engine.cache import Cache
+from onnxbuild.engine.graph import Plan
+from onnxbuild.engine.runner import BuildReport, Reporter
+from onnxbuild.errors import OnnxbuildError, RecipeError, UsageError
+from onnxbuild.recipe.loader import load_recipe
+from onnxbuild.recipe.model import Recipe
+
+CACHE_ENV = "ONNXBUILD_CACHE_DIR"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where a build keeps its cache and writes its artifacts."""
+
+    cache_dir: Path = field(default_factory=lambda: Path(os.environ.get(CACHE_ENV) or ".onnxbuild/cache"))
+    artifacts_dir: Path = Path("artifacts")
+
+    def cache(self, reporter: Reporter | None = None) -> Cache:
+        cache = Cache(self.cache_dir)
+        if reporter is not None:
+            cache.warn = reporter.warning
+        return cache
+
+
+def load_recipes(paths: Sequence[str | Path]) -> list[Recipe]:
+    """Load every recipe, reporting the problems of all of them together."""
+    if not paths:
+        raise UsageError("name at least one recipe, e.g. onnxbuild make recipes/gpt2.yaml")
+    recipes: list[Recipe] = []
+    problems = []
+    for path in paths:
+        try:
+            recipes.append(load_recipe(path))
+        except RecipeError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise RecipeError(problems)
+    return recipes
+
+
+def plan(paths: Sequence[str | Path], settings: Settings | None = None, *, force: bool = False, target: str | None = None, reporter: Reporter | None = None) -> Plan:
+    """What a build would do, and why, without doing it."""
+    from onnxbuild.engine.graph import plan as make_plan
+
+    settings = settings or Settings()
+    cache = settings.cache(reporter)
+    result = make_plan(load_recipes(paths), cache, force=force, target=target)
+    cache.save_state()
+    return result
+
+
+def build(
+    paths: Sequence[str | Path],
+    settings: Settings | None = None,
+    *,
+    jobs: int = 1,
+    keep_going: bool = False,
+    force: bool = False,
+    target: str | None = None,
+    reporter: Reporter | None = None,
+    in_process: bool = False,
+) -> BuildReport:
+    """Build the recipes' artifacts; step failures are in the report (see ``report.ok``)."""
+    from onnxbuild.engine.graph import plan as make_plan
+    from onnxbuild.engine.runner import execute
+
+    settings = settings or Settings()
+    if jobs < 1:
+        raise UsageError(f"-j/--jobs must be at least 1 (got {jobs})")
+    recipes = load_recipes(paths)
+    cache = settings.cache(reporter)
+    cache.ensure_writable()
+    the_plan = make_plan(recipes, cache, force=force, target=target)
+    return execute(the_plan, cache, settings.artifacts_dir, jobs=jobs, keep_going=keep_going, in_process=in_process, reporter=reporter)
+
+
+def show(path: str | Path) -> str:
+    """The recipe with every default filled in, as YAML: exactly what the cache hashes."""
+    import yaml
+
+    recipe = load_recipe(path)
+    header = f"# {recipe.path}, resolved (every default filled in)\n"
+    return header + yaml.safe_dump(recipe.resolved, sort_keys=False, default_flow_style=None, width=100, allow_unicode=True)
+
+
+def schema_text() -> str:
+    from onnxbuild.recipe.loader import schema_text as text
+
+    return text()
+
+
+def dag(path: str | Path, fmt: str = "text") -> str:
+    """The recipe's step graph as text, Mermaid or Graphviz dot."""
+    from onnxbuild.pipeline import steps_for
+
+    recipe = load_recipe(path)
+    steps = steps_for(recipe)
+    if fmt == "mermaid":
+        lines = ["flowchart TD"]
+        lines += [f"    {s.name.replace('.', '_')}[\"{s.name} ({s.kind})\"]" for s in steps]
+        lines += [f"    {d.replace('.', '_')} --> {s.name.replace('.', '_')}" for s in steps for d in s.deps]
+        return "\n".join(lines) + "\n"
+    if fmt == "dot":
+        lines = [f'digraph "{recipe.name}" {{', "    rankdir=LR;"]
+        lines += [f'    "{s.name}" [label="{s.name}\\n{", ".join(s.outputs)}"];' for s in steps]
+        lines += [f'    "{d}" -> "{s.name}";' for s in steps for d in s.deps]
+        return "\n".join(lines) + "\n}\n"
+    if fmt != "text":
+        raise UsageError(f"--format must be text, mermaid or dot (got {fmt!r})")
+    lines = [f"{recipe.name} ({recipe.path})"]
+    for s in steps:
+        after = f"  <- {', '.join(s.deps)}" if s.deps else ""
+        lines.append(f"  {s.name:<10} writes {', '.join(s.outputs)}{after}")
+    return "\n".join(lines) + "\n"
+
+
+def clean(paths: Sequence[str | Path], settings: Settings | None = None) -> list[Path]:
+    """Remove the artifact folders of the given recipes (all of artifacts/ when none are given).
+
+    The cache is kept, so the next build restores everything without rerunning steps.
+    """
+    settings = settings or Settings()
+    root = settings.artifacts_dir
+    removed: list[Path] = []
+    if paths:
+        targets = [root / r.name for r in load_recipes(paths)]
+    else:
+        targets = [p for p in sorted(root.iterdir()) if p.is_dir()] if root.is_dir() else []
+    for folder in targets:
+        if folder.is_dir():
+            shutil.rmtree(folder)
+            removed.append(folder)
+    return removed
+
+
+def gc(settings: Settings | None = None) -> tuple[int, int]:
+    """Drop cache entries and objects that no artifact folder's manifest refers to.
+
+    Returns (files removed, bytes freed).
+    """
+    settings = settings or Settings()
+    cache = settings.cache()
+    keep_keys: set[str] = set()
+    keep_objects: set[str] = set()
+    root = settings.artifacts_dir
+    for manifest in sorted(root.glob("*/manifest.json")) if root.is_dir() else []:
+        try:
+            data: dict[str, Any] = json.loads(manifest.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        for step in data.get("steps", []):
+            if step.get("key"):
+                keep_keys.add(step["key"])
+            keep_objects.update(o["sha256"] for o in step.get("outputs", []))
+    with cache.lock("gc", what="the cache (gc)"):
+        return cache.gc(keep_keys, keep_objects)
+
+
+__all__ = ["OnnxbuildError", "Settings", "build", "clean", "dag", "gc", "load_recipes", "plan", "schema_text", "show"]

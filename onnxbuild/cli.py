@@ -1,0 +1,260 @@
+"""The ``onnxbuild`` command: parse options, call one library function, print the result.
+
+This is the only module that prints or exits. Library errors become ``Error: ...``
+with exit code 2 (bad recipe or usage) or 1 (failed build), never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from onnxbuild import api
+from onnxbuild._version import __version__
+from onnxbuild.errors import OnnxbuildError, RecipeError
+
+EPILOG_MAKE = """\b
+Examples:
+  onnxbuild make recipes/gpt2.yaml
+  onnxbuild make recipes/*.yaml -j 2 --keep-going
+  onnxbuild make recipes/gpt2.yaml --target check --force
+"""
+
+
+class Group(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except RecipeError as exc:
+            click.echo(f"Error: {len(exc.problems)} problem{'s' if len(exc.problems) != 1 else ''} in the recipe:", err=True)
+            for p in exc.problems:
+                click.echo(f"  {p}", err=True)
+            ctx.exit(exc.exit_code)
+        except OnnxbuildError as exc:
+            click.echo(f"Error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("Interrupted; nothing partial was kept (completed steps stay cached).", err=True)
+            ctx.exit(130)
+
+
+def _settings(ctx: click.Context) -> api.Settings:
+    settings: api.Settings = ctx.obj
+    return settings
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="onnxbuild")
+@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), envvar=api.CACHE_ENV, default=None, help="Cache folder (default .onnxbuild/cache; env ONNXBUILD_CACHE_DIR).")
+@click.option("--artifacts-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("artifacts"), show_default=True, help="Where artifacts/<recipe-name>/ folders are written.")
+@click.pass_context
+def cli(ctx: click.Context, cache_dir: Path | None, artifacts_dir: Path) -> None:
+    """Build ONNX model artifacts from YAML recipes, cached and reproducible.
+
+    \b
+    Start with:
+      onnxbuild make recipes/gpt2.yaml     build (export, check, validate)
+      onnxbuild plan recipes/gpt2.yaml     what would run, and why
+      onnxbuild show recipes/gpt2.yaml     the recipe with every default filled in
+    """
+    ctx.obj = api.Settings(cache_dir=cache_dir or Path(".onnxbuild/cache"), artifacts_dir=artifacts_dir)
+
+
+class Printer:
+    """Step-by-step progress on stderr; colour only on a terminal."""
+
+    def __init__(self, quiet: bool = False) -> None:
+        self.quiet = quiet
+        self.tty = sys.stderr.isatty()
+
+    def _out(self, text: str, **style: Any) -> None:
+        if not self.quiet:
+            click.echo(click.style(text, **style) if self.tty else text, err=True)
+
+    def step_started(self, step: Any) -> None:
+        self._out(f"  run    {step.label}  ({step.reason})", fg="cyan")
+
+    def step_finished(self, step: Any, record: dict[str, Any], seconds: float) -> None:
+        status = record["status"]
+        summary = record["data"].get("summary", "") if status in ("built", "cached") else record["reason"]
+        colours = {"built": "green", "cached": "blue", "failed": "red", "skipped": "yellow"}
+        took = f" in {seconds:.1f}s" if status == "built" else ""
+        text = f"  {status:<6} {step.label}{took}" + (f"  {summary}" if summary else "")
+        self._out(text, fg=colours.get(status))
+
+    def warning(self, message: str) -> None:
+        self._out(f"  warning: {message}", fg="yellow")
+
+
+@cli.command(epilog=EPILOG_MAKE)
+@click.argument("recipes", nargs=-1, required=True)
+@click.option("--target", "-t", metavar="STEP", help="Build only this step and what it needs (e.g. check).")
+@click.option("--force", is_flag=True, help="Rerun the selected steps even if cached.")
+@click.option("--jobs", "-j", type=int, default=1, show_default=True, help="Steps to run at once.")
+@click.option("--keep-going", "-k", is_flag=True, help="After a failure, build everything that does not depend on it.")
+@click.option("--json", "as_json", is_flag=True, help="Print the build report as JSON on stdout.")
+@click.pass_context
+def make(ctx: click.Context, recipes: tuple[str, ...], target: str | None, force: bool, jobs: int, keep_going: bool, as_json: bool) -> None:
+    """Build the artifacts of RECIPES (export, check, validate, ...)."""
+    printer = Printer(quiet=False)
+    report = api.build(recipes, _settings(ctx), jobs=jobs, keep_going=keep_going, force=force, target=target, reporter=printer)
+    if as_json:
+        click.echo(json.dumps(_report_json(report), indent=2, sort_keys=True))
+    else:
+        click.echo(_summary(report))
+    if not report.ok:
+        from onnxbuild.engine.runner import raise_for_failures
+
+        raise_for_failures(report)
+
+
+def _report_json(report: Any) -> dict[str, Any]:
+    return {
+        "ok": report.ok,
+        "seconds": round(report.seconds, 3),
+        "recipes": [
+            {"name": r.recipe.name, "recipe": r.recipe.path, "artifacts": str(r.artifacts), "ok": r.ok, "steps": r.steps}
+            for r in report.recipes
+        ],
+    }
+
+
+def _summary(report: Any) -> str:
+    lines = []
+    for r in report.recipes:
+        counts: dict[str, int] = {}
+        for s in r.steps:
+            counts[s["status"]] = counts.get(s["status"], 0) + 1
+        state = "ok" if r.ok else "FAILED"
+        lines.append(f"{r.recipe.name}: {state} ({', '.join(f'{n} {k}' for k, n in counts.items())})")
+        width = max(len(s["name"]) for s in r.steps) if r.steps else 4
+        for s in r.steps:
+            secs = r.timings["steps"].get(s["name"], {}).get("seconds", 0.0)
+            took = f"{secs:6.1f}s" if s["status"] == "built" else "       "
+            outs = ", ".join(o["path"] for o in s["outputs"])
+            lines.append(f"  {s['name']:<{width}}  {s['status']:<7} {took}  {outs}")
+        weights = next((s["data"].get("weights") for s in r.steps if s["data"].get("weights")), None)
+        if weights and weights != "pretrained":
+            why = next((s["data"].get("why") for s in r.steps if s["data"].get("why")), "")
+            lines.append(f"  weights: {weights}" + (f" ({why})" if why else ""))
+        lines.append(f"  artifacts: {r.artifacts}/")
+    lines.append(f"done in {report.seconds:.2f}s")
+    return "\n".join(lines)
+
+
+@cli.command()
+@click.argument("recipes", nargs=-1, required=True)
+@click.option("--target", "-t", metavar="STEP", help="Plan only this step and what it needs.")
+@click.option("--force", is_flag=True, help="Plan as if --force were given to make.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@click.pass_context
+def plan(ctx: click.Context, recipes: tuple[str, ...], target: str | None, force: bool, as_json: bool) -> None:
+    """Show what `make` would do and why, without doing it.
+
+    Exits 0 when everything is up to date and 2 when some step would run, so CI
+    can assert that committed artifacts are current.
+
+    \b
+    Example:
+      onnxbuild plan recipes/gpt2.yaml
+      export: will run: export.opset changed 17 -> 18
+      check: will run: its input from export will be rebuilt
+    """
+    result = api.plan(recipes, _settings(ctx), force=force, target=target, reporter=Printer())
+    if as_json:
+        click.echo(json.dumps({"up_to_date": not result.would_run, "steps": [
+            {"recipe": s.recipe.name, "step": s.spec.name, "action": s.action, "reasons": list(s.reasons), "key": s.key} for s in result.steps
+        ]}, indent=2))
+    else:
+        for s in result.steps:
+            verb = "will run" if s.action == "run" else "cached"
+            click.echo(f"{s.label}: {verb}: {s.reason}")
+        n = len(result.would_run)
+        click.echo(f"{n} step{'s' if n != 1 else ''} would run" if n else "everything is up to date")
+    ctx.exit(2 if result.would_run else 0)
+
+
+@cli.command()
+@click.argument("recipe")
+def show(recipe: str) -> None:
+    """Print RECIPE with every default filled in (what the cache hashes).
+
+    \b
+    Example:
+      onnxbuild show recipes/gpt2.yaml
+    """
+    click.echo(api.show(recipe), nl=False)
+
+
+@cli.command()
+def schema() -> None:
+    """Print the recipe JSON Schema (draft 2020-12), e.g. for editor completion.
+
+    \b
+    Example:
+      onnxbuild schema > recipe.schema.json
+    """
+    click.echo(api.schema_text(), nl=False)
+
+
+@cli.command()
+@click.argument("recipe")
+@click.option("--format", "fmt", type=click.Choice(["text", "mermaid", "dot"]), default="text", show_default=True)
+def dag(recipe: str, fmt: str) -> None:
+    """Print RECIPE's step graph.
+
+    \b
+    Example:
+      onnxbuild dag recipes/gpt2.yaml --format mermaid
+    """
+    click.echo(api.dag(recipe, fmt), nl=False)
+
+
+@cli.command()
+@click.argument("recipes", nargs=-1)
+@click.pass_context
+def clean(ctx: click.Context, recipes: tuple[str, ...]) -> None:
+    """Remove artifact folders (of RECIPES, or all); the cache is kept.
+
+    \b
+    Example:
+      onnxbuild clean recipes/gpt2.yaml
+    """
+    removed = api.clean(recipes, _settings(ctx))
+    for path in removed:
+        click.echo(f"removed {path}/")
+    if not removed:
+        click.echo("nothing to remove")
+
+
+@cli.command()
+@click.pass_context
+def gc(ctx: click.Context) -> None:
+    """Drop cache entries that no artifact folder refers to; report the bytes freed.
+
+    \b
+    Example:
+      onnxbuild gc
+    """
+    removed, freed = api.gc(_settings(ctx))
+    click.echo(f"removed {removed} cache file{'s' if removed != 1 else ''}, freed {_human(freed)}")
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+def main() -> None:
+    cli(prog_name="onnxbuild")
+
+
+if __name__ == "__main__":
+    main()

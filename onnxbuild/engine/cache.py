@@ -1,0 +1,266 @@
+"""The content-addressed step cache.
+
+Layout under the cache root::
+
+    objects/ab/abcdef...      output files, named by sha256, read-only
+    entries/12/1234....json   one per step key: its ingredients and its outputs' digests
+    last/<recipe>.json        the keys and ingredients of each recipe's last build (for `plan`'s reasons)
+    state/hashes.json         sha256 of files keyed by (inode, size, mtime, ctime), so unchanged
+                              files are not re-read on every build
+    locks/                    flock files
+    tmp/<pid>-<random>/       where running steps write; moved into objects/ on success
+
+An entry is written last, atomically, after all its objects are in place: a build
+killed at any moment leaves either a whole entry or none. An entry that cannot be
+read, or whose objects are missing or the wrong size, is a miss with a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypedDict
+
+from onnxbuild._util import atomic_write_text, canonical_json, pretty_json, sha256_file, sha256_text
+from onnxbuild.engine.locks import FileLock
+from onnxbuild.errors import CacheError
+
+
+class OutputRecord(TypedDict):
+    path: str
+    sha256: str
+    bytes: int
+
+
+class EntryRecord(TypedDict):
+    key: str
+    step: str
+    kind: str
+    ingredients: dict[str, Any]
+    outputs: list[OutputRecord]
+    data: dict[str, Any]
+
+
+def step_key(ingredients: dict[str, Any]) -> str:
+    """The cache key: sha256 of the canonical JSON of everything that can change a step's output."""
+    return sha256_text(canonical_json(ingredients))
+
+
+@dataclass
+class Cache:
+    root: Path
+    warn: Callable[[str], None] = lambda message: None
+
+    def __post_init__(self) -> None:
+        self.root = Path(self.root)
+        self._hashes: dict[str, list[Any]] | None = None
+        self._hashes_dirty = False
+
+    # ------------------------------------------------------------ paths
+
+    def object_path(self, sha: str) -> Path:
+        return self.root / "objects" / sha[:2] / sha
+
+    def entry_path(self, key: str) -> Path:
+        return self.root / "entries" / key[:2] / f"{key}.json"
+
+    def lock(self, name: str, what: str = "") -> FileLock:
+        return FileLock(self.root / "locks" / f"{name}.lock", what=what or name)
+
+    def ensure_writable(self) -> None:
+        try:
+            for sub in ("objects", "entries", "tmp", "locks", "last", "state"):
+                (self.root / sub).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CacheError(f"cannot create the cache at {self.root} ({exc.strerror or exc}); pass --cache-dir or set ONNXBUILD_CACHE_DIR to a writable folder") from None
+
+    # ------------------------------------------------------------ entries
+
+    def get(self, key: str) -> EntryRecord | None:
+        """The entry for ``key`` if it is whole; a damaged one is a miss with a warning."""
+        path = self.entry_path(key)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            self.warn(f"cache entry {key[:12]} cannot be read ({exc}); rebuilding")
+            return None
+        try:
+            entry: EntryRecord = json.loads(text)
+            if entry["key"] != key:
+                raise ValueError("key mismatch")
+            for out in entry["outputs"]:
+                st = os.stat(self.object_path(out["sha256"]))
+                if st.st_size != out["bytes"]:
+                    raise ValueError(f"{out['path']} has {st.st_size} bytes, expected {out['bytes']}")
+        except FileNotFoundError:
+            self.warn(f"cache entry {key[:12]} refers to a missing object; rebuilding")
+            self._drop(path)
+            return None
+        except (ValueError, KeyError, TypeError) as exc:
+            self.warn(f"cache entry {key[:12]} is damaged ({exc}); rebuilding")
+            self._drop(path)
+            return None
+        return entry
+
+    def _drop(self, path: Path) -> None:
+        try:
+            path.unlink()
+        except OSError:
+            pass
+
+    def discard(self, key: str) -> None:
+        self._drop(self.entry_path(key))
+
+    def commit(self, key: str, step: str, kind: str, ingredients: dict[str, Any], workdir: Path, files: Iterable[str], data: dict[str, Any]) -> EntryRecord:
+        """Move a step's output files into the object store, then write its entry (the commit point)."""
+        outputs: list[OutputRecord] = []
+        for rel in sorted(set(files)):
+            src = workdir / rel
+            sha = sha256_file(src)
+            size = src.stat().st_size
+            dest = self.object_path(sha)
+            if dest.exists() and dest.stat().st_size == size:
+                src.unlink()
+            else:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.chmod(src, 0o444)
+                os.replace(src, dest)
+            self.remember_hash(dest, sha)
+            outputs.append({"path": rel, "sha256": sha, "bytes": size})
+        entry: EntryRecord = {"key": key, "step": step, "kind": kind, "ingredients": ingredients, "outputs": outputs, "data": data}
+        atomic_write_text(self.entry_path(key), pretty_json(entry))
+        return entry
+
+    # ------------------------------------------------------------ last builds (plan's memory)
+
+    def last_build(self, recipe: str) -> dict[str, Any]:
+        try:
+            data: dict[str, Any] = json.loads((self.root / "last" / f"{recipe}.json").read_text(encoding="utf-8"))
+            return data
+        except (OSError, ValueError):
+            return {}
+
+    def record_last_build(self, recipe: str, steps: dict[str, Any]) -> None:
+        path = self.root / "last" / f"{recipe}.json"
+        text = pretty_json(steps)
+        try:
+            if path.read_text(encoding="utf-8") == text:
+                return
+        except OSError:
+            pass
+        atomic_write_text(path, text)
+
+    # ------------------------------------------------------------ scratch space
+
+    def scratch(self) -> Path:
+        (self.root / "tmp").mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=self.root / "tmp"))
+
+    def clean_scratch(self) -> None:
+        """Remove scratch folders of processes that no longer exist (builds that were killed)."""
+        tmp = self.root / "tmp"
+        if not tmp.is_dir():
+            return
+        for child in tmp.iterdir():
+            pid = child.name.split("-", 1)[0]
+            if pid.isdigit() and _alive(int(pid)):
+                continue
+            shutil.rmtree(child, ignore_errors=True)
+
+    # ------------------------------------------------------------ file hashing with a stat cache
+
+    def file_digest(self, path: Path) -> str:
+        """sha256 of a file, re-read only when its inode, size, mtime or ctime changed."""
+        st = os.stat(path)
+        sig = [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+        hashes = self._load_hashes()
+        key = str(Path(path).resolve())
+        known = hashes.get(key)
+        if known and known[:4] == sig:
+            return str(known[4])
+        sha = sha256_file(path)
+        hashes[key] = [*sig, sha]
+        self._hashes_dirty = True
+        return sha
+
+    def remember_hash(self, path: Path, sha: str) -> None:
+        st = os.stat(path)
+        self._load_hashes()[str(Path(path).resolve())] = [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, sha]
+        self._hashes_dirty = True
+
+    def tree_digest(self, folder: Path) -> str:
+        """Digest of a folder: its files' relative paths and contents (hidden files ignored)."""
+        listing = {}
+        for p in sorted(folder.rglob("*")):
+            rel = p.relative_to(folder)
+            if p.is_file() and not any(part.startswith(".") for part in rel.parts):
+                listing[rel.as_posix()] = self.file_digest(p)
+        return sha256_text(canonical_json(listing))
+
+    def _load_hashes(self) -> dict[str, list[Any]]:
+        if self._hashes is None:
+            try:
+                self._hashes = json.loads((self.root / "state" / "hashes.json").read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                self._hashes = {}
+        return self._hashes
+
+    def save_state(self) -> None:
+        if self._hashes_dirty and self._hashes is not None:
+            try:
+                atomic_write_text(self.root / "state" / "hashes.json", canonical_json(self._hashes))
+            except OSError:
+                pass  # only a speed-up; losing it costs a re-hash
+            self._hashes_dirty = False
+
+    # ------------------------------------------------------------ maintenance
+
+    def entries(self) -> Iterable[EntryRecord]:
+        base = self.root / "entries"
+        if not base.is_dir():
+            return
+        for path in sorted(base.glob("*/*.json")):
+            entry = self.get(path.stem)
+            if entry is not None:
+                yield entry
+
+    def gc(self, keep_keys: set[str], keep_objects: set[str]) -> tuple[int, int]:
+        """Delete entries not in ``keep_keys`` and objects no kept entry or artifact refers to."""
+        freed = removed = 0
+        live = set(keep_objects)
+        base = self.root / "entries"
+        for path in sorted(base.glob("*/*.json")) if base.is_dir() else []:
+            if path.stem in keep_keys:
+                entry = self.get(path.stem)
+                if entry:
+                    live.update(o["sha256"] for o in entry["outputs"])
+                continue
+            freed += path.stat().st_size
+            path.unlink()
+            removed += 1
+        objects = self.root / "objects"
+        for path in sorted(objects.glob("*/*")) if objects.is_dir() else []:
+            if path.name not in live:
+                freed += path.stat().st_size
+                path.unlink()
+                removed += 1
+        return removed, freed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

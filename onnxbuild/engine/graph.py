@@ -1,0 +1,220 @@
+"""Planning: recipe steps -> keys -> a decision per step, with the reason in words.
+
+Planning reads the cache and hashes local files but changes nothing. The runner
+executes a plan and re-derives each key once the step's inputs exist, because a
+step whose inputs are rebuilt identical is still a cache hit (like Bazel, unlike make).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from onnxbuild.engine.cache import Cache, EntryRecord, step_key
+from onnxbuild.engine.versions import package_version
+from onnxbuild.errors import Problem, RecipeError, UsageError
+from onnxbuild.pipeline import steps_for
+from onnxbuild.recipe.model import Recipe
+from onnxbuild.steps import step_module
+from onnxbuild.steps.base import StepSpec
+
+Action = Literal["run", "cached"]
+
+
+@dataclass(frozen=True)
+class PlannedStep:
+    recipe: Recipe
+    spec: StepSpec
+    action: Action
+    reasons: tuple[str, ...]
+    key: str | None
+    """None while an input is still to be built: the key is known only after it is."""
+    ingredients: dict[str, Any] | None
+    entry: EntryRecord | None
+
+    @property
+    def label(self) -> str:
+        return f"{self.recipe.name}:{self.spec.name}"
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(self.reasons)
+
+
+@dataclass(frozen=True)
+class Plan:
+    steps: tuple[PlannedStep, ...]
+    recipes: tuple[Recipe, ...]
+
+    @property
+    def would_run(self) -> tuple[PlannedStep, ...]:
+        return tuple(s for s in self.steps if s.action == "run")
+
+
+def ingredients(spec: StepSpec, input_digests: dict[str, str], cache: Cache) -> dict[str, Any]:
+    """Everything that can change a step's outputs, and nothing that cannot (no paths, no times)."""
+    module = step_module(spec.kind)
+    return {
+        "kind": spec.kind,
+        "version": int(module.VERSION),
+        "params": spec.params,
+        "inputs": input_digests,
+        "files": {label: file_identity(path, cache) for label, path in sorted(spec.files.items())},
+        "identity": spec.identity,
+        "packages": {name: package_version(name) for name in module.PACKAGES},
+    }
+
+
+def file_identity(path: Any, cache: Cache) -> str:
+    from pathlib import Path
+
+    p = Path(path)
+    if p.is_dir():
+        return "tree:" + cache.tree_digest(p)
+    if p.is_file():
+        return cache.file_digest(p)
+    return "missing"
+
+
+def select(steps: list[StepSpec], target: str | None, recipe: Recipe) -> list[StepSpec]:
+    """The steps needed for ``target`` (it and everything it depends on), or all."""
+    if target is None:
+        return steps
+    by_name = {s.name: s for s in steps}
+    if target not in by_name:
+        raise UsageError(f"{recipe.path}: no step named {target!r} (this recipe's steps: {', '.join(by_name)})")
+    needed: set[str] = set()
+    todo = [target]
+    while todo:
+        name = todo.pop()
+        if name not in needed:
+            needed.add(name)
+            todo.extend(by_name[name].deps)
+    return [s for s in steps if s.name in needed]
+
+
+def plan(recipes: list[Recipe], cache: Cache, *, force: bool = False, target: str | None = None) -> Plan:
+    """Decide, for every step of every recipe, whether it runs or comes from the cache, and why."""
+    names: dict[str, str] = {}
+    for recipe in recipes:
+        if recipe.name in names and names[recipe.name] != recipe.path:
+            raise RecipeError([Problem(recipe.path, None, None, "name", f"{recipe.name!r} is also the name of {names[recipe.name]}; artifact folders would collide")])
+        names[recipe.name] = recipe.path
+    planned: list[PlannedStep] = []
+    for recipe in recipes:
+        _check_implemented(recipe)
+        last = cache.last_build(recipe.name)
+        done: dict[str, PlannedStep] = {}
+        for spec in select(steps_for(recipe), target, recipe):
+            step = plan_step(recipe, spec, done, cache, last.get(spec.name), force=force)
+            done[spec.name] = step
+            planned.append(step)
+    return Plan(tuple(planned), tuple(recipes))
+
+
+def plan_step(recipe: Recipe, spec: StepSpec, done: dict[str, PlannedStep], cache: Cache, last: dict[str, Any] | None, *, force: bool) -> PlannedStep:
+    pending = [d for d in spec.deps if done[d].entry is None]
+    if pending:
+        names = ", ".join(pending)
+        return PlannedStep(recipe, spec, "run", (f"its input from {names} will be rebuilt",), None, None, None)
+    digests = input_digests(spec, {d: done[d].entry for d in spec.deps})
+    ing = ingredients(spec, digests, cache)
+    key = step_key(ing)
+    entry = cache.get(key)
+    if force:
+        return PlannedStep(recipe, spec, "run", ("forced (--force)",), key, ing, None)
+    if entry is not None:
+        return PlannedStep(recipe, spec, "cached", ("up to date",), key, ing, entry)
+    return PlannedStep(recipe, spec, "run", tuple(explain(last, ing, key)), key, ing, None)
+
+
+def input_digests(spec: StepSpec, entries: dict[str, EntryRecord | None]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for inp in spec.inputs:
+        entry = entries[inp.step]
+        assert entry is not None
+        by_path = {o["path"]: o["sha256"] for o in entry["outputs"]}
+        out[f"{inp.step}:{inp.path}"] = by_path[inp.path]
+    return out
+
+
+def explain(last: dict[str, Any] | None, now: dict[str, Any], key: str) -> list[str]:
+    """Why a step must run, in words, by comparing its ingredients with its last build's."""
+    if not last or "ingredients" not in last:
+        return ["no entry in cache (never built)"]
+    before = last["ingredients"]
+    if last.get("key") == key:
+        return ["no entry in cache (removed by gc, or damaged)"]
+    reasons: list[str] = []
+    if before.get("version") != now["version"]:
+        reasons.append(f"the {now['kind']} step's implementation changed (v{before.get('version')} -> v{now['version']})")
+    for path, old, new in _changes(before.get("params", {}), now["params"]):
+        reasons.append(f"{path} {_change_words(old, new)}")
+    for name in sorted(set(before.get("packages", {})) | set(now["packages"])):
+        old, new = before.get("packages", {}).get(name), now["packages"].get(name)
+        if old != new:
+            reasons.append(f"{name} changed {old} -> {new}")
+    for label in sorted(set(before.get("files", {})) | set(now["files"])):
+        old, new = before.get("files", {}).get(label), now["files"].get(label)
+        if old != new:
+            reasons.append(f"the contents of {label} changed" if old and new != "missing" else f"{label} is missing")
+    for path, old, new in _changes(before.get("identity", {}), now["identity"]):
+        reasons.append(f"{path} {_change_words(old, new)}")
+    changed_inputs = sorted({k.split(":", 1)[0] for k in set(before.get("inputs", {})) | set(now["inputs"]) if before.get("inputs", {}).get(k) != now["inputs"].get(k)})
+    if changed_inputs:
+        reasons.append(f"its input from {', '.join(changed_inputs)} changed")
+    return reasons or ["no entry in cache"]
+
+
+def _change_words(old: Any, new: Any) -> str:
+    if old is _MISSING:
+        return f"added ({_short(new)})"
+    if new is _MISSING:
+        return f"removed (was {_short(old)})"
+    return f"changed {_short(old)} -> {_short(new)}"
+
+
+_MISSING: Any = object()
+
+
+def _short(value: Any) -> str:
+    import json
+
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _changes(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """Leaf-level differences between two JSON values, as (dotted path, old, new)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[tuple[str, Any, Any]] = []
+        for k in sorted(set(old) | set(new)):
+            path = f"{prefix}.{k}" if prefix else k
+            out.extend(_changes(old.get(k, _MISSING), new.get(k, _MISSING), path))
+        return out
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        out = []
+        for i, (a, b) in enumerate(zip(old, new)):
+            out.extend(_changes(a, b, f"{prefix}[{i}]"))
+        return out
+    if old is _MISSING and new is _MISSING:
+        return []
+    if old is _MISSING or new is _MISSING or old != new:
+        return [(prefix, old, new)]
+    return []
+
+
+_LATER = {"optimize": "optimize", "quantize": "quantize", "benchmark": "benchmark"}
+
+
+def _check_implemented(recipe: Recipe) -> None:
+    """Refuse sections whose steps this version cannot build, rather than silently ignoring them."""
+    problems = []
+    for key in _LATER:
+        value = recipe.resolved.get(key)
+        if value:
+            problems.append(Problem(recipe.path, None, None, key, f"the {key} step is not available in this version of onnxbuild; remove the section for now"))
+    if recipe.resolved.get("export", {}).get("with_past"):
+        problems.append(Problem(recipe.path, None, None, "export.with_past", "export with past key/values is not available in this version of onnxbuild; remove it for now"))
+    if problems:
+        raise RecipeError(problems)

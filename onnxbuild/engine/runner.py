@@ -1,0 +1,461 @@
+"""Executing a plan: run steps (in parallel where the DAG allows), commit, materialise.
+
+The runner decides nothing about policy: the plan says what to run. It only
+re-derives a step's key when the step's inputs have just been rebuilt, fails a step
+whose declared outputs are missing, skips the dependents of a failure (naming it),
+and writes each recipe's artifacts and manifest under a lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+from pathlib import Path
+from typing import Any, Protocol
+
+from onnxbuild._util import atomic_write_text, pretty_json, write_if_changed
+from onnxbuild.engine.cache import Cache, EntryRecord, OutputRecord, step_key
+from onnxbuild.engine.execute import ChildStep, Outcome, Task, run_task
+from onnxbuild.engine.graph import Plan, PlannedStep, explain, ingredients, input_digests
+from onnxbuild.engine.manifest import StepRecord, make_manifest
+from onnxbuild.errors import BuildFailed
+from onnxbuild.recipe.model import Recipe
+from onnxbuild.steps.base import StepContext
+
+LOCK_TIMEOUT_S = 6 * 3600.0
+
+
+class Reporter(Protocol):
+    def step_started(self, step: PlannedStep) -> None: ...
+    def step_finished(self, step: PlannedStep, record: StepRecord, seconds: float) -> None: ...
+    def warning(self, message: str) -> None: ...
+
+
+class NullReporter:
+    def step_started(self, step: PlannedStep) -> None:
+        pass
+
+    def step_finished(self, step: PlannedStep, record: StepRecord, seconds: float) -> None:
+        pass
+
+    def warning(self, message: str) -> None:
+        pass
+
+
+@dataclass
+class RecipeOutcome:
+    recipe: Recipe
+    steps: list[StepRecord]
+    artifacts: Path
+    timings: dict[str, Any]
+
+    @property
+    def ok(self) -> bool:
+        return all(s["status"] in ("built", "cached") for s in self.steps)
+
+
+@dataclass
+class BuildReport:
+    recipes: list[RecipeOutcome] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.recipes)
+
+    def failures(self) -> list[tuple[str, StepRecord]]:
+        return [(r.recipe.name, s) for r in self.recipes for s in r.steps if s["status"] == "failed"]
+
+
+@dataclass
+class _State:
+    planned: PlannedStep
+    record: StepRecord | None = None
+    entry: EntryRecord | None = None
+    seconds: float = 0.0
+    peak_rss_mb: float | None = None
+    built_seconds: float | None = None
+
+
+def execute(
+    plan: Plan,
+    cache: Cache,
+    artifacts_root: Path,
+    *,
+    jobs: int = 1,
+    keep_going: bool = False,
+    in_process: bool = False,
+    reporter: Reporter | None = None,
+) -> BuildReport:
+    """Run ``plan``; returns the per-recipe outcome (raise nothing for step failures)."""
+    reporter = reporter or NullReporter()
+    cache.warn = reporter.warning
+    start = time.perf_counter()
+    cache.ensure_writable()
+    cache.clean_scratch()
+    with _recipe_locks(cache, plan.recipes, reporter):
+        states = {s.label: _State(s) for s in plan.steps}
+        _run_all(states, plan, cache, artifacts_root, jobs=max(1, jobs), keep_going=keep_going, in_process=in_process, reporter=reporter)
+        report = BuildReport()
+        for recipe in plan.recipes:
+            mine = [st for st in states.values() if st.planned.recipe is recipe]
+            report.recipes.append(_finish_recipe(recipe, mine, cache, artifacts_root))
+    cache.save_state()
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+@contextlib.contextmanager
+def _recipe_locks(cache: Cache, recipes: tuple[Recipe, ...], reporter: Reporter) -> Iterator[None]:
+    locks = []
+    try:
+        for name in sorted({r.name for r in recipes}):  # sorted: two builds never wait on each other in a cycle
+            lock = cache.lock(f"recipe-{name}", what=f"recipe {name}")
+            lock.timeout = LOCK_TIMEOUT_S
+            probe_started = time.monotonic()
+            lock.acquire()
+            if lock.waited:
+                reporter.warning(f"waited {time.monotonic() - probe_started:.1f}s for another onnxbuild building {name}")
+            locks.append(lock)
+        yield
+    finally:
+        for lock in reversed(locks):
+            lock.release()
+
+
+def _run_all(states: dict[str, _State], plan: Plan, cache: Cache, artifacts_root: Path, *, jobs: int, keep_going: bool, in_process: bool, reporter: Reporter) -> None:
+    order = [s.label for s in plan.steps]
+    running: dict[Any, tuple[str, ChildStep, Path]] = {}
+    stopped = False
+
+    def dep_labels(label: str) -> list[str]:
+        p = states[label].planned
+        return [f"{p.recipe.name}:{d}" for d in p.spec.deps]
+
+    try:
+        while True:
+            progressed = False
+            for label in order:
+                st = states[label]
+                if st.record is not None or any(label == lab for lab, _, _ in running.values()):
+                    continue
+                deps = [states[d] for d in dep_labels(label)]
+                failed = [d for d in deps if d.record is not None and d.record["status"] in ("failed", "skipped")]
+                if failed:
+                    names = ", ".join(d.planned.spec.name for d in failed)
+                    _skip(st, f"not run: depends on {names}, which {'failed' if failed[0].record and failed[0].record['status'] == 'failed' else 'was skipped'}", reporter)
+                    progressed = True
+                    continue
+                if stopped:
+                    continue
+                if any(d.record is None for d in deps):
+                    continue
+                if len(running) >= jobs:
+                    continue
+                child = _start(st, states, cache, artifacts_root, in_process=in_process, reporter=reporter)
+                progressed = True
+                if child is not None:
+                    running[child[0].sentinel] = (label, child[0], child[1])
+                elif st.record is not None and st.record["status"] == "failed" and not keep_going:
+                    stopped = True
+            if running:
+                ready = wait(list(running))
+                for sentinel in ready:
+                    label, child, workdir = running.pop(sentinel)
+                    _finish(states[label], child.outcome(), workdir, cache, reporter, artifacts_root)
+                    if states[label].record and states[label].record["status"] == "failed" and not keep_going:  # type: ignore[index]
+                        stopped = True
+                continue
+            if not progressed:
+                break
+    except BaseException:
+        for _, child, _ in running.values():
+            child.kill()
+        raise
+    for label in order:
+        st = states[label]
+        if st.record is None:
+            _skip(st, "not run: the build stopped at the first failure (use --keep-going to build everything that does not depend on it)", reporter)
+
+
+def _skip(st: _State, reason: str, reporter: Reporter) -> None:
+    st.record = _record(st.planned, None, "skipped", reason, None)
+    reporter.step_finished(st.planned, st.record, 0.0)
+
+
+def _record(p: PlannedStep, key: str | None, status: Any, reason: str, entry: EntryRecord | None) -> StepRecord:
+    return {
+        "name": p.spec.name,
+        "kind": p.spec.kind,
+        "key": key,
+        "status": status,
+        "reason": reason,
+        "outputs": list(entry["outputs"]) if entry else [],
+        "data": dict(entry["data"]) if entry else {},
+    }
+
+
+def _start(st: _State, states: dict[str, _State], cache: Cache, artifacts_root: Path, *, in_process: bool, reporter: Reporter) -> tuple[ChildStep, Path] | None:
+    """Resolve the step's key now that its inputs exist; use the cache or launch it."""
+    p = st.planned
+    if p.key is not None:
+        key, ing, reason = p.key, p.ingredients, p.reason
+    else:
+        entries = {d: states[f"{p.recipe.name}:{d}"].entry for d in p.spec.deps}
+        ing = ingredients(p.spec, input_digests(p.spec, entries), cache)
+        key = step_key(ing)
+        last = cache.last_build(p.recipe.name).get(p.spec.name)
+        reason = "; ".join(explain(last, ing, key))
+    assert ing is not None
+    forced = p.reasons == ("forced (--force)",)
+    entry = None if forced else cache.get(key)
+    if entry is not None:
+        st.entry = entry
+        why = "up to date" if p.action == "cached" else "inputs were rebuilt identical"
+        st.record = _record(p, key, "cached", why, entry)
+        st.built_seconds = entry["data"].get("_seconds") if isinstance(entry["data"].get("_seconds"), (int, float)) else None
+        reporter.step_finished(p, st.record, 0.0)
+        return None
+    lock = cache.lock(f"key-{key}", what=f"step {p.label}")
+    lock.timeout = LOCK_TIMEOUT_S
+    lock.acquire()
+    # Another process may have built the same key while we waited for its lock.
+    entry = None if forced else cache.get(key)
+    if entry is not None:
+        lock.release()
+        st.entry = entry
+        st.record = _record(p, key, "cached", "built meanwhile by another onnxbuild", entry)
+        reporter.step_finished(p, st.record, 0.0)
+        return None
+    workdir = cache.scratch()
+    (workdir / "out").mkdir()
+    inputs_dir = workdir / "in"
+    for inp in p.spec.inputs:
+        dep = states[f"{p.recipe.name}:{inp.step}"].entry
+        assert dep is not None
+        sha = {o["path"]: o["sha256"] for o in dep["outputs"]}[inp.path]
+        _link_or_copy(cache.object_path(sha), inputs_dir / inp.path)
+    # Companion files (external tensor data) travel with the model that names them.
+    for inp in p.spec.inputs:
+        dep = states[f"{p.recipe.name}:{inp.step}"].entry
+        assert dep is not None
+        if not inp.path.endswith(".onnx"):
+            continue
+        for o in dep["outputs"]:
+            if not o["path"].startswith("reports/") and not (inputs_dir / o["path"]).exists():
+                _link_or_copy(cache.object_path(o["sha256"]), inputs_dir / o["path"])
+    ctx = StepContext(
+        recipe_name=p.recipe.name,
+        recipe_path=p.recipe.path,
+        recipe_dir=p.recipe.directory,
+        input_dir=inputs_dir,
+        output_dir=workdir / "out",
+        digests={label: v for label, v in ing["files"].items()},
+    )
+    st.record = None
+    st.planned = PlannedStep(p.recipe, p.spec, "run", (reason,), key, ing, None)
+    setattr(st, "_lock", lock)
+    reporter.step_started(st.planned)
+    log_path = workdir / "step.log"
+    task = Task(p.spec, ctx, str(log_path))
+    if in_process:
+        outcome = run_task(Task(p.spec, StepContext(**{**ctx.__dict__, "log": lambda m: None}), str(log_path)))
+        _finish(st, outcome, workdir, cache, reporter, artifacts_root)
+        return None
+    return ChildStep(task), workdir
+
+
+def _finish(st: _State, outcome: Outcome, workdir: Path, cache: Cache, reporter: Reporter, artifacts_root: Path) -> None:
+    p = st.planned
+    lock = getattr(st, "_lock", None)
+    try:
+        st.seconds = outcome.seconds
+        st.peak_rss_mb = outcome.peak_rss_mb
+        out = workdir / "out"
+        if outcome.ok and outcome.result is not None:
+            declared = set(p.spec.outputs)
+            written = {f.relative_to(out).as_posix() for f in out.rglob("*") if f.is_file()}
+            missing = sorted(declared - written)
+            extra = set(outcome.result.extra_outputs)
+            if missing:
+                outcome = Outcome(False, error=f"the step finished without writing {', '.join(missing)} (a bug in the {p.spec.kind} step)", seconds=outcome.seconds)
+            else:
+                assert p.key is not None and p.ingredients is not None
+                data = dict(outcome.result.data)
+                if outcome.result.summary:
+                    data["summary"] = outcome.result.summary
+                for w in outcome.result.warnings:
+                    reporter.warning(f"{p.label}: {w}")
+                if outcome.result.warnings:
+                    data["warnings"] = list(outcome.result.warnings)
+                files = sorted(declared | (extra & written))
+                entry = cache.commit(p.key, p.spec.name, p.spec.kind, p.ingredients, out, files, data)
+                st.entry = entry
+                st.record = _record(p, p.key, "built", p.reason, entry)
+        if not outcome.ok:
+            message = outcome.error
+            if outcome.detail:
+                saved = _save_log(workdir, artifacts_root, p)
+                if saved:
+                    message += f" (full log: {saved})"
+            st.record = _record(p, p.key, "failed", message, None)
+            _keep_failed_outputs(workdir / "out", artifacts_root, p)
+        assert st.record is not None
+        reporter.step_finished(p, st.record, st.seconds)
+    finally:
+        if lock is not None:
+            lock.release()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _failed_dir(artifacts_root: Path, p: PlannedStep) -> Path:
+    return artifacts_root / p.recipe.name / "failed" / p.spec.name
+
+
+def _save_log(workdir: Path, artifacts_root: Path, p: PlannedStep) -> str | None:
+    src = workdir / "step.log"
+    if not src.exists():
+        return None
+    dest = _failed_dir(artifacts_root, p) / "step.log"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dest)
+    return str(dest)
+
+
+def _keep_failed_outputs(out: Path, artifacts_root: Path, p: PlannedStep) -> None:
+    """A failed step's reports (say, a failed validation) are worth reading; keep them apart from good artifacts."""
+    files = [f for f in out.rglob("*") if f.is_file() and f.suffix in (".json", ".md", ".txt")] if out.is_dir() else []
+    for f in files:
+        dest = _failed_dir(artifacts_root, p) / f.relative_to(out)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, dest)
+
+
+def _link_or_copy(src: Path, dest: Path) -> None:
+    """Place ``src`` at ``dest`` atomically: a hard link where possible, else a copy."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    try:
+        os.link(src, tmp)
+    except OSError:
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, dest)
+
+
+def _finish_recipe(recipe: Recipe, states: list[_State], cache: Cache, artifacts_root: Path) -> RecipeOutcome:
+    """Materialise the outputs of every step that succeeded, then write the manifest last."""
+    folder = artifacts_root / recipe.name
+    records = [st.record for st in states if st.record is not None]
+    previous = _previous_outputs(folder)
+    current: dict[str, OutputRecord] = {}
+    for st in states:
+        if st.entry is not None:
+            for o in st.entry["outputs"]:
+                current[o["path"]] = o
+    for rel, o in sorted(current.items()):
+        _materialise(cache, o, folder / rel)
+    # Files an earlier build wrote that this one no longer produces (e.g. an external-data file).
+    failed_steps = {st.planned.spec.name for st in states if st.record and st.record["status"] != "built" and st.record["status"] != "cached"}
+    for rel in sorted(previous - set(current)):
+        owner = previous_owner(folder, rel)
+        if owner in failed_steps:
+            continue  # keep what an earlier good build of a now-failing step left
+        with contextlib.suppress(OSError):
+            (folder / rel).unlink()
+    for st in states:
+        if st.record and st.record["status"] in ("built", "cached"):
+            shutil.rmtree(folder / "failed" / st.planned.spec.name, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        (folder / "failed").rmdir()
+    manifest = make_manifest(recipe.name, {"path": _display_path(recipe), "digest": recipe.digest, "resolved": recipe.resolved}, records)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_if_changed(folder / "manifest.json", pretty_json(manifest))
+    timings = {
+        "steps": {
+            st.planned.spec.name: {
+                "status": st.record["status"] if st.record else None,
+                "seconds": round(st.seconds, 3),
+                "peak_rss_mb": st.peak_rss_mb,
+            }
+            for st in states
+        }
+    }
+    atomic_write_text(folder / "timings.json", pretty_json(timings))
+    good = {st.planned.spec.name: {"key": st.record["key"], "ingredients": st.planned.ingredients} for st in states if st.record and st.record["status"] in ("built", "cached")}
+    last = cache.last_build(recipe.name)
+    last.update(good)
+    cache.record_last_build(recipe.name, last)
+    return RecipeOutcome(recipe, records, folder, timings)
+
+
+def previous_owner(folder: Path, rel: str) -> str | None:
+    try:
+        data = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    for step in data.get("steps", []):
+        if any(o.get("path") == rel for o in step.get("outputs", [])):
+            return str(step.get("name"))
+    return None
+
+
+def _previous_outputs(folder: Path) -> set[str]:
+    try:
+        data = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+        return {o["path"] for s in data.get("steps", []) for o in s.get("outputs", [])}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return set()
+
+
+def _materialise(cache: Cache, o: OutputRecord, dest: Path) -> None:
+    src = cache.object_path(o["sha256"])
+    try:
+        if os.path.samefile(src, dest):
+            return
+    except OSError:
+        pass
+    try:
+        st = dest.stat()
+        if st.st_size == o["bytes"] and cache.file_digest(dest) == o["sha256"]:
+            return
+    except OSError:
+        pass
+    if cache.file_digest(src) != o["sha256"]:
+        from onnxbuild.errors import CacheError
+
+        raise CacheError(f"cache object {o['sha256'][:12]} for {o['path']} is corrupt; run `onnxbuild gc` and rebuild with --force")
+    _link_or_copy(src, dest)
+
+
+def _display_path(recipe: Recipe) -> str:
+    path = Path(recipe.path)
+    if path.is_absolute():
+        try:
+            return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+        except ValueError:
+            return path.as_posix()
+    return path.as_posix()
+
+
+def raise_for_failures(report: BuildReport) -> None:
+    failures = report.failures()
+    if not failures:
+        return
+    lines = []
+    for recipe, step in failures:
+        lines.append(f"{recipe}: step {step['name']} failed: {step['reason']}")
+    skipped = [f"{r.recipe.name}:{s['name']}" for r in report.recipes for s in r.steps if s["status"] == "skipped"]
+    if skipped:
+        lines.append("skipped: " + ", ".join(skipped))
+    raise BuildFailed("\n".join(lines))
+
+
+Callback = Callable[[str], None]

@@ -1,0 +1,396 @@
+"""Load a recipe file: safe YAML with positions, JSON Schema, cross-field checks, defaults.
+
+Every problem is collected and reported at once as ``file:line:col: path: message``,
+so a user fixes a recipe in one pass instead of one error per run.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Iterable
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from onnxbuild._util import sha256_bytes
+from onnxbuild.errors import Problem, RecipeError
+from onnxbuild.recipe.model import TORCH_SOURCES, Recipe
+from onnxbuild.recipe.tasks import TASKS
+from onnxbuild.recipe.yamlpos import Path_, Positions, dotted, load_yaml
+
+MAX_RECIPE_BYTES = 1 << 20
+"""A recipe is a page of YAML; anything over 1 MiB is a mistake (or an attack) and is refused unread."""
+
+DEFAULT_SAMPLE = {"batch": 2, "sequence": 16}
+DEFAULT_ATOL = 1e-4
+DEFAULT_RTOL = 1e-3
+DEFAULT_TOP1_MIN = 0.99
+
+
+@cache
+def schema_text() -> str:
+    return resources.files("onnxbuild.recipe").joinpath("schema.json").read_text(encoding="utf-8")
+
+
+@cache
+def schema() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(schema_text())
+    return data
+
+
+def read_recipe_bytes(path: str | Path) -> bytes:
+    """Read a recipe file, turning every way it can be unreadable into a RecipeError."""
+    shown = str(path)
+    p = Path(path)
+    try:
+        if p.is_dir():
+            raise RecipeError([Problem(shown, None, None, "", "is a directory, not a recipe file (name a .yaml file inside it)")])
+        size = p.stat().st_size
+        if size > MAX_RECIPE_BYTES:
+            raise RecipeError([Problem(shown, None, None, "", f"is {size} bytes; a recipe must be under {MAX_RECIPE_BYTES} bytes")])
+        return p.read_bytes()
+    except FileNotFoundError:
+        raise RecipeError([Problem(shown, None, None, "", "no such file (check the path; recipes usually live in recipes/)")]) from None
+    except PermissionError:
+        raise RecipeError([Problem(shown, None, None, "", "cannot be read (permission denied)")]) from None
+    except OSError as exc:
+        raise RecipeError([Problem(shown, None, None, "", f"cannot be read ({exc.strerror or exc})")]) from None
+
+
+def decode_recipe(data: bytes, shown: str) -> str:
+    if b"\x00" in data:
+        raise RecipeError([Problem(shown, None, None, "", "is a binary file, not YAML text")])
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise RecipeError([Problem(shown, line, col, "", "is not valid UTF-8 text (save the file as UTF-8)")]) from None
+    return text.removeprefix("\ufeff")
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    """Load, validate and resolve the recipe at ``path``.
+
+    Raises:
+        RecipeError: listing every problem found, each with file, line and column.
+    """
+    shown = str(path)
+    data = read_recipe_bytes(path)
+    text = decode_recipe(data, shown)
+    resolved = parse_recipe(text, shown)
+    return Recipe(
+        name=resolved["name"],
+        path=shown,
+        directory=Path(path).resolve().parent,
+        digest=sha256_bytes(data),
+        resolved=resolved,
+    )
+
+
+def parse_recipe(text: str, shown: str) -> dict[str, Any]:
+    """Validate recipe text and return it resolved (every default explicit)."""
+    doc, positions, problems = load_yaml(text, shown)
+    if problems:
+        raise RecipeError(problems)
+    if doc is None:
+        raise RecipeError([Problem(shown, 1, 1, "", "the recipe is empty; it needs at least `name:` and `source:` (see recipes/ for examples)")])
+    if not isinstance(doc, dict):
+        raise RecipeError([Problem(shown, 1, 1, "", f"a recipe is a mapping of keys (name, source, ...), not a {_kind(doc)}")])
+    problems = list(_schema_problems(doc, positions, shown))
+    if not problems:
+        problems = list(_semantic_problems(doc, positions, shown))
+    if problems:
+        problems.sort(key=lambda p: (p.line or 0, p.column or 0, p.path))
+        raise RecipeError(problems)
+    return resolve(doc)
+
+
+# ---------------------------------------------------------------- schema
+
+
+def _schema_problems(doc: dict[str, Any], positions: Positions, shown: str) -> Iterable[Problem]:
+    from jsonschema import Draft202012Validator
+
+    validator = Draft202012Validator(schema())
+    seen: set[tuple[str, str]] = set()
+    for error in sorted(validator.iter_errors(doc), key=lambda e: list(map(str, e.absolute_path))):
+        for path, message, at_key in _explain(error):
+            pos = positions.of(path, key=at_key)
+            problem = Problem(shown, pos[0] if pos else None, pos[1] if pos else None, dotted(path), message)
+            if (problem.path, message) not in seen:
+                seen.add((problem.path, message))
+                yield problem
+
+
+def _explain(error: Any) -> Iterable[tuple[Path_, str, bool]]:
+    """Turn one jsonschema error into (path, message, point-at-key) items in our words."""
+    path: Path_ = tuple(error.absolute_path)
+    sch = error.schema
+    kind = error.validator
+    instance = error.instance
+    if kind == "additionalProperties" and isinstance(instance, dict):
+        known = sorted(sch.get("properties", {}))
+        for key in sorted(set(instance) - set(known)):
+            if "properties" not in sch:
+                continue
+            hint = difflib.get_close_matches(key, known, n=1)
+            suggestion = f"did you mean {hint[0]!r}? " if hint else ""
+            yield (*path, key), f"unknown key ({suggestion}expected one of: {', '.join(known)})", True
+        if "properties" not in sch:
+            yield path, f"must be {_describe(sch)} (got {_shown(instance)})", False
+        return
+    if kind == "required":
+        missing = [k for k in sch.get("required", []) if k not in instance]
+        for key in missing:
+            what = _describe(sch.get("properties", {}).get(key, {}))
+            yield path, f"missing required key {key!r} ({what})", True
+        return
+    if kind in ("minProperties", "maxProperties") and "x-expected" in sch:
+        yield path, f"must name {sch['x-expected']} (got {', '.join(instance) or 'nothing'})", True
+        return
+    if kind == "minItems":
+        yield path, f"must have at least {sch['minItems']} item{'s' if sch['minItems'] != 1 else ''}", False
+        return
+    if kind == "minLength":
+        yield path, "must not be empty", False
+        return
+    if kind == "propertyNames":
+        yield path, f"dimension names must be identifiers such as batch or sequence (got {_shown(error.instance)})", True
+        return
+    yield path, f"must be {_describe(sch)} (got {_shown(instance)})", False
+
+
+def _describe(sch: dict[str, Any]) -> str:
+    """A short phrase for what a schema accepts: 'an integer from 7 to 23'."""
+    if "x-expected" in sch:
+        return str(sch["x-expected"])
+    if "$ref" in sch:
+        return _describe(_deref(sch["$ref"]))
+    if "enum" in sch:
+        return "one of: " + ", ".join(str(v) for v in sch["enum"])
+    if "anyOf" in sch:
+        return " or ".join(_describe(s) for s in sch["anyOf"])
+    types = sch.get("type")
+    if isinstance(types, list):
+        return " or ".join(_describe({**sch, "type": t}) for t in types)
+    lo = sch.get("minimum", sch.get("exclusiveMinimum"))
+    hi = sch.get("maximum")
+    lo_word = ">" if "exclusiveMinimum" in sch else ">="
+    if types in ("integer", "number"):
+        noun = "an integer" if types == "integer" else "a number"
+        if lo is not None and hi is not None:
+            return f"{noun} from {lo} to {hi}"
+        if lo is not None:
+            return f"{noun} {lo_word} {lo}"
+        if hi is not None:
+            return f"{noun} <= {hi}"
+        return noun
+    if types == "string":
+        return f"a string matching {sch['pattern']}" if "pattern" in sch else "a string"
+    if types == "boolean":
+        return "true or false"
+    if types == "object":
+        return "a mapping"
+    if types == "array":
+        return "a list"
+    if types == "null":
+        return "null"
+    return "valid"
+
+
+def _deref(ref: str) -> dict[str, Any]:
+    node: Any = schema()
+    for part in ref.removeprefix("#/").split("/"):
+        node = node[part]
+    result: dict[str, Any] = node
+    return result
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, dict):
+        return "mapping"
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, str):
+        return "string"
+    if value is None:
+        return "null"
+    return type(value).__name__
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, str):
+        return json.dumps(value[:60] + ("..." if len(value) > 60 else ""))
+    if isinstance(value, (dict, list)):
+        return f"a {_kind(value)}"
+    if value is None:
+        return "null"
+    return json.dumps(value)
+
+
+# ---------------------------------------------------------------- cross-field checks
+
+
+def _semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> Iterable[Problem]:
+    def problem(path: Path_, message: str, key: bool = False) -> Problem:
+        pos = positions.of(path, key=key)
+        return Problem(shown, pos[0] if pos else None, pos[1] if pos else None, dotted(path), message)
+
+    kind = next(iter(doc["source"]))
+    src = doc["source"][kind]
+    if kind not in TORCH_SOURCES:
+        for section in ("export", "validate"):
+            if section in doc:
+                yield problem((section,), f"applies only to huggingface and pytorch sources (this recipe's source is {kind}); remove it", key=True)
+    if kind == "huggingface" and ("model" in src) == ("package" in src):
+        yield problem(("source", "huggingface"), "give exactly one of `model` (Hub id or folder) and `package` (a folder inside an installed package)", key=True)
+    if kind == "pytorch" and "inputs" not in doc.get("export", {}):
+        yield problem(("export",) if "export" in doc else ("source", "pytorch"), "a pytorch source needs export.inputs (name, dtype and shape of each model input)", key=True)
+    if kind == "graph":
+        yield from _graph_problems(src, problem)
+
+    export = doc.get("export", {})
+    if kind in TORCH_SOURCES:
+        inputs = export.get("inputs") or (TASKS[src["task"]]["inputs"] if kind == "huggingface" else [])
+        dims = _symbolic_dims(inputs)
+        sample = export.get("sample", {d: DEFAULT_SAMPLE[d] for d in dims if d in DEFAULT_SAMPLE})
+        for d in dims:
+            if d not in sample:
+                yield problem(("export", "sample") if "sample" in export else ("export",), f"give a sample size for dimension {d!r} (e.g. sample: {{{d}: 2}})", key=True)
+        for i, shape in enumerate(doc.get("validate", {}).get("shapes", [])):
+            for d in dims:
+                if d not in shape:
+                    yield problem(("validate", "shapes", i), f"missing a size for dimension {d!r} (the inputs use: {', '.join(dims)})")
+            for d in shape:
+                if d not in dims:
+                    yield problem(("validate", "shapes", i, d), f"unknown dimension (the inputs use: {', '.join(dims) or 'no symbolic dimensions'})", key=True)
+        names = [t["name"] for t in inputs]
+        for name in sorted({n for n in names if names.count(n) > 1}):
+            yield problem(("export", "inputs"), f"input {name!r} is listed twice")
+    for i, q in enumerate(doc.get("quantize", [])):
+        earlier = [p["name"] for p in doc["quantize"][:i]]
+        if q["name"] in earlier:
+            yield problem(("quantize", i, "name"), f"variant name {q['name']!r} is used twice; names must be unique")
+        if q.get("from") == "optimized" and not doc.get("optimize"):
+            yield problem(("quantize", i, "from"), "quantizes the optimized variant, but the recipe has no optimize section")
+
+
+def _graph_problems(src: dict[str, Any], problem: Any) -> Iterable[Problem]:
+    defined: set[str] = set()
+    for i, value in enumerate(src["inputs"]):
+        defined.add(value["name"])
+    for i, init in enumerate(src.get("initializers", [])):
+        has_values, has_random = "values" in init, "random" in init
+        if has_values == has_random:
+            yield problem(("source", "graph", "initializers", i), "give exactly one of `values` and `random`", key=True)
+        if has_values:
+            count = _count_leaves(init["values"])
+            want = 1
+            for d in init["shape"]:
+                want *= d
+            if count != want:
+                yield problem(("source", "graph", "initializers", i, "values"), f"has {count} values but shape {init['shape']} needs {want}")
+        defined.add(init["name"])
+    for i, node in enumerate(src["nodes"]):
+        for j, name in enumerate(node["inputs"]):
+            if name and name not in defined:
+                yield problem(("source", "graph", "nodes", i, "inputs", j), f"{name!r} is not a graph input, an initializer or the output of an earlier node")
+        defined.update(node["outputs"])
+    for i, value in enumerate(src["outputs"]):
+        if value["name"] not in defined:
+            yield problem(("source", "graph", "outputs", i, "name"), f"{value['name']!r} is not produced by any node")
+
+
+def _count_leaves(values: Any) -> int:
+    if isinstance(values, list):
+        return sum(_count_leaves(v) for v in values)
+    return 1
+
+
+def _symbolic_dims(inputs: list[dict[str, Any]]) -> list[str]:
+    dims: list[str] = []
+    for t in inputs:
+        for d in t.get("shape", []):
+            if isinstance(d, str) and d not in dims:
+                dims.append(d)
+    return dims
+
+
+# ---------------------------------------------------------------- defaults
+
+
+def resolve(doc: dict[str, Any]) -> dict[str, Any]:
+    """Fill every default so the result says everything the build depends on."""
+    kind = next(iter(doc["source"]))
+    out: dict[str, Any] = {
+        "name": doc["name"],
+        "description": doc.get("description", ""),
+        "source": {kind: _with_defaults(doc["source"][kind], _deref(f"#/$defs/{kind}_source"))},
+    }
+    src = out["source"][kind]
+    if kind == "huggingface":
+        src.setdefault("model", None)
+        src.setdefault("package", None)
+        src.setdefault("config", None)
+        src.setdefault("tokenizer", None)
+    if kind == "graph":
+        src["initializers"] = [_with_defaults(i, _deref("#/$defs/initializer")) for i in src["initializers"]]
+        for init in src["initializers"]:
+            if "random" in init:
+                init["random"] = _with_defaults(init["random"], _deref("#/$defs/initializer")["properties"]["random"])
+        src["nodes"] = [_with_defaults(n, _deref("#/$defs/node")) for n in src["nodes"]]
+    if kind in TORCH_SOURCES:
+        task = TASKS[src["task"]] if kind == "huggingface" else None
+        export = _with_defaults(doc.get("export", {}), _deref("#/$defs/export"))
+        export.setdefault("inputs", [dict(t) for t in task["inputs"]] if task else [])
+        export["inputs"] = [{"dtype": "float32", "shape": [], **t} for t in export["inputs"]]
+        export.setdefault("outputs", list(task["outputs"]) if task else ["output"])
+        dims = _symbolic_dims(export["inputs"])
+        export.setdefault("sample", {d: DEFAULT_SAMPLE[d] for d in dims})
+        out["export"] = export
+        sample = export["sample"]
+        validate = _with_defaults(doc.get("validate", {}), _deref("#/$defs/validate"))
+        validate.setdefault("shapes", _default_shapes(dims, sample))
+        validate.setdefault("atol", DEFAULT_ATOL)
+        validate.setdefault("rtol", DEFAULT_RTOL)
+        validate.setdefault("top1_min", DEFAULT_TOP1_MIN if task and task["language_model"] else None)
+        out["validate"] = validate
+    opt = doc.get("optimize")
+    out["optimize"] = None if opt is None else _with_defaults(opt, _deref("#/$defs/optimize"))
+    if out["optimize"] is not None:
+        out["optimize"].setdefault("transformer", None)
+        out["optimize"].setdefault("float16", None)
+        out["optimize"].setdefault("validate", {})
+    out["quantize"] = [_with_defaults(q, _deref("#/$defs/quantize")) for q in doc.get("quantize", [])]
+    for q in out["quantize"]:
+        q.setdefault("validate", {})
+        q.setdefault("op_types", None)
+        q["calibration"] = _with_defaults(q.get("calibration", {}), _deref("#/$defs/quantize")["properties"]["calibration"])
+    bench = doc.get("benchmark")
+    out["benchmark"] = None if bench is None else _with_defaults(bench, _deref("#/$defs/benchmark"))
+    out["providers"] = [_with_defaults(p, _deref("#/$defs/provider")) for p in doc.get("providers", [{"name": "CPUExecutionProvider"}])]
+    return out
+
+
+def _default_shapes(dims: list[str], sample: dict[str, int]) -> list[dict[str, int]]:
+    """Three shapes: all ones, the export sample, and one larger than the sample in every dimension.
+
+    Two of them differ from the sample, so an axis the export fixed by mistake fails validation.
+    """
+    if not dims:
+        return [{}]
+    return [{d: 1 for d in dims}, {d: sample[d] for d in dims}, {d: sample[d] * 2 + 1 for d in dims}]
+
+
+def _with_defaults(section: dict[str, Any], sch: dict[str, Any]) -> dict[str, Any]:
+    out = dict(section)
+    for key, prop in sch.get("properties", {}).items():
+        if key not in out and "default" in prop:
+            default = prop["default"]
+            out[key] = json.loads(json.dumps(default))
+    return out

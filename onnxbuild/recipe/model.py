@@ -1,0 +1,42 @@
+"""The recipe as the rest of onnxbuild sees it: resolved, validated, immutable."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+SourceKind = Literal["onnx", "graph", "huggingface", "pytorch"]
+TORCH_SOURCES: frozenset[str] = frozenset({"huggingface", "pytorch"})
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A loaded recipe.
+
+    Attributes:
+        name: the artifact folder name (``artifacts/<name>/``).
+        path: the recipe file as the user named it (used in messages).
+        directory: the folder relative paths in the recipe are resolved against.
+        digest: sha256 of the file's bytes.
+        resolved: the recipe with every default filled in; what ``show`` prints and the cache hashes.
+    """
+
+    name: str
+    path: str
+    directory: Path
+    digest: str
+    resolved: dict[str, Any]
+
+    @property
+    def source_kind(self) -> SourceKind:
+        kind: SourceKind = next(iter(self.resolved["source"]))
+        return kind
+
+    @property
+    def source(self) -> dict[str, Any]:
+        section: dict[str, Any] = self.resolved["source"][self.source_kind]
+        return section
+
+    def section(self, key: str) -> Any:
+        return self.resolved.get(key)

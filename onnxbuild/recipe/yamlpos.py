@@ -1,0 +1,158 @@
+"""Safe YAML loading that remembers where every value came from.
+
+PyYAML's constructors drop positions, so we compose the node tree ourselves and
+build plain Python data from it, recording ``path -> (line, column)`` for each
+mapping key and value. Doing the construction ourselves also lets us refuse what
+a recipe should never contain: duplicate keys, non-string keys, Python tags, and
+alias expansions large enough to exhaust memory (the "billion laughs").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from onnxbuild.errors import Problem
+
+try:
+    _Loader: type[yaml.SafeLoader] = yaml.CSafeLoader  # type: ignore[attr-defined,assignment]
+except AttributeError:  # pragma: no cover - libyaml missing
+    _Loader = yaml.SafeLoader
+
+MAX_VALUES = 100_000
+"""More values than this after alias expansion means a hostile or broken file."""
+
+_Y = "tag:yaml.org,2002:"
+_TIMESTAMP = _Y + "timestamp"
+_ALLOWED_TAGS = frozenset(_Y + t for t in ("map", "seq", "str", "int", "float", "bool", "null", "timestamp"))
+
+Path_ = tuple[str | int, ...]
+
+
+@dataclass
+class Positions:
+    """Where each path of a loaded document sits in its file (1-based line and column)."""
+
+    values: dict[Path_, tuple[int, int]] = field(default_factory=dict)
+    keys: dict[Path_, tuple[int, int]] = field(default_factory=dict)
+
+    def of(self, path: Path_, *, key: bool = False) -> tuple[int, int] | None:
+        """Position of ``path``; the key's position if asked and known, else the nearest parent's."""
+        p = tuple(path)
+        while True:
+            if key and p in self.keys:
+                return self.keys[p]
+            if p in self.values:
+                return self.values[p]
+            if not p:
+                return None
+            p = p[:-1]
+
+
+def dotted(path: Path_) -> str:
+    """``("export", "inputs", 0, "name")`` -> ``export.inputs[0].name``."""
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + part
+    return out
+
+
+class _TooBig(Exception):
+    pass
+
+
+def load_yaml(text: str, filename: str) -> tuple[Any, Positions, list[Problem]]:
+    """Parse one YAML document; returns data, positions and the problems found.
+
+    Syntax errors come back as a single problem with the parser's position; the
+    data is then ``None``.
+    """
+    positions = Positions()
+    problems: list[Problem] = []
+    try:
+        loader = _Loader(text)
+        try:
+            node = loader.get_single_node()
+        finally:
+            loader.dispose()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else None
+        col = mark.column + 1 if mark else None
+        msg = exc.problem or "invalid YAML"
+        lines = text.splitlines()
+        bad_line = lines[mark.line] if mark and mark.line < len(lines) else ""
+        if "tab" in msg.lower() or "\t" in bad_line:
+            msg += " (indent with spaces; YAML does not allow tabs)"
+        elif exc.context:
+            msg = f"{exc.context}, {msg}"
+        problems.append(Problem(filename, line, col, "", f"YAML syntax error: {msg}"))
+        return None, positions, problems
+    except yaml.YAMLError as exc:
+        problems.append(Problem(filename, None, None, "", f"YAML error: {exc}"))
+        return None, positions, problems
+    if node is None:
+        return None, positions, problems
+    counter = [0]
+    constructor = yaml.SafeLoader("")  # only its scalar constructors are used
+
+    def build(n: yaml.Node, path: Path_) -> Any:
+        counter[0] += 1
+        if counter[0] > MAX_VALUES:
+            raise _TooBig
+        positions.values.setdefault(path, (n.start_mark.line + 1, n.start_mark.column + 1))
+        if n.tag not in _ALLOWED_TAGS:
+            problems.append(_at(filename, n, path, f"tag {n.tag.replace(_Y, '!!')} is not allowed in a recipe (only plain YAML values)"))
+            return None
+        if isinstance(n, yaml.MappingNode):
+            out: dict[str, Any] = {}
+            for key_node, value_node in n.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    problems.append(_at(filename, key_node, path, "merge keys (<<) are not supported; write the keys out"))
+                    continue
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag != "tag:yaml.org,2002:str":
+                    shown = key_node.value if isinstance(key_node, yaml.ScalarNode) else "a collection"
+                    problems.append(_at(filename, key_node, path, f"keys must be strings (got {shown!r}); quote the key"))
+                    continue
+                key = key_node.value
+                child = (*path, key)
+                if key in out:
+                    first = positions.keys.get(child)
+                    where = f" (first at line {first[0]})" if first else ""
+                    problems.append(_at(filename, key_node, child, f"duplicate key{where}; remove one of them"))
+                    continue
+                positions.keys[child] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+                out[key] = build(value_node, child)
+            return out
+        if isinstance(n, yaml.SequenceNode):
+            return [build(item, (*path, i)) for i, item in enumerate(n.value)]
+        if isinstance(n, yaml.ScalarNode):
+            if n.tag == _TIMESTAMP:
+                return n.value  # dates stay text: a recipe has no use for datetime objects
+            try:
+                return constructor.construct_object(n)
+            except yaml.YAMLError as exc:
+                problems.append(_at(filename, n, path, f"cannot read value: {getattr(exc, 'problem', exc)}"))
+                return None
+        raise AssertionError(f"unexpected YAML node {n!r}")  # pragma: no cover
+
+    try:
+        data = build(node, ())
+    except _TooBig:
+        problems.append(
+            Problem(filename, 1, 1, "", f"the document expands to more than {MAX_VALUES} values (YAML aliases?); a recipe is far smaller")
+        )
+        return None, positions, problems
+    except RecursionError:
+        problems.append(Problem(filename, 1, 1, "", "the document is nested too deeply (recursive YAML alias?)"))
+        return None, positions, problems
+    return data, positions, problems
+
+
+def _at(filename: str, node: yaml.Node, path: Path_, message: str) -> Problem:
+    return Problem(filename, node.start_mark.line + 1, node.start_mark.column + 1, dotted(path), message)

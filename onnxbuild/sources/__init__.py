@@ -1,0 +1,1 @@
+"""Where models come from. Plan-time helpers here are light; loading imports torch/onnx inside."""

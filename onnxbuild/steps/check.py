@@ -1,0 +1,153 @@
+"""The ``check`` step: the ONNX checker, strict shape inference, and an inspect report.
+
+The report answers what a reviewer asks of a model file: which IR and opsets, what
+goes in and out (with symbolic dimensions), which ops, how many parameters.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, TypedDict
+
+from onnxbuild._util import pretty_json
+from onnxbuild.errors import StepError
+from onnxbuild.steps.base import StepContext, StepResult, StepSpec
+
+VERSION = 1
+PACKAGES = ("onnx",)
+
+
+class TensorReport(TypedDict):
+    name: str
+    dtype: str
+    shape: list[int | str | None]
+
+
+class CheckReport(TypedDict):
+    passed: bool
+    ir_version: int
+    opsets: dict[str, int]
+    producer: str
+    inputs: list[TensorReport]
+    outputs: list[TensorReport]
+    op_types: dict[str, int]
+    nodes: int
+    initializers: int
+    parameters: int
+    parameter_bytes: int
+    file_bytes: int
+    external_data_bytes: int
+
+
+def run(ctx: StepContext, spec: StepSpec) -> StepResult:
+    import onnx
+
+    path = ctx.input("model.onnx")
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except Exception as exc:
+        raise StepError(f"the ONNX checker rejected model.onnx: {_first_line(exc)}") from None
+    model = onnx.load_model(str(path), load_external_data=False)
+    try:
+        onnx.shape_inference.infer_shapes_path(str(path), str(ctx.output_dir / "inferred.onnx"), strict_mode=True, check_type=True)
+    except Exception as exc:
+        raise StepError(f"strict shape inference failed on model.onnx: {_first_line(exc)}") from None
+    finally:
+        (ctx.output_dir / "inferred.onnx").unlink(missing_ok=True)
+    report = inspect(model, path)
+    ctx.output("reports/check.json").write_text(pretty_json(report), encoding="utf-8")
+    ctx.output("reports/check.md").write_text(markdown(report, ctx.recipe_name), encoding="utf-8")
+    return StepResult(
+        summary=f"ok: {report['nodes']} nodes, {report['parameters']:,} parameters, opset {report['opsets'].get('', '?')}",
+        data={"parameters": report["parameters"], "nodes": report["nodes"]},
+    )
+
+
+def inspect(model: Any, path: Any) -> CheckReport:
+    import onnx
+    from onnx.external_data_helper import uses_external_data
+
+    def tensor(v: Any) -> TensorReport:
+        t = v.type.tensor_type
+        dims: list[int | str | None] = []
+        for d in t.shape.dim:
+            dims.append(d.dim_value if d.HasField("dim_value") else (d.dim_param or None))
+        return {"name": v.name, "dtype": onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name if t.elem_type else "unknown", "shape": dims}
+
+    params = 0
+    param_bytes = 0
+    external = 0
+    for init in model.graph.initializer:
+        count = 1
+        for d in init.dims:
+            count *= d
+        params += count
+        itemsize = onnx.helper.tensor_dtype_to_np_dtype(init.data_type).itemsize
+        param_bytes += count * itemsize
+        if uses_external_data(init):
+            external += count * itemsize
+    histogram = Counter(n.op_type if not n.domain else f"{n.domain}.{n.op_type}" for n in _all_nodes(model.graph))
+    initializer_names = {i.name for i in model.graph.initializer}
+    return {
+        "passed": True,
+        "ir_version": int(model.ir_version),
+        "opsets": {o.domain: int(o.version) for o in model.opset_import},
+        "producer": f"{model.producer_name} {model.producer_version}".strip(),
+        "inputs": [tensor(v) for v in model.graph.input if v.name not in initializer_names],
+        "outputs": [tensor(v) for v in model.graph.output],
+        "op_types": dict(sorted(histogram.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "nodes": sum(histogram.values()),
+        "initializers": len(model.graph.initializer),
+        "parameters": params,
+        "parameter_bytes": param_bytes,
+        "file_bytes": path.stat().st_size,
+        "external_data_bytes": external,
+    }
+
+
+def _all_nodes(graph: Any) -> list[Any]:
+    out = []
+    for node in graph.node:
+        out.append(node)
+        for attr in node.attribute:
+            if attr.g and attr.g.node:
+                out.extend(_all_nodes(attr.g))
+            for g in attr.graphs:
+                out.extend(_all_nodes(g))
+    return out
+
+
+def markdown(r: CheckReport, name: str) -> str:
+    def shape(t: TensorReport) -> str:
+        return "[" + ", ".join("?" if d is None else str(d) for d in t["shape"]) + "]"
+
+    lines = [
+        f"# {name}: model check",
+        "",
+        "ONNX checker (full check) and strict shape inference: **passed**",
+        "",
+        "| property | value |",
+        "|---|---|",
+        f"| IR version | {r['ir_version']} |",
+        "| opsets | " + ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in sorted(r["opsets"].items())) + " |",
+        f"| producer | {r['producer'] or '-'} |",
+        f"| nodes | {r['nodes']} |",
+        f"| parameters | {r['parameters']:,} ({r['parameter_bytes']:,} bytes) |",
+        f"| file size | {r['file_bytes']:,} bytes (+ {r['external_data_bytes']:,} external) |",
+        "",
+        "## Inputs and outputs",
+        "",
+        "| | name | dtype | shape |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| input | {t['name']} | {t['dtype']} | {shape(t)} |" for t in r["inputs"]]
+    lines += [f"| output | {t['name']} | {t['dtype']} | {shape(t)} |" for t in r["outputs"]]
+    lines += ["", "## Operators", "", "| op | count |", "|---|---|"]
+    lines += [f"| {op} | {n} |" for op, n in r["op_types"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    lines = [line for line in text.splitlines() if line.strip()]
+    return " ".join(lines[:3])[:600]

@@ -1,0 +1,73 @@
+"""The ``source`` step: materialise the model (onnx, graph) or record what the model is (torch sources)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from onnxbuild._util import pretty_json
+from onnxbuild.errors import StepError
+from onnxbuild.steps.base import StepContext, StepResult, StepSpec
+
+VERSION = 1
+PACKAGES = ("onnx",)
+
+
+def run(ctx: StepContext, spec: StepSpec) -> StepResult:
+    (kind, src), = spec.params["source"].items()
+    if kind == "graph":
+        return _graph(ctx, src)
+    if kind == "onnx":
+        return _onnx_file(ctx, src)
+    if kind == "huggingface":
+        from onnxbuild.sources.huggingface import resolve_source
+
+        record = resolve_source(src, ctx)
+    else:
+        from onnxbuild.sources.pytorch import resolve_source as resolve_torch
+
+        record = resolve_torch(src, ctx)
+    ctx.output("reports/source.json").write_text(pretty_json(record), encoding="utf-8")
+    weights = str(record["weights"])
+    note = f"weights: {weights}" + (f" ({record['why']})" if record.get("why") else "")
+    return StepResult(summary=note, data={"weights": weights, "why": record.get("why", "")})
+
+
+def _graph(ctx: StepContext, src: dict[str, object]) -> StepResult:
+    import onnx
+
+    from onnxbuild.sources.graph import build_graph_model
+
+    model = build_graph_model(src)  # type: ignore[arg-type]
+    onnx.save_model(model, str(ctx.output("model.onnx")))
+    return StepResult(summary=f"graph with {len(model.graph.node)} nodes")
+
+
+def _onnx_file(ctx: StepContext, src: dict[str, object]) -> StepResult:
+    import onnx
+
+    path = ctx.recipe_dir / str(src["path"])
+    if not path.is_file():
+        raise StepError(f"source.onnx.path: {path} does not exist (paths are relative to the recipe's folder)")
+    try:
+        model = onnx.load_model(str(path), load_external_data=False)
+    except Exception as exc:
+        raise StepError(f"source.onnx.path: {src['path']} is not an ONNX model ({type(exc).__name__}: {exc})") from None
+    shutil.copyfile(path, ctx.output("model.onnx"))
+    extra = []
+    for tensor in _external_tensors(model):
+        location = next(e.value for e in tensor.external_data if e.key == "location")
+        rel = Path(location)
+        if rel.is_absolute() or ".." in rel.parts:
+            raise StepError(f"source.onnx.path: {src['path']} names external data outside its folder ({location}); onnxbuild refuses to read it")
+        dest = ctx.output(rel.as_posix())
+        if not dest.exists():
+            shutil.copyfile(path.parent / rel, dest)
+            extra.append(rel.as_posix())
+    return StepResult(summary=f"copied {src['path']}", extra_outputs=tuple(extra))
+
+
+def _external_tensors(model: object) -> list[object]:
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    return [t for t in _get_all_tensors(model) if uses_external_data(t)]
