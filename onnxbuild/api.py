@@ -28,21 +28,25 @@ class Settings:
     artifacts_dir: Path = Path("artifacts")
 
     def cache(self, reporter: Reporter | None = None) -> Cache:
+        from onnxbuild.engine.versions import use_memo
+
+        use_memo(self.cache_dir / "state" / "versions.json")
         cache = Cache(self.cache_dir)
         if reporter is not None:
             cache.warn = reporter.warning
         return cache
 
 
-def load_recipes(paths: Sequence[str | Path]) -> list[Recipe]:
+def load_recipes(paths: Sequence[str | Path], settings: Settings | None = None) -> list[Recipe]:
     """Load every recipe, reporting the problems of all of them together."""
+    memo = settings.cache_dir / "state" / "recipes" if settings is not None else None
     if not paths:
         raise UsageError("name at least one recipe, e.g. onnxbuild make recipes/gpt2.yaml")
     recipes: list[Recipe] = []
     problems = []
     for path in paths:
         try:
-            recipes.append(load_recipe(path))
+            recipes.append(load_recipe(path, memo))
         except RecipeError as exc:
             problems.extend(exc.problems)
     if problems:
@@ -56,7 +60,7 @@ def plan(paths: Sequence[str | Path], settings: Settings | None = None, *, force
 
     settings = settings or Settings()
     cache = settings.cache(reporter)
-    result = make_plan(load_recipes(paths), cache, force=force, target=target)
+    result = make_plan(load_recipes(paths, settings), cache, force=force, target=target)
     cache.save_state()
     return result
 
@@ -79,7 +83,7 @@ def build(
     settings = settings or Settings()
     if jobs < 1:
         raise UsageError(f"-j/--jobs must be at least 1 (got {jobs})")
-    recipes = load_recipes(paths)
+    recipes = load_recipes(paths, settings)
     cache = settings.cache(reporter)
     cache.ensure_writable()
     the_plan = make_plan(recipes, cache, force=force, target=target)

@@ -213,6 +213,9 @@ class Cache:
         return self._hashes
 
     def save_state(self) -> None:
+        from onnxbuild.engine.versions import save_memo
+
+        save_memo()
         if self._hashes_dirty and self._hashes is not None:
             try:
                 atomic_write_text(self.root / "state" / "hashes.json", canonical_json(self._hashes))

@@ -10,7 +10,6 @@ import difflib
 import json
 from collections.abc import Iterable
 from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ from onnxbuild._util import sha256_bytes
 from onnxbuild.errors import Problem, RecipeError
 from onnxbuild.recipe.model import TORCH_SOURCES, Recipe
 from onnxbuild.recipe.tasks import TASKS
-from onnxbuild.recipe.yamlpos import Path_, Positions, dotted, load_yaml
+from onnxbuild.recipe.yamlpos import Path_, Positions, dotted
 
 MAX_RECIPE_BYTES = 1 << 20
 """A recipe is a page of YAML; anything over 1 MiB is a mistake (or an attack) and is refused unread."""
@@ -31,7 +30,7 @@ DEFAULT_TOP1_MIN = 0.99
 
 @cache
 def schema_text() -> str:
-    return resources.files("onnxbuild.recipe").joinpath("schema.json").read_text(encoding="utf-8")
+    return (Path(__file__).parent / "schema.json").read_text(encoding="utf-8")
 
 
 @cache
@@ -71,27 +70,65 @@ def decode_recipe(data: bytes, shown: str) -> str:
     return text.removeprefix("\ufeff")
 
 
-def load_recipe(path: str | Path) -> Recipe:
+def load_recipe(path: str | Path, memo_dir: Path | None = None) -> Recipe:
     """Load, validate and resolve the recipe at ``path``.
+
+    With ``memo_dir``, a recipe whose bytes were resolved before (by this version of
+    onnxbuild and this schema) is read back from there instead of being parsed and
+    validated again: that keeps YAML and jsonschema off the path of a no-op build.
 
     Raises:
         RecipeError: listing every problem found, each with file, line and column.
     """
     shown = str(path)
     data = read_recipe_bytes(path)
-    text = decode_recipe(data, shown)
-    resolved = parse_recipe(text, shown)
+    digest = sha256_bytes(data)
+    memo = _memo_path(memo_dir, digest) if memo_dir is not None else None
+    resolved = _read_memo(memo)
+    if resolved is None:
+        text = decode_recipe(data, shown)
+        resolved = parse_recipe(text, shown)
+        if memo is not None:
+            _write_memo(memo, resolved)
     return Recipe(
         name=resolved["name"],
         path=shown,
         directory=Path(path).resolve().parent,
-        digest=sha256_bytes(data),
+        digest=digest,
         resolved=resolved,
     )
 
 
+def _memo_path(memo_dir: Path, digest: str) -> Path:
+    from onnxbuild._version import __version__
+
+    salt = sha256_bytes(f"{__version__}\0{schema_text()}".encode())[:16]
+    return memo_dir / f"{digest}-{salt}.json"
+
+
+def _read_memo(memo: Path | None) -> dict[str, Any] | None:
+    if memo is None:
+        return None
+    try:
+        data: dict[str, Any] = json.loads(memo.read_text(encoding="utf-8"))
+        return data
+    except (OSError, ValueError):
+        return None
+
+
+def _write_memo(memo: Path, resolved: dict[str, Any]) -> None:
+    from onnxbuild._util import atomic_write_text, canonical_json
+
+    try:
+        atomic_write_text(memo, canonical_json(resolved))
+    except OSError:
+        pass  # only a speed-up
+
+
 def parse_recipe(text: str, shown: str) -> dict[str, Any]:
     """Validate recipe text and return it resolved (every default explicit)."""
+    from onnxbuild.recipe.yamlpos import load_yaml
+
     doc, positions, problems = load_yaml(text, shown)
     if problems:
         raise RecipeError(problems)
@@ -257,9 +294,10 @@ def _semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) ->
     export = doc.get("export", {})
     if kind in TORCH_SOURCES:
         inputs = export.get("inputs") or (TASKS[src["task"]]["inputs"] if kind == "huggingface" else [])
-        dims = _symbolic_dims(inputs)
-        sample = export.get("sample", {d: DEFAULT_SAMPLE[d] for d in dims if d in DEFAULT_SAMPLE})
-        for d in dims:
+        export_dims = _symbolic_dims(inputs)
+        dims = validation_dims(kind, inputs)
+        sample = export.get("sample", {d: DEFAULT_SAMPLE[d] for d in export_dims if d in DEFAULT_SAMPLE})
+        for d in export_dims:
             if d not in sample:
                 yield problem(("export", "sample") if "sample" in export else ("export",), f"give a sample size for dimension {d!r} (e.g. sample: {{{d}: 2}})", key=True)
         for i, shape in enumerate(doc.get("validate", {}).get("shapes", [])):
@@ -312,6 +350,16 @@ def _count_leaves(values: Any) -> int:
     return 1
 
 
+def validation_dims(kind: str, inputs: list[dict[str, Any]]) -> list[str]:
+    """The dimensions validation varies: the export's symbolic ones, plus, for a transformers
+    model, batch and sequence whatever the export declared, so an axis fixed by mistake
+    in export.inputs is caught instead of validated at its one fixed size."""
+    dims = _symbolic_dims(inputs)
+    if kind == "huggingface":
+        dims = ["batch", "sequence"] + [d for d in dims if d not in ("batch", "sequence")]
+    return dims
+
+
 def _symbolic_dims(inputs: list[dict[str, Any]]) -> list[str]:
     dims: list[str] = []
     for t in inputs:
@@ -350,12 +398,11 @@ def resolve(doc: dict[str, Any]) -> dict[str, Any]:
         export.setdefault("inputs", [dict(t) for t in task["inputs"]] if task else [])
         export["inputs"] = [{"dtype": "float32", "shape": [], **t} for t in export["inputs"]]
         export.setdefault("outputs", list(task["outputs"]) if task else ["output"])
-        dims = _symbolic_dims(export["inputs"])
-        export.setdefault("sample", {d: DEFAULT_SAMPLE[d] for d in dims})
+        export.setdefault("sample", {d: DEFAULT_SAMPLE[d] for d in _symbolic_dims(export["inputs"])})
         out["export"] = export
-        sample = export["sample"]
+        sample = {**DEFAULT_SAMPLE, **export["sample"]}
         validate = _with_defaults(doc.get("validate", {}), _deref("#/$defs/validate"))
-        validate.setdefault("shapes", _default_shapes(dims, sample))
+        validate.setdefault("shapes", _default_shapes(validation_dims(kind, export["inputs"]), sample))
         validate.setdefault("atol", DEFAULT_ATOL)
         validate.setdefault("rtol", DEFAULT_RTOL)
         validate.setdefault("top1_min", DEFAULT_TOP1_MIN if task and task["language_model"] else None)

@@ -10,16 +10,12 @@ alias expansions large enough to exhaust memory (the "billion laughs").
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
+if TYPE_CHECKING:
+    import yaml
 
 from onnxbuild.errors import Problem
-
-try:
-    _Loader: type[yaml.SafeLoader] = yaml.CSafeLoader  # type: ignore[attr-defined,assignment]
-except AttributeError:  # pragma: no cover - libyaml missing
-    _Loader = yaml.SafeLoader
 
 MAX_VALUES = 100_000
 """More values than this after alias expansion means a hostile or broken file."""
@@ -66,16 +62,19 @@ class _TooBig(Exception):
     pass
 
 
-def load_yaml(text: str, filename: str) -> tuple[Any, Positions, list[Problem]]:
+def load_yaml(text: str, filename: str) -> tuple[Any, Positions, list[Problem]]:  # noqa: C901
     """Parse one YAML document; returns data, positions and the problems found.
 
     Syntax errors come back as a single problem with the parser's position; the
     data is then ``None``.
     """
+    import yaml
+
+    loader_class: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     positions = Positions()
     problems: list[Problem] = []
     try:
-        loader = _Loader(text)
+        loader = loader_class(text)
         try:
             node = loader.get_single_node()
         finally:
@@ -154,5 +153,5 @@ def load_yaml(text: str, filename: str) -> tuple[Any, Positions, list[Problem]]:
     return data, positions, problems
 
 
-def _at(filename: str, node: yaml.Node, path: Path_, message: str) -> Problem:
+def _at(filename: str, node: Any, path: Path_, message: str) -> Problem:
     return Problem(filename, node.start_mark.line + 1, node.start_mark.column + 1, dotted(path), message)

