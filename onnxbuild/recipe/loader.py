@@ -48,7 +48,7 @@ def read_recipe_bytes(path: str | Path) -> bytes:
             raise RecipeError([Problem(shown, None, None, "", "is a directory, not a recipe file (name a .yaml file inside it)")])
         size = p.stat().st_size
         if size > MAX_RECIPE_BYTES:
-            raise RecipeError([Problem(shown, None, None, "", f"is {size} bytes; a recipe must be under {MAX_RECIPE_BYTES} bytes")])
+            raise RecipeError([Problem(shown, None, None, "", f"is {size} bytes; a recipe must be at most {MAX_RECIPE_BYTES} bytes (1 MiB)")])
         return p.read_bytes()
     except FileNotFoundError:
         raise RecipeError([Problem(shown, None, None, "", "no such file (check the path; recipes usually live in recipes/)")]) from None
@@ -65,7 +65,8 @@ def decode_recipe(data: bytes, shown: str) -> str:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
-        col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        # Columns count characters, as in every other message, not bytes.
+        col = len(data[data.rfind(b"\n", 0, exc.start) + 1 : exc.start].decode("utf-8", "replace")) + 1
         raise RecipeError([Problem(shown, line, col, "", "is not valid UTF-8 text (save the file as UTF-8)")]) from None
     return text.removeprefix("\ufeff")
 
@@ -194,10 +195,42 @@ def _explain(error: Any) -> Iterable[tuple[Path_, str, bool]]:
     if kind == "minLength":
         yield path, "must not be empty", False
         return
-    if kind == "propertyNames":
-        yield path, f"dimension names must be identifiers such as batch or sequence (got {_shown(error.instance)})", True
+    if "propertyNames" in error.relative_schema_path:
+        # jsonschema reports a bad key as the key's own (pattern) error, located at the mapping.
+        yield (*path, instance), "not a dimension name; use an identifier such as batch or sequence", True
         return
-    yield path, f"must be {_describe(sch)} (got {_shown(instance)})", False
+    if kind in ("anyOf", "oneOf") and isinstance(instance, (dict, list)):
+        # "must be a mapping or null (got a mapping)" helps no one: when exactly one branch
+        # accepts a value of this type, explain what is wrong inside that branch instead.
+        branches = _branches_of_right_type(error)
+        if len(branches) == 1:
+            for sub in branches[0]:
+                yield from _explain(sub)
+            return
+    if kind == "type" and sch.get("type") == "object" and not str(sch.get("x-expected", "a ")).startswith("a "):
+        # source's x-expected ("exactly one of: onnx, ...") names its keys, not a kind of
+        # value: "must be exactly one of: onnx, ... (got "onnx")" would read as a contradiction.
+        yield path, f"must be a mapping naming {sch['x-expected']} (got {_shown(instance)})", False
+        return
+    quote = ""
+    if _wants_string(sch) and isinstance(instance, (bool, int, float)):
+        quote = "; YAML read this as a " + ("boolean" if isinstance(instance, bool) else "number") + ", put the value in quotes to make it text"
+    yield path, f"must be {_describe(sch)} (got {_shown(instance)}{quote})", False
+
+
+def _branches_of_right_type(error: Any) -> list[list[Any]]:
+    """The anyOf/oneOf branches whose errors lie inside the value, not in its type."""
+    by_branch: dict[Any, list[Any]] = {}
+    for sub in error.context:
+        by_branch.setdefault(sub.relative_schema_path[0], []).append(sub)
+    root = tuple(error.absolute_path)
+    return [subs for subs in by_branch.values() if not any(s.validator == "type" and tuple(s.absolute_path) == root for s in subs)]
+
+
+def _wants_string(sch: dict[str, Any]) -> bool:
+    if "$ref" in sch:
+        return _wants_string(_deref(sch["$ref"]))
+    return sch.get("type") == "string"
 
 
 def _describe(sch: dict[str, Any]) -> str:
@@ -285,7 +318,8 @@ def _semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) ->
             if section in doc:
                 yield problem((section,), f"applies only to huggingface and pytorch sources (this recipe's source is {kind}); remove it", key=True)
     if kind == "huggingface" and ("model" in src) == ("package" in src):
-        yield problem(("source", "huggingface"), "give exactly one of `model` (Hub id or folder) and `package` (a folder inside an installed package)", key=True)
+        got = "it has both" if "model" in src else "it has neither"
+        yield problem(("source", "huggingface"), f"give exactly one of `model` (Hub id or folder) and `package` (a folder inside an installed package); {got}", key=True)
     if kind == "pytorch" and "inputs" not in doc.get("export", {}):
         yield problem(("export",) if "export" in doc else ("source", "pytorch"), "a pytorch source needs export.inputs (name, dtype and shape of each model input)", key=True)
     if kind == "graph":
@@ -308,8 +342,9 @@ def _semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) ->
                 if d not in dims:
                     yield problem(("validate", "shapes", i, d), f"unknown dimension (the inputs use: {', '.join(dims) or 'no symbolic dimensions'})", key=True)
         names = [t["name"] for t in inputs]
-        for name in sorted({n for n in names if names.count(n) > 1}):
-            yield problem(("export", "inputs"), f"input {name!r} is listed twice")
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                yield problem(("export", "inputs", i, "name"), f"input {name!r} is listed twice (first as export.inputs[{names.index(name)}])")
     for i, q in enumerate(doc.get("quantize", [])):
         earlier = [p["name"] for p in doc["quantize"][:i]]
         if q["name"] in earlier:
@@ -325,7 +360,8 @@ def _graph_problems(src: dict[str, Any], problem: Any) -> Iterable[Problem]:
     for i, init in enumerate(src.get("initializers", [])):
         has_values, has_random = "values" in init, "random" in init
         if has_values == has_random:
-            yield problem(("source", "graph", "initializers", i), "give exactly one of `values` and `random`", key=True)
+            got = "it has both" if has_values else "it has neither"
+            yield problem(("source", "graph", "initializers", i), f"give exactly one of `values` (the numbers) and `random` (a seed); {got}", key=True)
         if has_values:
             count = _count_leaves(init["values"])
             want = 1

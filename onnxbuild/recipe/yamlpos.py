@@ -20,6 +20,11 @@ from onnxbuild.errors import Problem
 MAX_VALUES = 100_000
 """More values than this after alias expansion means a hostile or broken file."""
 
+MAX_DEPTH = 100
+"""Deeper nesting than this is no recipe. libyaml composes recursively in C, so a file of
+100,000 ``[`` (200 KB) would overflow the stack and kill the process; the depth is checked
+on the event stream, which is flat, before anything is composed."""
+
 _Y = "tag:yaml.org,2002:"
 _TIMESTAMP = _Y + "timestamp"
 _ALLOWED_TAGS = frozenset(_Y + t for t in ("map", "seq", "str", "int", "float", "bool", "null", "timestamp"))
@@ -74,6 +79,11 @@ def load_yaml(text: str, filename: str) -> tuple[Any, Positions, list[Problem]]:
     positions = Positions()
     problems: list[Problem] = []
     try:
+        deep = _too_deep_at(loader_class, text)
+        if deep is not None:
+            message = f"the document is nested more than {MAX_DEPTH} levels deep; a recipe is far flatter"
+            problems.append(Problem(filename, deep.line + 1, deep.column + 1, "", message))
+            return None, positions, problems
         loader = loader_class(text)
         try:
             node = loader.get_single_node()
@@ -86,11 +96,26 @@ def load_yaml(text: str, filename: str) -> tuple[Any, Positions, list[Problem]]:
         msg = exc.problem or "invalid YAML"
         lines = text.splitlines()
         bad_line = lines[mark.line] if mark and mark.line < len(lines) else ""
+        start = exc.context_mark
         if "tab" in msg.lower() or "\t" in bad_line:
             msg += " (indent with spaces; YAML does not allow tabs)"
+        elif exc.context and exc.context.startswith("while ") and start is not None and mark is not None and start.line != mark.line:
+            # The parser stops where it gave up (often the end of the file); the construct
+            # left open is where the mistake usually is.
+            msg += f" ({exc.context} that starts at line {start.line + 1}, column {start.column + 1})"
         elif exc.context:
             msg = f"{exc.context}, {msg}"
         problems.append(Problem(filename, line, col, "", f"YAML syntax error: {msg}"))
+        return None, positions, problems
+    except yaml.reader.ReaderError as exc:
+        # Raised for characters YAML forbids (control characters). It carries an offset, not a
+        # mark, and libyaml's offset counts UTF-8 bytes; the first occurrence of the character
+        # is the one the reader stopped at, so find that instead.
+        char = exc.character if isinstance(exc.character, str) else chr(exc.character)
+        at = text.find(char)
+        at = at if at >= 0 else exc.position
+        line, col = text.count("\n", 0, at) + 1, at - (text.rfind("\n", 0, at) + 1) + 1
+        problems.append(Problem(filename, line, col, "", f"YAML does not allow the control character U+{ord(char):04X}; remove it"))
         return None, positions, problems
     except yaml.YAMLError as exc:
         problems.append(Problem(filename, None, None, "", f"YAML error: {exc}"))
@@ -115,8 +140,8 @@ def load_yaml(text: str, filename: str) -> tuple[Any, Positions, list[Problem]]:
                     problems.append(_at(filename, key_node, path, "merge keys (<<) are not supported; write the keys out"))
                     continue
                 if not isinstance(key_node, yaml.ScalarNode) or key_node.tag != "tag:yaml.org,2002:str":
-                    shown = key_node.value if isinstance(key_node, yaml.ScalarNode) else "a collection"
-                    problems.append(_at(filename, key_node, path, f"keys must be strings (got {shown!r}); quote the key"))
+                    shown = repr(key_node.value) if isinstance(key_node, yaml.ScalarNode) else "a list or mapping"
+                    problems.append(_at(filename, key_node, path, f"keys must be strings (got {shown}); quote the key"))
                     continue
                 key = key_node.value
                 child = (*path, key)
@@ -151,6 +176,26 @@ def load_yaml(text: str, filename: str) -> tuple[Any, Positions, list[Problem]]:
         problems.append(Problem(filename, 1, 1, "", "the document is nested too deeply (recursive YAML alias?)"))
         return None, positions, problems
     return data, positions, problems
+
+
+def _too_deep_at(loader_class: Any, text: str) -> Any:
+    """The mark of the first collection nested deeper than MAX_DEPTH, or None."""
+    import yaml
+
+    loader = loader_class(text)
+    depth = 0
+    try:
+        while loader.check_event():
+            event = loader.get_event()
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    return event.start_mark
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+    finally:
+        loader.dispose()
+    return None
 
 
 def _at(filename: str, node: Any, path: Path_, message: str) -> Problem:

@@ -110,7 +110,7 @@ def _all_nodes(graph: Any) -> list[Any]:
     for node in graph.node:
         out.append(node)
         for attr in node.attribute:
-            if attr.g and attr.g.node:
+            if attr.HasField("g"):
                 out.extend(_all_nodes(attr.g))
             for g in attr.graphs:
                 out.extend(_all_nodes(g))

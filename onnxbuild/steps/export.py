@@ -27,7 +27,7 @@ from onnxbuild.sources.torchmodel import (
 )
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
-VERSION = 1
+VERSION = 2
 PACKAGES = ("torch", "transformers", "onnx", "onnxscript")
 
 PROTOBUF_LIMIT = 2_000_000_000
@@ -102,7 +102,8 @@ def _export_dynamo(wrapped: Any, args: tuple[Any, ...], raw: Path, names: list[s
         dynamo=True,
         input_names=names,
         output_names=export["outputs"],
-        dynamic_shapes=tuple(shapes),
+        # The wrapper takes *args, so torch.export wants the shapes nested one level: ((in0, in1, ...),).
+        dynamic_shapes=(tuple(shapes),),
         opset_version=export["opset"],
         optimize=export["constant_folding"],
         external_data=False,
@@ -136,7 +137,7 @@ def _strip_metadata(model: Any) -> None:
         for node in graph.node:
             del node.metadata_props[:]
             for attr in node.attribute:
-                if attr.g:
+                if attr.HasField("g"):  # touching attr.g on a non-graph attribute would create it
                     clean(attr.g)
                 for g in attr.graphs:
                     clean(g)

@@ -171,7 +171,8 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     message = failure_message(results, variant)
     if validate["on_fail"] == "warn":
         return StepResult(summary=summary, data=data, warnings=(message + " (validate.on_fail: warn)",))
-    raise StepError(message + ". Reports: artifacts/" + ctx.recipe_name + "/failed/validate/. Loosen validate.atol/rtol only if the difference is expected.")
+    hint = "" if any(r["error"] for r in results) else " Loosen validate.atol/rtol only if the difference is expected."
+    raise StepError(f"{message}. Reports: artifacts/{ctx.recipe_name}/failed/validate/.{hint}")
 
 
 def failure_message(results: list[ShapeResult], variant: str) -> str:
@@ -234,5 +235,5 @@ def markdown(report: dict[str, Any], name: str) -> str:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:500] if text else type(exc).__name__
+    text = " ".join(line.strip() for line in str(exc).strip().splitlines() if line.strip())
+    return text[:500] if text else type(exc).__name__
