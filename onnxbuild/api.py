@@ -46,11 +46,16 @@ def load_recipes(paths: Sequence[str | Path], settings: Settings | None = None) 
     problems = []
     for path in paths:
         try:
-            recipes.append(load_recipe(path, memo))
+            recipes.append(load_recipe(path, memo, write_memo=False))
         except RecipeError as exc:
             problems.extend(exc.problems)
     if problems:
         raise RecipeError(problems)
+    if memo is not None:
+        from onnxbuild.recipe.loader import remember
+
+        for recipe in recipes:  # only once all loaded: a failed command leaves nothing behind
+            remember(recipe, memo)
     return recipes
 
 

@@ -627,7 +627,6 @@ def test_show_output_is_a_recipe_that_resolves_to_itself(tmp_path: Path) -> None
     assert load_recipe(shown).resolved == first
 
 
-@pytest.mark.xfail(strict=True, raises=RecipeError, reason="resolve() writes `package: null`, which the schema rejects")
 def test_show_output_of_a_huggingface_recipe_loads(tmp_path: Path) -> None:
     shown = tmp_path / "shown.yaml"
     shown.write_text(api.show(RECIPES / "tiny-gpt2.yaml"), encoding="utf-8")

@@ -71,7 +71,7 @@ def decode_recipe(data: bytes, shown: str) -> str:
     return text.removeprefix("\ufeff")
 
 
-def load_recipe(path: str | Path, memo_dir: Path | None = None) -> Recipe:
+def load_recipe(path: str | Path, memo_dir: Path | None = None, *, write_memo: bool = True) -> Recipe:
     """Load, validate and resolve the recipe at ``path``.
 
     With ``memo_dir``, a recipe whose bytes were resolved before (by this version of
@@ -89,7 +89,7 @@ def load_recipe(path: str | Path, memo_dir: Path | None = None) -> Recipe:
     if resolved is None:
         text = decode_recipe(data, shown)
         resolved = parse_recipe(text, shown)
-        if memo is not None:
+        if memo is not None and write_memo:
             _write_memo(memo, resolved)
     return Recipe(
         name=resolved["name"],
@@ -100,10 +100,21 @@ def load_recipe(path: str | Path, memo_dir: Path | None = None) -> Recipe:
     )
 
 
+def remember(recipe: Recipe, memo_dir: Path) -> None:
+    """Store a loaded recipe's resolved form so the next load of the same bytes skips parsing."""
+    memo = _memo_path(memo_dir, recipe.digest)
+    if not memo.exists():
+        _write_memo(memo, recipe.resolved)
+
+
 def _memo_path(memo_dir: Path, digest: str) -> Path:
     from onnxbuild._version import __version__
 
-    salt = sha256_bytes(f"{__version__}\0{schema_text()}".encode())[:16]
+    # The resolved form depends on this code as much as on the schema: salt with both,
+    # so an edited default never serves a stale memo (a few KB read, no parsing).
+    here = Path(__file__).parent
+    code = b"".join((here / name).read_bytes() for name in ("loader.py", "tasks.py", "schema.json"))
+    salt = sha256_bytes(__version__.encode() + b"\0" + code)[:16]
     return memo_dir / f"{digest}-{salt}.json"
 
 
@@ -317,8 +328,8 @@ def _semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) ->
         for section in ("export", "validate"):
             if section in doc:
                 yield problem((section,), f"applies only to huggingface and pytorch sources (this recipe's source is {kind}); remove it", key=True)
-    if kind == "huggingface" and ("model" in src) == ("package" in src):
-        got = "it has both" if "model" in src else "it has neither"
+    if kind == "huggingface" and (src.get("model") is not None) == (src.get("package") is not None):
+        got = "it has both" if src.get("model") is not None else "it has neither"
         yield problem(("source", "huggingface"), f"give exactly one of `model` (Hub id or folder) and `package` (a folder inside an installed package); {got}", key=True)
     if kind == "pytorch" and "inputs" not in doc.get("export", {}):
         yield problem(("export",) if "export" in doc else ("source", "pytorch"), "a pytorch source needs export.inputs (name, dtype and shape of each model input)", key=True)
