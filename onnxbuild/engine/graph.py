@@ -20,6 +20,8 @@ from onnxbuild.steps.base import StepSpec
 
 Action = Literal["run", "cached"]
 
+FORCED = "forced (--force)"
+
 
 @dataclass(frozen=True)
 class PlannedStep:
@@ -40,6 +42,10 @@ class PlannedStep:
     def reason(self) -> str:
         return "; ".join(self.reasons)
 
+    @property
+    def forced(self) -> bool:
+        return self.reasons == (FORCED,)
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -58,6 +64,9 @@ def ingredients(spec: StepSpec, input_digests: dict[str, str], cache: Cache) -> 
         "kind": spec.kind,
         "version": int(module.VERSION),
         "params": spec.params,
+        # Two steps alike in all else but the files they declare must not share an entry:
+        # the entry records output paths, and the second would get the first's.
+        "outputs": list(spec.outputs),
         "inputs": input_digests,
         "files": {label: file_identity(path, cache) for label, path in sorted(spec.files.items())},
         "identity": spec.identity,
@@ -115,14 +124,16 @@ def plan(recipes: list[Recipe], cache: Cache, *, force: bool = False, target: st
 def plan_step(recipe: Recipe, spec: StepSpec, done: dict[str, PlannedStep], cache: Cache, last: dict[str, Any] | None, *, force: bool) -> PlannedStep:
     pending = [d for d in spec.deps if done[d].entry is None]
     if pending:
-        names = ", ".join(pending)
-        return PlannedStep(recipe, spec, "run", (f"its input from {names} will be rebuilt",), None, None, None)
+        # --force reruns every selected step, not only the first: a dependent whose
+        # rebuilt input comes out identical must not be taken from the cache.
+        reason = FORCED if force else f"its input from {', '.join(pending)} will be rebuilt"
+        return PlannedStep(recipe, spec, "run", (reason,), None, None, None)
     digests = input_digests(spec, {d: done[d].entry for d in spec.deps})
     ing = ingredients(spec, digests, cache)
     key = step_key(ing)
     entry = cache.get(key)
     if force:
-        return PlannedStep(recipe, spec, "run", ("forced (--force)",), key, ing, None)
+        return PlannedStep(recipe, spec, "run", (FORCED,), key, ing, None)
     if entry is not None:
         return PlannedStep(recipe, spec, "cached", ("up to date",), key, ing, entry)
     return PlannedStep(recipe, spec, "run", tuple(explain(last, ing, key)), key, ing, None)
@@ -140,7 +151,7 @@ def input_digests(spec: StepSpec, entries: dict[str, EntryRecord | None]) -> dic
 
 def explain(last: dict[str, Any] | None, now: dict[str, Any], key: str) -> list[str]:
     """Why a step must run, in words, by comparing its ingredients with its last build's."""
-    if not last or "ingredients" not in last:
+    if not last or not isinstance(last.get("ingredients"), dict):
         return ["no entry in cache (never built)"]
     before = last["ingredients"]
     if last.get("key") == key:
@@ -148,6 +159,8 @@ def explain(last: dict[str, Any] | None, now: dict[str, Any], key: str) -> list[
     reasons: list[str] = []
     if before.get("version") != now["version"]:
         reasons.append(f"the {now['kind']} step's implementation changed (v{before.get('version')} -> v{now['version']})")
+    if before.get("outputs") != now["outputs"]:
+        reasons.append(f"its declared outputs changed ({_short(before.get('outputs'))} -> {_short(now['outputs'])})")
     for path, old, new in _changes(before.get("params", {}), now["params"]):
         reasons.append(f"{path} {_change_words(old, new)}")
     for name in sorted(set(before.get("packages", {})) | set(now["packages"])):
@@ -156,8 +169,9 @@ def explain(last: dict[str, Any] | None, now: dict[str, Any], key: str) -> list[
             reasons.append(f"{name} changed {old} -> {new}")
     for label in sorted(set(before.get("files", {})) | set(now["files"])):
         old, new = before.get("files", {}).get(label), now["files"].get(label)
-        if old != new:
-            reasons.append(f"the contents of {label} changed" if old and new != "missing" else f"{label} is missing")
+        if old == new or old is None or new is None:
+            continue  # a file newly named or no longer named shows up as a params change
+        reasons.append(f"{label} is missing" if new == "missing" else f"the contents of {label} changed")
     for path, old, new in _changes(before.get("identity", {}), now["identity"]):
         reasons.append(f"{path} {_change_words(old, new)}")
     changed_inputs = sorted({k.split(":", 1)[0] for k in set(before.get("inputs", {})) | set(now["inputs"]) if before.get("inputs", {}).get(k) != now["inputs"].get(k)})
