@@ -1,0 +1,92 @@
+"""Benchmarks that print figures (not timed tests): `make bench`.
+
+1. No-op build: wall time of `onnxbuild make` on an already-built recipe (target < 0.3 s).
+2. GPT-2 small cold build (source, export, check, validate) from an empty cache:
+   wall time (target < 3 min) and peak memory of any step process (target < 4 GB).
+3. Export overhead: the export step through onnxbuild vs a bare torch.onnx.export
+   script of the same model in one run (target < 10 %).
+
+Machines here are shared and noisy: compare figures from one run, not across runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+BARE_EXPORT = r'''
+import sys, time, torch, transformers, yaml
+start = time.perf_counter()
+recipe = yaml.safe_load(open(sys.argv[1]))
+config = dict(recipe["source"]["huggingface"]["config"])
+cfg = transformers.AutoConfig.for_model(config.pop("model_type"), **config)
+torch.manual_seed(0)
+model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+
+class Wrapped(torch.nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+    def forward(self, input_ids):
+        return self.m(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), use_cache=False).logits
+
+ids = torch.randint(0, cfg.vocab_size, (2, 16))
+torch.onnx.export(Wrapped(model), (ids,), sys.argv[2], dynamo=False, input_names=["input_ids"], output_names=["logits"],
+                  dynamic_axes={"input_ids": {0: "batch", 1: "sequence"}, "logits": {0: "batch", 1: "sequence"}}, opset_version=18)
+'''
+
+
+def run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> float:
+    start = time.perf_counter()
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    took = time.perf_counter() - start
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
+    return took
+
+
+def main() -> None:
+    onnxbuild = shutil.which("onnxbuild") or sys.exit("onnxbuild is not installed (make install)")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env.pop("ONNXBUILD_CACHE_DIR", None)
+    with tempfile.TemporaryDirectory(prefix="onnxbuild-bench-") as tmp:
+        work = Path(tmp)
+        shutil.copytree(ROOT / "recipes", work / "recipes")
+
+        run([onnxbuild, "make", "recipes/linear-regression.yaml"], work, env)
+        run([onnxbuild, "make", "recipes/linear-regression.yaml"], work, env)  # warm the memo files
+        noop = [run([onnxbuild, "make", "recipes/linear-regression.yaml"], work, env) for _ in range(7)]
+        print(f"no-op make (linear-regression, all cached): median {statistics.median(noop):.3f} s, "
+              f"min {min(noop):.3f} s over {len(noop)} runs (target < 0.3 s)")
+
+        bare = run([sys.executable, "-c", BARE_EXPORT, "recipes/gpt2.yaml", str(work / "bare.onnx")], work, env)
+        via = run([onnxbuild, "make", "recipes/gpt2.yaml", "--target", "export"], work, env)
+        print(f"GPT-2 export: bare torch.onnx.export script {bare:.1f} s, onnxbuild (source + export, cold) {via:.1f} s: "
+              f"overhead {100 * (via / bare - 1):+.1f}% (target < 10%)")
+
+        shutil.rmtree(work / ".onnxbuild")
+        shutil.rmtree(work / "artifacts")
+        cold = run([onnxbuild, "make", "recipes/gpt2.yaml"], work, env)
+        timings = json.loads((work / "artifacts" / "gpt2" / "timings.json").read_text())["steps"]
+        peak = max((t["peak_rss_mb"] or 0) for t in timings.values())
+        steps = ", ".join(f"{name} {t['seconds']:.1f} s / {t['peak_rss_mb']:.0f} MB" for name, t in timings.items() if t["peak_rss_mb"])
+        print(f"GPT-2 cold build (-j 1): {cold:.1f} s wall (target < 180 s); peak step RSS {peak / 1024:.2f} GB (target < 4 GB)")
+        print(f"  per step: {steps}")
+        validation = json.loads((work / "artifacts" / "gpt2" / "reports" / "validation.json").read_text())
+        worst = max(o["max_abs_diff"] for s in validation["variants"]["model"]["shapes"] for o in s["outputs"].values())
+        print(f"  validation: passed={validation['passed']} at {len(validation['variants']['model']['shapes'])} shapes, logits max abs diff {worst:.2e}")
+        again = run([onnxbuild, "make", "recipes/gpt2.yaml"], work, env)
+        print(f"GPT-2 no-op make: {again:.3f} s")
+
+
+if __name__ == "__main__":
+    main()
