@@ -2,11 +2,11 @@
 
 This is the one place that knows the shape of a build::
 
-    graph / onnx source:          source ──> check
-
-    huggingface / pytorch source: source ──> export ──> check
-                                     │          │
-                                     └────> validate <┘
+    source ──> export ──> check                      (graph / onnx sources: source writes model.onnx)
+      │          ├──> optimize ──> quantize.<q>       (variants: optimized/, <q>/)
+      │          │                                    one validate.<variant> per variant,
+      └──────────┴──> validate[.<variant>] ──> report  merged into reports/validation.json
+                 └──> benchmark (every variant, beside PyTorch)
 
 ``source`` records what the model is (for torch sources: which weights, from where, with
 the digests of the local files it names), so the steps after it are keyed by that record;
@@ -16,6 +16,7 @@ report; ``validate`` compares ONNX Runtime with the source model at several shap
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +26,46 @@ from onnxbuild.steps.base import StepInput, StepSpec
 MODEL = "model.onnx"
 SOURCE_RECORD = "reports/source.json"
 
+# Tolerances per kind of variant, after ONNX Runtime's own GPT-2 parity helpers
+# (fp32 5e-4, fp16 0.2, int8 3.0 plus a top-1 match rate): one atol is the wrong gate
+# for quantized models, so each kind gets its own, and language models a top-1 floor.
+VARIANT_TOLERANCES: dict[str, dict[str, float]] = {
+    "fp32": {"atol": 5e-4, "rtol": 1e-3, "top1_min": 0.99, "cosine_min": 0.999},
+    "fp16": {"atol": 0.2, "rtol": 0.05, "top1_min": 0.95, "cosine_min": 0.99},
+    "int8": {"atol": 3.0, "rtol": 0.5, "top1_min": 0.85, "cosine_min": 0.98},
+    "int4": {"atol": 3.0, "rtol": 0.5, "top1_min": 0.80, "cosine_min": 0.97},
+}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One ONNX model the build produces: its name, the step that writes it and its path."""
+
+    name: str
+    step: str
+    path: str
+    precision: str
+
+
+def variants(recipe: Recipe) -> list[Variant]:
+    r = recipe.resolved
+    base = "export" if recipe.source_kind in TORCH_SOURCES else "source"
+    out = [Variant("model", base, MODEL, "fp32")]
+    if r.get("optimize"):
+        out.append(Variant("optimized", "optimize", "optimized/model.onnx", "fp16" if r["optimize"]["float16"] else "fp32"))
+    for q in r.get("quantize", []):
+        out.append(Variant(q["name"], f"quantize.{q['name']}", f"{q['name']}/model.onnx", "int4" if q["method"] == "int4" else "int8"))
+    return out
+
 
 def steps_for(recipe: Recipe) -> list[StepSpec]:
     """The recipe's steps in dependency order."""
     r = recipe.resolved
     kind = recipe.source_kind
     src = recipe.source
+    torch_source = kind in TORCH_SOURCES
     steps: list[StepSpec] = []
-    if kind in TORCH_SOURCES:
+    if torch_source:
         files, identity = _torch_source_identity(recipe)
         steps.append(StepSpec(name="source", kind="source", params={"source": r["source"]}, outputs=(SOURCE_RECORD,), files=files, identity=identity))
         steps.append(
@@ -60,18 +93,111 @@ def steps_for(recipe: Recipe) -> list[StepSpec]:
             outputs=("reports/check.json", "reports/check.md"),
         )
     )
-    if kind in TORCH_SOURCES:
+    all_variants = variants(recipe)
+    by_name = {v.name: v for v in all_variants}
+    provider = r["providers"][0]["name"]
+    if r.get("optimize"):
+        from onnxbuild.steps.optimize import HARDWARE_BOUND, cpu_fingerprint
+
+        hardware = r["optimize"]["level"] in HARDWARE_BOUND
         steps.append(
             StepSpec(
-                name="validate",
-                kind="validate",
-                params={"source": r["source"], "export": r["export"], "validate": r["validate"], "variant": "model"},
-                deps=("source", "export"),
-                inputs=(StepInput("source", SOURCE_RECORD), StepInput("export", MODEL)),
+                name="optimize",
+                kind="optimize",
+                params={"optimize": r["optimize"], "source": r["source"] if torch_source else None, "input": MODEL, "provider": provider if hardware else None},
+                deps=(model_step,),
+                inputs=(StepInput(model_step, MODEL),),
+                outputs=("optimized/model.onnx", "reports/optimize.json"),
+                identity={"cpu": cpu_fingerprint()} if hardware else {},
+            )
+        )
+    for q in r.get("quantize", []):
+        base = by_name["optimized"] if q["from"] == "optimized" else by_name["model"]
+        steps.append(
+            StepSpec(
+                name=f"quantize.{q['name']}",
+                kind="quantize",
+                params={
+                    "quantize": q,
+                    "input": base.path,
+                    "inputs": r["export"]["inputs"] if torch_source else [],
+                    "shapes": r["validate"]["shapes"] if torch_source else [],
+                    "vocab_size": _vocab_size(recipe),
+                },
+                deps=(base.step,),
+                inputs=(StepInput(base.step, base.path),),
+                outputs=(f"{q['name']}/model.onnx",),
+            )
+        )
+    if torch_source:
+        reports = []
+        for v in all_variants:
+            name = "validate" if v.name == "model" else f"validate.{v.name}"
+            tolerances = _tolerances(recipe, v)
+            steps.append(
+                StepSpec(
+                    name=name,
+                    kind="validate",
+                    params={"source": r["source"], "export": r["export"], "validate": {**r["validate"], **tolerances}, "variant": v.name, "model_path": v.path},
+                    deps=tuple(dict.fromkeys(("source", v.step))),
+                    inputs=(StepInput("source", SOURCE_RECORD), StepInput(v.step, v.path)),
+                    outputs=(f"reports/validation/{v.name}.json", f"reports/validation/{v.name}.md"),
+                )
+            )
+            reports.append((name, v.name))
+        steps.append(
+            StepSpec(
+                name="report",
+                kind="report",
+                params={"variants": [v for _, v in reports]},
+                deps=tuple(n for n, _ in reports),
+                inputs=tuple(StepInput(n, f"reports/validation/{v}.json") for n, v in reports),
                 outputs=("reports/validation.json", "reports/validation.md"),
             )
         )
+    if r.get("benchmark"):
+        inputs = [StepInput(v.step, v.path) for v in all_variants]
+        if torch_source:
+            inputs.insert(0, StepInput("source", SOURCE_RECORD))
+        steps.append(
+            StepSpec(
+                name="benchmark",
+                kind="benchmark",
+                params={
+                    "benchmark": r["benchmark"],
+                    "providers": r["providers"],
+                    "source": r["source"],
+                    "export": r.get("export"),
+                    "variants": [{"name": v.name, "path": v.path, "precision": v.precision} for v in all_variants],
+                },
+                deps=tuple(dict.fromkeys(i.step for i in inputs)),
+                inputs=tuple(inputs),
+                outputs=("benchmark.json", "benchmark.md", "benchmark.png"),
+            )
+        )
     return steps
+
+
+def _tolerances(recipe: Recipe, v: Variant) -> dict[str, Any]:
+    """The base validate section's tolerances for the exported model; the variant's own otherwise."""
+    r = recipe.resolved
+    if v.name == "model":
+        return {}
+    own = (r["optimize"] or {}).get("validate", {}) if v.name == "optimized" else next(q["validate"] for q in r["quantize"] if q["name"] == v.name)
+    defaults = dict(VARIANT_TOLERANCES[v.precision])
+    if r["validate"].get("top1_min") is None:
+        defaults.pop("top1_min")
+    if "cosine_min" not in r["validate"] or r["validate"].get("cosine_min") is None:
+        defaults.pop("cosine_min")
+    return {**defaults, **own}
+
+
+def _vocab_size(recipe: Recipe) -> int | None:
+    if recipe.source_kind != "huggingface":
+        return None
+    config = recipe.source.get("config") or {}
+    size = config.get("vocab_size")
+    return int(size) if size else None
 
 
 def _torch_source_identity(recipe: Recipe) -> tuple[dict[str, Path], dict[str, Any]]:

@@ -17,6 +17,10 @@ KINDS: dict[str, str] = {
     "check": "onnxbuild.steps.check",
     "export": "onnxbuild.steps.export",
     "validate": "onnxbuild.steps.validate",
+    "optimize": "onnxbuild.steps.optimize",
+    "quantize": "onnxbuild.steps.quantize",
+    "report": "onnxbuild.steps.report",
+    "benchmark": "onnxbuild.steps.benchmark",
 }
 
 _extra: dict[str, ModuleType] = {}

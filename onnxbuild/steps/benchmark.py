@@ -1,0 +1,340 @@
+"""The ``benchmark`` step: latency of every variant on every target provider, beside PyTorch.
+
+The PyTorch baseline is measured in the same process and run, on the same inputs, with
+the same thread count, using transformers' default attention (sdpa) rather than the
+eager attention the export may use, so a speedup is not bought with a slowed baseline.
+Providers that ONNX Runtime lists but cannot use (onnxruntime-gpu lists CUDA on machines
+without a GPU, then silently falls back to CPU) are detected from the session's actual
+providers and reported as skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import time
+from typing import Any, TypedDict
+
+from onnxbuild._util import pretty_json
+from onnxbuild.errors import StepError
+from onnxbuild.steps.base import StepContext, StepResult, StepSpec
+
+VERSION = 1
+PACKAGES = ("onnxruntime", "torch", "transformers", "numpy")
+SCHEMA_VERSION = 1
+
+
+class Timing(TypedDict):
+    warmup: int
+    iterations: int
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    mean_ms: float
+    std_ms: float
+    throughput: float
+
+
+def measure(fn: Any, batch: int, warmup: int, iterations: int, min_time_s: float) -> Timing:
+    """Time ``fn()``: ``warmup`` untimed calls, then at least ``iterations`` timed calls and ``min_time_s`` seconds."""
+    import numpy as np
+
+    for _ in range(warmup):
+        fn()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < iterations or time.perf_counter() - start < min_time_s:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+        if len(times) >= 100_000:
+            break
+    ms = np.asarray(times) * 1000.0
+    mean = float(ms.mean())
+    return {
+        "warmup": warmup,
+        "iterations": len(times),
+        "p50_ms": round(float(np.percentile(ms, 50)), 4),
+        "p90_ms": round(float(np.percentile(ms, 90)), 4),
+        "p99_ms": round(float(np.percentile(ms, 99)), 4),
+        "mean_ms": round(mean, 4),
+        "std_ms": round(float(ms.std()), 4),
+        "throughput": round(batch / (mean / 1000.0), 3) if mean > 0 else 0.0,
+    }
+
+
+def rss_mb() -> float:
+    import psutil
+
+    return round(psutil.Process().memory_info().rss / (1024 * 1024), 1)
+
+
+def machine(threads: int) -> dict[str, Any]:
+    import platform
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8", errors="replace"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "threads": threads, "system": platform.system()}
+
+
+def run(ctx: StepContext, spec: StepSpec) -> StepResult:
+    import numpy as np
+    import onnxruntime as ort
+
+    from onnxbuild.engine.versions import versions
+
+    bench = spec.params["benchmark"]
+    source, export = spec.params["source"], spec.params["export"]
+    threads = bench["threads"] or (os.cpu_count() or 1)
+    torch_source = export is not None
+    record: dict[str, Any] = {}
+    if torch_source:
+        from onnxbuild.sources.torchmodel import read_source_record
+
+        record = read_source_record(ctx)
+    shapes = bench["shapes"]
+    feeds_by_shape = [_feeds(spec, ctx, sizes, i) for i, sizes in enumerate(shapes)]
+
+    baseline: list[dict[str, Any]] = []
+    if torch_source and bench["baseline"] == "pytorch":
+        baseline = _pytorch_baseline(ctx, spec, record, shapes, feeds_by_shape, threads)
+
+    providers_report: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
+    available = ort.get_available_providers()
+    for prov in spec.params["providers"]:
+        name, options = prov["name"], prov["options"]
+        if name not in available:
+            providers_report.append({"name": name, "status": "skipped", "reason": f"not in this onnxruntime build (it has: {', '.join(available)})"})
+            continue
+        status: dict[str, Any] = {"name": name, "status": "used", "reason": ""}
+        for variant in spec.params["variants"]:
+            path = ctx.input(variant["path"])
+            so = ort.SessionOptions()
+            so.intra_op_num_threads = threads
+            so.log_severity_level = 3
+            t0 = time.perf_counter()
+            try:
+                session = ort.InferenceSession(str(path), so, providers=[(name, options)] if name == "CPUExecutionProvider" else [(name, options), "CPUExecutionProvider"])
+            except Exception as exc:
+                results.append({"variant": variant["name"], "provider": name, "error": f"session failed: {str(exc)[:300]}"})
+                continue
+            created = time.perf_counter() - t0
+            if session.get_providers()[0] != name:
+                status = {"name": name, "status": "skipped", "reason": f"ONNX Runtime fell back to {session.get_providers()[0]} (the provider is listed but not usable here)"}
+                del session
+                break
+            wanted = [o.name for o in session.get_outputs()]
+            for sizes, feeds in zip(shapes, feeds_by_shape):
+                usable = {k: v for k, v in feeds.items() if k in {i.name for i in session.get_inputs()}}
+                io_binding = name == "CUDAExecutionProvider"
+                fn = _bound_runner(session, usable, wanted) if io_binding else (lambda s=session, f=usable: s.run(wanted, f))
+                try:
+                    timing = measure(fn, _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
+                except Exception as exc:
+                    results.append({"variant": variant["name"], "provider": name, "shape": dict(sizes), "error": str(exc)[:300]})
+                    continue
+                base = next((b for b in baseline if b["shape"] == dict(sizes)), None)
+                results.append(
+                    {
+                        "variant": variant["name"],
+                        "precision": variant["precision"],
+                        "provider": name,
+                        "shape": dict(sizes),
+                        **timing,
+                        "session_create_s": round(created, 4),
+                        "peak_rss_mb": rss_mb(),
+                        "io_binding": io_binding,
+                        "file_bytes": path.stat().st_size,
+                        "speedup_vs_pytorch": round(base["p50_ms"] / timing["p50_ms"], 3) if base and timing["p50_ms"] else None,
+                        "ratio_to_pytorch": round(timing["p50_ms"] / base["p50_ms"], 3) if base and base["p50_ms"] else None,
+                    }
+                )
+            del session
+            gc.collect()
+        providers_report.append(status)
+
+    report = {
+        "schema_version": SCHEMA_VERSION,
+        "recipe": ctx.recipe_name,
+        "machine": machine(threads),
+        "versions": versions(),
+        "weights": record.get("weights"),
+        "settings": {"warmup": bench["warmup"], "iterations": bench["iterations"], "min_time_s": bench["min_time_s"], "threads": threads},
+        "baseline": baseline,
+        "providers": providers_report,
+        "results": results,
+    }
+    _validate_schema(report)
+    ctx.output("benchmark.json").write_text(pretty_json(report), encoding="utf-8")
+    ctx.output("benchmark.md").write_text(markdown(report), encoding="utf-8")
+    chart(report, ctx.output("benchmark.png"))
+    best = min((r for r in results if "p50_ms" in r), key=lambda r: r["p50_ms"], default=None)
+    summary = "no results"
+    if best:
+        summary = f"best {best['variant']} on {best['provider'].replace('ExecutionProvider', '')}: p50 {best['p50_ms']:.1f} ms"
+        if best.get("speedup_vs_pytorch"):
+            summary += f" ({best['speedup_vs_pytorch']:.1f}x PyTorch)"
+    del np
+    return StepResult(summary=summary, data={"results": len(results)})
+
+
+def _batch(sizes: dict[str, int]) -> int:
+    return int(sizes.get("batch", 1))
+
+
+def _feeds(spec: StepSpec, ctx: StepContext, sizes: dict[str, int], index: int) -> dict[str, Any]:
+    from onnxbuild.sources.torchmodel import make_inputs
+
+    export = spec.params["export"]
+    if export is not None:
+        return make_inputs(export["inputs"], sizes, seed=500 + index, vocab=_vocab(spec))
+    import onnx
+
+    from onnxbuild.sources.graph import DTYPES  # noqa: F401  (dtype names match)
+
+    model = onnx.load_model(str(ctx.input(spec.params["variants"][0]["path"])), load_external_data=False)
+    inits = {i.name for i in model.graph.initializer}
+    specs = []
+    for v in model.graph.input:
+        if v.name in inits:
+            continue
+        t = v.type.tensor_type
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name
+        shape = [d.dim_param if d.dim_param else d.dim_value for d in t.shape.dim]
+        specs.append({"name": v.name, "dtype": dtype, "shape": shape})
+    return make_inputs(specs, sizes, seed=500 + index, vocab=None)
+
+
+def _vocab(spec: StepSpec) -> int | None:
+    src = spec.params["source"].get("huggingface")
+    if not src:
+        return None
+    size = (src.get("config") or {}).get("vocab_size")
+    return int(size) if size else None
+
+
+def _bound_runner(session: Any, feeds: dict[str, Any], outputs: list[str]) -> Any:
+    """IOBinding on CUDA: inputs copied to the device once, outputs left there (no host copies per run)."""
+    import onnxruntime as ort
+
+    binding = session.io_binding()
+    for name, array in feeds.items():
+        binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array, "cuda", 0))
+    for name in outputs:
+        binding.bind_output(name, "cuda")
+
+    def go() -> None:
+        session.run_with_iobinding(binding)
+
+    return go
+
+
+def _pytorch_baseline(ctx: StepContext, spec: StepSpec, record: dict[str, Any], shapes: list[dict[str, int]], feeds_by_shape: list[dict[str, Any]], threads: int) -> list[dict[str, Any]]:
+    import torch
+
+    from onnxbuild.sources.torchmodel import load_source_model, wrap
+
+    source = json.loads(json.dumps(spec.params["source"]))
+    attention = None
+    if "huggingface" in source:
+        source["huggingface"]["attn_implementation"] = "sdpa"
+        attention = "sdpa"
+    torch.set_num_threads(threads)
+    model = load_source_model(source, record, ctx.recipe_dir)
+    export = spec.params["export"]
+    names = [t["name"] for t in export["inputs"]]
+    wrapped = wrap(model, source, names, export["outputs"])
+    out = []
+    bench = spec.params["benchmark"]
+    for sizes, feeds in zip(shapes, feeds_by_shape):
+        args = tuple(torch.from_numpy(feeds[n]) for n in names)
+
+        def call(a: tuple[Any, ...] = args) -> None:
+            with torch.inference_mode():
+                wrapped(*a)
+
+        timing = measure(call, _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
+        out.append({"engine": "pytorch", "mode": "eager", "attention": attention, "device": "cpu", "shape": dict(sizes), **timing, "peak_rss_mb": rss_mb()})
+    del model, wrapped
+    gc.collect()
+    return out
+
+
+def _validate_schema(report: dict[str, Any]) -> None:
+    import jsonschema
+
+    from onnxbuild.report import benchmark_schema
+
+    try:
+        jsonschema.validate(report, benchmark_schema())
+    except jsonschema.ValidationError as exc:
+        raise StepError(f"benchmark.json does not match its schema at {'/'.join(map(str, exc.absolute_path))}: {exc.message} (a bug in the benchmark step)") from None
+
+
+def markdown(report: dict[str, Any]) -> str:
+    m = report["machine"]
+    lines = [
+        f"# {report['recipe']}: benchmark",
+        "",
+        f"{m['cpu']}, {m['cores']} cores, {m['threads']} threads; warmup {report['settings']['warmup']}, "
+        f"at least {report['settings']['iterations']} iterations. PyTorch baseline measured in the same run.",
+        "",
+    ]
+    if report.get("weights") == "random-init":
+        lines += ["> weights: random-init (latency does not depend on weight values)", ""]
+    lines += ["| variant | provider | shape | p50 ms | p90 ms | p99 ms | mean ms | throughput/s | vs PyTorch p50 |", "|---|---|---|---|---|---|---|---|---|"]
+    for b in report["baseline"]:
+        shape = ", ".join(f"{k}={v}" for k, v in b["shape"].items())
+        lines.append(f"| PyTorch ({b['mode']}{', ' + b['attention'] if b.get('attention') else ''}) | - | {shape} | {b['p50_ms']:.2f} | {b['p90_ms']:.2f} | {b['p99_ms']:.2f} | {b['mean_ms']:.2f} | {b['throughput']:.1f} | 1.00x |")
+    for r in report["results"]:
+        if "p50_ms" not in r:
+            lines.append(f"| {r['variant']} | {r['provider']} | {r.get('shape', '-')} | error: {r.get('error')} | | | | | |")
+            continue
+        shape = ", ".join(f"{k}={v}" for k, v in r["shape"].items())
+        ratio = f"{r['ratio_to_pytorch']:.2f}x" if r.get("ratio_to_pytorch") else "-"
+        lines.append(f"| {r['variant']} | {r['provider'].replace('ExecutionProvider', '')} | {shape} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | {r['p99_ms']:.2f} | {r['mean_ms']:.2f} | {r['throughput']:.1f} | {ratio} |")
+    skipped = [p for p in report["providers"] if p["status"] == "skipped"]
+    if skipped:
+        lines += ["", "Providers skipped:"] + [f"- {p['name']}: {p['reason']}" for p in skipped]
+    return "\n".join(lines) + "\n"
+
+
+def chart(report: dict[str, Any], path: Any) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in report["results"] if "p50_ms" in r]
+    shapes = sorted({json.dumps(r["shape"], sort_keys=True) for r in rows} | {json.dumps(b["shape"], sort_keys=True) for b in report["baseline"]})
+    fig, axes = plt.subplots(1, max(1, len(shapes)), figsize=(5 * max(1, len(shapes)), 3.6), squeeze=False)
+    for ax, shape in zip(axes[0], shapes):
+        labels, values, colours = [], [], []
+        for b in report["baseline"]:
+            if json.dumps(b["shape"], sort_keys=True) == shape:
+                labels.append("PyTorch")
+                values.append(b["p50_ms"])
+                colours.append("#888888")
+        for r in rows:
+            if json.dumps(r["shape"], sort_keys=True) == shape:
+                labels.append(f"{r['variant']}\n{r['provider'].replace('ExecutionProvider', '')}")
+                values.append(r["p50_ms"])
+                colours.append("#2a6fdb")
+        ax.bar(range(len(values)), values, color=colours)
+        ax.set_xticks(range(len(values)), labels, fontsize=8)
+        ax.set_ylabel("p50 latency (ms)")
+        ax.set_title(", ".join(f"{k}={v}" for k, v in json.loads(shape).items()), fontsize=9)
+        for i, v in enumerate(values):
+            ax.annotate(f"{v:.1f}", (i, v), ha="center", va="bottom", fontsize=8)
+    fig.suptitle(f"{report['recipe']}: p50 latency per variant (lower is better)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    plt.close(fig)

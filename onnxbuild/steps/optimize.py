@@ -1,0 +1,160 @@
+"""The ``optimize`` step: ONNX Runtime's transformer optimizer and offline graph optimization.
+
+Order: transformer fusions first (they match the exporter's patterns), then ORT's own
+graph optimizations saved offline. Levels ``extended`` and above fuse into kernels of
+a particular provider and CPU, so the key of this step includes the target provider and
+a fingerprint of the CPU's features, and the report says so.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from onnxbuild._util import pretty_json
+from onnxbuild.errors import StepError
+from onnxbuild.steps.base import StepContext, StepResult, StepSpec
+
+VERSION = 1
+PACKAGES = ("onnxruntime", "onnx")
+
+FUSED_OPS = (
+    "Attention",
+    "MultiHeadAttention",
+    "GroupQueryAttention",
+    "EmbedLayerNormalization",
+    "SkipLayerNormalization",
+    "SkipSimplifiedLayerNormalization",
+    "LayerNormalization",
+    "SimplifiedLayerNormalization",
+    "BiasGelu",
+    "FastGelu",
+    "Gelu",
+    "BiasSkipLayerNormalization",
+    "GemmFastGelu",
+    "RotaryEmbedding",
+)
+
+LEVELS = {"none": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "layout": "ORT_ENABLE_LAYOUT", "all": "ORT_ENABLE_ALL"}
+HARDWARE_BOUND = frozenset({"extended", "layout", "all"})
+
+
+def cpu_fingerprint() -> str:
+    """A short digest of the CPU's model and feature flags, read without heavy imports."""
+    from onnxbuild._util import sha256_text
+
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        flags = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith(("flags", "Features"))), "")
+        model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
+    except OSError:
+        import platform
+
+        flags, model = platform.processor(), platform.machine()
+    return sha256_text(f"{model}\n{' '.join(sorted(flags.split()))}")[:16]
+
+
+def model_dims(source: dict[str, Any] | None, recipe_dir: Path) -> tuple[int, int]:
+    """(num_heads, hidden_size) from the transformers config, when the source has one."""
+    if not source or "huggingface" not in source:
+        return 0, 0
+    src = source["huggingface"]
+    config = src.get("config") or {}
+    if not config:
+        from onnxbuild.sources.huggingface import local_folder
+
+        folder = local_folder(src, recipe_dir)
+        if folder is not None and (folder / "config.json").is_file():
+            config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    heads = config.get("num_attention_heads", config.get("n_head", 0))
+    hidden = config.get("hidden_size", config.get("n_embd", 0))
+    return int(heads or 0), int(hidden or 0)
+
+
+def model_type_for(source: dict[str, Any] | None) -> str:
+    if not source or "huggingface" not in source:
+        return "bert"
+    config = source["huggingface"].get("config") or {}
+    kind = str(config.get("model_type", ""))
+    if kind in ("gpt2", "bert", "bart", "t5", "gpt_neox", "phi", "clip", "vit", "swin"):
+        return kind
+    return "gpt2" if source["huggingface"]["task"] == "text-generation" else "bert"
+
+
+def run(ctx: StepContext, spec: StepSpec) -> StepResult:
+    import onnx
+    import onnxruntime as ort
+
+    opt = spec.params["optimize"]
+    source = spec.params.get("source")
+    src_path = ctx.input(spec.params["input"])
+    out = ctx.output("optimized/model.onnx")
+    report: dict[str, Any] = {"level": opt["level"], "transformer": None, "float16": None}
+    current = src_path
+    before = _histogram(onnx.load_model(str(src_path), load_external_data=False))
+    if opt["transformer"] is not None:
+        from onnxruntime.transformers.fusion_options import FusionOptions
+        from onnxruntime.transformers.optimizer import optimize_model
+
+        t = opt["transformer"]
+        heads, hidden = model_dims(source, ctx.recipe_dir)
+        heads = t["num_heads"] or heads
+        hidden = t["hidden_size"] or hidden
+        model_type = t.get("model_type") or model_type_for(source)
+        options = FusionOptions(model_type)
+        for key, value in t["fusion_options"].items():
+            if not hasattr(options, key):
+                raise StepError(f"optimize.transformer.fusion_options.{key}: not a fusion option of onnxruntime (known: {', '.join(sorted(vars(options)))})")
+            setattr(options, key, value)
+        try:
+            optimized = optimize_model(str(current), model_type=model_type, num_heads=heads, hidden_size=hidden, optimization_options=options, opt_level=t["opt_level"], only_onnxruntime=t["only_onnxruntime"], use_gpu=False)
+        except Exception as exc:
+            raise StepError(f"onnxruntime's transformer optimizer failed ({model_type}, heads {heads}, hidden {hidden}): {type(exc).__name__}: {exc}") from None
+        staged = ctx.output_dir / "stage-transformer.onnx"
+        optimized.save_model_to_file(str(staged))
+        current = staged
+        report["transformer"] = {"model_type": model_type, "num_heads": heads, "hidden_size": hidden, "opt_level": t["opt_level"]}
+    if opt["float16"] is not None:
+        from onnxruntime.transformers.onnx_model import OnnxModel
+
+        model = OnnxModel(onnx.load_model(str(current)))
+        model.convert_float_to_float16(keep_io_types=opt["float16"]["keep_io_types"])
+        staged = ctx.output_dir / "stage-fp16.onnx"
+        model.save_model_to_file(str(staged))
+        current = staged
+        report["float16"] = {"keep_io_types": opt["float16"]["keep_io_types"]}
+    if opt["level"] != "none":
+        options = ort.SessionOptions()
+        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVELS[opt["level"]])
+        options.optimized_model_filepath = str(out)
+        options.log_severity_level = 3
+        try:
+            ort.InferenceSession(str(current), options, providers=[spec.params["provider"]])
+        except Exception as exc:
+            raise StepError(f"ONNX Runtime could not optimize the model at level {opt['level']}: {exc}") from None
+    else:
+        current.replace(out)
+    for staged in ctx.output_dir.glob("stage-*.onnx"):
+        staged.unlink()
+    after = _histogram(onnx.load_model(str(out), load_external_data=False))
+    fused = {op: after.get(op, 0) for op in FUSED_OPS if after.get(op, 0) or before.get(op, 0)}
+    report.update(
+        provider=spec.params["provider"],
+        hardware_bound=opt["level"] in HARDWARE_BOUND,
+        cpu_fingerprint=spec.identity.get("cpu") if opt["level"] in HARDWARE_BOUND else None,
+        fused_ops=fused,
+        nodes_before=sum(before.values()),
+        nodes_after=sum(after.values()),
+        op_types=dict(sorted(after.items(), key=lambda kv: (-kv[1], kv[0]))),
+    )
+    if report["hardware_bound"]:
+        report["note"] = f"level {opt['level']} ties the model to {spec.params['provider']} on this CPU (fingerprint {report['cpu_fingerprint']}); rebuilt elsewhere it may differ"
+    ctx.output("reports/optimize.json").write_text(pretty_json(report), encoding="utf-8")
+    fused_text = ", ".join(f"{k} {v}" for k, v in fused.items()) or "no fused ops"
+    return StepResult(summary=f"{report['nodes_before']} -> {report['nodes_after']} nodes; {fused_text}", data={"fused_ops": fused})
+
+
+def _histogram(model: Any) -> dict[str, int]:
+    return dict(Counter(n.op_type for n in model.graph.node))

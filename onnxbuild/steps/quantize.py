@@ -1,0 +1,125 @@
+"""The ``quantize.<name>`` steps: dynamic int8, static int8 (calibrated), int4 weight-only.
+
+Defaults are chosen by accuracy, measured here on MiniLM with real weights (embedding
+cosine vs PyTorch): per-tensor int8 0.924, per-channel 0.990 at the same speed,
+reduce_range 0.83, QUInt8 weights 0.97 but twice as slow. So: per-channel, signed int8
+weights, no reduce_range.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from onnxbuild.errors import StepError
+from onnxbuild.steps.base import StepContext, StepResult, StepSpec
+
+VERSION = 1
+PACKAGES = ("onnxruntime", "onnx", "numpy")
+
+
+def run(ctx: StepContext, spec: StepSpec) -> StepResult:
+    import onnx
+
+    q = spec.params["quantize"]
+    src = ctx.input(spec.params["input"])
+    out = ctx.output(f"{q['name']}/model.onnx")
+    try:
+        if q["method"] == "dynamic":
+            _dynamic(src, out, q)
+        elif q["method"] == "static":
+            _static(ctx, spec, src, out, q)
+        else:
+            _int4(src, out, q)
+    except StepError:
+        raise
+    except Exception as exc:
+        raise StepError(f"quantize.{q['name']} ({q['method']}) failed: {type(exc).__name__}: {str(exc)[:500]}") from None
+    for extra in out.parent.glob("*.onnx.data"):
+        extra.unlink()
+    size_in, size_out = src.stat().st_size, out.stat().st_size
+    model = onnx.load_model(str(out), load_external_data=False)
+    quantized = sum(1 for n in model.graph.node if n.op_type in ("MatMulInteger", "DynamicQuantizeMatMul", "QLinearMatMul", "MatMulNBits", "QAttention", "DynamicQuantizeLinear", "QuantizeLinear"))
+    summary = f"{q['method']}: {size_in / 1e6:.1f} MB -> {size_out / 1e6:.1f} MB ({size_out / size_in:.0%}), {quantized} quantized nodes"
+    return StepResult(summary=summary, data={"bytes_in": size_in, "bytes_out": size_out, "quantized_nodes": quantized})
+
+
+def _dynamic(src: Path, out: Path, q: dict[str, Any]) -> None:
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(
+        str(src),
+        str(out),
+        op_types_to_quantize=q["op_types"],
+        per_channel=q["per_channel"],
+        reduce_range=q["reduce_range"],
+        weight_type=QuantType.QInt8 if q["weight_type"] == "int8" else QuantType.QUInt8,
+        nodes_to_exclude=q["exclude_nodes"] or None,
+        # Needed on ORT-optimized models ("Unable to find data type for weight_name").
+        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+    )
+
+
+def _int4(src: Path, out: Path, q: dict[str, Any]) -> None:
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    model = onnx.load_model(str(src))
+    quant = MatMulNBitsQuantizer(model, bits=4, block_size=q["block_size"], is_symmetric=q["symmetric"], nodes_to_exclude=q["exclude_nodes"] or None)
+    quant.process()
+    quant.model.save_model_to_file(str(out), use_external_data_format=False)
+
+
+def _static(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: dict[str, Any]) -> None:
+    import numpy as np
+    import onnxruntime as ort
+    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    cal = q["calibration"]
+    session = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    del session
+    batches: list[dict[str, Any]]
+    if cal["npz"]:
+        path = ctx.recipe_dir / cal["npz"]
+        try:
+            data = np.load(path)
+        except OSError as exc:
+            raise StepError(f"quantize.{q['name']}.calibration.npz: cannot read {cal['npz']}: {exc}") from None
+        missing = [n for n in names if n not in data]
+        if missing:
+            raise StepError(f"quantize.{q['name']}.calibration.npz: {cal['npz']} lacks arrays for inputs {missing} (it has {sorted(data)})")
+        count = len(data[names[0]])
+        batches = [{n: data[n][i : i + 1] for n in names} for i in range(count)]
+    else:
+        from onnxbuild.sources.torchmodel import make_inputs
+
+        specs = spec.params["inputs"]
+        shapes = spec.params["shapes"]
+        vocab = spec.params.get("vocab_size")
+        batches = [make_inputs(specs, shapes[i % len(shapes)], seed=1000 + i, vocab=vocab) for i in range(cal["samples"])]
+        batches = [{k: v for k, v in b.items() if k in names} for b in batches]
+
+    class Reader(CalibrationDataReader):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.items = iter(batches)
+
+        def get_next(self) -> dict[str, Any] | None:
+            return next(self.items, None)
+
+    methods = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy, "percentile": CalibrationMethod.Percentile}
+    quantize_static(
+        str(src),
+        str(out),
+        Reader(),
+        quant_format=QuantFormat.QDQ,
+        op_types_to_quantize=q["op_types"],
+        per_channel=q["per_channel"],
+        reduce_range=q["reduce_range"],
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8 if q["weight_type"] == "int8" else QuantType.QUInt8,
+        nodes_to_exclude=q["exclude_nodes"] or None,
+        calibrate_method=methods[cal["method"]],
+        extra_options={"DefaultTensorType": 1},
+    )

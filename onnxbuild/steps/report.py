@@ -1,0 +1,29 @@
+"""The ``report`` step: merge each variant's validation into reports/validation.json and .md."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from onnxbuild._util import pretty_json
+from onnxbuild.steps.base import StepContext, StepResult, StepSpec
+
+VERSION = 1
+PACKAGES: tuple[str, ...] = ()
+
+
+def run(ctx: StepContext, spec: StepSpec) -> StepResult:
+    from onnxbuild.steps.validate import markdown
+
+    merged: dict[str, Any] = {"passed": True, "variants": {}}
+    for variant in spec.params["variants"]:
+        part = json.loads(ctx.input(f"reports/validation/{variant}.json").read_text(encoding="utf-8"))
+        for key, value in part.items():
+            if key not in ("passed", "variants"):
+                merged.setdefault(key, value)
+        merged["variants"].update(part["variants"])
+        merged["passed"] = merged["passed"] and part["passed"]
+    ctx.output("reports/validation.json").write_text(pretty_json(merged), encoding="utf-8")
+    ctx.output("reports/validation.md").write_text(markdown(merged, ctx.recipe_name), encoding="utf-8")
+    verdicts = ", ".join(f"{name} {'ok' if v['passed'] else 'FAILED'}" for name, v in merged["variants"].items())
+    return StepResult(summary=verdicts, data={"passed": merged["passed"]})
