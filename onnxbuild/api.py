@@ -95,6 +95,22 @@ def build(
     return execute(the_plan, cache, settings.artifacts_dir, jobs=jobs, keep_going=keep_going, in_process=in_process, reporter=reporter)
 
 
+def check_providers(report: BuildReport) -> None:
+    """Raise BuildFailed when a benchmark could not use one of its recipe's target providers."""
+    from onnxbuild.errors import BuildFailed
+
+    problems = []
+    for r in report.recipes:
+        path = r.artifacts / "benchmark.json"
+        if not path.is_file():
+            continue
+        for p in json.loads(path.read_text(encoding="utf-8")).get("providers", []):
+            if p.get("status") == "skipped":
+                problems.append(f"{r.recipe.name}: provider {p['name']} was skipped: {p['reason']}")
+    if problems:
+        raise BuildFailed("--strict-providers: " + "; ".join(problems))
+
+
 def show(path: str | Path) -> str:
     """The recipe with every default filled in, as YAML: exactly what the cache hashes."""
     import yaml

@@ -97,8 +97,9 @@ class Printer:
 @click.option("--jobs", "-j", type=int, default=1, show_default=True, help="Steps to run at once.")
 @click.option("--keep-going", "-k", is_flag=True, help="After a failure, build everything that does not depend on it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the build report as JSON on stdout.")
+@click.option("--strict-providers", is_flag=True, help="Fail the build when a target provider cannot be used here.")
 @click.pass_context
-def make(ctx: click.Context, recipes: tuple[str, ...], target: str | None, force: bool, jobs: int, keep_going: bool, as_json: bool) -> None:
+def make(ctx: click.Context, recipes: tuple[str, ...], target: str | None, force: bool, jobs: int, keep_going: bool, as_json: bool, strict_providers: bool) -> None:
     """Build the artifacts of RECIPES (export, check, validate, ...)."""
     printer = Printer(quiet=False)
     report = api.build(recipes, _settings(ctx), jobs=jobs, keep_going=keep_going, force=force, target=target, reporter=printer)
@@ -110,6 +111,8 @@ def make(ctx: click.Context, recipes: tuple[str, ...], target: str | None, force
         from onnxbuild.engine.runner import raise_for_failures
 
         raise_for_failures(report)
+    if strict_providers:
+        api.check_providers(report)
 
 
 def _report_json(report: Any) -> dict[str, Any]:
@@ -229,6 +232,31 @@ def clean(ctx: click.Context, recipes: tuple[str, ...]) -> None:
         click.echo(f"removed {path}/")
     if not removed:
         click.echo("nothing to remove")
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def providers(as_json: bool) -> None:
+    """List ONNX Runtime's execution providers and whether each actually works here.
+
+    Each listed provider runs a one-node model; one whose session falls back to CPU
+    is reported as not working (onnxruntime-gpu lists CUDA even without a GPU).
+
+    \b
+    Example:
+      onnxbuild providers
+    """
+    from onnxbuild.providers import probe
+
+    found = probe()
+    if as_json:
+        click.echo(json.dumps([p.__dict__ for p in found], indent=2))
+        return
+    import onnxruntime
+
+    click.echo(f"onnxruntime {onnxruntime.__version__}")
+    for p in found:
+        click.echo(f"  {'works  ' if p.works else 'no     '} {p.name}: {p.reason}")
 
 
 @cli.command()

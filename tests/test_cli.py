@@ -139,7 +139,8 @@ def test_dag_text_of_a_torch_recipe(project: Path) -> None:
           source     writes reports/source.json
           export     writes model.onnx  <- source
           check      writes reports/check.json, reports/check.md  <- export
-          validate   writes reports/validation.json, reports/validation.md  <- source, export
+          validate   writes reports/validation/model.json, reports/validation/model.md  <- source, export
+          report     writes reports/validation.json, reports/validation.md  <- validate
         """
     )
 

@@ -58,7 +58,7 @@ def test_tiny_gpt2_exports_validates_and_caches(project: Path, settings: onnxbui
     source = next(s for s in manifest["steps"] if s["name"] == "source")
     assert source["data"]["weights"] == "random-init"
     again = onnxbuild.build(["recipes/tiny-gpt2.yaml"], settings)
-    assert [s["status"] for s in again.recipes[0].steps] == ["cached"] * 4
+    assert [s["status"] for s in again.recipes[0].steps] == ["cached"] * 5
 
 
 def test_rebuild_in_another_directory_and_process_is_byte_identical(project: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -94,7 +94,7 @@ def test_a_fixed_sequence_axis_fails_validation_with_exit_1(project: Path) -> No
     assert "step validate failed: validation of model failed at shape batch=1, sequence=1" in result.stderr
     assert "input_ids axis 1 fixed at 16" in result.stderr
     assert "Traceback" not in result.output
-    failed = read(project / "artifacts" / "tiny-fixed" / "failed" / "validate" / "reports" / "validation.json")
+    failed = read(project / "artifacts" / "tiny-fixed" / "failed" / "validate" / "reports" / "validation" / "model.json")
     assert failed["passed"] is False
     assert not (project / "artifacts" / "tiny-fixed" / "reports" / "validation.json").exists()
     # What did succeed stays built and cached.

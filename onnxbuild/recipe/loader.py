@@ -26,6 +26,8 @@ DEFAULT_SAMPLE = {"batch": 2, "sequence": 16}
 DEFAULT_ATOL = 1e-4
 DEFAULT_RTOL = 1e-3
 DEFAULT_TOP1_MIN = 0.99
+DEFAULT_COSINE_MIN = 0.99
+"""validate.cosine_min when validate.sentences is given: float32 exports of sentence encoders measure above 0.9999."""
 
 
 @cache
@@ -356,8 +358,15 @@ def _semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) ->
         for i, name in enumerate(names):
             if name in names[:i]:
                 yield problem(("export", "inputs", i, "name"), f"input {name!r} is listed twice (first as export.inputs[{names.index(name)}])")
+        validate = doc.get("validate", {})
+        if validate.get("sentences") is not None and kind != "huggingface":
+            yield problem(("validate", "sentences"), f"needs a huggingface source, whose tokenizer turns the sentences into inputs (this recipe's source is {kind})", key=True)
+        if validate.get("cosine_min") is not None and validate.get("sentences") is None:
+            yield problem(("validate", "cosine_min"), "compares sentence embeddings; add validate.sentences (the text to embed)", key=True)
     for i, q in enumerate(doc.get("quantize", [])):
         earlier = [p["name"] for p in doc["quantize"][:i]]
+        if q["name"] in ("model", "optimized"):
+            yield problem(("quantize", i, "name"), f"{q['name']!r} names a built-in variant; choose another name (e.g. int8)")
         if q["name"] in earlier:
             yield problem(("quantize", i, "name"), f"variant name {q['name']!r} is used twice; names must be unique")
         if q.get("from") == "optimized" and not doc.get("optimize"):
@@ -453,12 +462,17 @@ def resolve(doc: dict[str, Any]) -> dict[str, Any]:
         validate.setdefault("atol", DEFAULT_ATOL)
         validate.setdefault("rtol", DEFAULT_RTOL)
         validate.setdefault("top1_min", DEFAULT_TOP1_MIN if task and task["language_model"] else None)
+        validate.setdefault("cosine_min", DEFAULT_COSINE_MIN if validate["sentences"] else None)
+        if validate["accuracy"] is not None:
+            validate["accuracy"] = _with_defaults(validate["accuracy"], _deref("#/$defs/validate")["properties"]["accuracy"])
         out["validate"] = validate
     opt = doc.get("optimize")
     out["optimize"] = None if opt is None else _with_defaults(opt, _deref("#/$defs/optimize"))
     if out["optimize"] is not None:
-        out["optimize"].setdefault("transformer", None)
-        out["optimize"].setdefault("float16", None)
+        props = _deref("#/$defs/optimize")["properties"]
+        for key in ("transformer", "float16"):
+            value = out["optimize"].get(key)
+            out["optimize"][key] = None if value is None else _with_defaults(value, props[key]["anyOf"][1])
         out["optimize"].setdefault("validate", {})
     out["quantize"] = [_with_defaults(q, _deref("#/$defs/quantize")) for q in doc.get("quantize", [])]
     for q in out["quantize"]:
@@ -467,8 +481,23 @@ def resolve(doc: dict[str, Any]) -> dict[str, Any]:
         q["calibration"] = _with_defaults(q.get("calibration", {}), _deref("#/$defs/quantize")["properties"]["calibration"])
     bench = doc.get("benchmark")
     out["benchmark"] = None if bench is None else _with_defaults(bench, _deref("#/$defs/benchmark"))
+    if out["benchmark"] is not None and "shapes" not in out["benchmark"]:
+        out["benchmark"]["shapes"] = _default_benchmark_shapes(out)
     out["providers"] = [_with_defaults(p, _deref("#/$defs/provider")) for p in doc.get("providers", [{"name": "CPUExecutionProvider"}])]
     return out
+
+
+def _default_benchmark_shapes(resolved: dict[str, Any]) -> list[dict[str, int]]:
+    """Batch 1 at sequence 128 for token models (the figure people quote), else the export sample."""
+    export = resolved.get("export")
+    if export is None:
+        kind, src = next(iter(resolved["source"].items()))
+        dims = _symbolic_dims(src.get("inputs", [])) if kind == "graph" else []
+        return [{d: 1 for d in dims}]
+    dims = _symbolic_dims(export["inputs"])
+    if set(dims) == {"batch", "sequence"}:
+        return [{"batch": 1, "sequence": 128}]
+    return [{d: export["sample"][d] for d in dims}]
 
 
 def _default_shapes(dims: list[str], sample: dict[str, int]) -> list[dict[str, int]]:

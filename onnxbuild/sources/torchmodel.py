@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import inspect
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from onnxbuild._util import sha256_text
+from onnxbuild.errors import StepError
 from onnxbuild.recipe.tasks import TASKS, TOKEN_INPUTS
 from onnxbuild.steps.base import StepContext
 
@@ -57,7 +60,7 @@ def wrap(model: Any, source: dict[str, Any], input_names: list[str], output_name
             if not hf:
                 out = self.model(*args)
                 return tuple(out) if isinstance(out, (tuple, list)) else (out,)
-            kwargs = dict(zip(input_names, args))
+            kwargs = dict(zip(input_names, args, strict=True))
             if "attention_mask" in params and "attention_mask" not in kwargs:
                 kwargs["attention_mask"] = torch.ones_like(kwargs["input_ids"])
             if "use_cache" in params:
@@ -133,3 +136,124 @@ def make_inputs(specs: list[dict[str, Any]], sizes: dict[str, int], seed: int, v
 def is_language_model(source: dict[str, Any]) -> bool:
     (kind, src), = source.items()
     return kind == "huggingface" and TASKS[src["task"]]["language_model"]
+
+
+def load_function(ref: str, recipe_dir: Path, key: str) -> Callable[..., Any]:
+    """The function ``ref`` names: ``file.py:function`` (relative to the recipe's folder) or
+    ``package.module:function``. ``key`` is the recipe key that holds ``ref``, for messages."""
+    import importlib
+    import importlib.util
+    import sys
+
+    target, _, name = ref.rpartition(":")
+    if target.endswith(".py") or "/" in target or "\\" in target:
+        path = (recipe_dir / target).resolve()
+        if not path.is_file():
+            raise StepError(f"{key}: {path} does not exist (paths are relative to the recipe's folder)")
+        module_name = f"_onnxbuild_{path.stem}_{sha256_text(str(path))[:12]}"
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        sys.path.insert(0, str(path.parent))
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            raise StepError(f"{key}: importing {target} failed: {type(exc).__name__}: {exc}") from None
+        finally:
+            sys.path.remove(str(path.parent))
+    else:
+        try:
+            module = importlib.import_module(target)
+        except Exception as exc:
+            raise StepError(f"{key}: cannot import {target}: {type(exc).__name__}: {exc}") from None
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise StepError(f"{key}: {target} has no function {name!r}")
+    return fn  # type: ignore[no-any-return]
+
+
+def labelled_inputs(got: Any, specs: list[dict[str, Any]], key: str) -> tuple[dict[str, Any], Any]:
+    """Check and convert what a dataset function returned: (inputs by export name, labels).
+
+    Inputs are cast to the dtypes export.inputs declares (numpy gives float64 by default);
+    every array and the labels must have the same number of samples along the first axis.
+    """
+    import numpy as np
+
+    if not (isinstance(got, (tuple, list)) and len(got) == 2 and isinstance(got[0], dict)):
+        raise StepError(f"{key}: must return (inputs, labels): a dict of input name -> array and an array of class labels (got {type(got).__name__})")
+    arrays, labels = got[0], np.asarray(got[1])
+    names = [t["name"] for t in specs]
+    missing = [n for n in names if n not in arrays]
+    extra = [str(n) for n in arrays if n not in names]
+    if missing or extra:
+        what = "; ".join(part for part in (f"missing {', '.join(missing)}" if missing else "", f"not export inputs: {', '.join(extra)}" if extra else "") if part)
+        raise StepError(f"{key}: the inputs must be exactly export.inputs ({', '.join(names)}); {what}")
+    if labels.dtype.kind not in "iu" or labels.ndim == 0:
+        raise StepError(f"{key}: labels must be an array of integer class indices (got {labels.dtype} of shape {list(labels.shape)})")
+    feeds: dict[str, Any] = {}
+    for t in specs:
+        value = np.asarray(arrays[t["name"]])
+        if value.ndim == 0 or value.shape[0] != labels.shape[0]:
+            raise StepError(f"{key}: input {t['name']} has shape {list(value.shape)} but there are {labels.shape[0]} labels; the first axis counts samples")
+        dtype = np.dtype(t["dtype"]) if t["dtype"] != "bfloat16" else np.dtype("float32")
+        feeds[t["name"]] = np.ascontiguousarray(value.astype(dtype, copy=False))
+    return feeds, labels
+
+
+def load_tokenizer(source: dict[str, Any], record: dict[str, Any], recipe_dir: Path) -> Any:
+    """The tokenizer of a transformers source: source.huggingface.tokenizer if given, else
+    the model's own folder (local, package, or the Hub snapshot the source step recorded)."""
+    import transformers
+
+    from onnxbuild.sources.huggingface import local_folder
+
+    (kind, src), = source.items()
+    if kind != "huggingface":
+        raise StepError(f"validate.sentences: needs a huggingface source (this recipe's source is {kind})")
+    extra: dict[str, Any] = {}
+    where: str | Path
+    if src.get("tokenizer"):
+        folder = recipe_dir / src["tokenizer"]
+        where = folder if folder.is_dir() else src["tokenizer"]
+    elif (folder := local_folder(src, recipe_dir)) is not None:
+        where = folder
+    else:
+        where = src["model"]
+        if record.get("hub_commit"):
+            extra["revision"] = record["hub_commit"]
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(where, local_files_only=True, **extra)
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise StepError(
+            f"validate.sentences: no tokenizer could be loaded from {where} ({first}); "
+            "point source.huggingface.tokenizer at a folder with the tokenizer files"
+        ) from None
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token  # GPT-2 style: padding is masked out anyway
+    return tokenizer
+
+
+def sentence_inputs(tokenizer: Any, sentences: list[str], specs: list[dict[str, Any]], sizes: dict[str, int]) -> tuple[dict[str, Any], Any]:
+    """One padded batch of the sentences as the export's inputs, and its attention mask.
+
+    Inputs the tokenizer does not produce (position_ids, say) are made as in
+    :func:`make_inputs`; the mask is returned even when the export takes none, for pooling.
+    """
+    import numpy as np
+
+    encoded = tokenizer(list(sentences), padding=True, truncation=True, return_tensors="np")
+    ids = np.asarray(encoded["input_ids"])
+    mask = np.asarray(encoded["attention_mask"]) if "attention_mask" in encoded else np.ones_like(ids)
+    batch, sequence = ids.shape
+    generated = make_inputs([t for t in specs if t["name"] not in encoded], {**sizes, "batch": batch, "sequence": sequence}, seed=0, vocab=None)
+    feeds: dict[str, Any] = {}
+    for t in specs:
+        if t["name"] in encoded:
+            dtype = np.dtype(t["dtype"]) if t["dtype"] != "bfloat16" else np.dtype("float32")
+            feeds[t["name"]] = np.asarray(encoded[t["name"]]).astype(dtype)
+        else:
+            feeds[t["name"]] = generated[t["name"]]
+    return feeds, mask
