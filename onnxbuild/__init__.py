@@ -11,7 +11,14 @@ from __future__ import annotations
 
 from onnxbuild._version import __version__
 from onnxbuild.api import Settings, build, clean, dag, gc, load_recipes, plan, schema_text, show
-from onnxbuild.errors import BuildFailed, CacheError, OnnxbuildError, RecipeError, StepError, UsageError
+from onnxbuild.errors import (
+    BuildFailed,
+    CacheError,
+    OnnxbuildError,
+    RecipeError,
+    StepError,
+    UsageError,
+)
 from onnxbuild.recipe.loader import load_recipe
 
 __all__ = [

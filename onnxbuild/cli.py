@@ -9,13 +9,17 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from onnxbuild import api
 from onnxbuild._version import __version__
 from onnxbuild.errors import OnnxbuildError, RecipeError
+
+if TYPE_CHECKING:
+    from onnxbuild.engine.graph import PlannedStep
+    from onnxbuild.engine.manifest import StepRecord
 
 EPILOG_MAKE = """\b
 Examples:
@@ -75,10 +79,10 @@ class Printer:
         if not self.quiet:
             click.echo(click.style(text, **style) if self.tty else text, err=True)
 
-    def step_started(self, step: Any) -> None:
+    def step_started(self, step: PlannedStep) -> None:
         self._out(f"  run    {step.label}  ({step.reason})", fg="cyan")
 
-    def step_finished(self, step: Any, record: dict[str, Any], seconds: float) -> None:
+    def step_finished(self, step: PlannedStep, record: StepRecord, seconds: float) -> None:
         status = record["status"]
         summary = record["data"].get("summary", "") if status in ("built", "cached") else record["reason"]
         colours = {"built": "green", "cached": "blue", "failed": "red", "skipped": "yellow"}

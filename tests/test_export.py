@@ -104,7 +104,7 @@ def test_a_fixed_sequence_axis_fails_validation_with_exit_1(project: Path) -> No
 def test_impossible_tolerance_fails_unless_warn(project: Path, settings: onnxbuild.Settings) -> None:
     strict = write_variant(project, "tiny-strict", extra="validate:\n  atol: 0\n  rtol: 0\n  shapes: [{batch: 2, sequence: 16}]\n")
     report = onnxbuild.build([strict], settings)
-    (name, step), = report.failures()
+    (_, step), = report.failures()
     assert step["name"] == "validate"
     assert "output logits:" in step["reason"] and "outside atol=0 + rtol=0*|ref|; worst at [" in step["reason"]
     warned = write_variant(project, "tiny-warn", extra="validate:\n  atol: 0\n  rtol: 0\n  on_fail: warn\n  shapes: [{batch: 2, sequence: 16}]\n")

@@ -375,7 +375,7 @@ def _semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) ->
 
 def _graph_problems(src: dict[str, Any], problem: Any) -> Iterable[Problem]:
     defined: set[str] = set()
-    for i, value in enumerate(src["inputs"]):
+    for value in src["inputs"]:
         defined.add(value["name"])
     for i, init in enumerate(src.get("initializers", [])):
         has_values, has_random = "values" in init, "random" in init

@@ -67,7 +67,7 @@ class _TooBig(Exception):
     pass
 
 
-def load_yaml(text: str, filename: str) -> tuple[Any, Positions, list[Problem]]:  # noqa: C901
+def load_yaml(text: str, filename: str) -> tuple[Any, Positions, list[Problem]]:
     """Parse one YAML document; returns data, positions and the problems found.
 
     Syntax errors come back as a single problem with the parser's position; the

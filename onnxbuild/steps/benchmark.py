@@ -67,7 +67,7 @@ def measure(fn: Any, batch: int, warmup: int, iterations: int, min_time_s: float
 def rss_mb() -> float:
     import psutil
 
-    return round(psutil.Process().memory_info().rss / (1024 * 1024), 1)
+    return round(float(psutil.Process().memory_info().rss) / (1024 * 1024), 1)
 
 
 def machine(threads: int) -> dict[str, Any]:
@@ -75,10 +75,8 @@ def machine(threads: int) -> dict[str, Any]:
 
     cpu = platform.processor() or platform.machine()
     try:
-        for line in open("/proc/cpuinfo", encoding="utf-8", errors="replace"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     except OSError:
         pass
     return {"cpu": cpu, "cores": os.cpu_count(), "threads": threads, "system": platform.system()}
@@ -91,7 +89,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     from onnxbuild.engine.versions import versions
 
     bench = spec.params["benchmark"]
-    source, export = spec.params["source"], spec.params["export"]
+    export = spec.params["export"]
     threads = bench["threads"] or (os.cpu_count() or 1)
     torch_source = export is not None
     record: dict[str, Any] = {}
@@ -135,7 +133,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
             for sizes, feeds in zip(shapes, feeds_by_shape):
                 usable = {k: v for k, v in feeds.items() if k in {i.name for i in session.get_inputs()}}
                 io_binding = name == "CUDAExecutionProvider"
-                fn = _bound_runner(session, usable, wanted) if io_binding else (lambda s=session, f=usable: s.run(wanted, f))
+                fn = _bound_runner(session, usable, wanted) if io_binding else (lambda s=session, f=usable, w=wanted: s.run(w, f))
                 try:
                     timing = measure(fn, _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
                 except Exception as exc:
@@ -257,9 +255,9 @@ def _pytorch_baseline(ctx: StepContext, spec: StepSpec, record: dict[str, Any], 
     for sizes, feeds in zip(shapes, feeds_by_shape):
         args = tuple(torch.from_numpy(feeds[n]) for n in names)
 
-        def call(a: tuple[Any, ...] = args) -> None:
+        def call(a: tuple[Any, ...] = args, m: Any = wrapped) -> None:
             with torch.inference_mode():
-                wrapped(*a)
+                m(*a)
 
         timing = measure(call, _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
         out.append({"engine": "pytorch", "mode": "eager", "attention": attention, "device": "cpu", "shape": dict(sizes), **timing, "peak_rss_mb": rss_mb()})

@@ -108,6 +108,8 @@ def _export_dynamo(wrapped: Any, args: tuple[Any, ...], raw: Path, names: list[s
         optimize=export["constant_folding"],
         external_data=False,
     )
+    if program is None:  # only when f= is given, which we don't
+        raise StepError("torch.onnx.export (dynamo) returned no program")
     program.save(str(raw), external_data=False)
 
 

@@ -74,7 +74,13 @@ def _int4(src: Path, out: Path, q: dict[str, Any]) -> None:
 def _static(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: dict[str, Any]) -> None:
     import numpy as np
     import onnxruntime as ort
-    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
 
     cal = q["calibration"]
     session = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 from onnxbuild._util import pretty_json
 from onnxbuild.errors import StepError
@@ -67,7 +68,7 @@ def _onnx_file(ctx: StepContext, src: dict[str, object]) -> StepResult:
     return StepResult(summary=f"copied {src['path']}", extra_outputs=tuple(extra))
 
 
-def _external_tensors(model: object) -> list[object]:
+def _external_tensors(model: Any) -> list[Any]:
     from onnx.external_data_helper import _get_all_tensors, uses_external_data
 
     return [t for t in _get_all_tensors(model) if uses_external_data(t)]
