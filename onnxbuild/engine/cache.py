@@ -17,6 +17,7 @@ read, or whose objects are missing or the wrong size, is a miss with a warning.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -110,10 +111,8 @@ class Cache:
         return entry
 
     def _drop(self, path: Path) -> None:
-        try:
+        with contextlib.suppress(OSError):
             path.unlink()
-        except OSError:
-            pass
 
     def discard(self, key: str) -> None:
         self._drop(self.entry_path(key))
@@ -217,10 +216,8 @@ class Cache:
 
         save_memo()
         if self._hashes_dirty and self._hashes is not None:
-            try:
+            with contextlib.suppress(OSError):  # only a speed-up; losing it costs a re-hash
                 atomic_write_text(self.root / "state" / "hashes.json", canonical_json(self._hashes))
-            except OSError:
-                pass  # only a speed-up; losing it costs a re-hash
             self._hashes_dirty = False
 
     # ------------------------------------------------------------ maintenance

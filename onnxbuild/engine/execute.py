@@ -7,17 +7,19 @@ honest peak-RSS figure, and lets a crash or OOM kill fail that step alone.
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import os
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 from typing import Any
 
 from onnxbuild.errors import OnnxbuildError
-from onnxbuild.steps import step_module
+from onnxbuild.steps import KINDS, register, step_module
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
 
@@ -26,6 +28,9 @@ class Task:
     spec: StepSpec
     ctx: StepContext
     log_path: str
+    module: str = ""
+    """For a kind added with ``steps.register``: the module to import in a step process
+    (a spawned process starts with only the built-in kinds)."""
 
 
 @dataclass(frozen=True)
@@ -76,12 +81,41 @@ def _child(conn: Connection, task: Task) -> None:
     def emit(message: str) -> None:
         log.write(message + "\n")
 
-    task = Task(task.spec, StepContext(**{**task.ctx.__dict__, "log": emit}), task.log_path)
-    outcome = run_task(task)
+    task = replace(task, ctx=replace(task.ctx, log=emit))
+    _test_delay(task.spec.kind, emit)
+    outcome = _register(task) or run_task(task)
     if outcome.detail:
         log.write(outcome.detail)
     conn.send(outcome)
     conn.close()
+
+
+def _register(task: Task) -> Outcome | None:
+    """Make a kind registered in the parent known here too; a failed Outcome if it cannot be."""
+    if not task.module or task.spec.kind in KINDS:
+        return None
+    try:
+        register(task.spec.kind, importlib.import_module(task.module))
+    except ImportError as exc:
+        return Outcome(False, error=f"the {task.spec.kind} step kind was registered from module {task.module!r}, which a step process cannot import ({exc}); register an importable module or build in-process")
+    return None
+
+
+TEST_DELAY_ENV = "ONNXBUILD_TEST_STEP_DELAY"
+
+
+def _test_delay(kind: str, emit: Callable[[str], None]) -> None:
+    """Test hook: with ONNXBUILD_TEST_STEP_DELAY="<kind>:<seconds>", a step process sleeps
+    that long before running a step of that kind (after logging that it does), so a test
+    can kill a build in the middle of a step (tests/test_concurrency.py). Not for users.
+    """
+    value = os.environ.get(TEST_DELAY_ENV)
+    if not value:
+        return
+    target, _, seconds = value.partition(":")
+    if target == kind:
+        emit(f"test hook: sleeping {seconds}s before the {kind} step")
+        time.sleep(float(seconds))
 
 
 class ChildStep:
@@ -93,7 +127,8 @@ class ChildStep:
         self.task = task
         self._recv, send = self._context.Pipe(duplex=False)
         ctx = StepContext(**{**task.ctx.__dict__, "log": print})
-        self.process = self._context.Process(target=_child, args=(send, Task(task.spec, ctx, task.log_path)), daemon=True)
+        module = "" if task.spec.kind in KINDS else step_module(task.spec.kind).__name__
+        self.process = self._context.Process(target=_child, args=(send, replace(task, ctx=ctx, module=module)), daemon=True)
         self.process.start()
         send.close()
         self.started = time.perf_counter()

@@ -208,7 +208,7 @@ def _changes(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, Any]]
         return out
     if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
         out = []
-        for i, (a, b) in enumerate(zip(old, new)):
+        for i, (a, b) in enumerate(zip(old, new, strict=True)):
             out.extend(_changes(a, b, f"{prefix}[{i}]"))
         return out
     if old is _MISSING and new is _MISSING:
@@ -218,7 +218,7 @@ def _changes(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, Any]]
     return []
 
 
-_LATER = {"optimize": "optimize", "quantize": "quantize", "benchmark": "benchmark"}
+_LATER: dict[str, str] = {}
 
 
 def _check_implemented(recipe: Recipe) -> None:

@@ -40,6 +40,20 @@ class FileLock:
                 raise CacheError(f"timed out after {self.timeout:.0f}s waiting for the lock on {self.what} ({self.path}); another onnxbuild is still running")
             time.sleep(0.05)
 
+    def try_acquire(self) -> bool:
+        """Take the lock if it is free now; never waits. True if taken.
+
+        The runner uses this while its own step processes run: waiting there could
+        wait on a lock this very build holds (two recipes sharing a step key).
+        """
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        if _try_lock(fd):
+            self._fd = fd
+            return True
+        os.close(fd)
+        return False
+
     def release(self) -> None:
         if self._fd is not None:
             _unlock(self._fd)

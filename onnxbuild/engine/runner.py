@@ -22,13 +22,16 @@ from typing import Any, Protocol
 from onnxbuild._util import atomic_write_text, pretty_json, write_if_changed
 from onnxbuild.engine.cache import Cache, EntryRecord, OutputRecord, step_key
 from onnxbuild.engine.execute import ChildStep, Outcome, Task, run_task
-from onnxbuild.engine.graph import Plan, PlannedStep, explain, ingredients, input_digests
+from onnxbuild.engine.graph import FORCED, Plan, PlannedStep, explain, ingredients, input_digests
+from onnxbuild.engine.locks import FileLock
 from onnxbuild.engine.manifest import StepRecord, make_manifest
 from onnxbuild.errors import BuildFailed
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.steps.base import StepContext
 
 LOCK_TIMEOUT_S = 6 * 3600.0
+RETRY_S = 0.1
+"""How often a step whose key another process is building checks again, while this build's own steps run."""
 
 
 class Reporter(Protocol):
@@ -81,6 +84,8 @@ class _State:
     seconds: float = 0.0
     peak_rss_mb: float | None = None
     built_seconds: float | None = None
+    lock: FileLock | None = None
+    """The step's key lock, held from launch until its outcome is committed."""
 
 
 def execute(
@@ -141,6 +146,7 @@ def _run_all(states: dict[str, _State], plan: Plan, cache: Cache, artifacts_root
     try:
         while True:
             progressed = False
+            deferred = False
             for label in order:
                 st = states[label]
                 if st.record is not None or any(label == lab for lab, _, _ in running.values()):
@@ -158,25 +164,30 @@ def _run_all(states: dict[str, _State], plan: Plan, cache: Cache, artifacts_root
                     continue
                 if len(running) >= jobs:
                     continue
-                child = _start(st, states, cache, artifacts_root, in_process=in_process, reporter=reporter)
-                progressed = True
+                child = _start(st, states, cache, artifacts_root, may_defer=bool(running), in_process=in_process, reporter=reporter)
                 if child is not None:
                     running[child[0].sentinel] = (label, child[0], child[1])
-                elif st.record is not None and st.record["status"] == "failed" and not keep_going:
-                    stopped = True
+                    progressed = True
+                elif st.record is None:
+                    deferred = True  # its key is being built elsewhere; look again after a wait
+                else:
+                    progressed = True
+                    if st.record["status"] == "failed" and not keep_going:
+                        stopped = True
             if running:
-                ready = wait(list(running))
+                ready = wait(list(running), timeout=RETRY_S if deferred else None)
                 for sentinel in ready:
-                    label, child, workdir = running.pop(sentinel)
-                    _finish(states[label], child.outcome(), workdir, cache, reporter, artifacts_root)
+                    label, proc, workdir = running.pop(sentinel)
+                    _finish(states[label], proc.outcome(), workdir, cache, reporter, artifacts_root)
                     if states[label].record and states[label].record["status"] == "failed" and not keep_going:  # type: ignore[index]
                         stopped = True
                 continue
             if not progressed:
                 break
     except BaseException:
-        for _, child, _ in running.values():
-            child.kill()
+        for label, proc, workdir in running.values():
+            proc.kill()
+            _release(states[label], workdir)
         raise
     for label in order:
         st = states[label]
@@ -201,9 +212,15 @@ def _record(p: PlannedStep, key: str | None, status: Any, reason: str, entry: En
     }
 
 
-def _start(st: _State, states: dict[str, _State], cache: Cache, artifacts_root: Path, *, in_process: bool, reporter: Reporter) -> tuple[ChildStep, Path] | None:
-    """Resolve the step's key now that its inputs exist; use the cache or launch it."""
+def _start(st: _State, states: dict[str, _State], cache: Cache, artifacts_root: Path, *, may_defer: bool, in_process: bool, reporter: Reporter) -> tuple[ChildStep, Path] | None:
+    """Resolve the step's key now that its inputs exist; use the cache or launch it.
+
+    Returns the launched process, or None when the step is done (cached, or run here
+    in-process) or deferred (``st.record`` still None: its key is locked and
+    ``may_defer``, because this build has steps running that it must not stop collecting).
+    """
     p = st.planned
+    forced = p.forced
     if p.key is not None:
         key, ing, reason = p.key, p.ingredients, p.reason
     else:
@@ -211,27 +228,25 @@ def _start(st: _State, states: dict[str, _State], cache: Cache, artifacts_root: 
         ing = ingredients(p.spec, input_digests(p.spec, entries), cache)
         key = step_key(ing)
         last = cache.last_build(p.recipe.name).get(p.spec.name)
-        reason = "; ".join(explain(last, ing, key))
+        reason = FORCED if forced else "; ".join(explain(last, ing, key))
     assert ing is not None
-    forced = p.reasons == ("forced (--force)",)
     entry = None if forced else cache.get(key)
     if entry is not None:
-        st.entry = entry
-        why = "up to date" if p.action == "cached" else "inputs were rebuilt identical"
-        st.record = _record(p, key, "cached", why, entry)
-        st.built_seconds = entry["data"].get("_seconds") if isinstance(entry["data"].get("_seconds"), (int, float)) else None
-        reporter.step_finished(p, st.record, 0.0)
+        _cached(st, states, key, ing, entry, reporter)
         return None
     lock = cache.lock(f"key-{key}", what=f"step {p.label}")
     lock.timeout = LOCK_TIMEOUT_S
-    lock.acquire()
+    if not lock.try_acquire():
+        # Never wait here while our own steps run: one of them may hold this very key
+        # (two recipes sharing a step), and their results are collected only by this loop.
+        if may_defer:
+            return None
+        lock.acquire()
     # Another process may have built the same key while we waited for its lock.
     entry = None if forced else cache.get(key)
     if entry is not None:
         lock.release()
-        st.entry = entry
-        st.record = _record(p, key, "cached", "built meanwhile by another onnxbuild", entry)
-        reporter.step_finished(p, st.record, 0.0)
+        _cached(st, states, key, ing, entry, reporter)
         return None
     workdir = cache.scratch()
     (workdir / "out").mkdir()
@@ -260,40 +275,73 @@ def _start(st: _State, states: dict[str, _State], cache: Cache, artifacts_root: 
     )
     st.record = None
     st.planned = PlannedStep(p.recipe, p.spec, "run", (reason,), key, ing, None)
-    setattr(st, "_lock", lock)
+    st.lock = lock
     reporter.step_started(st.planned)
     log_path = workdir / "step.log"
     task = Task(p.spec, ctx, str(log_path))
-    if in_process:
+    try:
+        if not in_process:
+            return ChildStep(task), workdir
         outcome = run_task(Task(p.spec, StepContext(**{**ctx.__dict__, "log": lambda m: None}), str(log_path)))
-        _finish(st, outcome, workdir, cache, reporter, artifacts_root)
-        return None
-    return ChildStep(task), workdir
+    except BaseException:  # Ctrl-C in an in-process step, or no process could be started
+        _release(st, workdir)
+        raise
+    _finish(st, outcome, workdir, cache, reporter, artifacts_root)
+    return None
+
+
+def _cached(st: _State, states: dict[str, _State], key: str, ing: dict[str, Any], entry: EntryRecord, reporter: Reporter) -> None:
+    """Take the step from the cache, saying truthfully why it is there."""
+    p = st.planned
+    recipe = p.recipe.name
+    same = next((o.planned.label for o in states.values() if o.record and o.record["status"] == "built" and o.record["key"] == key), None)
+    if p.action == "cached":
+        why = "up to date"
+    elif same is not None:
+        why = f"built by {same} in this build (the same step)"
+    elif p.key is None and any(states[f"{recipe}:{d}"].record["status"] == "built" for d in p.spec.deps):  # type: ignore[index]
+        why = "inputs were rebuilt identical"
+    else:
+        why = "built meanwhile by another onnxbuild"
+    # Keep the key and ingredients: the last-build record needs them to explain the next change.
+    st.planned = PlannedStep(p.recipe, p.spec, "cached", (why,), key, ing, entry)
+    st.entry = entry
+    st.record = _record(st.planned, key, "cached", why, entry)
+    st.built_seconds = entry["data"].get("_seconds") if isinstance(entry["data"].get("_seconds"), (int, float)) else None
+    reporter.step_finished(st.planned, st.record, 0.0)
+
+
+def _release(st: _State, workdir: Path) -> None:
+    """Free a started step's key lock and drop its scratch folder (once committed, failed, or given up)."""
+    if st.lock is not None:
+        st.lock.release()
+        st.lock = None
+    shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _finish(st: _State, outcome: Outcome, workdir: Path, cache: Cache, reporter: Reporter, artifacts_root: Path) -> None:
     p = st.planned
-    lock = getattr(st, "_lock", None)
     try:
         st.seconds = outcome.seconds
         st.peak_rss_mb = outcome.peak_rss_mb
         out = workdir / "out"
-        if outcome.ok and outcome.result is not None:
+        result = outcome.result
+        if outcome.ok and result is not None:
             declared = set(p.spec.outputs)
             written = {f.relative_to(out).as_posix() for f in out.rglob("*") if f.is_file()}
             missing = sorted(declared - written)
-            extra = set(outcome.result.extra_outputs)
+            extra = set(result.extra_outputs)
             if missing:
                 outcome = Outcome(False, error=f"the step finished without writing {', '.join(missing)} (a bug in the {p.spec.kind} step)", seconds=outcome.seconds)
             else:
                 assert p.key is not None and p.ingredients is not None
-                data = dict(outcome.result.data)
-                if outcome.result.summary:
-                    data["summary"] = outcome.result.summary
-                for w in outcome.result.warnings:
+                data = dict(result.data)
+                if result.summary:
+                    data["summary"] = result.summary
+                for w in result.warnings:
                     reporter.warning(f"{p.label}: {w}")
-                if outcome.result.warnings:
-                    data["warnings"] = list(outcome.result.warnings)
+                if result.warnings:
+                    data["warnings"] = list(result.warnings)
                 files = sorted(declared | (extra & written))
                 entry = cache.commit(p.key, p.spec.name, p.spec.kind, p.ingredients, out, files, data)
                 st.entry = entry
@@ -309,9 +357,7 @@ def _finish(st: _State, outcome: Outcome, workdir: Path, cache: Cache, reporter:
         assert st.record is not None
         reporter.step_finished(p, st.record, st.seconds)
     finally:
-        if lock is not None:
-            lock.release()
-        shutil.rmtree(workdir, ignore_errors=True)
+        _release(st, workdir)
 
 
 def _failed_dir(artifacts_root: Path, p: PlannedStep) -> Path:

@@ -1,0 +1,252 @@
+"""The step cache: pinned keys, the store's layout, and damaged entries as warned misses."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import stat
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers_engine import (
+    Recorder,
+    entry_files,
+    leftovers,
+    outcomes,
+    read_json,
+    scratch_dirs,
+    sha256,
+    whole_entries,
+)
+
+import onnxbuild
+from onnxbuild._util import canonical_json
+from onnxbuild.engine.cache import Cache, EntryRecord, step_key
+from onnxbuild.engine.graph import ingredients
+from onnxbuild.engine.versions import package_version
+from onnxbuild.pipeline import steps_for
+
+LR = "recipes/linear-regression.yaml"
+
+# ---------------------------------------------------------------- pinned keys
+#
+# What enters the key of linear-regression's `source` step, written out in full. If this
+# test fails, every cached `source` output is invalidated: that must be on purpose (bump
+# the step's VERSION, or change the recipe defaults knowingly), then update the literals.
+
+SOURCE_INGREDIENTS: dict[str, Any] = {
+    "kind": "source",
+    "version": 1,
+    "params": {
+        "source": {
+            "graph": {
+                "opset": 18,
+                "ir_version": 10,
+                "name": "graph",
+                "doc_string": "",
+                "extra_opsets": {},
+                "inputs": [{"name": "X", "dtype": "float32", "shape": ["batch", 4]}],
+                "outputs": [{"name": "Y", "dtype": "float32", "shape": ["batch", 2]}],
+                "initializers": [
+                    {"name": "A", "dtype": "float32", "shape": [4, 2], "random": {"seed": 0, "distribution": "normal", "scale": 1.0}},
+                    {"name": "B", "dtype": "float32", "shape": [2], "values": [0.5, -0.5]},
+                ],
+                "nodes": [
+                    {"op_type": "MatMul", "inputs": ["X", "A"], "outputs": ["XA"], "domain": "", "attributes": {}},
+                    {"op_type": "Add", "inputs": ["XA", "B"], "outputs": ["Y"], "domain": "", "attributes": {}},
+                ],
+            }
+        }
+    },
+    "outputs": ["model.onnx"],
+    "inputs": {},
+    "files": {},
+    "identity": {},
+    "packages": {"onnx": "1.23.2"},
+}
+
+# Exactly the text that is hashed: sorted keys, no whitespace.
+SOURCE_CANONICAL = (
+    '{"files":{},"identity":{},"inputs":{},"kind":"source","outputs":["model.onnx"],"packages":{"onnx":"1.23.2"},'
+    '"params":{"source":{"graph":{"doc_string":"","extra_opsets":{},"initializers":['
+    '{"dtype":"float32","name":"A","random":{"distribution":"normal","scale":1.0,"seed":0},"shape":[4,2]},'
+    '{"dtype":"float32","name":"B","shape":[2],"values":[0.5,-0.5]}],'
+    '"inputs":[{"dtype":"float32","name":"X","shape":["batch",4]}],"ir_version":10,"name":"graph",'
+    '"nodes":[{"attributes":{},"domain":"","inputs":["X","A"],"op_type":"MatMul","outputs":["XA"]},'
+    '{"attributes":{},"domain":"","inputs":["XA","B"],"op_type":"Add","outputs":["Y"]}],'
+    '"opset":18,"outputs":[{"dtype":"float32","name":"Y","shape":["batch",2]}]}}},"version":1}'
+)
+SOURCE_KEY = "13cd47ecd881e16a4f9882bf3ef4a4f0314b9018db21dbb0d99ab59a405439b9"
+
+CHECK_INGREDIENTS: dict[str, Any] = {
+    "kind": "check",
+    "version": 1,
+    "params": {},
+    "outputs": ["reports/check.json", "reports/check.md"],
+    "inputs": {"source:model.onnx": "0" * 64},
+    "files": {},
+    "identity": {},
+    "packages": {"onnx": "1.23.2"},
+}
+CHECK_CANONICAL = (
+    '{"files":{},"identity":{},"inputs":{"source:model.onnx":"' + "0" * 64 + '"},'
+    '"kind":"check","outputs":["reports/check.json","reports/check.md"],"packages":{"onnx":"1.23.2"},"params":{},"version":1}'
+)
+CHECK_KEY = "3139e06e840add4829c18b28df9b2133e647c607d14c8c28427acab7d2716893"
+
+
+def test_key_is_sha256_of_canonical_json_pinned() -> None:
+    assert canonical_json(SOURCE_INGREDIENTS) == SOURCE_CANONICAL
+    assert hashlib.sha256(SOURCE_CANONICAL.encode("utf-8")).hexdigest() == SOURCE_KEY
+    assert step_key(SOURCE_INGREDIENTS) == SOURCE_KEY
+    assert canonical_json(CHECK_INGREDIENTS) == CHECK_CANONICAL
+    assert step_key(CHECK_INGREDIENTS) == CHECK_KEY
+
+
+def test_key_ignores_dict_order_but_not_values() -> None:
+    reordered = dict(reversed(list(SOURCE_INGREDIENTS.items())))
+    assert step_key(reordered) == SOURCE_KEY
+    assert step_key({**SOURCE_INGREDIENTS, "packages": {"onnx": "1.23.3"}}) != SOURCE_KEY
+    assert step_key({**SOURCE_INGREDIENTS, "version": 2}) != SOURCE_KEY
+
+
+def test_linear_regression_ingredients_are_exactly_these(project: Path, settings: onnxbuild.Settings) -> None:
+    """The recipe's real ingredients are the pinned ones, with this machine's onnx version."""
+    onnx_version = package_version("onnx")
+    recipe = onnxbuild.load_recipe(LR)
+    source, _ = steps_for(recipe)
+    cache = Cache(settings.cache_dir)
+    expected_source = {**SOURCE_INGREDIENTS, "packages": {"onnx": onnx_version}}
+    assert ingredients(source, {}, cache) == expected_source
+
+    plan = onnxbuild.plan([LR], settings)
+    assert plan.steps[0].ingredients == expected_source
+    assert plan.steps[0].key == step_key(expected_source)
+    assert plan.steps[1].key is None  # known only once source's output exists
+
+    report = onnxbuild.build([LR], settings, in_process=True)
+    model_sha = sha256(settings.artifacts_dir / "linear-regression" / "model.onnx")
+    last = read_json(settings.cache_dir / "last" / "linear-regression.json")
+    assert last["source"] == {"key": step_key(expected_source), "ingredients": expected_source}
+    expected_check = {**CHECK_INGREDIENTS, "inputs": {"source:model.onnx": model_sha}, "packages": {"onnx": onnx_version}}
+    assert last["check"] == {"key": step_key(expected_check), "ingredients": expected_check}
+    assert [s["key"] for s in report.recipes[0].steps] == [step_key(expected_source), step_key(expected_check)]
+
+
+# ---------------------------------------------------------------- the store
+
+
+def test_commit_moves_outputs_into_read_only_objects(tmp_path: Path) -> None:
+    cache = Cache(tmp_path / "cache")
+    cache.ensure_writable()
+    work = tmp_path / "work"
+    (work / "reports").mkdir(parents=True)
+    (work / "a.txt").write_text("same\n")
+    (work / "reports" / "b.txt").write_text("same\n")
+    entry = cache.commit("ab" * 32, "s", "fake", {"x": 1}, work, ["reports/b.txt", "a.txt"], {"n": 1})
+
+    sha = hashlib.sha256(b"same\n").hexdigest()
+    assert entry["outputs"] == [{"path": "a.txt", "sha256": sha, "bytes": 5}, {"path": "reports/b.txt", "sha256": sha, "bytes": 5}]
+    obj = cache.object_path(sha)
+    assert obj == tmp_path / "cache" / "objects" / sha[:2] / sha
+    assert stat.S_IMODE(obj.stat().st_mode) == 0o444
+    assert sorted(p.name for p in (tmp_path / "cache" / "objects").rglob("*") if p.is_file()) == [sha]  # stored once
+    assert not (work / "a.txt").exists()
+    assert cache.entry_path("ab" * 32) == tmp_path / "cache" / "entries" / "ab" / f"{'ab' * 32}.json"
+    assert cache.get("ab" * 32) == entry
+    assert leftovers(tmp_path / "cache") == []
+
+
+def test_unknown_key_is_a_silent_miss(tmp_path: Path) -> None:
+    messages: list[str] = []
+    assert Cache(tmp_path / "cache", warn=messages.append).get("cd" * 32) is None
+    assert messages == []
+
+
+def test_entry_under_the_wrong_key_is_damaged(tmp_path: Path) -> None:
+    messages: list[str] = []
+    cache = Cache(tmp_path / "cache", warn=messages.append)
+    path = cache.entry_path("ef" * 32)
+    path.parent.mkdir(parents=True)
+    path.write_text('{"key": "something else", "outputs": []}')
+    assert cache.get("ef" * 32) is None
+    assert messages == [f"cache entry {'ef' * 6} is damaged (key mismatch); rebuilding"]
+    assert not path.exists()
+
+
+def test_clean_scratch_removes_only_dead_builds_folders(tmp_path: Path) -> None:
+    cache = Cache(tmp_path / "cache")
+    mine = cache.scratch()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    theirs = tmp_path / "cache" / "tmp" / f"{dead.stdout.strip()}-abcd"
+    (theirs / "out").mkdir(parents=True)
+    (theirs / "out" / "model.onnx").write_bytes(b"partial")
+    cache.clean_scratch()
+    assert scratch_dirs(tmp_path / "cache") == [mine]
+
+
+# ---------------------------------------------------------------- damaged entries
+
+
+def _truncate_entry(cache: Cache, entry: EntryRecord) -> str:
+    path = cache.entry_path(entry["key"])
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return rf"cache entry {entry['key'][:12]} is damaged \(.+\); rebuilding"
+
+
+def _delete_object(cache: Cache, entry: EntryRecord) -> str:
+    cache.object_path(entry["outputs"][0]["sha256"]).unlink()
+    return rf"cache entry {entry['key'][:12]} refers to a missing object; rebuilding"
+
+
+def _grow_object(cache: Cache, entry: EntryRecord) -> str:
+    out = entry["outputs"][0]
+    obj = cache.object_path(out["sha256"])
+    os.chmod(obj, 0o644)
+    with open(obj, "ab") as f:
+        f.write(b"\0")
+    size = out["bytes"]
+    return re.escape(f"cache entry {entry['key'][:12]} is damaged ({out['path']} has {size + 1} bytes, expected {size}); rebuilding")
+
+
+@pytest.mark.parametrize("damage", [_truncate_entry, _delete_object, _grow_object], ids=["truncated-entry", "deleted-object", "resized-object"])
+def test_damaged_entry_is_a_warned_miss_and_the_build_succeeds(settings: onnxbuild.Settings, damage: Callable[[Cache, EntryRecord], str]) -> None:
+    onnxbuild.build([LR], settings, in_process=True)
+    model = settings.artifacts_dir / "linear-regression" / "model.onnx"
+    good = sha256(model)
+    cache = Cache(settings.cache_dir)
+    source_key = read_json(settings.cache_dir / "last" / "linear-regression.json")["source"]["key"]
+    entry = cache.get(source_key)
+    assert entry is not None
+    expected = damage(cache, entry)
+
+    recorder = Recorder()
+    report = onnxbuild.build([LR], settings, in_process=True, reporter=recorder)
+
+    assert report.ok
+    assert len(recorder.warnings) == 1, recorder.warnings
+    assert re.fullmatch(expected, recorder.warnings[0]), recorder.warnings[0]
+    assert outcomes(report) == {
+        "linear-regression:source": ("built", "no entry in cache (removed by gc, or damaged)"),
+        "linear-regression:check": ("cached", "inputs were rebuilt identical"),
+    }
+    assert sha256(model) == good
+    assert len(whole_entries(settings.cache_dir)) == 2  # the entry is whole again
+    assert leftovers(settings.cache_dir, settings.artifacts_dir) == []
+
+
+def test_plan_reports_a_damaged_entry(settings: onnxbuild.Settings) -> None:
+    onnxbuild.build([LR], settings, in_process=True)
+    for path in entry_files(settings.cache_dir):
+        path.write_text("{")
+    recorder = Recorder()
+    plan = onnxbuild.plan([LR], settings, reporter=recorder)
+    assert [s.reasons for s in plan.steps] == [("no entry in cache (removed by gc, or damaged)",), ("its input from source will be rebuilt",)]
+    assert len(recorder.warnings) == 1  # check's entry is not looked up: its key depends on source's output
+    assert "is damaged" in recorder.warnings[0]
