@@ -198,6 +198,24 @@ def test_jobs_2_runs_independent_steps_at_once(cache: Cache, tmp_path: Path, mon
     assert scratch_dirs(cache.root) == []
 
 
+def test_an_exclusive_step_runs_alone_whatever_jobs_says(cache: Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Benchmarks declare EXCLUSIVE: with -j 2 nothing overlaps them, so their figures are not shared cores."""
+    from dataclasses import replace
+
+    from helpers_exclusive import KIND as EXCLUSIVE_KIND, register_exclusive
+
+    register_exclusive()
+    bench = replace(fake("bench", sleep=1.0), kind=EXCLUSIVE_KIND)
+    plan = plan_fakes(monkeypatch, cache, {"r": [fake("a", sleep=1.0), bench, fake("c", sleep=1.0)]})
+    report = execute(plan, cache, tmp_path / "artifacts", jobs=2)
+
+    assert report.ok
+    a, b, c = (step_data(report, f"r:{n}") for n in ("a", "bench", "c"))
+    for other in (a, c):
+        assert b["start"] >= other["end"] or other["start"] >= b["end"]
+    assert max(a["start"], c["start"]) < min(a["end"], c["end"])  # the others still share the two jobs
+
+
 def test_changed_param_reruns_exactly_the_step_and_its_dependents(cache: Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def steps(b_text: str, note: str = "") -> list[StepSpec]:
         # a -> b -> c, and a -> d

@@ -27,6 +27,7 @@ from onnxbuild.engine.locks import FileLock
 from onnxbuild.engine.manifest import StepRecord, make_manifest
 from onnxbuild.errors import BuildFailed
 from onnxbuild.recipe.model import Recipe
+from onnxbuild.steps import step_module
 from onnxbuild.steps.base import StepContext
 
 LOCK_TIMEOUT_S = 6 * 3600.0
@@ -164,6 +165,10 @@ def _run_all(states: dict[str, _State], plan: Plan, cache: Cache, artifacts_root
                     continue
                 if len(running) >= jobs:
                     continue
+                # Measuring steps (benchmarks) run alone: a step beside them would steal
+                # cores and make the figures lie, whatever -j says.
+                if running and (_exclusive(st) or any(_exclusive(states[lab]) for lab, _, _ in running.values())):
+                    continue
                 child = _start(st, states, cache, artifacts_root, may_defer=bool(running), in_process=in_process, reporter=reporter)
                 if child is not None:
                     running[child[0].sentinel] = (label, child[0], child[1])
@@ -193,6 +198,10 @@ def _run_all(states: dict[str, _State], plan: Plan, cache: Cache, artifacts_root
         st = states[label]
         if st.record is None:
             _skip(st, "not run: the build stopped at the first failure (use --keep-going to build everything that does not depend on it)", reporter)
+
+
+def _exclusive(st: _State) -> bool:
+    return bool(getattr(step_module(st.planned.spec.kind), "EXCLUSIVE", False))
 
 
 def _skip(st: _State, reason: str, reporter: Reporter) -> None:

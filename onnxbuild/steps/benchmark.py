@@ -23,6 +23,8 @@ from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 VERSION = 1
 PACKAGES = ("onnxruntime", "torch", "transformers", "numpy")
 SCHEMA_VERSION = 1
+EXCLUSIVE = True
+"""The runner starts nothing else while a benchmark runs, and starts it only when idle."""
 
 
 class Timing(TypedDict):
