@@ -202,7 +202,8 @@ def test_an_exclusive_step_runs_alone_whatever_jobs_says(cache: Cache, tmp_path:
     """Benchmarks declare EXCLUSIVE: with -j 2 nothing overlaps them, so their figures are not shared cores."""
     from dataclasses import replace
 
-    from helpers_exclusive import KIND as EXCLUSIVE_KIND, register_exclusive
+    from helpers_exclusive import KIND as EXCLUSIVE_KIND
+    from helpers_exclusive import register_exclusive
 
     register_exclusive()
     bench = replace(fake("bench", sleep=1.0), kind=EXCLUSIVE_KIND)
