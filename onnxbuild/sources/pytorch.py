@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -61,32 +60,9 @@ def resolve_source(src: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
 
 
 def load_factory(src: dict[str, Any], recipe_dir: Path) -> Any:
-    target, func = _split(src["factory"])
-    if _is_file(target):
-        path = (recipe_dir / target).resolve()
-        if not path.is_file():
-            raise StepError(f"source.pytorch.factory: {path} does not exist (paths are relative to the recipe's folder)")
-        name = f"_onnxbuild_factory_{abs(hash(str(path)))}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        sys.path.insert(0, str(path.parent))
-        try:
-            spec.loader.exec_module(module)
-        except Exception as exc:
-            raise StepError(f"source.pytorch.factory: importing {target} failed: {type(exc).__name__}: {exc}") from None
-        finally:
-            sys.path.remove(str(path.parent))
-    else:
-        try:
-            module = importlib.import_module(target)
-        except Exception as exc:
-            raise StepError(f"source.pytorch.factory: cannot import {target}: {type(exc).__name__}: {exc}") from None
-    fn = getattr(module, func, None)
-    if not callable(fn):
-        raise StepError(f"source.pytorch.factory: {target} has no function {func!r}")
-    return fn
+    from onnxbuild.sources.torchmodel import load_function
+
+    return load_function(src["factory"], recipe_dir, "source.pytorch.factory")
 
 
 def load_model(src: dict[str, Any], record: dict[str, Any], recipe_dir: Path) -> Any:
