@@ -218,17 +218,8 @@ def _changes(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, Any]]
     return []
 
 
-_LATER: dict[str, str] = {}
-
-
 def _check_implemented(recipe: Recipe) -> None:
-    """Refuse sections whose steps this version cannot build, rather than silently ignoring them."""
-    problems = []
-    for key in _LATER:
-        value = recipe.resolved.get(key)
-        if value:
-            problems.append(Problem(recipe.path, None, None, key, f"the {key} step is not available in this version of onnxbuild; remove the section for now"))
-    if recipe.resolved.get("export", {}).get("with_past"):
-        problems.append(Problem(recipe.path, None, None, "export.with_past", "export with past key/values is not available in this version of onnxbuild; remove it for now"))
-    if problems:
-        raise RecipeError(problems)
+    """Refuse keys the schema accepts but this version cannot build, rather than silently ignoring them."""
+    if (recipe.resolved.get("export") or {}).get("with_past"):
+        message = "export with past key/values is not available in this version of onnxbuild; remove it for now"
+        raise RecipeError([Problem(recipe.path, None, None, "export.with_past", message)])

@@ -84,7 +84,6 @@ class _State:
     entry: EntryRecord | None = None
     seconds: float = 0.0
     peak_rss_mb: float | None = None
-    built_seconds: float | None = None
     lock: FileLock | None = None
     """The step's key lock, held from launch until its outcome is committed."""
 
@@ -316,7 +315,6 @@ def _cached(st: _State, states: dict[str, _State], key: str, ing: dict[str, Any]
     st.planned = PlannedStep(p.recipe, p.spec, "cached", (why,), key, ing, entry)
     st.entry = entry
     st.record = _record(st.planned, key, "cached", why, entry)
-    st.built_seconds = entry["data"].get("_seconds") if isinstance(entry["data"].get("_seconds"), (int, float)) else None
     reporter.step_finished(st.planned, st.record, 0.0)
 
 
