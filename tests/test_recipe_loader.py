@@ -7,6 +7,7 @@ Bad recipes are a table mapping YAML to the exact problems reported, each as
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -437,11 +438,10 @@ def test_deep_nesting_does_not_crash_the_process() -> None:
         "    print(exc)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert (done.returncode, done.stdout, done.stderr) == (
-        0,
-        "r.yaml:1:103: the document is nested more than 100 levels deep; a recipe is far flatter\n",
-        "",
-    )
+    # Where it stops depends on the libyaml build (ours counts to 101; libyaml >= 0.2.6 stops
+    # flow nesting at 1000 while scanning ahead); the verdict and the message do not.
+    assert (done.returncode, done.stderr) == (0, "")
+    assert re.fullmatch(r"r\.yaml:1:(103|1003): the document is nested more than 100 levels deep; a recipe is far flatter\n", done.stdout)
 
 
 BAD_FILES = {

@@ -193,6 +193,12 @@ def _too_deep_at(loader_class: Any, text: str) -> Any:
                     return event.start_mark
             elif isinstance(event, yaml.CollectionEndEvent):
                 depth -= 1
+    except yaml.MarkedYAMLError as exc:
+        # libyaml >= 0.2.6 (PyYAML 6.0.4 wheels) stops deep flow nesting itself, while
+        # scanning ahead of the events we count: the same verdict, reached earlier.
+        if "nesting depth" in str(exc.problem):
+            return exc.problem_mark
+        return None  # other syntax errors are reported by the real parse
     finally:
         loader.dispose()
     return None
