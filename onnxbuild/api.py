@@ -193,4 +193,12 @@ def gc(settings: Settings | None = None) -> tuple[int, int]:
         return cache.gc(keep_keys, keep_objects)
 
 
-__all__ = ["OnnxbuildError", "Settings", "build", "clean", "dag", "gc", "load_recipes", "plan", "schema_text", "show"]
+def verify_cache(settings: Settings | None = None) -> tuple[int, list[str]]:
+    """Re-hash every cached output; drop entries whose files are missing or altered."""
+    settings = settings or Settings()
+    cache = settings.cache()
+    with cache.lock("gc", what="the cache (verify)"):
+        return cache.verify()
+
+
+__all__ = ["OnnxbuildError", "Settings", "build", "clean", "dag", "gc", "load_recipes", "plan", "schema_text", "show", "verify_cache"]

@@ -238,6 +238,31 @@ def clean(ctx: click.Context, recipes: tuple[str, ...]) -> None:
         click.echo("nothing to remove")
 
 
+@cli.group()
+def cache() -> None:
+    """Inspect and repair the step cache.
+
+    \b
+    Example:
+      onnxbuild cache verify
+    """
+
+
+@cache.command("verify")
+@click.pass_context
+def cache_verify(ctx: click.Context) -> None:
+    """Re-hash every cached file; drop entries whose files are missing or were altered.
+
+    \b
+    Example:
+      onnxbuild cache verify
+    """
+    checked, dropped = api.verify_cache(_settings(ctx))
+    for line in dropped:
+        click.echo(f"dropped {line}")
+    click.echo(f"checked {checked} cache entr{'y' if checked == 1 else 'ies'}; dropped {len(dropped)}")
+
+
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def providers(as_json: bool) -> None:

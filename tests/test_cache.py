@@ -215,7 +215,24 @@ def _grow_object(cache: Cache, entry: EntryRecord) -> str:
     return re.escape(f"cache entry {entry['key'][:12]} is damaged ({out['path']} has {size + 1} bytes, expected {size}); rebuilding")
 
 
-@pytest.mark.parametrize("damage", [_truncate_entry, _delete_object, _grow_object], ids=["truncated-entry", "deleted-object", "resized-object"])
+def _edit_artifact_in_place(cache: Cache, entry: EntryRecord) -> str:
+    """Flip one byte of the artifact, keeping its size: it is a hard link to the cached object."""
+    out = entry["outputs"][0]
+    obj = cache.object_path(out["sha256"])
+    os.chmod(obj, 0o644)
+    data = bytearray(obj.read_bytes())
+    data[-1] ^= 0xFF
+    with open(obj, "r+b") as f:
+        f.write(data)
+    os.utime(obj, ns=(obj.stat().st_atime_ns, obj.stat().st_mtime_ns + 1_000_000))
+    return re.escape(f"cache entry {entry['key'][:12]}: {out['path']} no longer matches its digest (modified in place?); discarded, rebuilding")
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [_truncate_entry, _delete_object, _grow_object, _edit_artifact_in_place],
+    ids=["truncated-entry", "deleted-object", "resized-object", "tampered-same-size"],
+)
 def test_damaged_entry_is_a_warned_miss_and_the_build_succeeds(settings: onnxbuild.Settings, damage: Callable[[Cache, EntryRecord], str]) -> None:
     onnxbuild.build([LR], settings, in_process=True)
     model = settings.artifacts_dir / "linear-regression" / "model.onnx"
@@ -250,3 +267,31 @@ def test_plan_reports_a_damaged_entry(settings: onnxbuild.Settings) -> None:
     assert [s.reasons for s in plan.steps] == [("no entry in cache (removed by gc, or damaged)",), ("its input from source will be rebuilt",)]
     assert len(recorder.warnings) == 1  # check's entry is not looked up: its key depends on source's output
     assert "is damaged" in recorder.warnings[0]
+
+
+def test_cache_verify_rehashes_everything_and_drops_what_was_altered(settings: onnxbuild.Settings) -> None:
+    from click.testing import CliRunner
+
+    from onnxbuild.cli import cli
+
+    onnxbuild.build([LR], settings, in_process=True)
+    cache = Cache(settings.cache_dir)
+    check_key = read_json(settings.cache_dir / "last" / "linear-regression.json")["check"]["key"]
+    entry = cache.get(check_key)
+    assert entry is not None
+    report = next(o for o in entry["outputs"] if o["path"] == "reports/check.md")
+    obj = cache.object_path(report["sha256"])
+    os.chmod(obj, 0o644)
+    obj.write_bytes(obj.read_bytes().replace(b"passed", b"PASSED"))  # same size, new bytes
+
+    result = CliRunner().invoke(cli, ["--cache-dir", str(settings.cache_dir), "cache", "verify"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == (
+        f"dropped entry {check_key[:12]} (check): reports/check.md missing or not matching its digest\n"
+        "checked 2 cache entries; dropped 1\n"
+    )
+    assert len(whole_entries(settings.cache_dir)) == 1
+    again = onnxbuild.build([LR], settings, in_process=True)
+    assert outcomes(again)["linear-regression:check"][0] == "built"
+    clean = CliRunner().invoke(cli, ["--cache-dir", str(settings.cache_dir), "cache", "verify"])
+    assert clean.stdout == "checked 2 cache entries; dropped 0\n"

@@ -5,7 +5,7 @@ Layout under the cache root::
     objects/ab/abcdef...      output files, named by sha256, read-only
     entries/12/1234....json   one per step key: its ingredients and its outputs' digests
     last/<recipe>.json        the keys and ingredients of each recipe's last build (for `plan`'s reasons)
-    state/hashes.json         sha256 of files keyed by (inode, size, mtime, ctime), so unchanged
+    state/hashes.json         sha256 of files keyed by (inode, size, mtime) as DVC does, so unchanged
                               files are not re-read on every build
     locks/                    flock files
     tmp/<pid>-<random>/       where running steps write; moved into objects/ on success
@@ -45,6 +45,10 @@ class EntryRecord(TypedDict):
     ingredients: dict[str, Any]
     outputs: list[OutputRecord]
     data: dict[str, Any]
+
+
+class TamperedError(ValueError):
+    """An object's bytes no longer match the digest it is stored under."""
 
 
 def step_key(ingredients: dict[str, Any]) -> str:
@@ -100,8 +104,20 @@ class Cache:
                 st = os.stat(self.object_path(out["sha256"]))
                 if st.st_size != out["bytes"]:
                     raise ValueError(f"{out['path']} has {st.st_size} bytes, expected {out['bytes']}")
+            for out in entry["outputs"]:
+                # Re-read only when the object's inode, size or mtime moved since it
+                # was last hashed: an unchanged cache costs a stat per object, an edited
+                # object (say, through a hard-linked artifact) is caught here.
+                obj = self.object_path(out["sha256"])
+                if self.file_digest(obj) != out["sha256"]:
+                    self._drop(obj)
+                    raise TamperedError(f"{out['path']} no longer matches its digest (modified in place?)")
         except FileNotFoundError:
             self.warn(f"cache entry {key[:12]} refers to a missing object; rebuilding")
+            self._drop(path)
+            return None
+        except TamperedError as exc:
+            self.warn(f"cache entry {key[:12]}: {exc}; discarded, rebuilding")
             self._drop(path)
             return None
         except (ValueError, KeyError, TypeError) as exc:
@@ -176,14 +192,18 @@ class Cache:
     # ------------------------------------------------------------ file hashing with a stat cache
 
     def file_digest(self, path: Path) -> str:
-        """sha256 of a file, re-read only when its inode, size, mtime or ctime changed."""
+        """sha256 of a file, re-read only when its inode, size or mtime changed.
+
+        Not ctime: every hard link made to stage an input or materialise an artifact
+        changes it, and re-hashing a 650 MB model after each would cost seconds.
+        """
         st = os.stat(path)
-        sig = [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+        sig = [st.st_ino, st.st_size, st.st_mtime_ns]
         hashes = self._load_hashes()
         key = str(Path(path).resolve())
         known = hashes.get(key)
-        if known and known[:4] == sig:
-            return str(known[4])
+        if known and known[:3] == sig:
+            return str(known[3])
         sha = sha256_file(path)
         hashes[key] = [*sig, sha]
         self._hashes_dirty = True
@@ -191,7 +211,7 @@ class Cache:
 
     def remember_hash(self, path: Path, sha: str) -> None:
         st = os.stat(path)
-        self._load_hashes()[str(Path(path).resolve())] = [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, sha]
+        self._load_hashes()[str(Path(path).resolve())] = [st.st_ino, st.st_size, st.st_mtime_ns, sha]
         self._hashes_dirty = True
 
     def tree_digest(self, folder: Path) -> str:
@@ -221,6 +241,34 @@ class Cache:
             self._hashes_dirty = False
 
     # ------------------------------------------------------------ maintenance
+
+    def verify(self) -> tuple[int, list[str]]:
+        """Re-hash every object of every entry (ignoring the stat cache); drop what fails.
+
+        Returns (entries checked, descriptions of what was dropped).
+        """
+        dropped: list[str] = []
+        checked = 0
+        base = self.root / "entries"
+        for path in sorted(base.glob("*/*.json")) if base.is_dir() else []:
+            checked += 1
+            try:
+                entry: EntryRecord = json.loads(path.read_text(encoding="utf-8"))
+                bad = [o for o in entry["outputs"] if not self.object_path(o["sha256"]).is_file() or sha256_file(self.object_path(o["sha256"])) != o["sha256"]]
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                dropped.append(f"entry {path.stem[:12]}: unreadable ({exc})")
+                self._drop(path)
+                continue
+            if bad:
+                for o in bad:
+                    self._drop(self.object_path(o["sha256"]))
+                names = ", ".join(o["path"] for o in bad)
+                dropped.append(f"entry {path.stem[:12]} ({entry.get('step', '?')}): {names} missing or not matching its digest")
+                self._drop(path)
+        self._hashes = {}
+        self._hashes_dirty = True
+        self.save_state()
+        return checked, dropped
 
     def entries(self) -> Iterable[EntryRecord]:
         base = self.root / "entries"

@@ -484,7 +484,7 @@ def _materialise(cache: Cache, o: OutputRecord, dest: Path) -> None:
     if cache.file_digest(src) != o["sha256"]:
         from onnxbuild.errors import CacheError
 
-        raise CacheError(f"cache object {o['sha256'][:12]} for {o['path']} is corrupt; run `onnxbuild gc` and rebuild with --force")
+        raise CacheError(f"cache object {o['sha256'][:12]} for {o['path']} is corrupt; run `onnxbuild cache verify`, then build again")
     _link_or_copy(src, dest)
 
 
