@@ -95,6 +95,26 @@ def build(
     return execute(the_plan, cache, settings.artifacts_dir, jobs=jobs, keep_going=keep_going, in_process=in_process, reporter=reporter)
 
 
+def write_locks(report: BuildReport) -> list[Path]:
+    """Write ``<recipe>.lock.json`` beside each recipe that built successfully."""
+    from onnxbuild.engine.lockfile import write_lock
+
+    return [write_lock(r.recipe, r.steps) for r in report.recipes if r.ok]
+
+
+def check_locks(paths: Sequence[str | Path], settings: Settings | None = None) -> list[str]:
+    """Every way the recipes' lock files disagree with the recipes (empty: all current)."""
+    from onnxbuild.engine.lockfile import check_lock
+
+    settings = settings or Settings()
+    cache = settings.cache()
+    problems: list[str] = []
+    for recipe in load_recipes(paths, settings):
+        problems.extend(check_lock(recipe, cache))
+    cache.save_state()
+    return problems
+
+
 def check_providers(report: BuildReport) -> None:
     """Raise BuildFailed when a benchmark could not use one of its recipe's target providers."""
     from onnxbuild.errors import BuildFailed

@@ -102,15 +102,21 @@ class Printer:
 @click.option("--keep-going", "-k", is_flag=True, help="After a failure, build everything that does not depend on it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the build report as JSON on stdout.")
 @click.option("--strict-providers", is_flag=True, help="Fail the build when a target provider cannot be used here.")
+@click.option("--lock", "write_lock", is_flag=True, help="Write <recipe>.lock.json (step keys, output digests) beside each recipe that built.")
 @click.pass_context
-def make(ctx: click.Context, recipes: tuple[str, ...], target: str | None, force: bool, jobs: int, keep_going: bool, as_json: bool, strict_providers: bool) -> None:
+def make(ctx: click.Context, recipes: tuple[str, ...], target: str | None, force: bool, jobs: int, keep_going: bool, as_json: bool, strict_providers: bool, write_lock: bool) -> None:
     """Build the artifacts of RECIPES (export, check, validate, ...)."""
+    if write_lock and target is not None:
+        raise click.UsageError("--lock records whole builds; drop --target")
     printer = Printer(quiet=False)
     report = api.build(recipes, _settings(ctx), jobs=jobs, keep_going=keep_going, force=force, target=target, reporter=printer)
     if as_json:
         click.echo(json.dumps(_report_json(report), indent=2, sort_keys=True))
     else:
         click.echo(_summary(report))
+    if write_lock:
+        for path in api.write_locks(report):
+            click.echo(f"lock: {path}", err=True)
     if not report.ok:
         from onnxbuild.engine.runner import raise_for_failures
 
@@ -158,8 +164,9 @@ def _summary(report: Any) -> str:
 @click.option("--target", "-t", metavar="STEP", help="Plan only this step and what it needs.")
 @click.option("--force", is_flag=True, help="Plan as if --force were given to make.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@click.option("--check", "check_lock", is_flag=True, help="Only check that each <recipe>.lock.json matches its recipe; exit 1 if stale.")
 @click.pass_context
-def plan(ctx: click.Context, recipes: tuple[str, ...], target: str | None, force: bool, as_json: bool) -> None:
+def plan(ctx: click.Context, recipes: tuple[str, ...], target: str | None, force: bool, as_json: bool, check_lock: bool) -> None:
     """Show what `make` would do and why, without doing it.
 
     Exits 0 when everything is up to date and 2 when some step would run, so CI
@@ -171,6 +178,16 @@ def plan(ctx: click.Context, recipes: tuple[str, ...], target: str | None, force
       export: will run: export.opset changed 17 -> 18
       check: will run: its input from export will be rebuilt
     """
+    if check_lock:
+        problems = api.check_locks(recipes, _settings(ctx))
+        for line in problems:
+            click.echo(line)
+        if problems:
+            from onnxbuild.errors import BuildFailed
+
+            raise BuildFailed("the lock files do not match the recipes; run `onnxbuild make RECIPE --lock` and commit the locks")
+        click.echo("locks match the recipes")
+        return
     result = api.plan(recipes, _settings(ctx), force=force, target=target, reporter=Printer())
     if as_json:
         click.echo(json.dumps({"up_to_date": not result.would_run, "steps": [

@@ -9,6 +9,7 @@ alias expansions large enough to exhaust memory (the "billion laughs").
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -25,8 +26,14 @@ MAX_DEPTH = 100
 100,000 ``[`` (200 KB) would overflow the stack and kill the process; the depth is checked
 on the event stream, which is flat, before anything is composed."""
 
+MAX_INT_BITS = 64
+"""A recipe's integers are sizes, seeds and versions; past 64 bits no consumer (ONNX's int64,
+torch's seed) can take one, and past 4300 digits Python cannot even print it."""
+
 _Y = "tag:yaml.org,2002:"
 _TIMESTAMP = _Y + "timestamp"
+_INT = _Y + "int"
+_SCALAR_KINDS = {_INT: "an integer", _Y + "float": "a number", _Y + "bool": "true or false"}
 _ALLOWED_TAGS = frozenset(_Y + t for t in ("map", "seq", "str", "int", "float", "bool", "null", "timestamp"))
 
 Path_ = tuple[str | int, ...]
@@ -120,6 +127,13 @@ def load_yaml(text: str, filename: str) -> tuple[Any, Positions, list[Problem]]:
     except yaml.YAMLError as exc:
         problems.append(Problem(filename, None, None, "", f"YAML error: {exc}"))
         return None, positions, problems
+    except UnicodeEncodeError as exc:
+        # libyaml takes UTF-8, so a lone surrogate in a str (which no decoded file holds) fails
+        # its encoding; PyYAML's pure-Python reader reports the same text as a ReaderError.
+        at = exc.start
+        line, col = text.count("\n", 0, at) + 1, at - (text.rfind("\n", 0, at) + 1) + 1
+        problems.append(Problem(filename, line, col, "", f"U+{ord(text[at]):04X} is a lone surrogate, not a character; remove it"))
+        return None, positions, problems
     if node is None:
         return None, positions, problems
     counter = [0]
@@ -159,10 +173,20 @@ def load_yaml(text: str, filename: str) -> tuple[Any, Positions, list[Problem]]:
             if n.tag == _TIMESTAMP:
                 return n.value  # dates stay text: a recipe has no use for datetime objects
             try:
-                return constructor.construct_object(n)
+                value = constructor.construct_object(n)
             except yaml.YAMLError as exc:
                 problems.append(_at(filename, n, path, f"cannot read value: {getattr(exc, 'problem', exc)}"))
                 return None
+            except (ValueError, LookupError):
+                # PyYAML's int/float/bool constructors trust the tag: a plain `0b_` (an int by
+                # YAML 1.1's pattern, yet no digits), an explicit `!!int abc` or `!!bool maybe`,
+                # or more digits than Python converts raise bare Python errors.
+                problems.append(_at(filename, n, path, _unreadable(constructor, n)))
+                return None
+            if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > MAX_INT_BITS:
+                problems.append(_at(filename, n, path, _TOO_LARGE))
+                return None
+            return value
         raise AssertionError(f"unexpected YAML node {n!r}")  # pragma: no cover
 
     try:
@@ -202,6 +226,24 @@ def _too_deep_at(loader_class: Any, text: str) -> Any:
     finally:
         loader.dispose()
     return None
+
+
+_TOO_LARGE = f"integer too large (a recipe's integers fit in {MAX_INT_BITS} bits)"
+
+
+def _unreadable(constructor: Any, node: Any) -> str:
+    """Why a scalar whose tag says int, float or bool cannot be read as one."""
+    digits = node.value.replace("_", "").lstrip("+-")
+    if node.tag == _INT and digits.isascii() and digits.isdigit():
+        return _TOO_LARGE
+    kind = _SCALAR_KINDS.get(node.tag, node.tag.replace(_Y, "!!"))
+    shown = json.dumps(node.value[:40] + ("..." if len(node.value) > 40 else ""), ensure_ascii=False)
+    # A plain scalar (style None in PyYAML, '' in libyaml) that resolves to its tag by itself.
+    implicit = not node.style and constructor.resolve(type(node), node.value, (True, False)) == node.tag
+    if implicit:
+        return f"YAML takes {shown} for {kind} but cannot read it as one; put it in quotes to make it text"
+    tag = node.tag.replace(_Y, "!!")
+    return f"cannot read {shown} as {kind} (tag {tag}); fix the value or remove the tag"
 
 
 def _at(filename: str, node: Any, path: Path_, message: str) -> Problem:
