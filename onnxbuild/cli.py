@@ -202,6 +202,35 @@ def plan(ctx: click.Context, recipes: tuple[str, ...], target: str | None, force
     ctx.exit(2 if result.would_run else 0)
 
 
+@cli.command("diff")
+@click.argument("recipes", nargs=-1)
+@click.option("--base", metavar="REF", help="Git ref to compare with (default: the merge-base with main).")
+@click.option("--format", "fmt", type=click.Choice(["text", "md", "json"]), default="text", show_default=True)
+@click.pass_context
+def diff_command(ctx: click.Context, recipes: tuple[str, ...], base: str | None, fmt: str) -> None:
+    """Review recipe changes: resolved keys that differ, steps that rebuild, figure deltas.
+
+    With no RECIPES, every recipe under recipes/ changed since the base. Markdown output
+    fits a pull-request comment and is appended to $GITHUB_STEP_SUMMARY when that is set.
+
+    \b
+    Example:
+      onnxbuild diff --format md
+      onnxbuild diff recipes/gpt2.yaml --base origin/main
+    """
+    import os
+
+    from onnxbuild.diff import diff, render
+
+    resolved_base, diffs = diff(list(recipes), base, _settings(ctx).cache_dir)
+    text = render(resolved_base, diffs, fmt)
+    click.echo(text, nl=False)
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary and fmt == "md":
+        with open(summary, "a", encoding="utf-8") as f:
+            f.write(text)
+
+
 @cli.command()
 @click.argument("recipe")
 def show(recipe: str) -> None:

@@ -1,0 +1,208 @@
+"""``onnxbuild diff``: what a recipe change does, for review in a pull request.
+
+For each recipe changed between a git ref and the working tree: a key-by-key diff of
+the *resolved* recipes (so a changed default shows too), the steps the change
+invalidates, and, where both sides were built (their entries are in the cache), the
+change in validation and benchmark figures and in file sizes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from onnxbuild.errors import RecipeError, UsageError
+from onnxbuild.recipe.model import Recipe
+
+
+@dataclass
+class RecipeDiff:
+    path: str
+    status: str  # added | deleted | changed | unchanged
+    changes: list[tuple[str, Any, Any]] = field(default_factory=list)
+    invalidated: list[str] = field(default_factory=list)
+    metrics: list[tuple[str, str, str]] = field(default_factory=list)
+    error: str = ""
+
+
+def _git(*args: str, cwd: Path) -> str:
+    try:
+        done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True)
+    except FileNotFoundError:
+        raise UsageError("onnxbuild diff needs git on PATH") from None
+    except subprocess.CalledProcessError as exc:
+        raise UsageError(f"git {' '.join(args)} failed: {exc.stderr.strip() or exc}") from None
+    return done.stdout
+
+
+def default_base(cwd: Path) -> str:
+    for branch in ("main", "origin/main", "master"):
+        try:
+            return _git("merge-base", "HEAD", branch, cwd=cwd).strip()
+        except UsageError:
+            continue
+    return "HEAD"
+
+
+def changed_recipes(base: str, cwd: Path) -> list[str]:
+    names = _git("diff", "--name-only", base, "--", "recipes", cwd=cwd).splitlines()
+    names += _git("ls-files", "--others", "--exclude-standard", "--", "recipes", cwd=cwd).splitlines()
+    return sorted({n for n in names if n.endswith((".yaml", ".yml"))})
+
+
+def _load(text: str | None, path: str, cwd: Path) -> Recipe | None:
+    from onnxbuild._util import sha256_text
+    from onnxbuild.recipe.loader import parse_recipe
+
+    if text is None:
+        return None
+    resolved = parse_recipe(text, path)
+    return Recipe(name=resolved["name"], path=path, directory=(cwd / path).resolve().parent, digest=sha256_text(text), resolved=resolved)
+
+
+def diff(paths: list[str], base: str | None, cache_dir: Path, cwd: Path | None = None) -> tuple[str, list[RecipeDiff]]:
+    from onnxbuild.engine.cache import Cache
+    from onnxbuild.engine.graph import _changes, plan
+    from onnxbuild.pipeline import steps_for
+
+    cwd = cwd or Path.cwd()
+    root = Path(_git("rev-parse", "--show-toplevel", cwd=cwd).strip())
+    base = base or default_base(cwd)
+    paths = paths or changed_recipes(base, cwd)
+    cache = Cache(cache_dir)
+    out: list[RecipeDiff] = []
+    for path in paths:
+        rel = (cwd / path).resolve().relative_to(root).as_posix()
+        try:
+            old_text: str | None = _git("show", f"{base}:{rel}", cwd=root)
+        except UsageError:
+            old_text = None
+        new_file = cwd / path
+        new_text = new_file.read_text(encoding="utf-8") if new_file.is_file() else None
+        entry = RecipeDiff(path, "changed")
+        try:
+            old, new = _load(old_text, path, cwd), _load(new_text, path, cwd)
+        except RecipeError as exc:
+            entry.status, entry.error = "invalid", str(exc)
+            out.append(entry)
+            continue
+        if old is None and new is None:
+            continue
+        if old is None or new is None:
+            entry.status = "added" if old is None else "deleted"
+            entry.invalidated = [s.name for s in steps_for(new or old)]  # type: ignore[arg-type]
+            out.append(entry)
+            continue
+        entry.changes = _changes(old.resolved, new.resolved)
+        if not entry.changes:
+            entry.status = "unchanged"
+        old_steps = {s.name: s for s in steps_for(old)}
+        dirty: set[str] = set()
+        for s in steps_for(new):
+            before = old_steps.get(s.name)
+            if before is None or before.params != s.params or before.kind != s.kind or any(d in dirty for d in s.deps):
+                dirty.add(s.name)
+                entry.invalidated.append(s.name)
+        entry.metrics = _metrics(plan([old], cache), plan([new], cache), cache)
+        out.append(entry)
+    return base, out
+
+
+def _read_output(cache: Any, step: Any, rel: str) -> Any:
+    if step is None or step.entry is None:
+        return None
+    for o in step.entry["outputs"]:
+        if o["path"] == rel:
+            try:
+                return json.loads(cache.object_path(o["sha256"]).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                return None
+    return None
+
+
+def _metrics(old_plan: Any, new_plan: Any, cache: Any) -> list[tuple[str, str, str]]:
+    """Figures present on both sides (their steps cached): (what, base, now)."""
+    rows: list[tuple[str, str, str]] = []
+    old = {s.spec.name: s for s in old_plan.steps}
+    new = {s.spec.name: s for s in new_plan.steps}
+    for name, step in new.items():
+        before = old.get(name)
+        if step.entry is None or before is None or before.entry is None:
+            continue
+        sizes_old = {o["path"]: o["bytes"] for o in before.entry["outputs"] if o["path"].endswith(".onnx")}
+        for o in step.entry["outputs"]:
+            if o["path"] in sizes_old and sizes_old[o["path"]] != o["bytes"]:
+                rows.append((f"{o['path']} bytes", f"{sizes_old[o['path']]:,}", f"{o['bytes']:,}"))
+    v_old = _read_output(cache, old.get("report"), "reports/validation.json")
+    v_new = _read_output(cache, new.get("report"), "reports/validation.json")
+    if v_old and v_new:
+        for variant, v in v_new["variants"].items():
+            w = v_old["variants"].get(variant)
+            if w is None:
+                rows.append((f"validation {variant}", "-", "new variant"))
+                continue
+            a = max((c["max_abs_diff"] or 0) for s in w["shapes"] for c in s["outputs"].values())
+            b = max((c["max_abs_diff"] or 0) for s in v["shapes"] for c in s["outputs"].values())
+            if a != b:
+                rows.append((f"validation {variant} max abs diff", f"{a:.3g}", f"{b:.3g}"))
+    b_old = _read_output(cache, old.get("benchmark"), "benchmark.json")
+    b_new = _read_output(cache, new.get("benchmark"), "benchmark.json")
+    if b_old and b_new:
+        before_p50 = {(r["variant"], r["provider"], json.dumps(r.get("shape"), sort_keys=True)): r.get("p50_ms") for r in b_old["results"]}
+        for r in b_new["results"]:
+            k = (r["variant"], r["provider"], json.dumps(r.get("shape"), sort_keys=True))
+            if k in before_p50 and before_p50[k] and r.get("p50_ms"):
+                shape = ", ".join(f"{d}={n}" for d, n in (r.get("shape") or {}).items())
+                rows.append((f"p50 {r['variant']} ({shape})", f"{before_p50[k]:.2f} ms", f"{r['p50_ms']:.2f} ms ({r['p50_ms'] / before_p50[k]:.2f}x)"))
+    return rows
+
+
+def render(base: str, diffs: list[RecipeDiff], fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(
+            {
+                "base": base,
+                "recipes": [
+                    {"path": d.path, "status": d.status, "error": d.error, "changes": [{"key": k, "base": a, "now": b} for k, a, b in d.changes],
+                     "invalidated": d.invalidated, "metrics": [{"what": w, "base": a, "now": b} for w, a, b in d.metrics]}
+                    for d in diffs
+                ],
+            },
+            indent=2,
+            default=str,
+        ) + "\n"
+    md = fmt == "md"
+    lines = [f"## onnxbuild diff against {base[:12]}" if md else f"onnxbuild diff against {base[:12]}", ""]
+    if not diffs:
+        lines.append("No recipe changed.")
+    for d in diffs:
+        lines.append(f"### `{d.path}`: {d.status}" if md else f"{d.path}: {d.status}")
+        if d.error:
+            lines += ["", "```", d.error, "```"] if md else [f"  {d.error}"]
+        if d.changes:
+            if md:
+                lines += ["", "| key | base | working tree |", "|---|---|---|"]
+                lines += [f"| `{k}` | {_show(a)} | {_show(b)} |" for k, a, b in d.changes]
+            else:
+                lines += [f"  {k}: {_show(a)} -> {_show(b)}" for k, a, b in d.changes]
+        if d.invalidated:
+            lines += ["", f"Steps that rebuild: {', '.join(d.invalidated)}" if md else f"  rebuilds: {', '.join(d.invalidated)}"]
+        if d.metrics:
+            if md:
+                lines += ["", "| figure | base | working tree |", "|---|---|---|"] + [f"| {w} | {a} | {b} |" for w, a, b in d.metrics]
+            else:
+                lines += [f"  {w}: {a} -> {b}" for w, a, b in d.metrics]
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def _show(value: Any) -> str:
+    from onnxbuild.engine.graph import _MISSING
+
+    if value is _MISSING:
+        return "(absent)"
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -1,0 +1,63 @@
+"""onnxbuild diff in a real git repository: resolved-key changes, invalidated steps, figure deltas."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from onnxbuild.cli import cli
+
+LR = "recipes/linear-regression.yaml"
+
+
+@pytest.fixture
+def repo(project: Path) -> Path:
+    env = ["-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=project, check=True)
+    subprocess.run(["git", "add", "recipes"], cwd=project, check=True)
+    subprocess.run(["git", *env, "commit", "-qm", "recipes"], cwd=project, check=True)
+    return project
+
+
+def edit(repo: Path, path: str, old: str, new: str) -> None:
+    file = repo / path
+    file.write_text(file.read_text(encoding="utf-8").replace(old, new), encoding="utf-8")
+
+
+def test_diff_shows_the_change_and_the_rebuilt_steps_in_md_and_json(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    runner = CliRunner()
+    assert runner.invoke(cli, ["make", LR]).exit_code == 0
+    edit(repo, LR, "values: [0.5, -0.5]", "values: [0.5, -0.25]")
+    nothing_built = runner.invoke(cli, ["diff", "--format", "md"])
+    assert nothing_built.exit_code == 0, nothing_built.output
+    assert "### `recipes/linear-regression.yaml`: changed" in nothing_built.stdout
+    assert "| `source.graph.initializers[1].values[1]` | -0.5 | -0.25 |" in nothing_built.stdout
+    assert "Steps that rebuild: source, check" in nothing_built.stdout
+
+    assert runner.invoke(cli, ["make", LR]).exit_code == 0
+    summary = repo / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    after = runner.invoke(cli, ["diff", "--format", "json"])
+    data = json.loads(after.stdout)
+    (recipe,) = data["recipes"]
+    assert recipe["changes"] == [{"key": "source.graph.initializers[1].values[1]", "base": -0.5, "now": -0.25}]
+    assert recipe["invalidated"] == ["source", "check"]
+    assert not summary.exists()  # only Markdown goes to the step summary
+    md = runner.invoke(cli, ["diff", "--format", "md"])
+    assert summary.read_text(encoding="utf-8") == md.stdout
+
+
+def test_a_changed_default_shows_and_added_recipes_are_listed(repo: Path) -> None:
+    edit(repo, "recipes/tiny-gpt2.yaml", "  opset: 18\n", "  opset: 17\n  exporter: torchscript\n")
+    (repo / "recipes" / "new.yaml").write_text((repo / LR).read_text(encoding="utf-8").replace("name: linear-regression", "name: new"), encoding="utf-8")
+    result = CliRunner().invoke(cli, ["diff"])
+    assert result.exit_code == 0, result.output
+    assert "recipes/new.yaml: added" in result.stdout
+    assert "  export.opset: 18 -> 17" in result.stdout
+    # exporter: torchscript is the default, so writing it out changes nothing
+    assert "export.exporter" not in result.stdout
+    assert "rebuilds: export, check, validate, report" in result.stdout
