@@ -26,6 +26,9 @@ class Settings:
 
     cache_dir: Path = field(default_factory=lambda: Path(os.environ.get(CACHE_ENV) or ".onnxbuild/cache"))
     artifacts_dir: Path = Path("artifacts")
+    cache_url: str | None = None
+    """A remote cache (any fsspec URL) shared with other machines; None for local only."""
+    cache_read_only: bool = False
 
     def cache(self, reporter: Reporter | None = None) -> Cache:
         from onnxbuild.engine.versions import use_memo
@@ -34,6 +37,10 @@ class Settings:
         cache = Cache(self.cache_dir)
         if reporter is not None:
             cache.warn = reporter.warning
+        if self.cache_url:
+            from onnxbuild.engine.remote import RemoteCache
+
+            cache.remote = RemoteCache(self.cache_url, read_only=self.cache_read_only)
         return cache
 
 

@@ -55,8 +55,10 @@ def _settings(ctx: click.Context) -> api.Settings:
 @click.version_option(__version__, prog_name="onnxbuild")
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), envvar=api.CACHE_ENV, default=None, help="Cache folder (default .onnxbuild/cache; env ONNXBUILD_CACHE_DIR).")
 @click.option("--artifacts-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("artifacts"), show_default=True, help="Where artifacts/<recipe-name>/ folders are written.")
+@click.option("--cache-url", envvar="ONNXBUILD_CACHE_URL", default=None, metavar="URL", help="Remote cache shared with other machines (any fsspec URL: file://, s3://, gs://); env ONNXBUILD_CACHE_URL or [tool.onnxbuild] cache_url.")
+@click.option("--cache-read-only", is_flag=True, envvar="ONNXBUILD_CACHE_READ_ONLY", help="Pull from the remote cache but never push (untrusted pull-request builds).")
 @click.pass_context
-def cli(ctx: click.Context, cache_dir: Path | None, artifacts_dir: Path) -> None:
+def cli(ctx: click.Context, cache_dir: Path | None, artifacts_dir: Path, cache_url: str | None, cache_read_only: bool) -> None:
     """Build ONNX model artifacts from YAML recipes, cached and reproducible.
 
     \b
@@ -65,7 +67,13 @@ def cli(ctx: click.Context, cache_dir: Path | None, artifacts_dir: Path) -> None
       onnxbuild plan recipes/gpt2.yaml     what would run, and why
       onnxbuild show recipes/gpt2.yaml     the recipe with every default filled in
     """
-    ctx.obj = api.Settings(cache_dir=cache_dir or Path(".onnxbuild/cache"), artifacts_dir=artifacts_dir)
+    if cache_url is None and ctx.invoked_subcommand in ("make", "plan", "diff"):
+        from onnxbuild.engine.remote import config_from_project
+
+        config = config_from_project(Path.cwd())
+        cache_url = config.get("cache_url")
+        cache_read_only = cache_read_only or bool(config.get("cache_read_only", False))
+    ctx.obj = api.Settings(cache_dir=cache_dir or Path(".onnxbuild/cache"), artifacts_dir=artifacts_dir, cache_url=cache_url, cache_read_only=cache_read_only)
 
 
 class Printer:

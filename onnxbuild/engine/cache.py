@@ -61,6 +61,9 @@ class Cache:
     root: Path
     warn: Callable[[str], None] = lambda message: None
 
+    remote: Any = None
+    """A RemoteCache consulted on a local miss and given every new entry (see remote.py)."""
+
     def __post_init__(self) -> None:
         self.root = Path(self.root)
         self._hashes: dict[str, list[Any]] | None = None
@@ -87,11 +90,17 @@ class Cache:
     # ------------------------------------------------------------ entries
 
     def get(self, key: str) -> EntryRecord | None:
-        """The entry for ``key`` if it is whole; a damaged one is a miss with a warning."""
+        """The entry for ``key`` if it is whole; a damaged one is a miss with a warning.
+
+        On a local miss, a configured remote cache is asked, and what it has is pulled
+        (digests checked) into the local cache first.
+        """
         path = self.entry_path(key)
         try:
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
+            if self.remote is not None and self.remote.pull(key, self):
+                return self.get(key)
             return None
         except OSError as exc:
             self.warn(f"cache entry {key[:12]} cannot be read ({exc}); rebuilding")
@@ -151,6 +160,11 @@ class Cache:
             outputs.append({"path": rel, "sha256": sha, "bytes": size})
         entry: EntryRecord = {"key": key, "step": step, "kind": kind, "ingredients": ingredients, "outputs": outputs, "data": data}
         atomic_write_text(self.entry_path(key), pretty_json(entry))
+        if self.remote is not None:
+            try:
+                self.remote.push(dict(entry), self)
+            except OSError as exc:
+                self.warn(f"could not push {step} to the remote cache {self.remote.url} ({exc}); the local build is unaffected")
         return entry
 
     # ------------------------------------------------------------ last builds (plan's memory)

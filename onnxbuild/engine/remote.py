@@ -1,0 +1,130 @@
+"""A remote cache shared by machines (CI runners, colleagues), through fsspec.
+
+Any fsspec URL works: ``file:///shared/cache``, ``s3://bucket/onnxbuild``, ``gs://...``,
+``memory://`` (tests). The layout mirrors the local cache (``objects/ab/<sha>``,
+``entries/12/<key>.json``). Objects are pulled into the local cache only after their
+sha256 is checked, so a tampered remote cannot inject bytes; an entry is pushed after
+its objects, under a temporary name then moved, so readers never see half an entry.
+Concurrent pushes of one key write identical content-addressed bytes, so the race is
+harmless. ``read_only`` pulls but never pushes (for untrusted pull-request builds).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+from onnxbuild.errors import CacheError
+
+
+class RemoteCache:
+    def __init__(self, url: str, *, read_only: bool = False) -> None:
+        try:
+            import fsspec
+        except ImportError:  # pragma: no cover - fsspec is a dependency
+            raise CacheError("a remote cache needs fsspec: pip install fsspec") from None
+        try:
+            self.fs, self.base = fsspec.core.url_to_fs(url)
+        except (ImportError, ValueError) as exc:
+            raise CacheError(f"cannot use the remote cache {url!r}: {exc} (for s3:// install s3fs, for gs:// gcsfs)") from None
+        self.url = url
+        self.read_only = read_only
+        self.base = self.base.rstrip("/")
+
+    def _entry(self, key: str) -> str:
+        return f"{self.base}/entries/{key[:2]}/{key}.json"
+
+    def _object(self, sha: str) -> str:
+        return f"{self.base}/objects/{sha[:2]}/{sha}"
+
+    def pull(self, key: str, local: Any) -> bool:
+        """Copy entry ``key`` and its objects into ``local`` (a Cache); False if the remote lacks it."""
+        try:
+            text = self.fs.cat_file(self._entry(key)).decode("utf-8")
+            entry = json.loads(text)
+            outputs = entry["outputs"]
+        except FileNotFoundError:
+            return False
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            local.warn(f"remote cache entry {key[:12]} is unreadable ({exc}); building instead")
+            return False
+        for o in outputs:
+            dest = local.object_path(o["sha256"])
+            if dest.is_file() and dest.stat().st_size == o["bytes"]:
+                continue
+            tmp = local.root / "tmp" / f"pull-{os.getpid()}-{uuid.uuid4().hex}"
+            tmp.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.fs.get_file(self._object(o["sha256"]), str(tmp))
+                digest = _sha256(tmp)
+                if digest != o["sha256"]:
+                    local.warn(f"remote cache object for {o['path']} does not match its digest; ignoring the remote entry {key[:12]}")
+                    return False
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.chmod(tmp, 0o444)
+                os.replace(tmp, dest)
+                local.remember_hash(dest, digest)
+            except FileNotFoundError:
+                local.warn(f"remote cache entry {key[:12]} refers to a missing object; building instead")
+                return False
+            finally:
+                if tmp.exists():
+                    tmp.unlink()
+        from onnxbuild._util import atomic_write_text
+
+        atomic_write_text(local.entry_path(key), text)
+        return True
+
+    def push(self, entry: dict[str, Any], local: Any) -> None:
+        if self.read_only:
+            return
+        key = entry["key"]
+        if self.fs.exists(self._entry(key)):
+            return
+        for o in entry["outputs"]:
+            target = self._object(o["sha256"])
+            if not self.fs.exists(target):
+                self._put_atomically(str(local.object_path(o["sha256"])), target)
+        tmp = f"{self._entry(key)}.{uuid.uuid4().hex}.tmp"
+        self.fs.makedirs(self._entry(key).rsplit("/", 1)[0], exist_ok=True)
+        self.fs.pipe_file(tmp, json.dumps(entry, sort_keys=True, indent=2).encode("utf-8"))
+        self.fs.mv(tmp, self._entry(key))
+
+    def _put_atomically(self, source: str, target: str) -> None:
+        tmp = f"{target}.{uuid.uuid4().hex}.tmp"
+        self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+        self.fs.put_file(source, tmp)
+        self.fs.mv(tmp, target)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def config_from_project(start: Path) -> dict[str, Any]:
+    """``[tool.onnxbuild]`` from pyproject.toml, or onnxbuild.toml, in ``start`` (the project root)."""
+    try:
+        import tomllib  # type: ignore[import-not-found,unused-ignore]  # stdlib from 3.11
+    except ImportError:  # Python 3.10
+        return {}
+    for name, table in (("onnxbuild.toml", None), ("pyproject.toml", ("tool", "onnxbuild"))):
+        path = start / name
+        if not path.is_file():
+            continue
+        try:
+            data: Any = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise CacheError(f"{path}: cannot read it as TOML ({exc})") from None
+        for part in table or ():
+            data = data.get(part, {}) if isinstance(data, dict) else {}
+        if data:
+            return dict(data)
+    return {}

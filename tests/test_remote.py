@@ -1,0 +1,82 @@
+"""The remote cache: two checkouts sharing one file:// remote build a recipe once; pulls are verified."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from helpers_engine import Recorder, outcomes
+
+import onnxbuild
+
+ROOT = Path(__file__).resolve().parent.parent
+LR = "recipes/linear-regression.yaml"
+
+
+def checkout(tmp_path: Path, name: str) -> Path:
+    where = tmp_path / name
+    shutil.copytree(ROOT / "recipes", where / "recipes")
+    return where
+
+
+def settings_for(where: Path, url: str, **kw: bool) -> onnxbuild.Settings:
+    return onnxbuild.Settings(cache_dir=where / ".onnxbuild" / "cache", artifacts_dir=where / "artifacts", cache_url=url, **kw)
+
+
+def test_two_checkouts_sharing_a_file_remote_build_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    url = (tmp_path / "remote").as_uri()
+    a, b = checkout(tmp_path, "a"), checkout(tmp_path, "b")
+    monkeypatch.chdir(a)
+    first = onnxbuild.build([LR], settings_for(a, url))
+    assert [s["status"] for s in first.recipes[0].steps] == ["built", "built"]
+    assert len(list((tmp_path / "remote" / "entries").glob("*/*.json"))) == 2
+
+    monkeypatch.chdir(b)
+    second = onnxbuild.build([LR], settings_for(b, url))
+    assert [s["status"] for s in second.recipes[0].steps] == ["cached", "cached"]
+    assert (b / "artifacts" / "linear-regression" / "model.onnx").read_bytes() == (a / "artifacts" / "linear-regression" / "model.onnx").read_bytes()
+    assert not list((tmp_path / "remote").rglob("*.tmp"))
+
+
+def test_a_tampered_remote_object_is_refused_and_the_step_built_locally(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    url = (tmp_path / "remote").as_uri()
+    a, b = checkout(tmp_path, "a"), checkout(tmp_path, "b")
+    monkeypatch.chdir(a)
+    onnxbuild.build([LR], settings_for(a, url), in_process=True)
+    for obj in (tmp_path / "remote" / "objects").glob("*/*"):
+        obj.write_bytes(obj.read_bytes()[:-1] + b"!")  # same size, wrong bytes
+    monkeypatch.chdir(b)
+    recorder = Recorder()
+    report = onnxbuild.build([LR], settings_for(b, url), in_process=True, reporter=recorder)
+    assert report.ok
+    assert outcomes(report)["linear-regression:source"][0] == "built"
+    assert any("does not match its digest; ignoring the remote entry" in w for w in recorder.warnings)
+
+
+def test_read_only_pulls_but_never_pushes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    url = "memory://onnxbuild-test-read-only"
+    a = checkout(tmp_path, "a")
+    monkeypatch.chdir(a)
+    onnxbuild.build([LR], settings_for(a, url, cache_read_only=True), in_process=True)
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    assert not fs.exists("/onnxbuild-test-read-only/entries")
+    onnxbuild.build([LR], settings_for(a, url), in_process=True, force=True)  # a trusted build pushes what it builds
+    assert len(fs.glob("/onnxbuild-test-read-only/entries/*/*.json")) == 2
+    fs.rm("/onnxbuild-test-read-only", recursive=True)
+
+
+def test_project_config_names_the_remote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from onnxbuild.cli import cli
+
+    a = checkout(tmp_path, "a")
+    remote = tmp_path / "shared"
+    (a / "pyproject.toml").write_text(f'[tool.onnxbuild]\ncache_url = "{remote.as_uri()}"\n', encoding="utf-8")
+    monkeypatch.chdir(a)
+    result = CliRunner().invoke(cli, ["make", LR])
+    assert result.exit_code == 0, result.output
+    assert len(list((remote / "entries").glob("*/*.json"))) == 2
