@@ -239,6 +239,37 @@ def diff_command(ctx: click.Context, recipes: tuple[str, ...], base: str | None,
             f.write(text)
 
 
+@cli.command("verify")
+@click.argument("recipes", nargs=-1, required=True)
+@click.option("--jobs", "-j", type=int, default=1, show_default=True, help="Steps to run at once in the rebuild.")
+@click.option("--json", "as_json", is_flag=True, help="Print the verdicts as JSON.")
+@click.pass_context
+def verify_command(ctx: click.Context, recipes: tuple[str, ...], jobs: int, as_json: bool) -> None:
+    """Rebuild RECIPES from scratch in a throwaway cache; compare every digest with the manifest.
+
+    Exits 1 if a deterministic step's output differs. Benchmarks and optimize levels
+    extended/layout/all are hardware-dependent by design and reported as such.
+
+    \b
+    Example:
+      onnxbuild verify recipes/gpt2.yaml
+    """
+    from onnxbuild.verify import verify
+
+    verdicts = verify(list(recipes), _settings(ctx).artifacts_dir, jobs=jobs)
+    if as_json:
+        click.echo(json.dumps([{"recipe": v.recipe, "reproducible": v.reproducible, "steps": [s.__dict__ for s in v.steps]} for v in verdicts], indent=2))
+    else:
+        for v in verdicts:
+            click.echo(f"{v.recipe}: {'byte-identical' if v.reproducible else 'NOT reproducible'}")
+            for s in v.steps:
+                click.echo(f"  {s.step:<20} {s.verdict}" + (f"  ({s.detail})" if s.detail else ""))
+    if not all(v.reproducible for v in verdicts):
+        from onnxbuild.errors import BuildFailed
+
+        raise BuildFailed("some artifacts are not byte-reproducible (see above)")
+
+
 @cli.command()
 @click.argument("recipe")
 def show(recipe: str) -> None:

@@ -1,4 +1,4 @@
-"""<recipe>.lock.json: written by `make --lock`, checked by `plan --check` without building."""
+"""<recipe>.lock.json (make --lock, plan --check) and onnxbuild verify (rebuild and compare digests)."""
 
 from __future__ import annotations
 
@@ -47,3 +47,26 @@ def test_lock_needs_a_whole_build(project: Path) -> None:
     assert result.exit_code == 2
     assert "--lock records whole builds; drop --target" in result.stderr
     assert not (project / "artifacts").exists()
+
+
+def test_verify_rebuilds_in_a_throwaway_cache_and_finds_every_digest_identical(project: Path) -> None:
+    assert run("make", LR).exit_code == 0
+    cache_before = sorted(p.name for p in (project / ".onnxbuild" / "cache" / "entries").rglob("*.json"))
+    result = run("verify", LR)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "linear-regression: byte-identical\n  source               identical\n  check                identical\n"
+    assert sorted(p.name for p in (project / ".onnxbuild" / "cache" / "entries").rglob("*.json")) == cache_before
+
+
+def test_verify_reports_an_artifact_that_differs(project: Path) -> None:
+    import json
+
+    assert run("make", LR).exit_code == 0
+    manifest = project / "artifacts" / "linear-regression" / "manifest.json"
+    data = json.loads(manifest.read_text(encoding="utf-8"))
+    data["steps"][0]["outputs"][0]["sha256"] = "0" * 64
+    manifest.write_text(json.dumps(data), encoding="utf-8")
+    result = run("verify", LR)
+    assert result.exit_code == 1
+    assert "  source               differs  (model.onnx differ from the manifest)" in result.stdout
+    assert "Error: some artifacts are not byte-reproducible" in result.stderr

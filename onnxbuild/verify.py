@@ -1,0 +1,85 @@
+"""``onnxbuild verify``: rebuild every step from scratch and compare digests with the manifest.
+
+The rebuild runs in a throwaway cache and artifacts folder, so nothing the user has is
+touched. Steps whose outputs depend on the machine are known in advance and reported
+as such rather than as failures: benchmarks (timings), and ``optimize`` at levels
+extended/layout/all (fused for this CPU and provider).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from onnxbuild.errors import UsageError
+
+HARDWARE_STEPS = {"benchmark": "timings differ run to run"}
+
+
+@dataclass
+class StepVerdict:
+    step: str
+    verdict: str  # identical | differs | hardware-dependent | missing
+    detail: str = ""
+
+
+@dataclass
+class RecipeVerdict:
+    recipe: str
+    steps: list[StepVerdict] = field(default_factory=list)
+
+    @property
+    def reproducible(self) -> bool:
+        return all(s.verdict in ("identical", "hardware-dependent") for s in self.steps)
+
+
+def hardware_bound(step: dict[str, Any], manifest: dict[str, Any]) -> str:
+    if step["kind"] in HARDWARE_STEPS:
+        return HARDWARE_STEPS[step["kind"]]
+    if step["kind"] == "optimize":
+        level = (manifest["recipe"]["resolved"].get("optimize") or {}).get("level")
+        if level in ("extended", "layout", "all"):
+            return f"optimize level {level} is fused for this CPU and provider"
+    if step["kind"] in ("validate", "report"):
+        return ""
+    return ""
+
+
+def verify(paths: list[str], artifacts_dir: Path, jobs: int = 1) -> list[RecipeVerdict]:
+    import onnxbuild
+
+    recipes = onnxbuild.load_recipes(paths)
+    verdicts: list[RecipeVerdict] = []
+    for recipe in recipes:
+        manifest_path = artifacts_dir / recipe.name / "manifest.json"
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raise UsageError(f"{manifest_path} is missing or unreadable; build first: onnxbuild make {recipe.path}") from None
+        if manifest["recipe"]["digest"] != recipe.digest:
+            raise UsageError(f"{recipe.path} changed since {manifest_path} was written; build it first, then verify")
+        with tempfile.TemporaryDirectory(prefix="onnxbuild-verify-") as tmp:
+            settings = onnxbuild.Settings(cache_dir=Path(tmp) / "cache", artifacts_dir=Path(tmp) / "artifacts")
+            report = onnxbuild.build([recipe.path], settings, jobs=jobs)
+            rebuilt = {s["name"]: s for r in report.recipes for s in r.steps}
+        verdict = RecipeVerdict(recipe.name)
+        for step in manifest["steps"]:
+            again = rebuilt.get(step["name"])
+            if again is None or again["status"] not in ("built", "cached"):
+                verdict.steps.append(StepVerdict(step["name"], "missing", f"the rebuild did not produce it ({again['reason'] if again else 'no such step'})"))
+                continue
+            before = {o["path"]: o["sha256"] for o in step["outputs"]}
+            after = {o["path"]: o["sha256"] for o in again["outputs"]}
+            differing = sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p))
+            why = hardware_bound(step, manifest)
+            if not differing:
+                verdict.steps.append(StepVerdict(step["name"], "identical"))
+            elif why:
+                verdict.steps.append(StepVerdict(step["name"], "hardware-dependent", f"{', '.join(differing)} differ ({why})"))
+            else:
+                verdict.steps.append(StepVerdict(step["name"], "differs", f"{', '.join(differing)} differ from the manifest"))
+        verdicts.append(verdict)
+    return verdicts
