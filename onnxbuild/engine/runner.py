@@ -407,7 +407,7 @@ def _finish_recipe(recipe: Recipe, states: list[_State], cache: Cache, artifacts
     """Materialise the outputs of every step that succeeded, then write the manifest last."""
     folder = artifacts_root / recipe.name
     records = [st.record for st in states if st.record is not None]
-    previous = _previous_outputs(folder)
+    previous = _previous_owners(folder)
     current: dict[str, OutputRecord] = {}
     for st in states:
         if st.entry is not None:
@@ -417,9 +417,8 @@ def _finish_recipe(recipe: Recipe, states: list[_State], cache: Cache, artifacts
         _materialise(cache, o, folder / rel)
     # Files an earlier build wrote that this one no longer produces (e.g. an external-data file).
     failed_steps = {st.planned.spec.name for st in states if st.record and st.record["status"] != "built" and st.record["status"] != "cached"}
-    for rel in sorted(previous - set(current)):
-        owner = previous_owner(folder, rel)
-        if owner in failed_steps:
+    for rel in sorted(set(previous) - set(current)):
+        if previous[rel] in failed_steps:
             continue  # keep what an earlier good build of a now-failing step left
         with contextlib.suppress(OSError):
             (folder / rel).unlink()
@@ -449,23 +448,13 @@ def _finish_recipe(recipe: Recipe, states: list[_State], cache: Cache, artifacts
     return RecipeOutcome(recipe, records, folder, timings)
 
 
-def previous_owner(folder: Path, rel: str) -> str | None:
+def _previous_owners(folder: Path) -> dict[str, str]:
+    """Each file the last manifest lists, mapped to the step that wrote it."""
     try:
         data = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    for step in data.get("steps", []):
-        if any(o.get("path") == rel for o in step.get("outputs", [])):
-            return str(step.get("name"))
-    return None
-
-
-def _previous_outputs(folder: Path) -> set[str]:
-    try:
-        data = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
-        return {o["path"] for s in data.get("steps", []) for o in s.get("outputs", [])}
+        return {o["path"]: str(s["name"]) for s in data.get("steps", []) for o in s.get("outputs", [])}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return set()
+        return {}
 
 
 def _materialise(cache: Cache, o: OutputRecord, dest: Path) -> None:

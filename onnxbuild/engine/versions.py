@@ -93,5 +93,18 @@ def versions(names: tuple[str, ...] = REPORTED) -> dict[str, str]:
     return out
 
 
+def cpu_info() -> tuple[str, str]:
+    """(CPU model name, feature flags) from /proc/cpuinfo, or what ``platform`` knows elsewhere."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return platform.processor() or platform.machine(), ""
+
+    def field(*names: str) -> str:
+        return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith(names)), "")
+
+    return field("model name") or platform.processor() or platform.machine(), field("flags", "Features")
+
+
 def platform_info() -> dict[str, str]:
     return {"system": platform.system(), "machine": platform.machine(), "python_implementation": sys.implementation.name}

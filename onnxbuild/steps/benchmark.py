@@ -75,17 +75,12 @@ def rss_mb() -> float:
 def machine(threads: int) -> dict[str, Any]:
     import platform
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "threads": threads, "system": platform.system()}
+    from onnxbuild.engine.versions import cpu_info
+
+    return {"cpu": cpu_info()[0], "cores": os.cpu_count(), "threads": threads, "system": platform.system()}
 
 
 def run(ctx: StepContext, spec: StepSpec) -> StepResult:
-    import numpy as np
     import onnxruntime as ort
 
     from onnxbuild.engine.versions import versions
@@ -182,7 +177,6 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         summary = f"best {best['variant']} on {best['provider'].replace('ExecutionProvider', '')}: p50 {best['p50_ms']:.1f} ms"
         if best.get("speedup_vs_pytorch"):
             summary += f" ({best['speedup_vs_pytorch']:.1f}x PyTorch)"
-    del np
     return StepResult(summary=summary, data={"results": len(results)})
 
 
@@ -197,8 +191,6 @@ def _feeds(spec: StepSpec, ctx: StepContext, sizes: dict[str, int], index: int) 
     if export is not None:
         return make_inputs(export["inputs"], sizes, seed=500 + index, vocab=_vocab(spec))
     import onnx
-
-    from onnxbuild.sources.graph import DTYPES  # noqa: F401  (dtype names match)
 
     model = onnx.load_model(str(ctx.input(spec.params["variants"][0]["path"])), load_external_data=False)
     inits = {i.name for i in model.graph.initializer}

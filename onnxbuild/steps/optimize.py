@@ -44,15 +44,9 @@ HARDWARE_BOUND = frozenset({"extended", "layout", "all"})
 def cpu_fingerprint() -> str:
     """A short digest of the CPU's model and feature flags, read without heavy imports."""
     from onnxbuild._util import sha256_text
+    from onnxbuild.engine.versions import cpu_info
 
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-        flags = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith(("flags", "Features"))), "")
-        model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
-    except OSError:
-        import platform
-
-        flags, model = platform.processor(), platform.machine()
+    model, flags = cpu_info()
     return sha256_text(f"{model}\n{' '.join(sorted(flags.split()))}")[:16]
 
 

@@ -295,7 +295,6 @@ def cosine_rows(a: Any, b: Any) -> Any:
 def _accuracy(cfg: dict[str, Any], wrapped: Any, session: Any, export: dict[str, Any], recipe_dir: Any) -> AccuracyResult:
     """Top-1 accuracy of the first output through PyTorch and ONNX Runtime, in batches."""
     import numpy as np
-    import torch
 
     key = "validate.accuracy.dataset"
     fn = load_function(cfg["dataset"], recipe_dir, key)
@@ -312,12 +311,7 @@ def _accuracy(cfg: dict[str, Any], wrapped: Any, session: Any, export: dict[str,
     torch_pred, ort_pred = [], []
     for start in range(0, labels.shape[0], size):
         batch = {n: feeds[n][start : start + size] for n in names}
-        with torch.no_grad():
-            ref = wrapped(*(torch.from_numpy(batch[n]) for n in names))[0].detach().float().cpu().numpy()
-        try:
-            out = np.asarray(session.run([first], batch)[0])
-        except Exception as exc:
-            raise StepError(f"{key}: ONNX Runtime refused the dataset's inputs: {_first_line(exc)}{_fixed_axis_hint(export, batch)}") from None
+        ref, out = _first_output_both(wrapped, session, export, batch, f"{key}: ONNX Runtime refused the dataset's inputs")
         want = labels[start : start + size]
         if ref.shape[:-1] != want.shape:
             raise StepError(
@@ -342,19 +336,27 @@ def _accuracy(cfg: dict[str, Any], wrapped: Any, session: Any, export: dict[str,
     }
 
 
-def _embeddings(feeds: dict[str, Any], mask: Any, cosine_min: float | None, wrapped: Any, session: Any, export: dict[str, Any]) -> EmbeddingResult:
-    """Sentence embeddings from the first output, ONNX Runtime against PyTorch by cosine similarity."""
+def _first_output_both(wrapped: Any, session: Any, export: dict[str, Any], feeds: dict[str, Any], refused: str) -> tuple[Any, Any]:
+    """The first output from PyTorch and from ONNX Runtime on the same inputs (numpy arrays)."""
     import numpy as np
     import torch
 
     names = [t["name"] for t in export["inputs"]]
-    first = export["outputs"][0]
     with torch.no_grad():
         ref = wrapped(*(torch.from_numpy(feeds[n]) for n in names))[0].detach().float().cpu().numpy()
     try:
-        got = np.asarray(session.run([first], feeds)[0])
+        got = np.asarray(session.run([export["outputs"][0]], feeds)[0])
     except Exception as exc:
-        raise StepError(f"validate.sentences: ONNX Runtime refused the tokenized sentences: {_first_line(exc)}{_fixed_axis_hint(export, feeds)}") from None
+        raise StepError(f"{refused}: {_first_line(exc)}{_fixed_axis_hint(export, feeds)}") from None
+    return ref, got
+
+
+def _embeddings(feeds: dict[str, Any], mask: Any, cosine_min: float | None, wrapped: Any, session: Any, export: dict[str, Any]) -> EmbeddingResult:
+    """Sentence embeddings from the first output, ONNX Runtime against PyTorch by cosine similarity."""
+    import numpy as np
+
+    first = export["outputs"][0]
+    ref, got = _first_output_both(wrapped, session, export, feeds, "validate.sentences: ONNX Runtime refused the tokenized sentences")
     if got.shape != ref.shape:
         raise StepError(f"validate.sentences: output {first} has shape {list(got.shape)} from ONNX Runtime but {list(ref.shape)} from PyTorch")
     pooling: Literal["mean", "none"]
