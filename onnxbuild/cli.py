@@ -348,6 +348,50 @@ def cache_verify(ctx: click.Context) -> None:
     click.echo(f"checked {checked} cache entr{'y' if checked == 1 else 'ies'}; dropped {len(dropped)}")
 
 
+@cli.command(name="run")
+@click.argument("artifact")
+@click.option("--prompt", "-p", required=True, help="Text (with a tokenizer in the folder) or token ids such as '464 2068'.")
+@click.option("--max-new-tokens", "-n", type=click.IntRange(1, 4096), default=32, show_default=True, help="Stop after this many tokens (or at end-of-text).")
+@click.option("--variant", default="model", show_default=True, help="Which built variant: model, optimized, or a quantize name.")
+@click.option("--no-chat-template", is_flag=True, help="Encode the prompt as is even when the tokenizer has a chat template.")
+@click.option("--sample", is_flag=True, help="Sample instead of greedy decoding (seeded, so repeatable).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True)
+@click.option("--top-k", type=click.IntRange(min=0), default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print ids, text and timing as JSON.")
+def run_command(artifact: str, prompt: str, max_new_tokens: int, variant: str, no_chat_template: bool, sample: bool, seed: int, temperature: float, top_k: int, as_json: bool) -> None:
+    """Generate from a built decoder (a recipe with export.with_past: true).
+
+    ARTIFACT is the artifact folder (artifacts/<name>) or a model.onnx. With tokenizer
+    files in the folder the prompt is text (the chat template applied when the tokenizer
+    has one); without them, the prompt is token ids.
+
+    \b
+    Example:
+      onnxbuild run artifacts/gpt2 --prompt "464 2068 7586" --max-new-tokens 16
+    """
+    from onnxbuild.generation import run
+    from onnxbuild.sources.decoder import Sampling
+
+    result = run(artifact, prompt, max_new_tokens=max_new_tokens, variant=variant, chat=not no_chat_template, sampling=Sampling(seed, temperature, top_k) if sample else None)
+    if as_json:
+        payload = {
+            "model": str(result.model),
+            "prompt_ids": result.prompt_ids,
+            "new_ids": result.new_ids,
+            "text": result.text,
+            "chat_template": result.chat_template,
+            "seconds": round(result.seconds, 4),
+            "tokens_per_s": round(result.tokens_per_s, 2),
+        }
+        click.echo(json.dumps(payload, indent=2))
+        return
+    click.echo(result.text if result.text is not None else " ".join(map(str, result.new_ids)))
+    how = "sampled" if sample else "greedy"
+    end = ", stopped at end-of-text" if result.stopped_at_eos else ""
+    click.echo(f"{len(result.new_ids)} tokens ({how}) in {result.seconds:.2f} s, {result.tokens_per_s:.1f} tokens/s, {result.model}{end}", err=True)
+
+
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def providers(as_json: bool) -> None:

@@ -6,6 +6,7 @@ This is the one place that knows the shape of a build::
       │          ├──> optimize ──> quantize.<q>       (variants: optimized/, <q>/)
       │          │                                    one validate.<variant> per variant,
       └──────────┴──> validate[.<variant>] ──> report  merged into reports/validation.json
+                 ├──> generate (with-past decoders: every variant against transformers' generate)
                  └──> benchmark (every variant, beside PyTorch)
 
 ``source`` records what the model is (for torch sources: which weights, from where, with
@@ -75,7 +76,7 @@ def steps_for(recipe: Recipe) -> list[StepSpec]:
                 params={"source": r["source"], "export": r["export"]},
                 deps=("source",),
                 inputs=(StepInput("source", SOURCE_RECORD),),
-                outputs=(MODEL,),
+                outputs=(MODEL, "config.json") if kind == "huggingface" else (MODEL,),
             )
         )
         model_step = "export"
@@ -155,10 +156,27 @@ def steps_for(recipe: Recipe) -> list[StepSpec]:
                 outputs=("reports/validation.json", "reports/validation.md"),
             )
         )
+    if r.get("generate"):
+        steps.append(
+            StepSpec(
+                name="generate",
+                kind="generate",
+                params={
+                    "generate": r["generate"],
+                    "source": r["source"],
+                    "variants": [{"name": v.name, "path": v.path, "precision": v.precision} for v in all_variants],
+                },
+                deps=tuple(dict.fromkeys(["source", *(v.step for v in all_variants)])),
+                inputs=(StepInput("source", SOURCE_RECORD), *(StepInput(v.step, v.path) for v in all_variants)),
+                outputs=("reports/generation.json", "reports/generation.md"),
+            )
+        )
     if r.get("benchmark"):
         inputs = [StepInput(v.step, v.path) for v in all_variants]
         if torch_source:
             inputs.insert(0, StepInput("source", SOURCE_RECORD))
+        if r.get("export") and r["export"]["with_past"]:
+            inputs.append(StepInput("export", "config.json"))
         steps.append(
             StepSpec(
                 name="benchmark",

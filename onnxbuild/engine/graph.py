@@ -111,7 +111,6 @@ def plan(recipes: list[Recipe], cache: Cache, *, force: bool = False, target: st
         names[recipe.name] = recipe.path
     planned: list[PlannedStep] = []
     for recipe in recipes:
-        _check_implemented(recipe)
         last = cache.last_build(recipe.name)
         done: dict[str, PlannedStep] = {}
         for spec in select(steps_for(recipe), target, recipe):
@@ -216,10 +215,3 @@ def _changes(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, Any]]
     if old is _MISSING or new is _MISSING or old != new:
         return [(prefix, old, new)]
     return []
-
-
-def _check_implemented(recipe: Recipe) -> None:
-    """Refuse keys the schema accepts but this version cannot build, rather than silently ignoring them."""
-    if (recipe.resolved.get("export") or {}).get("with_past"):
-        message = "export with past key/values is not available in this version of onnxbuild; remove it for now"
-        raise RecipeError([Problem(recipe.path, None, None, "export.with_past", message)])

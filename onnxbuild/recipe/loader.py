@@ -16,13 +16,13 @@ from typing import Any
 from onnxbuild._util import sha256_bytes
 from onnxbuild.errors import Problem, RecipeError
 from onnxbuild.recipe.model import TORCH_SOURCES, Recipe
-from onnxbuild.recipe.tasks import TASKS
+from onnxbuild.recipe.tasks import DERIVED_DIMS, TASKS, WITH_PAST_INPUTS
 from onnxbuild.recipe.yamlpos import Path_, Positions, dotted
 
 MAX_RECIPE_BYTES = 1 << 20
 """A recipe is a page of YAML; anything over 1 MiB is a mistake (or an attack) and is refused unread."""
 
-DEFAULT_SAMPLE = {"batch": 2, "sequence": 16}
+DEFAULT_SAMPLE = {"batch": 2, "sequence": 16, "past_sequence": 4}
 DEFAULT_ATOL = 1e-4
 DEFAULT_RTOL = 1e-3
 DEFAULT_TOP1_MIN = 0.99
@@ -339,10 +339,23 @@ def _semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) ->
         yield from _graph_problems(src, problem)
 
     export = doc.get("export", {})
+    with_past = bool(export.get("with_past"))
+    if with_past and not (kind == "huggingface" and src.get("task") == "text-generation"):
+        what = f"task {src.get('task')}" if kind == "huggingface" else f"a {kind} source"
+        yield problem(("export", "with_past"), f"applies to huggingface text-generation models (this recipe has {what}); remove it")
+        with_past = False
+    if "generate" in doc and doc["generate"] is not None:
+        gen = doc["generate"]
+        if not with_past:
+            yield problem(("generate",), "generates through the KV cache; add export.with_past: true (a huggingface text-generation model)", key=True)
+        if gen.get("prompt") is not None and gen.get("prompt_ids") is not None:
+            yield problem(("generate", "prompt_ids"), "give either prompt (text) or prompt_ids (token ids), not both", key=True)
     if kind in TORCH_SOURCES:
-        inputs = export.get("inputs") or (TASKS[src["task"]]["inputs"] if kind == "huggingface" else [])
+        default_inputs = WITH_PAST_INPUTS if with_past else TASKS[src["task"]]["inputs"] if kind == "huggingface" else []
+        inputs = export.get("inputs") or default_inputs
         export_dims = _symbolic_dims(inputs)
         dims = validation_dims(kind, inputs)
+        optional = {"past_sequence"} if with_past else set()
         sample = export.get("sample", {d: DEFAULT_SAMPLE[d] for d in export_dims if d in DEFAULT_SAMPLE})
         for d in export_dims:
             if d not in sample:
@@ -352,8 +365,8 @@ def _semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) ->
                 if d not in shape:
                     yield problem(("validate", "shapes", i), f"missing a size for dimension {d!r} (the inputs use: {', '.join(dims)})")
             for d in shape:
-                if d not in dims:
-                    yield problem(("validate", "shapes", i, d), f"unknown dimension (the inputs use: {', '.join(dims) or 'no symbolic dimensions'})", key=True)
+                if d not in dims and d not in optional:
+                    yield problem(("validate", "shapes", i, d), f"unknown dimension (the inputs use: {', '.join([*dims, *optional]) or 'no symbolic dimensions'})", key=True)
         names = [t["name"] for t in inputs]
         for i, name in enumerate(names):
             if name in names[:i]:
@@ -365,6 +378,8 @@ def _semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) ->
             yield problem(("validate", "cosine_min"), "compares sentence embeddings; add validate.sentences (the text to embed)", key=True)
     for i, q in enumerate(doc.get("quantize", [])):
         earlier = [p["name"] for p in doc["quantize"][:i]]
+        if with_past and q.get("method") == "static":
+            yield problem(("quantize", i, "method"), "static calibration of a with-past decoder is not supported; use method: dynamic (or int4)")
         if q["name"] in ("model", "optimized"):
             yield problem(("quantize", i, "name"), f"{q['name']!r} names a built-in variant; choose another name (e.g. int8)")
         if q["name"] in earlier:
@@ -420,7 +435,7 @@ def _symbolic_dims(inputs: list[dict[str, Any]]) -> list[str]:
     dims: list[str] = []
     for t in inputs:
         for d in t.get("shape", []):
-            if isinstance(d, str) and d not in dims:
+            if isinstance(d, str) and d not in dims and d not in DERIVED_DIMS:
                 dims.append(d)
     return dims
 
@@ -451,10 +466,13 @@ def resolve(doc: dict[str, Any]) -> dict[str, Any]:
     if kind in TORCH_SOURCES:
         task = TASKS[src["task"]] if kind == "huggingface" else None
         export = _with_defaults(doc.get("export", {}), _deref("#/$defs/export"))
-        export.setdefault("inputs", [dict(t) for t in task["inputs"]] if task else [])
+        default_inputs = WITH_PAST_INPUTS if export["with_past"] else task["inputs"] if task else []
+        export.setdefault("inputs", [dict(t) for t in default_inputs])
         export["inputs"] = [{"dtype": "float32", "shape": [], **t} for t in export["inputs"]]
         export.setdefault("outputs", list(task["outputs"]) if task else ["output"])
         export.setdefault("sample", {d: DEFAULT_SAMPLE[d] for d in _symbolic_dims(export["inputs"])})
+        if export["with_past"]:
+            export["sample"] = {**export["sample"], "past_sequence": export["sample"].get("past_sequence", DEFAULT_SAMPLE["past_sequence"])}
         out["export"] = export
         sample = {**DEFAULT_SAMPLE, **export["sample"]}
         validate = _with_defaults(doc.get("validate", {}), _deref("#/$defs/validate"))
@@ -479,6 +497,10 @@ def resolve(doc: dict[str, Any]) -> dict[str, Any]:
         q.setdefault("validate", {})
         q.setdefault("op_types", None)
         q["calibration"] = _with_defaults(q.get("calibration", {}), _deref("#/$defs/quantize")["properties"]["calibration"])
+    gen = doc.get("generate")
+    out["generate"] = None if gen is None else _with_defaults(gen, _deref("#/$defs/generate"))
+    if out["generate"] is not None and out["generate"]["sampling"] is not None:
+        out["generate"]["sampling"] = _with_defaults(out["generate"]["sampling"], _deref("#/$defs/generate")["properties"]["sampling"]["anyOf"][1])
     bench = doc.get("benchmark")
     out["benchmark"] = None if bench is None else _with_defaults(bench, _deref("#/$defs/benchmark"))
     if out["benchmark"] is not None and "shapes" not in out["benchmark"]:

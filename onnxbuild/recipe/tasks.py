@@ -57,3 +57,13 @@ TASKS: dict[str, TaskInfo] = {
 }
 
 TOKEN_INPUTS = frozenset({"input_ids", "attention_mask", "token_type_ids", "position_ids"})
+
+# export.with_past: a decoder takes its mask over past + new tokens, and explicit positions
+# (they continue after the past); the past_key_values.* inputs are added from the config.
+WITH_PAST_INPUTS: list[dict[str, Any]] = [
+    {"name": "input_ids", "dtype": "int64", "shape": ["batch", "sequence"]},
+    {"name": "attention_mask", "dtype": "int64", "shape": ["batch", "total_sequence"]},
+    {"name": "position_ids", "dtype": "int64", "shape": ["batch", "sequence"]},
+]
+DERIVED_DIMS = frozenset({"total_sequence"})
+"""Dimensions computed from others (past_sequence + sequence), never sized in a recipe."""

@@ -38,17 +38,38 @@ def load_source_model(source: dict[str, Any], record: dict[str, Any], recipe_dir
     return load_torch(src, record, recipe_dir)
 
 
+def full_export(export: dict[str, Any], model: Any) -> dict[str, Any]:
+    """The export section with a decoder's past inputs and present outputs spelled out.
+
+    ``export.with_past`` adds ``past_key_values.{i}.key/.value`` inputs and
+    ``present.{i}.key/.value`` outputs whose count and sizes come from the model's config.
+    """
+    if not export.get("with_past"):
+        return export
+    from onnxbuild.sources.decoder import io_names, layout_of
+
+    inputs, outputs = io_names(export, layout_of(model.config))
+    return {**export, "inputs": inputs, "outputs": outputs}
+
+
 def wrap(model: Any, source: dict[str, Any], input_names: list[str], output_names: list[str]) -> Any:
     """A module whose forward takes the inputs positionally and returns the outputs as a tuple.
 
     For transformers models it also passes an all-ones attention mask when the recipe
     leaves the mask out (TorchScript cannot trace GPT-2's mask creation without one:
-    ``aten::diff`` is unsupported) and turns the KV cache off.
+    ``aten::diff`` is unsupported) and turns the KV cache off, unless the inputs include
+    the past (``export.with_past``), when the decoder wrapper takes over.
     """
     import torch
 
     (kind, _), = source.items()
     hf = kind == "huggingface"
+    if hf and any(n.startswith("past_key_values.") for n in input_names):
+        from onnxbuild.sources.decoder import layout_of, wrap_with_past
+
+        tokens = [n for n in input_names if not n.startswith("past_key_values.")]
+        outputs = [n for n in output_names if not n.startswith("present.")]
+        return wrap_with_past(model, tokens, outputs, layout_of(model.config))
     params = set(inspect.signature(model.forward).parameters) if hf else set()
 
     class Wrapped(torch.nn.Module):  # type: ignore[misc]
@@ -82,6 +103,9 @@ def output_axes(source: dict[str, Any], export: dict[str, Any]) -> dict[str, dic
         ax: dict[int, str] = {}
         if batch:
             ax[0] = batch
+        if name.startswith("present."):
+            axes[name] = {**ax, 2: "total_sequence"}
+            continue
         per_token = kind == "huggingface" and src["task"] != "text-classification"
         if per_token and seq:
             ax[1] = seq
@@ -103,7 +127,8 @@ def input_specs(source: dict[str, Any], export: dict[str, Any], *, natural: bool
     if natural and kind == "huggingface":
         for t in specs:
             if t["name"] in TOKEN_INPUTS:
-                t["shape"] = ["batch", "sequence"]
+                # a decoder's mask spans past + new tokens; the rest follow the new tokens
+                t["shape"] = ["batch", "total_sequence" if "total_sequence" in t["shape"] else "sequence"]
     return specs
 
 
@@ -113,6 +138,9 @@ def make_inputs(specs: list[dict[str, Any]], sizes: dict[str, int], seed: int, v
 
     rng = np.random.default_rng(seed)
     out: dict[str, Any] = {}
+    # A decoder's mask covers the past and the new tokens; positions continue after the past.
+    past = sizes.get("past_sequence", 0)
+    sizes = {"past_sequence": past, **sizes, "total_sequence": past + sizes.get("sequence", 0)}
     for t in specs:
         shape = tuple(sizes[d] if isinstance(d, str) else d for d in t["shape"])
         dtype = np.dtype(t["dtype"]) if t["dtype"] != "bfloat16" else np.dtype("float32")
@@ -122,7 +150,7 @@ def make_inputs(specs: list[dict[str, Any]], sizes: dict[str, int], seed: int, v
         elif name == "token_type_ids":
             out[name] = np.zeros(shape, dtype=dtype)
         elif name == "position_ids":
-            out[name] = np.broadcast_to(np.arange(shape[-1], dtype=dtype), shape).copy()
+            out[name] = np.broadcast_to(np.arange(past, past + shape[-1], dtype=dtype), shape).copy()
         elif dtype.kind in "iu":
             high = vocab if (vocab and name == "input_ids") else INT_RANGE_DEFAULT
             out[name] = rng.integers(0, high, size=shape, dtype=dtype)
@@ -202,7 +230,7 @@ def labelled_inputs(got: Any, specs: list[dict[str, Any]], key: str) -> tuple[di
     return feeds, labels
 
 
-def load_tokenizer(source: dict[str, Any], record: dict[str, Any], recipe_dir: Path) -> Any:
+def load_tokenizer(source: dict[str, Any], record: dict[str, Any], recipe_dir: Path, key: str = "validate.sentences") -> Any:
     """The tokenizer of a transformers source: source.huggingface.tokenizer if given, else
     the model's own folder (local, package, or the Hub snapshot the source step recorded)."""
     import transformers
@@ -211,7 +239,7 @@ def load_tokenizer(source: dict[str, Any], record: dict[str, Any], recipe_dir: P
 
     (kind, src), = source.items()
     if kind != "huggingface":
-        raise StepError(f"validate.sentences: needs a huggingface source (this recipe's source is {kind})")
+        raise StepError(f"{key}: needs a huggingface source (this recipe's source is {kind})")
     extra: dict[str, Any] = {}
     where: str | Path
     if src.get("tokenizer"):
@@ -228,7 +256,7 @@ def load_tokenizer(source: dict[str, Any], record: dict[str, Any], recipe_dir: P
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         raise StepError(
-            f"validate.sentences: no tokenizer could be loaded from {where} ({first}); "
+            f"{key}: no tokenizer could be loaded from {where} ({first}); "
             "point source.huggingface.tokenizer at a folder with the tokenizer files"
         ) from None
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:

@@ -21,6 +21,7 @@ KINDS: dict[str, str] = {
     "quantize": "onnxbuild.steps.quantize",
     "report": "onnxbuild.steps.report",
     "benchmark": "onnxbuild.steps.benchmark",
+    "generate": "onnxbuild.steps.generate",
 }
 
 _extra: dict[str, ModuleType] = {}

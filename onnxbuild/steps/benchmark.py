@@ -20,7 +20,7 @@ from onnxbuild._util import pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
-VERSION = 1
+VERSION = 2
 PACKAGES = ("onnxruntime", "torch", "transformers", "numpy")
 SCHEMA_VERSION = 1
 EXCLUSIVE = True
@@ -95,11 +95,13 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
 
         record = read_source_record(ctx)
     shapes = bench["shapes"]
-    feeds_by_shape = [_feeds(spec, ctx, sizes, i) for i, sizes in enumerate(shapes)]
+    layout = _past_layout(ctx) if export is not None and export.get("with_past") else None
+    feeds_by_shape = [_feeds(spec, ctx, sizes, i, layout) for i, sizes in enumerate(shapes)]
 
     baseline: list[dict[str, Any]] = []
+    decode: list[dict[str, Any]] = []
     if torch_source and bench["baseline"] == "pytorch":
-        baseline = _pytorch_baseline(ctx, spec, record, shapes, feeds_by_shape, threads)
+        baseline, decode = _pytorch_baseline(ctx, spec, record, shapes, feeds_by_shape, threads, layout)
 
     providers_report: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
@@ -137,6 +139,8 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
                     results.append({"variant": variant["name"], "provider": name, "shape": dict(sizes), "error": str(exc)[:300]})
                     continue
                 base = next((b for b in baseline if b["shape"] == dict(sizes)), None)
+                if layout is not None:
+                    decode.append(_ort_decode(session, variant, name, sizes, timing, bench, decode))
                 results.append(
                     {
                         "variant": variant["name"],
@@ -167,6 +171,8 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         "providers": providers_report,
         "results": results,
     }
+    if layout is not None:
+        report["decode"] = decode
     _validate_schema(report)
     ctx.output("benchmark.json").write_text(pretty_json(report), encoding="utf-8")
     ctx.output("benchmark.md").write_text(markdown(report), encoding="utf-8")
@@ -184,12 +190,24 @@ def _batch(sizes: dict[str, int]) -> int:
     return int(sizes.get("batch", 1))
 
 
-def _feeds(spec: StepSpec, ctx: StepContext, sizes: dict[str, int], index: int) -> dict[str, Any]:
+def _past_layout(ctx: StepContext) -> Any:
+    """The decoder's KV-cache layout, from the config.json the export step wrote beside the model."""
+    import transformers
+
+    from onnxbuild.sources.decoder import layout_of
+
+    config = json.loads(ctx.input("config.json").read_text(encoding="utf-8"))
+    return layout_of(transformers.AutoConfig.for_model(**config))
+
+
+def _feeds(spec: StepSpec, ctx: StepContext, sizes: dict[str, int], index: int, layout: Any = None) -> dict[str, Any]:
+    """Inputs for one benchmark shape; for a with-past decoder, a prefill (empty past)."""
     from onnxbuild.sources.torchmodel import make_inputs
 
     export = spec.params["export"]
     if export is not None:
-        return make_inputs(export["inputs"], sizes, seed=500 + index, vocab=_vocab(spec))
+        specs = export["inputs"] + (layout.past_specs() if layout is not None else [])
+        return make_inputs(specs, {**sizes, "past_sequence": 0} if layout is not None else sizes, seed=500 + index, vocab=_vocab(spec))
     import onnx
 
     model = onnx.load_model(str(ctx.input(spec.params["variants"][0]["path"])), load_external_data=False)
@@ -229,7 +247,9 @@ def _bound_runner(session: Any, feeds: dict[str, Any], outputs: list[str]) -> An
     return go
 
 
-def _pytorch_baseline(ctx: StepContext, spec: StepSpec, record: dict[str, Any], shapes: list[dict[str, int]], feeds_by_shape: list[dict[str, Any]], threads: int) -> list[dict[str, Any]]:
+def _pytorch_baseline(
+    ctx: StepContext, spec: StepSpec, record: dict[str, Any], shapes: list[dict[str, int]], feeds_by_shape: list[dict[str, Any]], threads: int, layout: Any
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     import torch
 
     from onnxbuild.sources.torchmodel import load_source_model, wrap
@@ -242,9 +262,10 @@ def _pytorch_baseline(ctx: StepContext, spec: StepSpec, record: dict[str, Any], 
     torch.set_num_threads(threads)
     model = load_source_model(source, record, ctx.recipe_dir)
     export = spec.params["export"]
-    names = [t["name"] for t in export["inputs"]]
-    wrapped = wrap(model, source, names, export["outputs"])
+    names = [t["name"] for t in export["inputs"]] + (layout.past_names if layout is not None else [])
+    wrapped = wrap(model, source, names, export["outputs"] + (layout.present_names if layout is not None else []))
     out = []
+    decode: list[dict[str, Any]] = []
     bench = spec.params["benchmark"]
     for sizes, feeds in zip(shapes, feeds_by_shape):
         args = tuple(torch.from_numpy(feeds[n]) for n in names)
@@ -255,9 +276,103 @@ def _pytorch_baseline(ctx: StepContext, spec: StepSpec, record: dict[str, Any], 
 
         timing = measure(call, _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
         out.append({"engine": "pytorch", "mode": "eager", "attention": attention, "device": "cpu", "shape": dict(sizes), **timing, "peak_rss_mb": rss_mb()})
+        if layout is not None:
+            decode.append(_pytorch_decode(model, wrapped, names, layout, sizes, timing, bench))
     del model, wrapped
     gc.collect()
-    return out
+    return out, decode
+
+
+def _decode_feeds(names: list[str], layout: Any, sizes: dict[str, int], vocab: int | None) -> dict[str, Any]:
+    """One decode step: a new token per sequence after a past as long as the shape's sequence."""
+    from onnxbuild.sources.torchmodel import make_inputs
+
+    specs = [{"name": n, "dtype": "int64", "shape": ["batch", "total_sequence" if n == "attention_mask" else "sequence"]} for n in names if not n.startswith("past_key_values.")]
+    return make_inputs(specs + layout.past_specs(), {"batch": _batch(sizes), "sequence": 1, "past_sequence": sizes["sequence"]}, seed=900, vocab=vocab)
+
+
+def _generation_time(generate: Any, repeats: int = 3) -> float:
+    """Median wall time of a whole generation (prefill + decode steps)."""
+    import statistics
+
+    generate()  # warm-up: first-call allocations are not what a user waits for per request
+    return statistics.median(_timed(generate) for _ in range(repeats))
+
+
+def _timed(fn: Any) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _pytorch_decode(model: Any, wrapped: Any, names: list[str], layout: Any, sizes: dict[str, int], prefill: Timing, bench: dict[str, Any]) -> dict[str, Any]:
+    """PyTorch's prefill and per-token decode, and transformers' generate() end to end."""
+    import torch
+
+    from onnxbuild.sources.decoder import hf_generate
+
+    feeds = _decode_feeds(names, layout, sizes, getattr(model.config, "vocab_size", None))
+    args = tuple(torch.from_numpy(feeds[n]) for n in names)
+
+    def step() -> None:
+        with torch.inference_mode():
+            wrapped(*args)
+
+    timing = measure(step, _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
+    n = int(bench["decode_tokens"])
+    prompt = feeds_prompt(sizes, getattr(model.config, "vocab_size", 2))
+    total = _generation_time(lambda: hf_generate(model, prompt, n))
+    return {
+        "engine": "pytorch",
+        "variant": None,
+        "provider": None,
+        "shape": dict(sizes),
+        "new_tokens": n,
+        "prefill_p50_ms": prefill["p50_ms"],
+        "decode_p50_ms": timing["p50_ms"],
+        "decode_p90_ms": timing["p90_ms"],
+        "generate_s": round(total, 4),
+        "tokens_per_s": round(n * _batch(sizes) / total, 2),
+        "decode_ratio_to_pytorch": 1.0,
+        "decode_speedup_vs_pytorch": 1.0,
+    }
+
+
+def feeds_prompt(sizes: dict[str, int], vocab: int) -> Any:
+    import numpy as np
+
+    return np.random.default_rng(901).integers(0, vocab, size=(_batch(sizes), sizes["sequence"]), dtype=np.int64)
+
+
+def _ort_decode(session: Any, variant: dict[str, Any], provider: str, sizes: dict[str, int], prefill: Timing, bench: dict[str, Any], decode: list[dict[str, Any]]) -> dict[str, Any]:
+    """The same figures for one variant: its prefill (measured above), one decode step, a whole generation."""
+    from onnxbuild.sources.decoder import OrtDecoder
+
+    decoder = OrtDecoder(session)
+    names = [i.name for i in session.get_inputs()]
+    vocab = next((int(o.shape[-1]) for o in session.get_outputs() if o.name == "logits" and isinstance(o.shape[-1], int)), 2)
+    feeds = _decode_feeds(names, decoder.layout, sizes, vocab)
+    feeds = {k: v.astype(decoder.float) if k.startswith("past_key_values.") else v for k, v in feeds.items()}
+    timing = measure(lambda: session.run(None, feeds), _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
+    n = int(bench["decode_tokens"])
+    prompt = feeds_prompt(sizes, vocab)
+    total = _generation_time(lambda: decoder.generate(prompt, n))
+    base = next((d for d in decode if d["engine"] == "pytorch" and d["shape"] == dict(sizes)), None)
+    return {
+        "engine": "onnxruntime",
+        "variant": variant["name"],
+        "precision": variant["precision"],
+        "provider": provider,
+        "shape": dict(sizes),
+        "new_tokens": n,
+        "prefill_p50_ms": prefill["p50_ms"],
+        "decode_p50_ms": timing["p50_ms"],
+        "decode_p90_ms": timing["p90_ms"],
+        "generate_s": round(total, 4),
+        "tokens_per_s": round(n * _batch(sizes) / total, 2),
+        "decode_ratio_to_pytorch": round(timing["p50_ms"] / base["decode_p50_ms"], 3) if base and base["decode_p50_ms"] else None,
+        "decode_speedup_vs_pytorch": round(base["decode_p50_ms"] / timing["p50_ms"], 3) if base and timing["p50_ms"] else None,
+    }
 
 
 def _validate_schema(report: dict[str, Any]) -> None:
@@ -293,6 +408,22 @@ def markdown(report: dict[str, Any]) -> str:
         shape = ", ".join(f"{k}={v}" for k, v in r["shape"].items())
         ratio = f"{r['ratio_to_pytorch']:.2f}x" if r.get("ratio_to_pytorch") else "-"
         lines.append(f"| {r['variant']} | {r['provider'].replace('ExecutionProvider', '')} | {shape} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | {r['p99_ms']:.2f} | {r['mean_ms']:.2f} | {r['throughput']:.1f} | {ratio} |")
+    if report.get("decode"):
+        lines += [
+            "",
+            "## Generation (KV cache)",
+            "",
+            "Prefill: the prompt with an empty past. Decode: one new token after a past as long as the prompt. "
+            "Generate: prefill plus all new tokens, end to end (PyTorch: transformers generate()).",
+            "",
+            "| engine | variant | prompt | new tokens | prefill p50 ms | decode p50 ms | decode p90 ms | tokens/s | decode vs PyTorch |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for d in report["decode"]:
+            shape = ", ".join(f"{k}={v}" for k, v in d["shape"].items())
+            ratio = f"{d['decode_ratio_to_pytorch']:.2f}x" if d.get("decode_ratio_to_pytorch") else "-"
+            who = "PyTorch generate()" if d["engine"] == "pytorch" else f"ONNX Runtime ({(d['provider'] or '').replace('ExecutionProvider', '')})"
+            lines.append(f"| {who} | {d['variant'] or '-'} | {shape} | {d['new_tokens']} | {d['prefill_p50_ms']:.2f} | {d['decode_p50_ms']:.2f} | {d['decode_p90_ms']:.2f} | {d['tokens_per_s']:.1f} | {ratio} |")
     skipped = [p for p in report["providers"] if p["status"] == "skipped"]
     if skipped:
         lines += ["", "Providers skipped:"] + [f"- {p['name']}: {p['reason']}" for p in skipped]

@@ -17,6 +17,7 @@ from typing import Any
 
 from onnxbuild.errors import StepError
 from onnxbuild.sources.torchmodel import (
+    full_export,
     input_specs,
     load_source_model,
     make_inputs,
@@ -43,6 +44,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     device = torch.device(export["device"])
     record = read_source_record(ctx)
     model = load_source_model(source, record, ctx.recipe_dir).to(device)
+    export = full_export(export, model)
     names = [t["name"] for t in export["inputs"]]
     wrapped = wrap(model, source, names, export["outputs"])
     sample = make_inputs(input_specs(source, export, natural=False), export["sample"], seed=0, vocab=vocab_size(model))
@@ -79,10 +81,43 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         except Exception as exc:
             raise StepError(f"torch.onnx.export ({export['exporter']}) failed: {type(exc).__name__}: {_first_lines(exc)}") from None
         params = sum(p.numel() * p.element_size() for p in model.parameters())
-        del model, wrapped
+        del wrapped
         extra = _finalise(raw, out, export, params)
+    if "huggingface" in source:
+        extra += companion_files(ctx, model, source, record, export)
     summary = f"{export['exporter']} exporter, opset {export['opset']}, {out.stat().st_size / 1e6:.1f} MB"
     return StepResult(summary=summary, data={"exporter": export["exporter"], "opset": export["opset"]}, extra_outputs=extra)
+
+
+def companion_files(ctx: StepContext, model: Any, source: dict[str, Any], record: dict[str, Any], export: dict[str, Any]) -> tuple[str, ...]:
+    """config.json, generation_config.json and the tokenizer beside model.onnx, so Optimum's
+    ORTModel classes can load the folder; for a with-past decoder, genai_config.json for
+    onnxruntime-genai as well."""
+    from onnxbuild.sources.torchmodel import load_tokenizer
+
+    written = ["config.json"]  # declared by the pipeline; the rest depend on the model
+    model.config.to_json_file(str(ctx.output("config.json")), use_diff=False)
+    generation = getattr(model, "generation_config", None)
+    if generation is not None and model.can_generate():
+        generation.to_json_file(str(ctx.output("generation_config.json")), use_diff=True)
+        written.append("generation_config.json")
+    try:
+        tokenizer = load_tokenizer(source, record, ctx.recipe_dir, key="source.huggingface.tokenizer")
+    except StepError:
+        tokenizer = None  # random-init or a folder without tokenizer files: nothing to copy
+    if tokenizer is not None:
+        with tempfile.TemporaryDirectory(dir=ctx.output_dir) as tmp:
+            for f in sorted(tokenizer.save_pretrained(tmp)):
+                name = Path(f).name
+                if Path(f).is_file() and name not in written:
+                    Path(f).replace(ctx.output(name))
+                    written.append(name)
+    if export.get("with_past"):
+        from onnxbuild.sources.decoder import genai_config, layout_of
+
+        ctx.output("genai_config.json").write_text(genai_config(model.config, layout_of(model.config), export), encoding="utf-8")
+        written.append("genai_config.json")
+    return tuple(written[1:])
 
 
 def _export_dynamo(wrapped: Any, args: tuple[Any, ...], raw: Path, names: list[str], export: dict[str, Any]) -> None:

@@ -105,7 +105,11 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         try:
             optimized = optimize_model(str(current), model_type=model_type, num_heads=heads, hidden_size=hidden, optimization_options=options, opt_level=t["opt_level"], only_onnxruntime=t["only_onnxruntime"], use_gpu=False)
         except Exception as exc:
-            raise StepError(f"onnxruntime's transformer optimizer failed ({model_type}, heads {heads}, hidden {hidden}): {type(exc).__name__}: {exc}") from None
+            hint = ""
+            if isinstance(exc, IndexError):
+                # Measured: ORT's fusions index bias inputs that onnxscript drops from dynamo graphs.
+                hint = "; this is how it fails on graphs from the dynamo exporter: use export.exporter: torchscript, or optimize.transformer: null"
+            raise StepError(f"onnxruntime's transformer optimizer failed ({model_type}, heads {heads}, hidden {hidden}): {type(exc).__name__}: {exc}{hint}") from None
         staged = ctx.output_dir / "stage-transformer.onnx"
         optimized.save_model_to_file(str(staged))
         current = staged

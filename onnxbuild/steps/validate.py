@@ -25,6 +25,7 @@ from typing import Any, Literal, TypedDict
 from onnxbuild._util import pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.sources.torchmodel import (
+    full_export,
     input_specs,
     is_language_model,
     labelled_inputs,
@@ -151,6 +152,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     variant = spec.params.get("variant", "model")
     record = read_source_record(ctx)
     model = load_source_model(source, record, ctx.recipe_dir)
+    export = full_export(export, model)
     names = [t["name"] for t in export["inputs"]]
     wrapped = wrap(model, source, names, export["outputs"])
     vocab = vocab_size(model)
@@ -171,7 +173,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     # Top-1 agreement gates over every token of every shape together: a shape of 8 tokens
     # alone moves in steps of 12.5%, too coarse to hold a quantized model to 0.85.
     top1_hits = top1_total = 0
-    for i, sizes in enumerate(validate["shapes"]):
+    for i, sizes in enumerate(cases(validate["shapes"], bool(export.get("with_past")))):
         feeds = make_inputs(specs, sizes, seed=int(validate["seed"]) + i, vocab=vocab)
         with torch.no_grad():
             reference = [t.detach().float().cpu().numpy() for t in wrapped(*(torch.from_numpy(feeds[n]) for n in names))]
@@ -247,6 +249,21 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     numeric = any(not r["passed"] and not r["error"] for r in results)
     hint = " Loosen validate.atol/rtol only if the difference is expected." if numeric else ""
     raise StepError(f"{message}. Reports: artifacts/{ctx.recipe_name}/failed/{spec.name}/.{hint}")
+
+
+def cases(shapes: list[dict[str, int]], with_past: bool) -> list[dict[str, int]]:
+    """The shapes validation runs. A with-past decoder runs each shape that names no past
+    twice: as a prefill (empty past) and as one decode step after that many tokens."""
+    if not with_past:
+        return shapes
+    out: list[dict[str, int]] = []
+    for sizes in shapes:
+        if "past_sequence" in sizes:
+            out.append(dict(sizes))
+            continue
+        out.append({**sizes, "past_sequence": 0})
+        out.append({**sizes, "sequence": 1, "past_sequence": sizes["sequence"]})
+    return out
 
 
 def json_safe(data: Any) -> Any:

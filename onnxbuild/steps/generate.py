@@ -1,0 +1,181 @@
+"""The ``generate`` step: token-by-token generation through each variant's KV cache, beside
+transformers' own ``generate`` on the source model.
+
+Greedy tokens must be identical for fp32 variants. Random-init weights often repeat one
+token, which makes a token comparison weak, so the step also compares the last-position
+logits at every step (up to the first divergence, after which the two decode different
+texts), runs a teacher-forced pass (the variant reads PyTorch's tokens and predicts each
+next one: the agreement rate quantized variants are held to), and a seeded-sampling
+comparison in which both engines draw with the same random numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from onnxbuild._util import pretty_json
+from onnxbuild.errors import StepError
+from onnxbuild.steps.base import StepContext, StepResult, StepSpec
+
+VERSION = 1
+PACKAGES = ("torch", "transformers", "tokenizers", "onnxruntime", "numpy")
+
+
+def prompt_ids(gen: dict[str, Any], source: dict[str, Any], record: dict[str, Any], recipe_dir: Any, vocab: int) -> tuple[Any, Any]:
+    """The prompt as a [1, n] int64 array, and the tokenizer when one was needed or found."""
+    import numpy as np
+
+    from onnxbuild.sources.torchmodel import load_tokenizer
+
+    tokenizer = None
+    try:
+        tokenizer = load_tokenizer(source, record, recipe_dir, key="generate.prompt")
+    except StepError:
+        if gen["prompt"] is not None:
+            raise
+    if gen["prompt"] is not None:
+        assert tokenizer is not None  # load_tokenizer raised otherwise
+        ids = np.asarray([tokenizer.encode(gen["prompt"])], dtype=np.int64)
+    elif gen["prompt_ids"] is not None:
+        ids = np.asarray([gen["prompt_ids"]], dtype=np.int64)
+    else:
+        ids = np.random.default_rng(gen["seed"]).integers(0, vocab, size=(1, gen["prompt_length"]), dtype=np.int64)
+    if ids.size == 0:
+        raise StepError("generate.prompt: the tokenizer turned the prompt into no tokens; give a longer prompt")
+    if int(ids.max()) >= vocab:
+        raise StepError(f"generate.prompt_ids: token id {int(ids.max())} is outside the vocabulary (size {vocab})")
+    return ids, tokenizer
+
+
+def compare_runs(ref: Any, got: Any) -> dict[str, Any]:
+    """Token agreement and per-step logits differences of two generations of the same prompt."""
+    import numpy as np
+
+    same = ref.tokens == got.tokens
+    diverged = [int(i) for i in np.flatnonzero(~same.all(axis=0))]
+    first = diverged[0] if diverged else None
+    # Logits at step i depend only on tokens before i, so they are comparable up to and
+    # including the first divergence.
+    upto = len(ref.logits) if first is None else first + 1
+    diffs = [float(np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)).max()) for a, b in zip(ref.logits[:upto], got.logits[:upto], strict=True)]
+    return {
+        "identical": first is None,
+        "agreement": float(same.mean()),
+        "first_divergence": first,
+        "logits_max_abs_diff": max(diffs) if diffs else 0.0,
+        "logits_max_abs_diff_per_step": [round(d, 9) for d in diffs],
+        "tokens": got.tokens[0].tolist(),
+    }
+
+
+def teacher_forced(decoder: Any, prompt: Any, ref_tokens: Any) -> float:
+    """Fraction of PyTorch's tokens the variant predicts when it reads PyTorch's text so far."""
+    import numpy as np
+
+    sequence = np.concatenate([prompt, ref_tokens[:, :-1]], axis=1)
+    logits, _ = decoder.forward(sequence, decoder.empty_past(sequence.shape[0]), 0)
+    predicted = np.asarray(logits)[:, prompt.shape[1] - 1 :, :].argmax(-1)
+    return float((predicted == ref_tokens).mean())
+
+
+def run(ctx: StepContext, spec: StepSpec) -> StepResult:
+    import onnxruntime as ort
+
+    from onnxbuild.sources.decoder import OrtDecoder, Sampling, hf_generate, torch_generate
+    from onnxbuild.sources.torchmodel import load_source_model, read_source_record, vocab_size
+
+    gen, source = spec.params["generate"], spec.params["source"]
+    record = read_source_record(ctx)
+    model = load_source_model(source, record, ctx.recipe_dir)
+    vocab = vocab_size(model) or 0
+    prompt, tokenizer = prompt_ids(gen, source, record, ctx.recipe_dir, vocab)
+    n = int(gen["max_new_tokens"])
+    reference = hf_generate(model, prompt, n)
+    sampling = Sampling(gen["seed"], float(gen["sampling"]["temperature"]), int(gen["sampling"]["top_k"])) if gen["sampling"] is not None else None
+    sampled_ref = torch_generate(model, prompt, n, sampling.chooser()) if sampling else None
+    del model
+
+    results: dict[str, Any] = {}
+    problems: list[str] = []
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    for variant in spec.params["variants"]:
+        try:
+            session = ort.InferenceSession(str(ctx.input(variant["path"])), options, providers=["CPUExecutionProvider"])
+        except Exception as exc:
+            raise StepError(f"ONNX Runtime cannot load {variant['path']}: {str(exc).splitlines()[0][:300]}") from None
+        decoder = OrtDecoder(session)
+        greedy_cmp = compare_runs(reference, decoder.generate(prompt, n))
+        forced = teacher_forced(decoder, prompt, reference.tokens)
+        entry: dict[str, Any] = {"precision": variant["precision"], "greedy": greedy_cmp, "teacher_forced_agreement": forced}
+        if sampling and sampled_ref is not None:
+            entry["sampling"] = compare_runs(sampled_ref, decoder.generate(prompt, n, sampling.chooser()))
+        exact = variant["precision"] == "fp32"
+        if exact:
+            entry["passed"] = greedy_cmp["identical"]
+            if not greedy_cmp["identical"]:
+                i = greedy_cmp["first_divergence"]
+                problems.append(
+                    f"{variant['name']}: greedy tokens diverge from PyTorch's at new token {i} "
+                    f"(ONNX Runtime {greedy_cmp['tokens'][i]}, PyTorch {int(reference.tokens[0, i])}; "
+                    f"logits max abs diff up to there {greedy_cmp['logits_max_abs_diff']:.2e})"
+                )
+        else:
+            floor = gen["agreement_min"]
+            entry["passed"] = floor is None or forced >= floor
+            if not entry["passed"]:
+                problems.append(f"{variant['name']}: teacher-forced token agreement {forced:.3f} is below generate.agreement_min {floor}")
+        entry["rule"] = "greedy tokens identical to PyTorch" if exact else (f"teacher-forced agreement >= {gen['agreement_min']}" if gen["agreement_min"] is not None else "reported only (set generate.agreement_min to gate)")
+        if tokenizer is not None:
+            entry["text"] = tokenizer.decode(greedy_cmp["tokens"])
+        results[variant["name"]] = entry
+        del session
+
+    report = {
+        "passed": not problems,
+        "weights": record.get("weights"),
+        "prompt_ids": prompt[0].tolist(),
+        "prompt": gen["prompt"],
+        "max_new_tokens": n,
+        "pytorch": {
+            "greedy_tokens": reference.tokens[0].tolist(),
+            "text": tokenizer.decode(reference.tokens[0].tolist()) if tokenizer is not None else None,
+            "sampling_tokens": sampled_ref.tokens[0].tolist() if sampled_ref else None,
+        },
+        "sampling": {"seed": gen["seed"], **gen["sampling"]} if sampling else None,
+        "variants": results,
+    }
+    ctx.output("reports/generation.json").write_text(pretty_json(report), encoding="utf-8")
+    ctx.output("reports/generation.md").write_text(markdown(report, ctx.recipe_name), encoding="utf-8")
+    verdicts = ", ".join(f"{name} " + ("identical" if r["greedy"]["identical"] else f"agreement {r['teacher_forced_agreement']:.2f}") for name, r in results.items())
+    summary = f"{n} new tokens vs PyTorch generate: {verdicts}"
+    if problems:
+        raise StepError("generation does not match PyTorch: " + "; ".join(problems) + f". Report: artifacts/{ctx.recipe_name}/failed/{spec.name}/reports/generation.md")
+    return StepResult(summary=summary, data={"passed": True, "identical": [k for k, r in results.items() if r["greedy"]["identical"]]})
+
+
+def markdown(report: dict[str, Any], recipe: str) -> str:
+    lines = [f"# {recipe}: generation against PyTorch", ""]
+    if report["weights"] == "random-init":
+        lines += ["> weights: **random-init**: generations repeat tokens; the logits columns carry the comparison", ""]
+    lines += [
+        f"Prompt: {len(report['prompt_ids'])} tokens; {report['max_new_tokens']} new tokens, greedy"
+        + (f" and seeded sampling (seed {report['sampling']['seed']}, temperature {report['sampling']['temperature']}, top-k {report['sampling']['top_k']})" if report["sampling"] else "")
+        + ". PyTorch: transformers generate() (greedy), the same loop with the same draws (sampling).",
+        "",
+        f"Overall: **{'passed' if report['passed'] else 'FAILED'}**",
+        "",
+        "| variant | greedy identical | first divergence | token agreement | teacher-forced agreement | logits max abs diff | sampling identical | rule | result |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in report["variants"].items():
+        g = r["greedy"]
+        s = r.get("sampling")
+        lines.append(
+            f"| {name} | {'yes' if g['identical'] else 'no'} | {g['first_divergence'] if g['first_divergence'] is not None else '-'} | "
+            f"{g['agreement']:.3f} | {r['teacher_forced_agreement']:.3f} | {g['logits_max_abs_diff']:.2e} | "
+            f"{('yes' if s['identical'] else 'no') if s else '-'} | {r['rule']} | {'pass' if r['passed'] else 'FAIL'} |"
+        )
+    if report["pytorch"]["text"] is not None:
+        lines += ["", "PyTorch: " + repr(report["pytorch"]["text"])] + [f"{name}: {r.get('text')!r}" for name, r in report["variants"].items()]
+    return "\n".join(lines) + "\n"
