@@ -117,7 +117,7 @@ def test_the_folder_has_what_optimum_and_onnxruntime_genai_read(built: Path) -> 
     assert config["model_type"] == "gpt2" and config["n_layer"] == 2
     assert read(built / "generation_config.json")["eos_token_id"] == 0
     genai = read(built / "genai_config.json")["model"]
-    assert genai["type"] == "gpt2" and genai["vocab_size"] == 1000 and genai["context_length"] == 128
+    assert genai["type"] == "llama" and genai["vocab_size"] == 1000 and genai["context_length"] == 128
     decoder = genai["decoder"]
     assert (decoder["num_hidden_layers"], decoder["num_key_value_heads"], decoder["head_size"]) == (2, 4, 16)
     names = {i.name for i in ort.InferenceSession(str(built / "model.onnx"), providers=["CPUExecutionProvider"]).get_inputs()}

@@ -337,3 +337,15 @@ def test_steps_alike_but_for_their_outputs_have_different_keys(cache: Cache, tmp
     assert (tmp_path / "artifacts" / "r" / "b.txt").read_text() == "x\n"
     wider = StepSpec(name="a", kind="fake", params={"text": "x"}, outputs=("a.txt", "extra.txt"))
     assert reasons(plan_fakes(monkeypatch, cache, {"r": [wider]})) == {"r:a": ("run", ('its declared outputs changed (["a.txt"] -> ["a.txt", "extra.txt"])',))}
+
+
+def test_a_named_list_that_grew_is_explained_item_by_item() -> None:
+    from onnxbuild.engine.graph import _change_words, _changes
+
+    old = {"inputs": [{"name": "input_ids", "shape": ["batch", "sequence"]}]}
+    new = {"inputs": [{"name": "input_ids", "shape": ["batch", 16]}, {"name": "position_ids", "shape": ["batch", "sequence"]}]}
+    words = [f"{path} {_change_words(a, b)}" for path, a, b in _changes(old, new)]
+    assert words == [
+        'inputs[input_ids].shape[1] changed "sequence" -> 16',
+        'inputs[position_ids] added ({"name": "position_ids", "shape": ["batch", "sequence"]})',
+    ]

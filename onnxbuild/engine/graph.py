@@ -197,6 +197,11 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _named(items: list[Any]) -> bool:
+    names = [i.get("name") for i in items if isinstance(i, dict)]
+    return len(names) == len(items) and all(isinstance(n, str) for n in names) and len(set(names)) == len(names)
+
+
 def _changes(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
     """Leaf-level differences between two JSON values, as (dotted path, old, new)."""
     if isinstance(old, dict) and isinstance(new, dict):
@@ -204,6 +209,14 @@ def _changes(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, Any]]
         for k in sorted(set(old) | set(new)):
             path = f"{prefix}.{k}" if prefix else k
             out.extend(_changes(old.get(k, _MISSING), new.get(k, _MISSING), path))
+        return out
+    if isinstance(old, list) and isinstance(new, list) and len(old) != len(new) and _named(old) and _named(new):
+        # Lists of named items (inputs, quantize variants) that grew or shrank: match by name,
+        # so a reader sees "export.inputs[attention_mask] added" rather than two long lists.
+        before, after = {i["name"]: i for i in old}, {i["name"]: i for i in new}
+        out = []
+        for name in [*before, *(n for n in after if n not in before)]:
+            out.extend(_changes(before.get(name, _MISSING), after.get(name, _MISSING), f"{prefix}[{name}]"))
         return out
     if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
         out = []

@@ -252,7 +252,12 @@ def hf_generate(model: Any, prompt: Any, max_new_tokens: int) -> Generation:
 
 def genai_config(config: Any, layout: PastLayout, export: dict[str, Any]) -> str:
     """genai_config.json for onnxruntime-genai: where the decoder's inputs and outputs are and
-    how big its cache is (greedy search by default; the caller's generator params override)."""
+    how big its cache is (greedy search by default; the caller's generator params override).
+
+    The type is genai's generic decoder-only runner (registered as "llama"), whatever the
+    architecture: genai's own "gpt2" type expects the combined ``past_%d`` cache of ORT's
+    old GPT-2 exports, not the separate key/value tensors written here. Checked with
+    onnxruntime-genai 0.18 on tiny GPT-2: the same greedy tokens as ``onnxbuild run``."""
     from onnxbuild._util import pretty_json
 
     names = {t["name"] for t in export["inputs"]}
@@ -262,7 +267,7 @@ def genai_config(config: Any, layout: PastLayout, export: dict[str, Any]) -> str
     context = int(getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 0) or 2048)
     doc = {
         "model": {
-            "type": config.model_type,
+            "type": "llama",
             "bos_token_id": bos,
             "eos_token_id": eos,
             "pad_token_id": getattr(config, "pad_token_id", None) or eos,

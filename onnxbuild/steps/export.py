@@ -28,7 +28,7 @@ from onnxbuild.sources.torchmodel import (
 )
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
-VERSION = 2
+VERSION = 3
 PACKAGES = ("torch", "transformers", "onnx", "onnxscript")
 
 PROTOBUF_LIMIT = 2_000_000_000
