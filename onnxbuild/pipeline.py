@@ -17,12 +17,12 @@ report; ``validate`` compares ONNX Runtime with the source model at several shap
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from onnxbuild.recipe.model import TORCH_SOURCES, Recipe
-from onnxbuild.steps.base import StepInput, StepSpec
+from onnxbuild.steps.base import Limits, Resources, StepInput, StepSpec
 
 MODEL = "model.onnx"
 SOURCE_RECORD = "reports/source.json"
@@ -193,7 +193,56 @@ def steps_for(recipe: Recipe) -> list[StepSpec]:
                 outputs=("benchmark.json", "benchmark.md", "benchmark.png"),
             )
         )
-    return steps
+    weights = _weight_bytes(recipe)
+    return [replace(s, resources=_resources(recipe, s.kind, weights), limits=_limits(recipe, s)) for s in steps]
+
+
+def _limits(recipe: Recipe, spec: StepSpec) -> Limits:
+    """The recipe's ``limits``: a step's own entry, else its kind's, else the recipe-wide ones."""
+    limits = recipe.resolved.get("limits") or {}
+    own = limits.get("steps", {}).get(spec.name) or limits.get("steps", {}).get(spec.kind) or {}
+    return Limits(memory_mb=own.get("memory_mb", limits.get("memory_mb")), seconds=own.get("seconds", limits.get("seconds")))
+
+
+# Peak memory of a step as a multiple of the model's weights, plus the interpreter with
+# torch/onnxruntime imported; measured on GPT-2 small (weights 0.5 GB: export 2.8 GB,
+# validate 2.3 GB, benchmark 2.5 GB). Used only to place steps on a cluster.
+_MEMORY = {"source": (0, 300), "check": (2, 300), "export": (5, 600), "validate": (4, 600), "optimize": (4, 400), "quantize": (3, 400), "report": (0, 200), "generate": (4, 600), "benchmark": (5, 600)}
+
+
+def _resources(recipe: Recipe, kind: str, weights: int) -> Resources:
+    r = recipe.resolved
+    factor, base = _MEMORY.get(kind, (2, 500))
+    memory = base + factor * weights // (1024 * 1024)
+    cpus, gpus, why = 1.0, 0, ""
+    if kind == "export" and r["export"]["device"] == "cuda":
+        gpus, why = 1, "export.device: cuda"
+    if kind == "benchmark":
+        cpus = float(r["benchmark"]["threads"] or 2)
+        if any(p["name"] == "CUDAExecutionProvider" for p in r["providers"]):
+            gpus, why = 1, "benchmark on CUDAExecutionProvider"
+    return Resources(cpus=cpus, memory_mb=int(memory), gpus=gpus, why_gpu=why)
+
+
+def _weight_bytes(recipe: Recipe) -> int:
+    """A plan-time estimate of the model's fp32 weights: file sizes where local, else from the config."""
+    src = recipe.source
+    if recipe.source_kind == "onnx":
+        path = recipe.directory / src["path"]
+        return path.stat().st_size if path.is_file() else 0
+    if recipe.source_kind == "huggingface":
+        from onnxbuild.sources.huggingface import local_folder
+
+        folder = local_folder(src, recipe.directory)
+        if folder is not None and folder.is_dir():
+            return sum(f.stat().st_size for f in folder.iterdir() if f.suffix in (".safetensors", ".bin", ".pt"))
+        c = src.get("config") or {}
+        hidden = int(c.get("n_embd") or c.get("hidden_size") or 768)
+        layers = int(c.get("n_layer") or c.get("num_hidden_layers") or 12)
+        vocab = int(c.get("vocab_size") or 30522)
+        positions = int(c.get("n_positions") or c.get("max_position_embeddings") or 512)
+        return 4 * ((vocab + positions) * hidden + 12 * layers * hidden * hidden)
+    return 64 * 1024 * 1024
 
 
 def _tolerances(recipe: Recipe, v: Variant) -> dict[str, Any]:

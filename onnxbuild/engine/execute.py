@@ -11,6 +11,7 @@ import importlib
 import multiprocessing
 import os
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from typing import Any
 
 from onnxbuild.errors import OnnxbuildError
 from onnxbuild.steps import KINDS, register, step_module
-from onnxbuild.steps.base import StepContext, StepResult, StepSpec
+from onnxbuild.steps.base import Limits, StepContext, StepResult, StepSpec
 
 
 @dataclass(frozen=True)
@@ -82,12 +83,49 @@ def _child(conn: Connection, task: Task) -> None:
         log.write(message + "\n")
 
     task = replace(task, ctx=replace(task.ctx, log=emit))
+    sending = threading.Lock()
+    limits = task.spec.limits
+    if limits.memory_mb or limits.seconds:
+        threading.Thread(target=_guard, args=(conn, sending, limits, emit), daemon=True).start()
     _test_delay(task.spec.kind, emit)
     outcome = _register(task) or run_task(task)
     if outcome.detail:
         log.write(outcome.detail)
-    conn.send(outcome)
-    conn.close()
+    with sending:
+        conn.send(outcome)
+        conn.close()
+
+
+def _guard(conn: Connection, sending: threading.Lock, limits: Limits, emit: Callable[[str], None]) -> None:
+    """Stop this step process when it goes over the recipe's limits, saying by how much.
+
+    Runs in the step's own process, so the runner needs no polling; resident memory is
+    sampled every 0.1 s (a spike shorter than that can pass unseen).
+    """
+    import psutil
+
+    me = psutil.Process()
+    start = time.perf_counter()
+    peak = 0.0
+    while True:
+        time.sleep(0.1)
+        try:
+            rss = me.memory_info().rss + sum(c.memory_info().rss for c in me.children(recursive=True))
+        except psutil.Error:
+            continue
+        peak = max(peak, rss / (1024 * 1024))
+        elapsed = time.perf_counter() - start
+        message = ""
+        if limits.memory_mb and peak > limits.memory_mb:
+            message = f"stopped at {peak:,.0f} MB resident, over limits.memory_mb ({limits.memory_mb:,} MB) for this step; raise the limit in the recipe if the model needs it"
+        elif limits.seconds and elapsed > limits.seconds:
+            message = f"stopped after {elapsed:,.2f} s, over limits.seconds ({limits.seconds:g} s) for this step; raise the limit in the recipe if the step needs it"
+        if message:
+            emit(message)
+            with sending:
+                conn.send(Outcome(False, error=message, seconds=elapsed, peak_rss_mb=round(peak, 1)))
+                conn.close()
+                os._exit(3)
 
 
 def _register(task: Task) -> Outcome | None:

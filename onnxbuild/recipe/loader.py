@@ -376,6 +376,11 @@ def _semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) ->
             yield problem(("validate", "sentences"), f"needs a huggingface source, whose tokenizer turns the sentences into inputs (this recipe's source is {kind})", key=True)
         if validate.get("cosine_min") is not None and validate.get("sentences") is None:
             yield problem(("validate", "cosine_min"), "compares sentence embeddings; add validate.sentences (the text to embed)", key=True)
+    kinds = {"source", "export", "check", "validate", "optimize", "quantize", "report", "generate", "benchmark"}
+    named = {f"quantize.{q['name']}" for q in doc.get("quantize", [])} | {f"validate.{q['name']}" for q in doc.get("quantize", [])} | {"validate.optimized"}
+    for step in (doc.get("limits") or {}).get("steps", {}):
+        if step not in kinds and step not in named:
+            yield problem(("limits", "steps", step), f"no such step or step kind (kinds: {', '.join(sorted(kinds))}; steps such as {', '.join(sorted(named)) or 'validate.int8'})", key=True)
     for i, q in enumerate(doc.get("quantize", [])):
         earlier = [p["name"] for p in doc["quantize"][:i]]
         if with_past and q.get("method") == "static":
@@ -497,6 +502,8 @@ def resolve(doc: dict[str, Any]) -> dict[str, Any]:
         q.setdefault("validate", {})
         q.setdefault("op_types", None)
         q["calibration"] = _with_defaults(q.get("calibration", {}), _deref("#/$defs/quantize")["properties"]["calibration"])
+    limits = doc.get("limits") or {}
+    out["limits"] = {"memory_mb": limits.get("memory_mb"), "seconds": limits.get("seconds"), "steps": dict(limits.get("steps", {}))}
     gen = doc.get("generate")
     out["generate"] = None if gen is None else _with_defaults(gen, _deref("#/$defs/generate"))
     if out["generate"] is not None and out["generate"]["sampling"] is not None:

@@ -17,6 +17,24 @@ class StepInput:
 
 
 @dataclass(frozen=True)
+class Resources:
+    """What one step needs from the machine it runs on: where it may run, never in its key."""
+
+    cpus: float = 1.0
+    memory_mb: int = 1024
+    gpus: int = 0
+    why_gpu: str = ""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Guards a recipe sets on a step (``limits:``): stopped and failed beyond them."""
+
+    memory_mb: int | None = None
+    seconds: float | None = None
+
+
+@dataclass(frozen=True)
 class StepSpec:
     """Everything the planner knows about one step of one recipe.
 
@@ -35,6 +53,8 @@ class StepSpec:
     files: dict[str, Path] = field(default_factory=dict)
     identity: dict[str, Any] = field(default_factory=dict)
     """Extra ingredients computed at plan time (e.g. which revision a Hub id resolves to)."""
+    resources: Resources = field(default_factory=Resources)
+    limits: Limits = field(default_factory=Limits)
 
 
 @dataclass(frozen=True)

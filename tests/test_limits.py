@@ -1,0 +1,71 @@
+"""Resource guards: a step over the recipe's memory or time limit is stopped and fails
+with its figure; limits are in no cache key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import onnxbuild
+from onnxbuild.cli import cli
+from onnxbuild.errors import RecipeError
+from onnxbuild.recipe.loader import load_recipe
+
+TINY = """
+name: lim
+source:
+  huggingface:
+    model: openai-community/gpt2
+    task: text-generation
+    offline: random-init
+    config: {model_type: gpt2, vocab_size: 1000, n_positions: 128, n_embd: 64, n_layer: 2, n_head: 4}
+validate:
+  shapes: [{batch: 1, sequence: 4}]
+"""
+
+
+def write(tmp_path: Path, limits: str) -> Path:
+    path = tmp_path / "lim.yaml"
+    path.write_text(TINY + limits, encoding="utf-8")
+    return path
+
+
+def test_a_step_over_its_memory_limit_fails_with_the_figure_and_the_build_exits_1(tmp_path: Path) -> None:
+    recipe = write(tmp_path, "limits:\n  steps:\n    export: {memory_mb: 200}\n")
+    result = CliRunner().invoke(cli, ["--cache-dir", str(tmp_path / "cache"), "--artifacts-dir", str(tmp_path / "artifacts"), "make", str(recipe)])
+    assert result.exit_code == 1, result.output
+    assert "step export failed: stopped at" in result.output
+    assert "MB resident, over limits.memory_mb (200 MB) for this step; raise the limit in the recipe if the model needs it" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_a_step_over_its_time_limit_fails_and_earlier_steps_stay_cached(tmp_path: Path) -> None:
+    settings = onnxbuild.Settings(cache_dir=tmp_path / "cache", artifacts_dir=tmp_path / "artifacts")
+    recipe = write(tmp_path, "limits:\n  seconds: 600\n  steps:\n    validate: {seconds: 0.3}\n")
+    report = onnxbuild.build([recipe], settings)
+    steps = {s["name"]: s for s in report.recipes[0].steps}
+    assert steps["export"]["status"] == "built" and steps["validate"]["status"] == "failed"
+    assert "over limits.seconds (0.3 s) for this step" in steps["validate"]["reason"]
+    assert steps["report"]["status"] == "skipped"
+    # Limits change whether a step may finish, not what it writes: in no key, so raising one reruns nothing that succeeded.
+    write(tmp_path, "limits:\n  seconds: 600\n")
+    again = onnxbuild.build([recipe], settings)
+    statuses = {s["name"]: s["status"] for s in again.recipes[0].steps}
+    assert statuses == {"source": "cached", "export": "cached", "check": "cached", "validate": "built", "report": "built"}
+
+
+@pytest.mark.parametrize(
+    ("limits", "message"),
+    [
+        ("limits:\n  steps:\n    exprot: {seconds: 1}\n", "limits.steps.exprot: no such step or step kind"),
+        ("limits:\n  memory_mb: 10\n", "limits.memory_mb: must be an integer >= 64 (got 10)"),
+        ("limits:\n  seconds: 0\n", "limits.seconds:"),
+        ("limits:\n  steps:\n    export: {}\n", "limits.steps.export:"),
+    ],
+)
+def test_bad_limits_are_named(tmp_path: Path, limits: str, message: str) -> None:
+    with pytest.raises(RecipeError) as err:
+        load_recipe(write(tmp_path, limits))
+    assert message in str(err.value)
