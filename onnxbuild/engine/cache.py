@@ -12,7 +12,8 @@ Layout under the cache root::
 
 An entry is written last, atomically, after all its objects are in place: a build
 killed at any moment leaves either a whole entry or none. An entry that cannot be
-read, or whose objects are missing or the wrong size, is a miss with a warning.
+read, whose objects are missing or the wrong size, or which names an output path outside
+its artifact folder, is a miss with a warning.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, TypedDict
 
 from onnxbuild._util import atomic_write_text, canonical_json, pretty_json, sha256_file, sha256_text
@@ -110,6 +112,10 @@ class Cache:
             if entry["key"] != key:
                 raise ValueError("key mismatch")
             for out in entry["outputs"]:
+                # Entries may come from a shared remote cache: a path must stay in its artifact folder.
+                if not _plain_relative(out["path"]):
+                    raise ValueError(f"output path {out['path']!r} leads out of the artifact folder")
+            for out in entry["outputs"]:
                 st = os.stat(self.object_path(out["sha256"]))
                 if st.st_size != out["bytes"]:
                     raise ValueError(f"{out['path']} has {st.st_size} bytes, expected {out['bytes']}")
@@ -158,6 +164,8 @@ class Cache:
                 os.replace(src, dest)
             self.remember_hash(dest, sha)
             outputs.append({"path": rel, "sha256": sha, "bytes": size})
+            if len(outputs) == 1:
+                pause_for_tests("cache-write", step)  # one object stored, the rest still in scratch, no entry yet
         entry: EntryRecord = {"key": key, "step": step, "kind": kind, "ingredients": ingredients, "outputs": outputs, "data": data}
         atomic_write_text(self.entry_path(key), pretty_json(entry))
         if self.remote is not None:
@@ -199,7 +207,7 @@ class Cache:
             return
         for child in tmp.iterdir():
             pid = child.name.split("-", 1)[0]
-            if pid.isdigit() and _alive(int(pid)):
+            if pid.isdigit() and process_alive(int(pid)):
                 continue
             shutil.rmtree(child, ignore_errors=True)
 
@@ -316,7 +324,38 @@ class Cache:
         return removed, freed
 
 
-def _alive(pid: int) -> bool:
+def _plain_relative(path: object) -> bool:
+    """Whether ``path`` names a file below a folder: relative, no ``..``, not the folder itself."""
+    if not isinstance(path, str):
+        return False
+    parts = PurePosixPath(path).parts
+    return bool(parts) and not PurePosixPath(path).is_absolute() and ".." not in parts
+
+
+TEST_PAUSE_ENV = "ONNXBUILD_TEST_PAUSE"
+
+
+def pause_for_tests(point: str, detail: str) -> None:
+    """Test hook: with ONNXBUILD_TEST_PAUSE="<point>:<detail>:<seconds>:<marker file>", sleep
+    at that point of a write, after creating the marker file, so a test can SIGKILL a build
+    exactly there (tests/test_crashes.py). An empty detail matches any. Not for users.
+
+    Points: ``cache-write`` (detail: the step) in ``Cache.commit`` once the step's first
+    output is in objects/ and before its entry exists; ``materialise`` (detail: the
+    artifact's path) once an artifact is linked under its temporary name, before the rename.
+    """
+    value = os.environ.get(TEST_PAUSE_ENV)
+    if not value:
+        return
+    want_point, want_detail, seconds, marker = [*value.split(":", 3), "", "", ""][:4]
+    if want_point != point or want_detail not in ("", detail):
+        return
+    if marker:
+        Path(marker).write_text(f"{point}:{detail}:{os.getpid()}\n", encoding="utf-8")
+    time.sleep(float(seconds or 0))
+
+
+def process_alive(pid: int) -> bool:
     if pid == os.getpid():
         return True
     try:

@@ -20,12 +20,19 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from onnxbuild._util import atomic_write_text, pretty_json, write_if_changed
-from onnxbuild.engine.cache import Cache, EntryRecord, OutputRecord, step_key
+from onnxbuild.engine.cache import (
+    Cache,
+    EntryRecord,
+    OutputRecord,
+    pause_for_tests,
+    process_alive,
+    step_key,
+)
 from onnxbuild.engine.execute import ChildStep, Outcome, Task, run_task
 from onnxbuild.engine.graph import FORCED, Plan, PlannedStep, explain, ingredients, input_digests
 from onnxbuild.engine.locks import FileLock
 from onnxbuild.engine.manifest import StepRecord, make_manifest
-from onnxbuild.errors import BuildFailed
+from onnxbuild.errors import BuildFailed, UsageError
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.steps import step_module
 from onnxbuild.steps.base import StepContext
@@ -104,6 +111,8 @@ def execute(
     start = time.perf_counter()
     cache.ensure_writable()
     cache.clean_scratch()
+    for recipe in plan.recipes:
+        artifact_folder(artifacts_root, recipe.name)
     with _recipe_locks(cache, plan.recipes, reporter):
         states = {s.label: _State(s) for s in plan.steps}
         _run_all(states, plan, cache, artifacts_root, jobs=max(1, jobs), keep_going=keep_going, in_process=in_process, reporter=reporter)
@@ -368,15 +377,44 @@ def _finish(st: _State, outcome: Outcome, workdir: Path, cache: Cache, reporter:
 
 
 def _failed_dir(artifacts_root: Path, p: PlannedStep) -> Path:
-    return artifacts_root / p.recipe.name / "failed" / p.spec.name
+    return artifact_folder(artifacts_root, p.recipe.name) / "failed" / p.spec.name
+
+
+def artifact_folder(artifacts_root: Path, name: str) -> Path:
+    """``artifacts_root/name``, refused if it leads elsewhere.
+
+    A cloned repository (or a pull request built in CI) can hold artifacts/<name> as a
+    symbolic link to any folder; following it would overwrite files there. The artifacts
+    root itself may be a link (say, to a bigger disk): only what lies under it is checked.
+    """
+    folder = artifacts_root / name
+    if not _inside(folder, artifacts_root):
+        raise UsageError(f"{folder} leads to {folder.resolve()}, outside {artifacts_root}/ (a symbolic link?); onnxbuild writes artifacts only inside {artifacts_root}/: remove the link, or pass --artifacts-dir")
+    return folder
+
+
+def _inside(path: Path, root: Path) -> bool:
+    """Whether ``path``, its symbolic links followed, lies under ``root`` (or is it)."""
+    return path.resolve().is_relative_to(root.resolve())
+
+
+def _checked(dest: Path, folder: Path) -> Path:
+    """``dest``, a file to be written in ``folder``, refused if its parent leads out of it.
+
+    The file itself may be a link: callers replace or unlink it, never write through it.
+    """
+    if not _inside(dest.parent, folder):
+        raise UsageError(f"{dest.parent} leads to {dest.parent.resolve()}, outside {folder}/ (a symbolic link?); onnxbuild writes artifacts only inside it: remove the link")
+    return dest
 
 
 def _save_log(workdir: Path, artifacts_root: Path, p: PlannedStep) -> str | None:
     src = workdir / "step.log"
     if not src.exists():
         return None
-    dest = _failed_dir(artifacts_root, p) / "step.log"
+    dest = _checked(_failed_dir(artifacts_root, p) / "step.log", artifacts_root / p.recipe.name)
     dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.unlink(missing_ok=True)  # copyfile writes through a link; a fresh file cannot be one
     shutil.copyfile(src, dest)
     return str(dest)
 
@@ -385,13 +423,18 @@ def _keep_failed_outputs(out: Path, artifacts_root: Path, p: PlannedStep) -> Non
     """A failed step's reports (say, a failed validation) are worth reading; keep them apart from good artifacts."""
     files = [f for f in out.rglob("*") if f.is_file() and f.suffix in (".json", ".md", ".txt")] if out.is_dir() else []
     for f in files:
-        dest = _failed_dir(artifacts_root, p) / f.relative_to(out)
+        dest = _checked(_failed_dir(artifacts_root, p) / f.relative_to(out), artifacts_root / p.recipe.name)
         dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.unlink(missing_ok=True)
         shutil.copyfile(f, dest)
 
 
-def _link_or_copy(src: Path, dest: Path) -> None:
-    """Place ``src`` at ``dest`` atomically: a hard link where possible, else a copy."""
+def _link_or_copy(src: Path, dest: Path, *, pause: str = "") -> None:
+    """Place ``src`` at ``dest`` atomically: a hard link where possible, else a copy.
+
+    The temporary name carries this process's id, so a later build can tell the leftovers
+    of a killed one (see ``_remove_stale_temps``).
+    """
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     with contextlib.suppress(FileNotFoundError):
@@ -400,31 +443,52 @@ def _link_or_copy(src: Path, dest: Path) -> None:
         os.link(src, tmp)
     except OSError:
         shutil.copyfile(src, tmp)
+    if pause:
+        pause_for_tests("materialise", pause)
     os.replace(tmp, dest)
+
+
+def _remove_stale_temps(folder: Path) -> None:
+    """Delete ``.<file>.<pid>.tmp`` left in an artifact folder by a build killed mid-link.
+
+    No reader looks at them, but each is a hard link that keeps a cache object's bytes on
+    disk after ``onnxbuild gc``, and a copied (cross-device) one is a whole model.
+    """
+    if not folder.is_dir():
+        return
+    for tmp in folder.rglob(".*.tmp"):
+        pid = tmp.name.rsplit(".", 2)[-2]
+        if pid.isdigit() and not process_alive(int(pid)):
+            with contextlib.suppress(OSError):
+                tmp.unlink()
 
 
 def _finish_recipe(recipe: Recipe, states: list[_State], cache: Cache, artifacts_root: Path) -> RecipeOutcome:
     """Materialise the outputs of every step that succeeded, then write the manifest last."""
-    folder = artifacts_root / recipe.name
+    folder = artifact_folder(artifacts_root, recipe.name)
     records = [st.record for st in states if st.record is not None]
     previous = _previous_owners(folder)
+    _remove_stale_temps(folder)
     current: dict[str, OutputRecord] = {}
     for st in states:
         if st.entry is not None:
             for o in st.entry["outputs"]:
                 current[o["path"]] = o
     for rel, o in sorted(current.items()):
-        _materialise(cache, o, folder / rel)
+        _materialise(cache, o, folder, rel)
     # Files an earlier build wrote that this one no longer produces (e.g. an external-data file).
     failed_steps = {st.planned.spec.name for st in states if st.record and st.record["status"] != "built" and st.record["status"] != "cached"}
     for rel in sorted(set(previous) - set(current)):
         if previous[rel] in failed_steps:
             continue  # keep what an earlier good build of a now-failing step left
+        if not _inside((folder / rel).parent, folder):
+            continue  # the manifest is a file in the work tree: "../" or "/" paths in it delete nothing
         with contextlib.suppress(OSError):
             (folder / rel).unlink()
     for st in states:
-        if st.record and st.record["status"] in ("built", "cached"):
-            shutil.rmtree(folder / "failed" / st.planned.spec.name, ignore_errors=True)
+        failed = folder / "failed" / st.planned.spec.name
+        if st.record and st.record["status"] in ("built", "cached") and _inside(failed, folder):
+            shutil.rmtree(failed, ignore_errors=True)
     with contextlib.suppress(OSError):
         (folder / "failed").rmdir()
     manifest = make_manifest(recipe.name, {"path": _display_path(recipe), "digest": recipe.digest, "resolved": recipe.resolved}, records)
@@ -452,12 +516,14 @@ def _previous_owners(folder: Path) -> dict[str, str]:
     """Each file the last manifest lists, mapped to the step that wrote it."""
     try:
         data = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
-        return {o["path"]: str(s["name"]) for s in data.get("steps", []) for o in s.get("outputs", [])}
+        # A manifest is a file in the work tree, not our word: only text paths are taken.
+        return {o["path"]: str(s["name"]) for s in data.get("steps", []) for o in s.get("outputs", []) if isinstance(o["path"], str)}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return {}
 
 
-def _materialise(cache: Cache, o: OutputRecord, dest: Path) -> None:
+def _materialise(cache: Cache, o: OutputRecord, folder: Path, rel: str) -> None:
+    dest = _checked(folder / rel, folder)
     src = cache.object_path(o["sha256"])
     try:
         if os.path.samefile(src, dest):
@@ -474,7 +540,7 @@ def _materialise(cache: Cache, o: OutputRecord, dest: Path) -> None:
         from onnxbuild.errors import CacheError
 
         raise CacheError(f"cache object {o['sha256'][:12]} for {o['path']} is corrupt; run `onnxbuild cache verify`, then build again")
-    _link_or_copy(src, dest)
+    _link_or_copy(src, dest, pause=rel)
 
 
 def _display_path(recipe: Recipe) -> str:
