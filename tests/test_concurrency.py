@@ -136,3 +136,39 @@ def test_lock_of_a_killed_process_is_reclaimed(settings: onnxbuild.Settings) -> 
     assert report.ok
     assert recorder.warnings == []  # no "waited ... for another onnxbuild"
     assert outcomes(report)["linear-regression:check"][0] == "built"
+
+
+def test_four_builds_of_three_recipes_on_one_cache_build_each_key_once(project: Path, reference_model: str) -> None:
+    # Two builds of linear-regression; a twin under another name, whose steps have the very
+    # same keys (a key is what goes into a step, not which recipe asks); and a recipe with
+    # other weights, which shares nothing. All four start at once on one cache.
+    text = (project / LR).read_text(encoding="utf-8")
+    (project / "recipes" / "lr-twin.yaml").write_text(text.replace("name: linear-regression", "name: lr-twin"), encoding="utf-8")
+    assert "random: {seed: 0," in text
+    other = text.replace("name: linear-regression", "name: lr-other").replace("random: {seed: 0,", "random: {seed: 1,")
+    (project / "recipes" / "lr-other.yaml").write_text(other, encoding="utf-8")
+    recipes = [LR, LR, "recipes/lr-twin.yaml", "recipes/lr-other.yaml"]
+    make = [sys.executable, "-m", "onnxbuild", "make", "--json"]
+    procs = [subprocess.Popen([*make, r], cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in recipes]
+    results = [p.communicate(timeout=180) for p in procs]
+    for p, (_, err) in zip(procs, results):
+        assert p.returncode == 0, err
+
+    steps = [s for out, _ in results for s in json.loads(out)["recipes"][0]["steps"]]
+    builds: dict[str, int] = {}
+    for s in steps:
+        builds[s["key"]] = builds.get(s["key"], 0) + (s["status"] == "built")
+    assert len(builds) == 4  # source and check of linear-regression (and its twin), and of lr-other
+    assert sorted(builds.values()) == [1, 1, 1, 1], steps  # each key built by exactly one process
+    assert sorted(s["status"] for s in steps) == ["built"] * 4 + ["cached"] * 4
+    assert {s["reason"] for s in steps if s["status"] == "cached"} <= {"up to date", "built meanwhile by another onnxbuild"}
+
+    for name in ("linear-regression", "lr-twin"):
+        assert sha256(project / "artifacts" / name / "model.onnx") == reference_model
+    assert sha256(project / "artifacts" / "lr-other" / "model.onnx") != reference_model
+    assert len(whole_entries(_cache(project))) == 4
+    assert scratch_dirs(_cache(project)) == []
+    assert leftovers(_cache(project), project / "artifacts") == []
+    verify = subprocess.run([sys.executable, "-m", "onnxbuild", "cache", "verify"], cwd=project, capture_output=True, text=True, timeout=60)
+    assert verify.returncode == 0, verify.stderr
+    assert verify.stdout == "checked 4 cache entries; dropped 0\n"
