@@ -226,6 +226,13 @@ def _resources(recipe: Recipe, kind: str, weights: int) -> Resources:
 
 def _weight_bytes(recipe: Recipe) -> int:
     """A plan-time estimate of the model's fp32 weights: file sizes where local, else from the config."""
+    try:
+        return _estimate_weights(recipe)
+    except OSError:  # a path the OS refuses; the step that reads it reports that
+        return 0
+
+
+def _estimate_weights(recipe: Recipe) -> int:
     src = recipe.source
     if recipe.source_kind == "onnx":
         path = recipe.directory / src["path"]

@@ -137,7 +137,7 @@ def test_dag_text_of_a_torch_recipe(project: Path) -> None:
         """\
         tiny-gpt2 (recipes/tiny-gpt2.yaml)
           source     writes reports/source.json
-          export     writes model.onnx  <- source
+          export     writes model.onnx, config.json  <- source
           check      writes reports/check.json, reports/check.md  <- export
           validate   writes reports/validation/model.json, reports/validation/model.md  <- source, export
           report     writes reports/validation.json, reports/validation.md  <- validate

@@ -60,7 +60,7 @@ def test_a_step_over_its_time_limit_fails_and_earlier_steps_stay_cached(tmp_path
     ("limits", "message"),
     [
         ("limits:\n  steps:\n    exprot: {seconds: 1}\n", "limits.steps.exprot: no such step or step kind"),
-        ("limits:\n  memory_mb: 10\n", "limits.memory_mb: must be an integer >= 64 (got 10)"),
+        ("limits:\n  memory_mb: 10\n", "limits.memory_mb: must be an integer >= 64 or null (got 10)"),
         ("limits:\n  seconds: 0\n", "limits.seconds:"),
         ("limits:\n  steps:\n    export: {}\n", "limits.steps.export:"),
     ],

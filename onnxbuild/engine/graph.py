@@ -78,10 +78,13 @@ def file_identity(path: Any, cache: Cache) -> str:
     from pathlib import Path
 
     p = Path(path)
-    if p.is_dir():
-        return "tree:" + cache.tree_digest(p)
-    if p.is_file():
-        return cache.file_digest(p)
+    try:
+        if p.is_dir():
+            return "tree:" + cache.tree_digest(p)
+        if p.is_file():
+            return cache.file_digest(p)
+    except OSError:  # a name the OS refuses (too long, say): the step that reads it says so
+        return "missing"
     return "missing"
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
@@ -150,13 +151,28 @@ def parse_recipe(text: str, shown: str) -> dict[str, Any]:
         raise RecipeError([Problem(shown, 1, 1, "", "the recipe is empty; it needs at least `name:` and `source:` (see recipes/ for examples)")])
     if not isinstance(doc, dict):
         raise RecipeError([Problem(shown, 1, 1, "", f"a recipe is a mapping of keys (name, source, ...), not a {_kind(doc)}")])
-    problems = list(_schema_problems(doc, positions, shown))
+    problems = list(_non_finite(doc, positions, shown, ())) + list(_schema_problems(doc, positions, shown))
     if not problems:
         problems = list(_semantic_problems(doc, positions, shown))
     if problems:
         problems.sort(key=lambda p: (p.line or 0, p.column or 0, p.path))
         raise RecipeError(problems)
     return resolve(doc)
+
+
+def _non_finite(value: Any, positions: Positions, shown: str, path: Path_) -> Iterable[Problem]:
+    """YAML's .nan and .inf: the schema's bounds cannot catch NaN (it compares false with
+    everything), and no recipe number means either."""
+    if isinstance(value, float) and not math.isfinite(value):
+        pos = positions.of(path)
+        written = ".nan" if math.isnan(value) else (".inf" if value > 0 else "-.inf")
+        yield Problem(shown, pos[0] if pos else None, pos[1] if pos else None, dotted(path), f"must be a finite number (got {written})")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _non_finite(v, positions, shown, (*path, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _non_finite(v, positions, shown, (*path, i))
 
 
 # ---------------------------------------------------------------- schema

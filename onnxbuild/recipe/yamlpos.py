@@ -10,7 +10,7 @@ alias expansions large enough to exhaust memory (the "billion laughs").
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -74,12 +74,53 @@ class _TooBig(Exception):
     pass
 
 
+_YAML_ONLY_BREAKS = ("\x85", "\u2028", "\u2029")
+"""Line breaks to YAML 1.1 (and PyYAML) that editors show inside a line."""
+
+
 def load_yaml(text: str, filename: str) -> tuple[Any, Positions, list[Problem]]:
     """Parse one YAML document; returns data, positions and the problems found.
 
     Syntax errors come back as a single problem with the parser's position; the
-    data is then ``None``.
+    data is then ``None``. Positions are the editor's: PyYAML also breaks lines at
+    U+0085, U+2028 and U+2029, which an editor shows within a line, so where the text
+    holds one, every position after it is mapped back.
     """
+    data, positions, problems = _load_yaml(text, filename)
+    if not any(c in text for c in _YAML_ONLY_BREAKS):
+        return data, positions, problems
+    to_editor = _editor_positions(text)
+    positions.values = {k: to_editor(*v) for k, v in positions.values.items()}
+    positions.keys = {k: to_editor(*v) for k, v in positions.keys.items()}
+    fixed = []
+    for pr in problems:
+        if pr.line is not None and pr.column is not None:
+            line, col = to_editor(pr.line, pr.column)
+            pr = replace(pr, line=line, column=col)
+        fixed.append(pr)
+    return data, positions, fixed
+
+
+def _editor_positions(text: str) -> Any:
+    """(line, column) as PyYAML counts them -> as an editor counts them (1-based)."""
+    starts = [0]
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\r" and i + 1 < n and text[i + 1] == "\n":
+            i += 1
+        if c in "\r\n" or c in _YAML_ONLY_BREAKS:
+            starts.append(i + 1)
+        i += 1
+
+    def convert(line: int, col: int) -> tuple[int, int]:
+        offset = starts[min(line - 1, len(starts) - 1)] + col - 1
+        return text.count("\n", 0, offset) + 1, offset - (text.rfind("\n", 0, offset) + 1) + 1
+
+    return convert
+
+
+def _load_yaml(text: str, filename: str) -> tuple[Any, Positions, list[Problem]]:
     import yaml
 
     loader_class: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)

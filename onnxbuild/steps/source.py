@@ -48,7 +48,11 @@ def _onnx_file(ctx: StepContext, src: dict[str, object]) -> StepResult:
     import onnx
 
     path = ctx.recipe_dir / str(src["path"])
-    if not path.is_file():
+    try:
+        found = path.is_file()
+    except OSError as exc:  # e.g. a name longer than the file system allows
+        raise StepError(f"source.onnx.path: the system cannot open {str(src['path'])[:80]}... ({exc.strerror}); give a shorter path") from None
+    if not found:
         raise StepError(f"source.onnx.path: {path} does not exist (paths are relative to the recipe's folder)")
     try:
         model = onnx.load_model(str(path), load_external_data=False)
