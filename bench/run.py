@@ -113,6 +113,14 @@ def main() -> None:
                     agree = f", top-1 agreement {top1['agreement']:.3f}" if top1 else ""
                     print(f"    {r['variant']:<10} p50 {r['p50_ms']:7.1f} ms = {r['ratio_to_pytorch']:.2f}x PyTorch{agree}")
         print("  targets (seq 128): best int8 <= 0.20x PyTorch, fp32 <= 0.45x")
+        for d in bench.get("decode", []):
+            who = "PyTorch generate()" if d["engine"] == "pytorch" else d["variant"]
+            print(f"    decode, prompt {d['shape']['sequence']}: {who:<18} prefill {d['prefill_p50_ms']:7.1f} ms, per token {d['decode_p50_ms']:6.1f} ms "
+                  f"= {d['decode_ratio_to_pytorch']:.2f}x PyTorch, {d['tokens_per_s']:.1f} tokens/s")
+        print("  targets (decode step): fp32 <= 0.5x PyTorch's, int8 <= 0.3x")
+        generation = json.loads((work / "artifacts" / "gpt2" / "reports" / "generation.json").read_text())
+        same = [v for v, r in generation["variants"].items() if r["greedy"]["identical"]]
+        print(f"  greedy generation of {generation['max_new_tokens']} tokens identical to PyTorch generate(): {', '.join(same)}")
 
         run([onnxbuild, "make", "recipes/all-minilm-l6-v2.yaml"], work, env)
         folder = work / "artifacts" / "all-minilm-l6-v2"
@@ -125,6 +133,33 @@ def main() -> None:
             extra = f", embedding cosine mean {cos['mean']:.4f} min {cos['min']:.4f}" if cos else ""
             print(f"    {r['variant']:<10} p50 {r['p50_ms']:7.1f} ms = {r['ratio_to_pytorch']:.2f}x PyTorch{extra}")
         print("  target: int8 mean cosine >= 0.99 at <= 0.35x PyTorch")
+
+    executors()
+
+
+SMALL = ["linear-regression.yaml", "tiny-gpt2.yaml", "digits-mlp.yaml"]
+
+
+def executors() -> None:
+    """Wall time of building the small recipes from a cold cache with each executor."""
+    onnxbuild = shutil.which("onnxbuild") or sys.exit("onnxbuild is not installed (make install)")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env.pop("ONNXBUILD_CACHE_DIR", None)
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        print("executors: ray is not installed (pip install 'onnxbuild[ray]'); skipped")
+        return
+    figures = []
+    for label, extra in (("local -j 1", ["-j", "1"]), ("local -j 2", ["-j", "2"]), ("ray (local instance, 2 CPUs)", ["--executor", "ray"])):
+        with tempfile.TemporaryDirectory(prefix="onnxbuild-bench-") as tmp:
+            work = Path(tmp)
+            (work / "recipes").mkdir()
+            for name in [*SMALL, "digits_mlp.py"]:
+                shutil.copy(ROOT / "recipes" / name, work / "recipes" / name)
+            took = run([onnxbuild, "make", *(f"recipes/{n}" for n in SMALL), *extra], work, env)
+            figures.append(f"{label} {took:.1f} s")
+    print(f"{len(SMALL)} small recipes from a cold cache: " + "; ".join(figures) + " (ray includes starting the instance)")
 
 
 if __name__ == "__main__":

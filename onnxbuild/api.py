@@ -18,6 +18,8 @@ from onnxbuild.recipe.loader import load_recipe
 from onnxbuild.recipe.model import Recipe
 
 CACHE_ENV = "ONNXBUILD_CACHE_DIR"
+RAY_JOBS = 256
+"""Steps submitted at once to Ray when -j is not given; Ray queues what it cannot place yet."""
 
 
 @dataclass(frozen=True)
@@ -81,25 +83,49 @@ def build(
     paths: Sequence[str | Path],
     settings: Settings | None = None,
     *,
-    jobs: int = 1,
+    jobs: int | None = None,
     keep_going: bool = False,
     force: bool = False,
     target: str | None = None,
     reporter: Reporter | None = None,
     in_process: bool = False,
+    executor: str = "local",
+    ray_address: str | None = None,
+    ray_retries: int = 2,
 ) -> BuildReport:
-    """Build the recipes' artifacts; step failures are in the report (see ``report.ok``)."""
+    """Build the recipes' artifacts; step failures are in the report (see ``report.ok``).
+
+    ``executor`` says where steps run: ``local`` processes (``jobs`` at once) or ``ray``
+    tasks (a local Ray instance, or the cluster at ``ray_address``, which then needs the
+    remote cache to move inputs and outputs between nodes).
+    """
     from onnxbuild.engine.graph import plan as make_plan
     from onnxbuild.engine.runner import execute
 
     settings = settings or Settings()
+    if jobs is None:
+        # Locally one step at a time unless asked; on Ray as many as the cluster places.
+        jobs = RAY_JOBS if executor == "ray" else 1
     if jobs < 1:
         raise UsageError(f"-j/--jobs must be at least 1 (got {jobs})")
+    if executor not in ("local", "ray"):
+        raise UsageError(f"--executor must be local or ray (got {executor!r})")
     recipes = load_recipes(paths, settings)
     cache = settings.cache(reporter)
     cache.ensure_writable()
     the_plan = make_plan(recipes, cache, force=force, target=target)
-    return execute(the_plan, cache, settings.artifacts_dir, jobs=jobs, keep_going=keep_going, in_process=in_process, reporter=reporter)
+    runner_executor = None
+    if executor == "ray" and any(s.action != "cached" for s in the_plan.steps):  # nothing to run: no cluster needed
+        from onnxbuild.engine.executors import RayExecutor, RaySettings
+
+        if ray_address is not None and settings.cache_read_only:
+            raise UsageError("--executor ray on a cluster pushes each step's outputs to the remote cache; drop --cache-read-only")
+        runner_executor = RayExecutor(RaySettings(address=ray_address, max_retries=ray_retries, remote_url=settings.cache_url))
+    try:
+        return execute(the_plan, cache, settings.artifacts_dir, jobs=jobs, keep_going=keep_going, in_process=in_process, reporter=reporter, executor=runner_executor)
+    finally:
+        if runner_executor is not None:
+            runner_executor.close()
 
 
 def write_locks(report: BuildReport) -> list[Path]:

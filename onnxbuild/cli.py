@@ -106,18 +106,42 @@ class Printer:
 @click.argument("recipes", nargs=-1, required=True)
 @click.option("--target", "-t", metavar="STEP", help="Build only this step and what it needs (e.g. check).")
 @click.option("--force", is_flag=True, help="Rerun the selected steps even if cached.")
-@click.option("--jobs", "-j", type=int, default=1, show_default=True, help="Steps to run at once.")
+@click.option("--jobs", "-j", type=int, default=None, help="Steps to run at once (default 1; with --executor ray, as many as the cluster places).")
 @click.option("--keep-going", "-k", is_flag=True, help="After a failure, build everything that does not depend on it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the build report as JSON on stdout.")
 @click.option("--strict-providers", is_flag=True, help="Fail the build when a target provider cannot be used here.")
 @click.option("--lock", "write_lock", is_flag=True, help="Write <recipe>.lock.json (step keys, output digests) beside each recipe that built.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default=None, help="Where steps run: local processes (default) or Ray tasks; or [tool.onnxbuild] executor.")
+@click.option("--ray-address", metavar="ADDRESS", default=None, help="A Ray cluster (auto, ray://host:port); default: start a local Ray instance. Or [tool.onnxbuild] ray_address.")
+@click.option("--ray-retries", type=click.IntRange(0, 20), default=2, show_default=True, help="Times Ray reruns a step whose worker died.")
 @click.pass_context
-def make(ctx: click.Context, recipes: tuple[str, ...], target: str | None, force: bool, jobs: int, keep_going: bool, as_json: bool, strict_providers: bool, write_lock: bool) -> None:
+def make(
+    ctx: click.Context,
+    recipes: tuple[str, ...],
+    target: str | None,
+    force: bool,
+    jobs: int | None,
+    keep_going: bool,
+    as_json: bool,
+    strict_providers: bool,
+    write_lock: bool,
+    executor: str | None,
+    ray_address: str | None,
+    ray_retries: int,
+) -> None:
     """Build the artifacts of RECIPES (export, check, validate, ...)."""
     if write_lock and target is not None:
         raise click.UsageError("--lock records whole builds; drop --target")
+    if executor is None or ray_address is None:
+        from onnxbuild.engine.remote import config_from_project
+
+        config = config_from_project(Path.cwd())
+        executor = executor or str(config.get("executor", "local"))
+        ray_address = ray_address or config.get("ray_address")
     printer = Printer(quiet=False)
-    report = api.build(recipes, _settings(ctx), jobs=jobs, keep_going=keep_going, force=force, target=target, reporter=printer)
+    report = api.build(
+        recipes, _settings(ctx), jobs=jobs, keep_going=keep_going, force=force, target=target, reporter=printer, executor=executor, ray_address=ray_address, ray_retries=ray_retries
+    )
     if as_json:
         click.echo(json.dumps(_report_json(report), indent=2, sort_keys=True))
     else:

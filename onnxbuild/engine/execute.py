@@ -143,17 +143,24 @@ TEST_DELAY_ENV = "ONNXBUILD_TEST_STEP_DELAY"
 
 
 def _test_delay(kind: str, emit: Callable[[str], None]) -> None:
-    """Test hook: with ONNXBUILD_TEST_STEP_DELAY="<kind>:<seconds>", a step process sleeps
+    """Test hook: with ONNXBUILD_TEST_STEP_DELAY="<kind>:<seconds>[:<once-file>]", a step process sleeps
     that long before running a step of that kind (after logging that it does), so a test
     can kill a build in the middle of a step (tests/test_concurrency.py). Not for users.
     """
     value = os.environ.get(TEST_DELAY_ENV)
     if not value:
         return
-    target, _, seconds = value.partition(":")
-    if target == kind:
-        emit(f"test hook: sleeping {seconds}s before the {kind} step")
-        time.sleep(float(seconds))
+    target, _, rest = value.partition(":")
+    seconds, _, once = rest.partition(":")
+    if target != kind:
+        return
+    if once:  # "<kind>:<s>:<file>": only the first attempt sleeps (a retried step then runs)
+        try:
+            os.close(os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return
+    emit(f"test hook: sleeping {seconds}s before the {kind} step (pid {os.getpid()})")
+    time.sleep(float(seconds))
 
 
 class ChildStep:

@@ -94,6 +94,27 @@ class RemoteCache:
         self.fs.pipe_file(tmp, json.dumps(entry, sort_keys=True, indent=2).encode("utf-8"))
         self.fs.mv(tmp, self._entry(key))
 
+    def get_object(self, sha: str, dest: Path) -> None:
+        """Copy object ``sha`` to ``dest``, refusing bytes that do not hash to it."""
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.part")
+        try:
+            self.fs.get_file(self._object(sha), str(tmp))
+        except FileNotFoundError:
+            raise CacheError(f"the remote cache {self.url} has no object {sha[:12]} (pushed by another node?)") from None
+        if _sha256(tmp) != sha:
+            tmp.unlink()
+            raise CacheError(f"remote cache object {sha[:12]} does not match its digest; refusing it")
+        os.replace(tmp, dest)
+
+    def put_object(self, path: Path) -> str:
+        """Push one file as a content-addressed object; returns its sha256."""
+        sha = _sha256(path)
+        target = self._object(sha)
+        if not self.fs.exists(target):
+            self._put_atomically(str(path), target)
+        return sha
+
     def _put_atomically(self, source: str, target: str) -> None:
         tmp = f"{target}.{uuid.uuid4().hex}.tmp"
         self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)

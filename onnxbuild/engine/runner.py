@@ -15,7 +15,6 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -28,7 +27,8 @@ from onnxbuild.engine.cache import (
     process_alive,
     step_key,
 )
-from onnxbuild.engine.execute import ChildStep, Outcome, Task, run_task
+from onnxbuild.engine.execute import Outcome, Task, run_task
+from onnxbuild.engine.executors import Executor, Handle, LocalExecutor
 from onnxbuild.engine.graph import FORCED, Plan, PlannedStep, explain, ingredients, input_digests
 from onnxbuild.engine.locks import FileLock
 from onnxbuild.engine.manifest import StepRecord, make_manifest
@@ -104,9 +104,16 @@ def execute(
     keep_going: bool = False,
     in_process: bool = False,
     reporter: Reporter | None = None,
+    executor: Executor | None = None,
 ) -> BuildReport:
-    """Run ``plan``; returns the per-recipe outcome (raise nothing for step failures)."""
+    """Run ``plan``; returns the per-recipe outcome (raise nothing for step failures).
+
+    ``executor`` decides where each step runs (local processes by default); nothing else
+    here depends on it.
+    """
     reporter = reporter or NullReporter()
+    executor = executor or LocalExecutor()
+    executor.check([(s.label, s.spec.resources) for s in plan.steps if s.action != "cached"])
     cache.warn = reporter.warning
     start = time.perf_counter()
     cache.ensure_writable()
@@ -115,7 +122,7 @@ def execute(
         artifact_folder(artifacts_root, recipe.name)
     with _recipe_locks(cache, plan.recipes, reporter):
         states = {s.label: _State(s) for s in plan.steps}
-        _run_all(states, plan, cache, artifacts_root, jobs=max(1, jobs), keep_going=keep_going, in_process=in_process, reporter=reporter)
+        _run_all(states, plan, cache, artifacts_root, jobs=max(1, jobs), keep_going=keep_going, in_process=in_process, reporter=reporter, executor=executor)
         report = BuildReport()
         for recipe in plan.recipes:
             mine = [st for st in states.values() if st.planned.recipe is recipe]
@@ -143,9 +150,11 @@ def _recipe_locks(cache: Cache, recipes: tuple[Recipe, ...], reporter: Reporter)
             lock.release()
 
 
-def _run_all(states: dict[str, _State], plan: Plan, cache: Cache, artifacts_root: Path, *, jobs: int, keep_going: bool, in_process: bool, reporter: Reporter) -> None:
+def _run_all(
+    states: dict[str, _State], plan: Plan, cache: Cache, artifacts_root: Path, *, jobs: int, keep_going: bool, in_process: bool, reporter: Reporter, executor: Executor
+) -> None:
     order = [s.label for s in plan.steps]
-    running: dict[Any, tuple[str, ChildStep, Path]] = {}
+    running: dict[Handle, tuple[str, Path]] = {}
     stopped = False
 
     def dep_labels(label: str) -> list[str]:
@@ -158,7 +167,7 @@ def _run_all(states: dict[str, _State], plan: Plan, cache: Cache, artifacts_root
             deferred = False
             for label in order:
                 st = states[label]
-                if st.record is not None or any(label == lab for lab, _, _ in running.values()):
+                if st.record is not None or any(label == lab for lab, _ in running.values()):
                     continue
                 deps = [states[d] for d in dep_labels(label)]
                 failed = [d for d in deps if d.record is not None and d.record["status"] in ("failed", "skipped")]
@@ -175,11 +184,11 @@ def _run_all(states: dict[str, _State], plan: Plan, cache: Cache, artifacts_root
                     continue
                 # Measuring steps (benchmarks) run alone: a step beside them would steal
                 # cores and make the figures lie, whatever -j says.
-                if running and (_exclusive(st) or any(_exclusive(states[lab]) for lab, _, _ in running.values())):
+                if running and (_exclusive(st) or any(_exclusive(states[lab]) for lab, _ in running.values())):
                     continue
-                child = _start(st, states, cache, artifacts_root, may_defer=bool(running), in_process=in_process, reporter=reporter)
+                child = _start(st, states, cache, artifacts_root, may_defer=bool(running), in_process=in_process, reporter=reporter, executor=executor)
                 if child is not None:
-                    running[child[0].sentinel] = (label, child[0], child[1])
+                    running[child[0]] = (label, child[1])
                     progressed = True
                 elif st.record is None:
                     deferred = True  # its key is being built elsewhere; look again after a wait
@@ -188,18 +197,18 @@ def _run_all(states: dict[str, _State], plan: Plan, cache: Cache, artifacts_root
                     if st.record["status"] == "failed" and not keep_going:
                         stopped = True
             if running:
-                ready = wait(list(running), timeout=RETRY_S if deferred else None)
-                for sentinel in ready:
-                    label, proc, workdir = running.pop(sentinel)
-                    _finish(states[label], proc.outcome(), workdir, cache, reporter, artifacts_root)
+                ready = executor.wait(list(running), timeout=RETRY_S if deferred else None)
+                for handle in ready:
+                    label, workdir = running.pop(handle)
+                    _finish(states[label], handle.outcome(), workdir, cache, reporter, artifacts_root)
                     if states[label].record and states[label].record["status"] == "failed" and not keep_going:  # type: ignore[index]
                         stopped = True
                 continue
             if not progressed:
                 break
     except BaseException:
-        for label, proc, workdir in running.values():
-            proc.kill()
+        for handle, (label, workdir) in running.items():
+            handle.kill()
             _release(states[label], workdir)
         raise
     for label in order:
@@ -229,7 +238,9 @@ def _record(p: PlannedStep, key: str | None, status: Any, reason: str, entry: En
     }
 
 
-def _start(st: _State, states: dict[str, _State], cache: Cache, artifacts_root: Path, *, may_defer: bool, in_process: bool, reporter: Reporter) -> tuple[ChildStep, Path] | None:
+def _start(
+    st: _State, states: dict[str, _State], cache: Cache, artifacts_root: Path, *, may_defer: bool, in_process: bool, reporter: Reporter, executor: Executor
+) -> tuple[Handle, Path] | None:
     """Resolve the step's key now that its inputs exist; use the cache or launch it.
 
     Returns the launched process, or None when the step is done (cached, or run here
@@ -268,11 +279,13 @@ def _start(st: _State, states: dict[str, _State], cache: Cache, artifacts_root: 
     workdir = cache.scratch()
     (workdir / "out").mkdir()
     inputs_dir = workdir / "in"
+    placed: dict[str, str] = {}
     for inp in p.spec.inputs:
         dep = states[f"{p.recipe.name}:{inp.step}"].entry
         assert dep is not None
         sha = {o["path"]: o["sha256"] for o in dep["outputs"]}[inp.path]
         _link_or_copy(cache.object_path(sha), inputs_dir / inp.path)
+        placed[inp.path] = sha
     # Companion files (external tensor data) travel with the model that names them.
     for inp in p.spec.inputs:
         dep = states[f"{p.recipe.name}:{inp.step}"].entry
@@ -282,6 +295,7 @@ def _start(st: _State, states: dict[str, _State], cache: Cache, artifacts_root: 
         for o in dep["outputs"]:
             if not o["path"].startswith("reports/") and not (inputs_dir / o["path"]).exists():
                 _link_or_copy(cache.object_path(o["sha256"]), inputs_dir / o["path"])
+                placed[o["path"]] = o["sha256"]
     ctx = StepContext(
         recipe_name=p.recipe.name,
         recipe_path=p.recipe.path,
@@ -298,7 +312,7 @@ def _start(st: _State, states: dict[str, _State], cache: Cache, artifacts_root: 
     task = Task(p.spec, ctx, str(log_path))
     try:
         if not in_process:
-            return ChildStep(task), workdir
+            return executor.start(task, p.spec.resources, placed, p.spec.outputs), workdir
         outcome = run_task(Task(p.spec, StepContext(**{**ctx.__dict__, "log": lambda m: None}), str(log_path)))
     except BaseException:  # Ctrl-C in an in-process step, or no process could be started
         _release(st, workdir)

@@ -1,0 +1,270 @@
+"""Where a step runs: a local process (the default) or a task on a Ray cluster.
+
+The planner, the cache keys, the manifest and the reports are the same whichever
+executor runs a plan; an executor only starts a prepared step and says when it is done.
+The runner gives every step a scratch folder with its inputs in ``in/`` and expects its
+outputs in ``out/``:
+
+- ``local`` runs the step in a fresh process on this machine (``-j N`` at once).
+- ``ray`` runs it as a Ray task, placed by the resources the step declares (CPUs,
+  memory, GPUs). On a cluster this process started (``ray.init`` with no address) the
+  scratch folder is on the same disk, so the task reads and writes it directly. On a
+  cluster reached by address, a task on another node must not read this machine's
+  disk: it pulls its inputs from the remote cache by digest into a folder of its own,
+  runs, pushes its outputs there, and returns their digests; this process then pulls
+  them (checking each digest) into the scratch folder, and commits as usual. Ray retries
+  a task whose worker dies (``max_retries``); a half-done attempt leaves nothing behind,
+  because only the runner commits, from complete outputs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from onnxbuild.engine.execute import ChildStep, Outcome, Task, run_task
+from onnxbuild.errors import UsageError
+from onnxbuild.steps.base import Resources
+
+
+class Handle(Protocol):
+    def outcome(self) -> Outcome: ...
+    def kill(self) -> None: ...
+
+
+class Executor(Protocol):
+    name: str
+
+    def start(self, task: Task, resources: Resources, inputs: dict[str, str], outputs: Sequence[str]) -> Handle: ...
+    def wait(self, handles: Sequence[Handle], timeout: float | None) -> list[Handle]: ...
+    def check(self, needs: Sequence[tuple[str, Resources]]) -> None: ...
+    def close(self) -> None: ...
+
+
+class LocalExecutor:
+    """A fresh spawned process per step on this machine."""
+
+    name = "local"
+
+    def start(self, task: Task, resources: Resources, inputs: dict[str, str], outputs: Sequence[str]) -> Handle:
+        return ChildStep(task)
+
+    def wait(self, handles: Sequence[Handle], timeout: float | None) -> list[Handle]:
+        from multiprocessing.connection import wait
+
+        by_sentinel = {h.sentinel: h for h in handles}  # type: ignore[attr-defined]
+        return [by_sentinel[s] for s in wait(list(by_sentinel), timeout=timeout)]
+
+    def check(self, needs: Sequence[tuple[str, Resources]]) -> None:
+        pass  # a local step that needs what this machine lacks says so itself (e.g. no CUDA device)
+
+    def close(self) -> None:
+        pass
+
+
+# ---------------------------------------------------------------- Ray
+
+
+@dataclass(frozen=True)
+class RaySettings:
+    address: str | None = None
+    """None: start a Ray instance in this process (a local cluster); else ``auto`` or ``ray://host:port``."""
+    max_retries: int = 2
+    remote_url: str | None = None
+    num_cpus: int | None = None
+    """For a local instance: CPUs to give it (default: this machine's)."""
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise UsageError("--executor ray needs Ray: pip install 'onnxbuild[ray]' (or pip install ray)") from None
+    return ray
+
+
+def _run_shared(task: Task) -> Outcome:
+    """A Ray task on a node that shares this machine's disk: the step's own process, as locally."""
+    return _logged(task)
+
+
+def _run_remote(task: Task, remote_url: str, inputs: dict[str, str], outputs: Sequence[str]) -> tuple[Outcome, dict[str, str]]:
+    """A Ray task on any node: inputs from the remote cache by digest, outputs pushed back there."""
+    from onnxbuild.engine.remote import RemoteCache
+
+    remote = RemoteCache(remote_url)
+    work = Path(tempfile.mkdtemp(prefix="onnxbuild-ray-"))
+    try:
+        (work / "in").mkdir()
+        (work / "out").mkdir()
+        for rel, sha in inputs.items():
+            remote.get_object(sha, work / "in" / rel)
+        ctx = replace(task.ctx, input_dir=work / "in", output_dir=work / "out")
+        outcome = _logged(replace(task, ctx=ctx, log_path=str(work / "step.log")))
+        pushed: dict[str, str] = {}
+        if outcome.ok:
+            for f in sorted((work / "out").rglob("*")):
+                if f.is_file():
+                    pushed[f.relative_to(work / "out").as_posix()] = remote.put_object(f)
+        return outcome, pushed
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _logged(task: Task) -> Outcome:
+    """run_task with the step's output going to its log file, as a local step process does."""
+    import sys
+
+    Path(task.log_path).parent.mkdir(parents=True, exist_ok=True)
+    with open(task.log_path, "a", buffering=1, encoding="utf-8") as log:
+        old_out, old_err = os.dup(1), os.dup(2)
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        saved = sys.stdout, sys.stderr
+        sys.stdout = sys.stderr = log
+        def emit(message: str) -> None:
+            log.write(message + "\n")
+
+        try:
+            task = replace(task, ctx=replace(task.ctx, log=emit))
+            from onnxbuild.engine.execute import _test_delay
+
+            _test_delay(task.spec.kind, emit)
+            outcome = run_task(task)
+            if outcome.detail:
+                log.write(outcome.detail)
+            return outcome
+        finally:
+            sys.stdout, sys.stderr = saved
+            os.dup2(old_out, 1)
+            os.dup2(old_err, 2)
+            os.close(old_out)
+            os.close(old_err)
+
+
+def _discard(message: str) -> None:
+    pass
+
+
+class RayHandle:
+    def __init__(self, executor: RayExecutor, ref: Any, task: Task) -> None:
+        self.executor = executor
+        self.ref = ref
+        self.task = task
+        self.started = time.perf_counter()
+
+    def outcome(self) -> Outcome:
+        ray = _ray()
+        try:
+            got = ray.get(self.ref)
+        except Exception as exc:  # the task failed past its retries, or was cancelled
+            name = type(exc).__name__
+            return Outcome(False, error=f"the Ray task failed ({name}: {str(exc).splitlines()[0][:300] if str(exc) else ''}) after {self.executor.settings.max_retries} retries", seconds=time.perf_counter() - self.started)
+        if isinstance(got, Outcome):
+            return got
+        outcome, pushed = got
+        if outcome.ok:
+            self.executor.fetch_outputs(pushed, self.task.ctx.output_dir)
+        return outcome  # type: ignore[no-any-return]
+
+    def kill(self) -> None:
+        _ray().cancel(self.ref, force=True)
+
+
+class RayExecutor:
+    """Steps as Ray tasks, placed by their declared resources."""
+
+    name = "ray"
+
+    def __init__(self, settings: RaySettings) -> None:
+        ray = _ray()
+        self.settings = settings
+        self.local = settings.address is None
+        if not self.local and not settings.remote_url:
+            raise UsageError(
+                f"--executor ray with --ray-address {settings.address}: steps on other nodes exchange inputs and outputs "
+                "through the remote cache, and none is configured; give --cache-url (or [tool.onnxbuild] cache_url), "
+                "or leave out --ray-address to start a local Ray instance that shares this machine's cache"
+            )
+        self._started = False
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+            if self.local:
+                kwargs["num_cpus"] = settings.num_cpus or os.cpu_count() or 1
+            else:
+                kwargs["address"] = settings.address
+            try:
+                ray.init(**kwargs)
+            except Exception as exc:
+                raise UsageError(f"cannot start or reach Ray ({settings.address or 'local instance'}): {str(exc).splitlines()[0][:300]}") from None
+            self._started = True
+        # max_calls=1: a fresh worker process per step, as locally (memory returned between
+        # steps, an honest peak RSS, a GPU context freed).
+        self._shared = ray.remote(max_calls=1)(_run_shared)
+        self._remote = ray.remote(max_calls=1)(_run_remote)
+
+    def check(self, needs: Sequence[tuple[str, Resources]]) -> None:
+        """Refuse, before anything runs, a step that no node of the cluster can take."""
+        ray = _ray()
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        problems = []
+        for label, r in needs:
+            fits = any(
+                n["Resources"].get("CPU", 0) >= r.cpus and n["Resources"].get("GPU", 0) >= r.gpus and n["Resources"].get("memory", float("inf")) >= r.memory_mb * 1024 * 1024
+                for n in nodes
+            )
+            if fits:
+                continue
+            gpus = max((n["Resources"].get("GPU", 0) for n in nodes), default=0)
+            cpus = max((n["Resources"].get("CPU", 0) for n in nodes), default=0)
+            if r.gpus > gpus:
+                problems.append(f"{label} needs {r.gpus} GPU ({r.why_gpu}) but no node of the Ray cluster has one")
+            elif r.cpus > cpus:
+                problems.append(f"{label} needs {r.cpus:g} CPUs but the largest node has {cpus:g}")
+            else:
+                problems.append(f"{label} needs about {r.memory_mb} MB of memory, more than any node offers")
+        if problems:
+            raise UsageError("the Ray cluster cannot run every step: " + "; ".join(problems) + ". Add such nodes, or drop what needs them from the recipe")
+
+    def start(self, task: Task, resources: Resources, inputs: dict[str, str], outputs: Sequence[str]) -> Handle:
+        # The worker logs to the step's log file; the driver's callback (print, possibly
+        # wrapped by Ray itself) need not, and sometimes cannot, be pickled.
+        task = replace(task, ctx=replace(task.ctx, log=_discard))
+        options = {"num_cpus": resources.cpus, "num_gpus": resources.gpus, "max_retries": self.settings.max_retries, "retry_exceptions": False}
+        if self.local:
+            ref = self._shared.options(**options).remote(task)
+        else:
+            assert self.settings.remote_url is not None
+            from onnxbuild.engine.remote import RemoteCache
+
+            # Inputs built before the remote cache was configured may be missing there;
+            # the runner has already placed them in the step's in/ folder on this machine.
+            remote = RemoteCache(self.settings.remote_url)
+            for rel in inputs:
+                remote.put_object(task.ctx.input_dir / rel)
+            ref = self._remote.options(**options).remote(task, self.settings.remote_url, inputs, list(outputs))
+        return RayHandle(self, ref, task)
+
+    def wait(self, handles: Sequence[Handle], timeout: float | None) -> list[Handle]:
+        ray = _ray()
+        by_ref = {h.ref: h for h in handles}  # type: ignore[attr-defined]
+        ready, _ = ray.wait(list(by_ref), num_returns=1, timeout=timeout)
+        return [by_ref[r] for r in ready]
+
+    def fetch_outputs(self, pushed: dict[str, str], out: Path) -> None:
+        from onnxbuild.engine.remote import RemoteCache
+
+        assert self.settings.remote_url is not None
+        remote = RemoteCache(self.settings.remote_url)
+        for rel, sha in pushed.items():
+            remote.get_object(sha, out / rel)
+
+    def close(self) -> None:
+        if self._started:
+            _ray().shutdown()
