@@ -25,24 +25,35 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 BARE_EXPORT = r'''
+# The same export as recipes/gpt2.yaml (with the KV cache), written by hand.
 import sys, time, torch, transformers, yaml
-start = time.perf_counter()
+from transformers import DynamicCache
 recipe = yaml.safe_load(open(sys.argv[1]))
 config = dict(recipe["source"]["huggingface"]["config"])
 cfg = transformers.AutoConfig.for_model(config.pop("model_type"), **config)
 torch.manual_seed(0)
 model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+L, H, D = cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head
 
 class Wrapped(torch.nn.Module):
     def __init__(self, m):
         super().__init__()
         self.m = m
-    def forward(self, input_ids):
-        return self.m(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), use_cache=False).logits
+    def forward(self, input_ids, attention_mask, position_ids, *past):
+        cache = DynamicCache(ddp_cache_data=[(past[2 * i], past[2 * i + 1]) for i in range(L)], config=self.m.config)
+        out = self.m(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache, use_cache=True)
+        return (out.logits, *[t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)])
 
-ids = torch.randint(0, cfg.vocab_size, (2, 16))
-torch.onnx.export(Wrapped(model), (ids,), sys.argv[2], dynamo=False, input_names=["input_ids"], output_names=["logits"],
-                  dynamic_axes={"input_ids": {0: "batch", 1: "sequence"}, "logits": {0: "batch", 1: "sequence"}}, opset_version=18)
+b, s, p = 2, 16, 4
+past = [torch.randn(b, H, p, D) for _ in range(2 * L)]
+args = (torch.randint(0, cfg.vocab_size, (b, s)), torch.ones(b, p + s, dtype=torch.long), torch.arange(p, p + s).expand(b, s), *past)
+pasts = [f"past_key_values.{i}.{kv}" for i in range(L) for kv in ("key", "value")]
+presents = [f"present.{i}.{kv}" for i in range(L) for kv in ("key", "value")]
+axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "total_sequence"}, "position_ids": {0: "batch", 1: "sequence"}, "logits": {0: "batch", 1: "sequence"}}
+axes.update({n: {0: "batch", 2: "past_sequence"} for n in pasts})
+axes.update({n: {0: "batch", 2: "total_sequence"} for n in presents})
+torch.onnx.export(Wrapped(model), args, sys.argv[2], dynamo=False, input_names=["input_ids", "attention_mask", "position_ids", *pasts],
+                  output_names=["logits", *presents], dynamic_axes=axes, opset_version=18)
 '''
 
 
