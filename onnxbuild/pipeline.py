@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from onnxbuild.recipe.model import TORCH_SOURCES, Recipe
+from onnxbuild.recipe.model import Recipe
 from onnxbuild.steps.base import Limits, Resources, StepInput, StepSpec
 
 MODEL = "model.onnx"
@@ -50,7 +50,7 @@ class Variant:
 
 def variants(recipe: Recipe) -> list[Variant]:
     r = recipe.resolved
-    base = "export" if recipe.source_kind in TORCH_SOURCES else "source"
+    base = "export" if recipe.torch_source else "source"
     out = [Variant("model", base, MODEL, "fp32")]
     if r.get("optimize"):
         out.append(Variant("optimized", "optimize", "optimized/model.onnx", "fp16" if r["optimize"]["float16"] else "fp32"))
@@ -64,7 +64,7 @@ def steps_for(recipe: Recipe) -> list[StepSpec]:
     r = recipe.resolved
     kind = recipe.source_kind
     src = recipe.source
-    torch_source = kind in TORCH_SOURCES
+    torch_source = recipe.torch_source
     steps: list[StepSpec] = []
     if torch_source:
         files, identity = _torch_source_identity(recipe)
@@ -81,8 +81,13 @@ def steps_for(recipe: Recipe) -> list[StepSpec]:
         )
         model_step = "export"
     else:
-        files = {"source.onnx.path": recipe.directory / src["path"]} if kind == "onnx" else {}
-        steps.append(StepSpec(name="source", kind="source", params={"source": r["source"]}, outputs=(MODEL,), files=files))
+        files: dict[str, Path] = {"source.onnx.path": recipe.directory / src["path"]} if kind == "onnx" else {}
+        identity: dict[str, Any] = {}
+        if kind == "huggingface":
+            from onnxbuild.sources.huggingface import plan_file_identity
+
+            files, identity = plan_file_identity(src, recipe.directory)
+        steps.append(StepSpec(name="source", kind="source", params={"source": r["source"]}, outputs=(MODEL,), files=files, identity=identity))
         model_step = "source"
     steps.append(
         StepSpec(
@@ -105,7 +110,7 @@ def steps_for(recipe: Recipe) -> list[StepSpec]:
             StepSpec(
                 name="optimize",
                 kind="optimize",
-                params={"optimize": r["optimize"], "source": r["source"] if torch_source else None, "input": MODEL, "provider": provider if hardware else None},
+                params={"optimize": r["optimize"], "source": r["source"] if torch_source or kind == "huggingface" else None, "input": MODEL, "provider": provider if hardware else None},
                 deps=(model_step,),
                 inputs=(StepInput(model_step, MODEL),),
                 outputs=("optimized/model.onnx", "reports/optimize.json"),
@@ -241,6 +246,9 @@ def _estimate_weights(recipe: Recipe) -> int:
         from onnxbuild.sources.huggingface import local_folder
 
         folder = local_folder(src, recipe.directory)
+        if src.get("file") and folder is not None:
+            path = folder / src["file"]
+            return path.stat().st_size if path.is_file() else 0
         if folder is not None and folder.is_dir():
             return sum(f.stat().st_size for f in folder.iterdir() if f.suffix in (".safetensors", ".bin", ".pt"))
         c = src.get("config") or {}

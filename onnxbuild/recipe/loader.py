@@ -16,7 +16,7 @@ from typing import Any
 
 from onnxbuild._util import sha256_bytes
 from onnxbuild.errors import Problem, RecipeError
-from onnxbuild.recipe.model import TORCH_SOURCES, Recipe
+from onnxbuild.recipe.model import Recipe, is_torch_source
 from onnxbuild.recipe.tasks import DERIVED_DIMS, TASKS, WITH_PAST_INPUTS
 from onnxbuild.recipe.yamlpos import Path_, Positions, dotted
 
@@ -342,10 +342,12 @@ def _semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) ->
 
     kind = next(iter(doc["source"]))
     src = doc["source"][kind]
-    if kind not in TORCH_SOURCES:
+    torch_source = is_torch_source(doc["source"])
+    if not torch_source:
+        what = "an ONNX file, huggingface.file" if kind == "huggingface" else kind
         for section in ("export", "validate"):
             if section in doc:
-                yield problem((section,), f"applies only to huggingface and pytorch sources (this recipe's source is {kind}); remove it", key=True)
+                yield problem((section,), f"applies only to huggingface and pytorch sources (this recipe's source is {what}); remove it", key=True)
     if kind == "huggingface" and (src.get("model") is not None) == (src.get("package") is not None):
         got = "it has both" if src.get("model") is not None else "it has neither"
         yield problem(("source", "huggingface"), f"give exactly one of `model` (Hub id or folder) and `package` (a folder inside an installed package); {got}", key=True)
@@ -366,7 +368,7 @@ def _semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) ->
             yield problem(("generate",), "generates through the KV cache; add export.with_past: true (a huggingface text-generation model)", key=True)
         if gen.get("prompt") is not None and gen.get("prompt_ids") is not None:
             yield problem(("generate", "prompt_ids"), "give either prompt (text) or prompt_ids (token ids), not both", key=True)
-    if kind in TORCH_SOURCES:
+    if torch_source:
         default_inputs = WITH_PAST_INPUTS if with_past else TASKS[src["task"]]["inputs"] if kind == "huggingface" else []
         inputs = export.get("inputs") or default_inputs
         export_dims = _symbolic_dims(inputs)
@@ -484,7 +486,7 @@ def resolve(doc: dict[str, Any]) -> dict[str, Any]:
             if "random" in init:
                 init["random"] = _with_defaults(init["random"], _deref("#/$defs/initializer")["properties"]["random"])
         src["nodes"] = [_with_defaults(n, _deref("#/$defs/node")) for n in src["nodes"]]
-    if kind in TORCH_SOURCES:
+    if is_torch_source(out["source"]):
         task = TASKS[src["task"]] if kind == "huggingface" else None
         export = _with_defaults(doc.get("export", {}), _deref("#/$defs/export"))
         default_inputs = WITH_PAST_INPUTS if export["with_past"] else task["inputs"] if task else []

@@ -10,6 +10,13 @@ SourceKind = Literal["onnx", "graph", "huggingface", "pytorch"]
 TORCH_SOURCES: frozenset[str] = frozenset({"huggingface", "pytorch"})
 
 
+def is_torch_source(source: dict[str, Any]) -> bool:
+    """Whether the model comes as a torch module to export; a ``huggingface.file`` source is
+    an ONNX file already (a Hub repository's onnx/model.onnx), like an onnx source."""
+    (kind, src), = source.items()
+    return kind in TORCH_SOURCES and not (kind == "huggingface" and src.get("file"))
+
+
 @dataclass(frozen=True)
 class Recipe:
     """A loaded recipe.
@@ -32,6 +39,10 @@ class Recipe:
     def source_kind(self) -> SourceKind:
         kind: SourceKind = next(iter(self.resolved["source"]))
         return kind
+
+    @property
+    def torch_source(self) -> bool:
+        return is_torch_source(self.resolved["source"])
 
     @property
     def source(self) -> dict[str, Any]:

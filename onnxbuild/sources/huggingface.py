@@ -81,6 +81,49 @@ def plan_identity(src: dict[str, Any], recipe_dir: Path) -> tuple[dict[str, Path
     return {}, {"hub_commit": "not downloaded"}
 
 
+def plan_file_identity(src: dict[str, Any], recipe_dir: Path) -> tuple[dict[str, Path], dict[str, Any]]:
+    """For ``huggingface.file``: the folder holding the ONNX file (it and its external data)
+    when local, else the Hub commit the revision resolves to, found without the network."""
+    folder = local_folder(src, recipe_dir)
+    if folder is not None:
+        return {"source.huggingface.file": (folder / src["file"]).parent}, {}
+    return plan_identity(src, recipe_dir)
+
+
+def onnx_file(src: dict[str, Any], recipe_dir: Path) -> tuple[Path, str]:
+    """The local path of ``huggingface.file`` (downloading it and its external data from the
+    Hub when the model is a Hub id), and where it came from."""
+    folder = local_folder(src, recipe_dir)
+    if folder is not None:
+        path = folder / src["file"]
+        if not path.is_file():
+            raise StepError(f"source.huggingface.file: {src['file']} is not in {folder} (a Hub repository's layout, e.g. onnx/model.onnx, is expected there)")
+        return path, "local folder"
+    if os.environ.get("HF_HUB_OFFLINE"):
+        reason = "HF_HUB_OFFLINE is set"
+    else:
+        try:
+            from huggingface_hub import hf_hub_download, list_repo_files
+
+            names = list_repo_files(src["model"], revision=src["revision"])
+            wanted = [src["file"], *(n for n in names if n.startswith(src["file"] + "_data") or n == src["file"] + ".data")]
+            paths = [hf_hub_download(src["model"], n, revision=src["revision"]) for n in wanted if n in names]
+            if not paths:
+                raise StepError(f"source.huggingface.file: {src['model']} has no {src['file']} (files: {', '.join(n for n in names if n.endswith('.onnx')) or 'no .onnx files'})")
+            return Path(paths[0]), "hub"
+        except StepError:
+            raise
+        except Exception as exc:  # any failure to reach the Hub
+            reason = f"{type(exc).__name__}: {_first_line(exc)}"
+    snap = hub_snapshot(src["model"], src["revision"])
+    if snap is not None and (snap[1] / src["file"]).is_file():
+        return snap[1] / src["file"], "hub cache"
+    raise StepError(
+        f"source.huggingface.file: cannot download {src['file']} of {src['model']}@{src['revision']} from the Hugging Face Hub ({reason}). "
+        "Connect to the network, or point `model:` at a local folder with the repository's layout (config.json, onnx/model.onnx)."
+    )
+
+
 def resolve_source(src: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
     """Decide which weights the model gets and record it (the ``source`` step's job)."""
     record: dict[str, Any] = {

@@ -20,6 +20,12 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         return _graph(ctx, src)
     if kind == "onnx":
         return _onnx_file(ctx, src)
+    if kind == "huggingface" and src.get("file"):
+        from onnxbuild.sources.huggingface import onnx_file
+
+        path, where = onnx_file(src, ctx.recipe_dir)  # type: ignore[arg-type]
+        result = _onnx_file(ctx, {"path": str(path)}, key="source.huggingface.file", shown=str(src["file"]))
+        return StepResult(summary=f"{src['file']} from {where}", extra_outputs=result.extra_outputs)
     if kind == "huggingface":
         from onnxbuild.sources.huggingface import resolve_source
 
@@ -44,32 +50,33 @@ def _graph(ctx: StepContext, src: dict[str, object]) -> StepResult:
     return StepResult(summary=f"graph with {len(model.graph.node)} nodes")
 
 
-def _onnx_file(ctx: StepContext, src: dict[str, object]) -> StepResult:
+def _onnx_file(ctx: StepContext, src: dict[str, object], key: str = "source.onnx.path", shown: str = "") -> StepResult:
     import onnx
 
     path = ctx.recipe_dir / str(src["path"])
+    shown = shown or str(src["path"])
     try:
         found = path.is_file()
     except OSError as exc:  # e.g. a name longer than the file system allows
-        raise StepError(f"source.onnx.path: the system cannot open {str(src['path'])[:80]}... ({exc.strerror}); give a shorter path") from None
+        raise StepError(f"{key}: the system cannot open {shown[:80]}... ({exc.strerror}); give a shorter path") from None
     if not found:
-        raise StepError(f"source.onnx.path: {path} does not exist (paths are relative to the recipe's folder)")
+        raise StepError(f"{key}: {path} does not exist (paths are relative to the recipe's folder)")
     try:
         model = onnx.load_model(str(path), load_external_data=False)
     except Exception as exc:
-        raise StepError(f"source.onnx.path: {src['path']} is not an ONNX model ({type(exc).__name__}: {exc})") from None
+        raise StepError(f"{key}: {shown} is not an ONNX model ({type(exc).__name__}: {exc})") from None
     shutil.copyfile(path, ctx.output("model.onnx"))
     extra = []
     for tensor in _external_tensors(model):
         location = next(e.value for e in tensor.external_data if e.key == "location")
         rel = Path(location)
         if rel.is_absolute() or ".." in rel.parts:
-            raise StepError(f"source.onnx.path: {src['path']} names external data outside its folder ({location}); onnxbuild refuses to read it")
+            raise StepError(f"{key}: {shown} names external data outside its folder ({location}); onnxbuild refuses to read it")
         dest = ctx.output(rel.as_posix())
         if not dest.exists():
             shutil.copyfile(path.parent / rel, dest)
             extra.append(rel.as_posix())
-    return StepResult(summary=f"copied {src['path']}", extra_outputs=tuple(extra))
+    return StepResult(summary=f"copied {shown}", extra_outputs=tuple(extra))
 
 
 def _external_tensors(model: Any) -> list[Any]:
