@@ -81,8 +81,7 @@ def steps_for(recipe: Recipe) -> list[StepSpec]:
         )
         model_step = "export"
     else:
-        files: dict[str, Path] = {"source.onnx.path": recipe.directory / src["path"]} if kind == "onnx" else {}
-        identity: dict[str, Any] = {}
+        files, identity = ({"source.onnx.path": recipe.directory / src["path"]} if kind == "onnx" else {}), {}
         if kind == "huggingface":
             from onnxbuild.sources.huggingface import plan_file_identity
 
