@@ -10,6 +10,9 @@ CONSTRAINTS := constraints.txt
 
 install:
 	$(PIP) install -q -c $(CONSTRAINTS) -e '.[dev]'
+	@# onnxruntime-web for the web target, pinned by onnxbuild/web/package-lock.json; without npm it is skipped
+	@if command -v npm >/dev/null 2>&1; then npm ci --prefix onnxbuild/web --no-audit --no-fund --ignore-scripts --loglevel=error; \
+	else echo "npm not found: the web target (onnxruntime-web) will be skipped"; fi
 
 test: install
 	$(PYTHON) -m pytest -q

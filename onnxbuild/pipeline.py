@@ -100,7 +100,10 @@ def steps_for(recipe: Recipe) -> list[StepSpec]:
     )
     all_variants = variants(recipe)
     by_name = {v.name: v for v in all_variants}
-    provider = r["providers"][0]["name"]
+    # The first ONNX Runtime provider (web is onnxruntime-web, not a provider of this ORT).
+    provider = next((p["name"] for p in r["providers"] if p["name"] != "web"), "CPUExecutionProvider")
+    web = next((p for p in r["providers"] if p["name"] == "web"), None)
+    web_variants = set(web["options"].get("variants") or ["model"]) if web else set()
     if r.get("optimize"):
         from onnxbuild.steps.optimize import HARDWARE_BOUND, cpu_fingerprint
 
@@ -139,11 +142,14 @@ def steps_for(recipe: Recipe) -> list[StepSpec]:
         for v in all_variants:
             name = "validate" if v.name == "model" else f"validate.{v.name}"
             tolerances = _tolerances(recipe, v)
+            params = {"source": r["source"], "export": r["export"], "validate": {**r["validate"], **tolerances}, "variant": v.name, "model_path": v.path}
+            if v.name in web_variants:
+                params["web"] = True  # meant for the browser: validated in onnxruntime-web too
             steps.append(
                 StepSpec(
                     name=name,
                     kind="validate",
-                    params={"source": r["source"], "export": r["export"], "validate": {**r["validate"], **tolerances}, "variant": v.name, "model_path": v.path},
+                    params=params,
                     deps=tuple(dict.fromkeys(("source", v.step))),
                     inputs=(StepInput("source", SOURCE_RECORD), StepInput(v.step, v.path)),
                     outputs=(f"reports/validation/{v.name}.json", f"reports/validation/{v.name}.md"),

@@ -135,7 +135,7 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
     "name-too-long": ("2:7", f'{NAME_RULE} (got "{"a" * 60}...")'),
     "quantize-name-dotdot": ("17:12", f'quantize[0].name: {NAME_PATTERN} (got "../x")'),
     "quantize-name-slash": ("17:12", f'quantize[0].name: {NAME_PATTERN} (got "int8/fast")'),
-    "provider-bad-name": ("5:20", 'providers[0].name: must be an ONNX Runtime provider name such as CPUExecutionProvider or CUDAExecutionProvider (got "cuda")'),
+    "provider-bad-name": ("5:20", 'providers[0].name: must be an ONNX Runtime provider name such as CPUExecutionProvider or CUDAExecutionProvider, or web (onnxruntime-web under Node.js) (got "cuda")'),
     "several-problems": ("8:25", "benchmark.iterations: must be an integer >= 1 (got 0)"),
 }
 

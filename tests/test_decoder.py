@@ -244,3 +244,28 @@ def test_a_local_model_with_a_tokenizer_generates_text_and_run_applies_its_chat_
     assert isinstance(payload["text"], str)
     plain = CliRunner().invoke(cli, ["run", str(art), "--prompt", "hello", "-n", "5", "--no-chat-template", "--json"])
     assert json.loads(plain.stdout)["prompt_ids"] == fast.encode("hello")
+
+
+def test_the_web_target_runs_the_variants_meant_for_it_in_onnxruntime_web(built: Path) -> None:
+    from onnxbuild import web
+
+    if web.unavailable():
+        pytest.skip(f"web target: {web.unavailable()}")
+    validation = read(built / "reports" / "validation.json")["variants"]
+    for name in ("model", "int8"):
+        assert validation[name]["web"].startswith("also validated in onnxruntime-web 1.31.1")
+        for case in validation[name]["shapes"]:
+            assert case["web"]["passed"] and case["web"]["max_abs_diff_vs_cpu"] < 1e-5, case["web"]
+    assert validation["optimized"]["web"] is None and "web" not in validation["optimized"]["shapes"][0]
+    bench = read(built / "benchmark.json")
+    assert {p["name"]: p["status"] for p in bench["providers"]} == {"CPUExecutionProvider": "used", "web": "used"}
+    rows = [r for r in bench["results"] if r["provider"] == "web"]
+    assert sorted(r["variant"] for r in rows) == ["int8", "model"] and all(r["p50_ms"] > 0 and r["iterations"] == 2 for r in rows)
+    assert "| model | web |" in (built / "benchmark.md").read_text(encoding="utf-8")
+
+
+def test_without_node_the_web_target_says_why_it_is_skipped(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from onnxbuild import web
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert web.unavailable() == "Node.js is not installed (the web target runs onnxruntime-web under node)"

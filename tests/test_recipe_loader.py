@@ -307,7 +307,7 @@ BAD: list[Any] = [
     ),
     pytest.param(
         "name: a\n" + ONNX + "providers: [{name: CPU}]\n",
-        ['r.yaml:3:20: providers[0].name: must be an ONNX Runtime provider name such as CPUExecutionProvider or CUDAExecutionProvider (got "CPU")'],
+        ['r.yaml:3:20: providers[0].name: must be an ONNX Runtime provider name such as CPUExecutionProvider or CUDAExecutionProvider, or web (onnxruntime-web under Node.js) (got "CPU")'],
         id="provider-name",
     ),
     pytest.param(

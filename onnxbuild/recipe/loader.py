@@ -394,6 +394,17 @@ def _semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) ->
             yield problem(("validate", "sentences"), f"needs a huggingface source, whose tokenizer turns the sentences into inputs (this recipe's source is {kind})", key=True)
         if validate.get("cosine_min") is not None and validate.get("sentences") is None:
             yield problem(("validate", "cosine_min"), "compares sentence embeddings; add validate.sentences (the text to embed)", key=True)
+    variant_names = ["model", *(["optimized"] if doc.get("optimize") else []), *(q.get("name") for q in doc.get("quantize", []))]
+    for i, prov in enumerate(doc.get("providers", [])):
+        wanted = (prov.get("options") or {}).get("variants") if prov.get("name") == "web" else None
+        if wanted is None:
+            continue
+        if not isinstance(wanted, list) or not all(isinstance(w, str) for w in wanted):
+            yield problem(("providers", i, "options", "variants"), f"must be a list of variant names (this recipe has: {', '.join(variant_names)})")
+            continue
+        for j, w in enumerate(wanted):
+            if w not in variant_names:
+                yield problem(("providers", i, "options", "variants", j), f"no variant {w!r} (this recipe has: {', '.join(variant_names)})")
     kinds = {"source", "export", "check", "validate", "optimize", "quantize", "report", "generate", "benchmark"}
     named = {f"quantize.{q['name']}" for q in doc.get("quantize", [])} | {f"validate.{q['name']}" for q in doc.get("quantize", [])} | {"validate.optimized"}
     for step in (doc.get("limits") or {}).get("steps", {}):

@@ -20,7 +20,7 @@ from onnxbuild._util import pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
-VERSION = 2
+VERSION = 3
 PACKAGES = ("onnxruntime", "torch", "transformers", "numpy")
 SCHEMA_VERSION = 1
 EXCLUSIVE = True
@@ -108,6 +108,9 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     available = ort.get_available_providers()
     for prov in spec.params["providers"]:
         name, options = prov["name"], prov["options"]
+        if name == "web":
+            providers_report.append(_web_benchmark(ctx, spec, shapes, feeds_by_shape, baseline, results))
+            continue
         if name not in available:
             providers_report.append({"name": name, "status": "skipped", "reason": f"not in this onnxruntime build (it has: {', '.join(available)})"})
             continue
@@ -187,6 +190,68 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         if best.get("speedup_vs_pytorch"):
             summary += f" ({best['speedup_vs_pytorch']:.1f}x PyTorch)"
     return StepResult(summary=summary, data={"results": len(results)})
+
+
+def _web_benchmark(ctx: StepContext, spec: StepSpec, shapes: list[dict[str, int]], feeds_by_shape: list[dict[str, Any]], baseline: list[dict[str, Any]], results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The variants meant for the web (``options.variants``, default model) in onnxruntime-web
+    (wasm, one thread, under Node.js), timed inside Node; ``options.iterations`` and
+    ``options.warmup`` override the benchmark's (wasm is slow on big models).
+
+    A variant wasm cannot run (a contrib op from ORT's transformer fusions, a model over
+    the wasm memory limit) gets a row with the error instead of figures.
+    """
+    import resource
+
+    import numpy as np
+
+    from onnxbuild import web
+
+    why = web.unavailable()
+    if why:
+        return {"name": "web", "status": "skipped", "reason": why}
+    bench = spec.params["benchmark"]
+    options = next(p["options"] for p in spec.params["providers"] if p["name"] == "web")
+    wanted = set(options.get("variants") or ["model"])
+    iterations = int(options.get("iterations", bench["iterations"]))
+    warmup = int(options.get("warmup", min(bench["warmup"], 1)))
+    for variant in spec.params["variants"]:
+        if variant["name"] not in wanted:
+            continue
+        path = ctx.input(variant["path"])
+        for sizes, feeds in zip(shapes, feeds_by_shape):
+            run = web.run(path, feeds, warmup=warmup, iterations=max(iterations, 1))
+            if run.error or not run.times_ms:
+                results.append({"variant": variant["name"], "provider": "web", "shape": dict(sizes), "error": run.error or "no timings"})
+                continue
+            ms = np.asarray(run.times_ms)
+            timing: Timing = {
+                "warmup": warmup,
+                "iterations": len(ms),
+                "p50_ms": round(float(np.percentile(ms, 50)), 4),
+                "p90_ms": round(float(np.percentile(ms, 90)), 4),
+                "p99_ms": round(float(np.percentile(ms, 99)), 4),
+                "mean_ms": round(float(ms.mean()), 4),
+                "std_ms": round(float(ms.std()), 4),
+                "throughput": round(_batch(sizes) / (float(ms.mean()) / 1000.0), 3) if ms.mean() > 0 else 0.0,
+            }
+            base = next((b for b in baseline if b["shape"] == dict(sizes)), None)
+            results.append(
+                {
+                    "variant": variant["name"],
+                    "precision": variant["precision"],
+                    "provider": "web",
+                    "shape": dict(sizes),
+                    **timing,
+                    "session_create_s": 0.0,
+                    # Node's peak (the largest child this process has waited for), not Python's.
+                    "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1),
+                    "io_binding": False,
+                    "file_bytes": path.stat().st_size,
+                    "speedup_vs_pytorch": round(base["p50_ms"] / timing["p50_ms"], 3) if base and timing["p50_ms"] else None,
+                    "ratio_to_pytorch": round(timing["p50_ms"] / base["p50_ms"], 3) if base and base["p50_ms"] else None,
+                }
+            )
+    return {"name": "web", "status": "used", "reason": f"onnxruntime-web {web.version()} (wasm, 1 thread) under Node.js"}
 
 
 def _batch(sizes: dict[str, int]) -> int:

@@ -40,7 +40,7 @@ from onnxbuild.sources.torchmodel import (
 )
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
-VERSION = 3
+VERSION = 4
 PACKAGES = ("torch", "transformers", "tokenizers", "onnxruntime", "numpy")
 
 
@@ -58,12 +58,22 @@ class OutputComparison(TypedDict):
     passed: bool
 
 
-class ShapeResult(TypedDict):
+class WebResult(TypedDict):
+    passed: bool
+    error: str | None
+    outputs: dict[str, OutputComparison]
+    """onnxruntime-web against the source model, with the variant's tolerances."""
+    max_abs_diff_vs_cpu: float | None
+    """The largest difference from ONNX Runtime's CPU provider on the same inputs."""
+
+
+class ShapeResult(TypedDict, total=False):
     shape: dict[str, int]
     passed: bool
     error: str | None
     outputs: dict[str, OutputComparison]
     top1_agreement: float | None
+    web: WebResult
 
 
 class AccuracyResult(TypedDict):
@@ -170,6 +180,17 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     rtol, atol = float(validate["rtol"]), float(validate["atol"])
     top1_min = validate.get("top1_min")
     results: list[ShapeResult] = []
+    model_file = ctx.input(spec.params.get("model_path", "model.onnx"))
+    web_target = bool(spec.params.get("web"))
+    web_note = ""
+    if web_target:
+        from onnxbuild import web
+
+        why = web.unavailable()
+        if why:
+            web_target, web_note = False, f"web target skipped: {why}"
+        else:
+            web_note = f"also validated in onnxruntime-web {web.version()} (wasm, Node.js)"
     # Top-1 agreement gates over every token of every shape together: a shape of 8 tokens
     # alone moves in steps of 12.5%, too coarse to hold a quantized model to 0.85.
     top1_hits = top1_total = 0
@@ -196,6 +217,9 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
                 shape_result["top1_agreement"] = float(same.mean())
                 top1_hits += int(same.sum())
                 top1_total += int(same.size)
+        if web_target:
+            shape_result["web"] = _web_case(model_file, feeds, export["outputs"], reference, produced, rtol, atol)
+            ok = ok and shape_result["web"]["passed"]
         shape_result["passed"] = ok
         results.append(shape_result)
 
@@ -223,6 +247,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
                 "shapes": results,
                 "accuracy": accuracy,
                 "embedding_cosine": embeddings,
+                "web": web_note or None,
             }
         },
     }
@@ -232,6 +257,10 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     worst = max((c["max_abs_diff"] or 0.0 for r in results for c in r["outputs"].values()), default=0.0)
     summary = f"{'passed' if passed else 'FAILED'} at {len(results)} shapes, max abs diff {worst:.2e}"
     data: dict[str, Any] = {"passed": passed, "max_abs_diff": worst, "shapes": len(results)}
+    if web_note:
+        web_worst = max((r["web"]["max_abs_diff_vs_cpu"] or 0.0 for r in results if "web" in r), default=None)
+        summary += f"; {web_note}" + (f", max abs diff vs CPU provider {web_worst:.2e}" if web_worst is not None else "")
+        data["web"] = web_note
     if accuracy is not None:
         summary += f", accuracy {accuracy['onnxruntime']:.4f} (PyTorch {accuracy['pytorch']:.4f})"
         data["accuracy"] = {"pytorch": accuracy["pytorch"], "onnxruntime": accuracy["onnxruntime"]}
@@ -264,6 +293,26 @@ def cases(shapes: list[dict[str, int]], with_past: bool) -> list[dict[str, int]]
         out.append({**sizes, "past_sequence": 0})
         out.append({**sizes, "sequence": 1, "past_sequence": sizes["sequence"]})
     return out
+
+
+def _web_case(model: Any, feeds: dict[str, Any], names: list[str], reference: list[Any], produced: list[Any], rtol: float, atol: float) -> WebResult:
+    """One validation case in onnxruntime-web: against the source model, and how far from ORT's CPU provider."""
+    import numpy as np
+
+    from onnxbuild import web
+
+    run = web.run(model, feeds)
+    if run.error:
+        return {"passed": False, "error": f"onnxruntime-web: {run.error}", "outputs": {}, "max_abs_diff_vs_cpu": None}
+    outputs = {name: compare(ref, np.asarray(run.outputs[name]), rtol, atol) for name, ref in zip(names, reference, strict=False) if name in run.outputs}
+    vs_cpu = [float(np.abs(np.asarray(run.outputs[n], dtype=np.float64) - np.asarray(cpu, dtype=np.float64)).max()) for n, cpu in zip(names, produced, strict=False) if n in run.outputs and np.asarray(cpu).size]
+    missing = [n for n in names if n not in run.outputs]
+    return {
+        "passed": not missing and all(c["passed"] for c in outputs.values()),
+        "error": f"onnxruntime-web returned no {', '.join(missing)}" if missing else None,
+        "outputs": outputs,
+        "max_abs_diff_vs_cpu": max(vs_cpu) if vs_cpu else None,
+    }
 
 
 def json_safe(data: Any) -> Any:
@@ -413,6 +462,12 @@ def failure_message(
         shape = ", ".join(f"{k}={v}" for k, v in r["shape"].items())
         if r["error"]:
             return f"validation of {variant} failed at shape {shape}: {r['error']}"
+        web = r.get("web")
+        if web is not None and not web["passed"] and all(c["passed"] for c in r["outputs"].values()):
+            if web["error"]:
+                return f"validation of {variant} in onnxruntime-web (the web target) failed at shape {shape}: {web['error']}"
+            name, c = next((n, c) for n, c in web["outputs"].items() if not c["passed"])
+            return f"validation of {variant} in onnxruntime-web (the web target) failed at shape {shape}: output {name}: max abs diff {c['max_abs_diff']} vs torch (atol {c['atol']:g}, rtol {c['rtol']:g})"
         for name, c in r["outputs"].items():
             if c["passed"]:
                 continue
@@ -478,7 +533,15 @@ def markdown(report: dict[str, Any], name: str) -> str:
             for out, c in r["outputs"].items():
                 mism = "-" if c["mismatch_fraction"] is None else f"{c['mismatch_fraction']:.2%}"
                 lines.append(f"| {shape} | {out} | {_sci(c['max_abs_diff'])} | {_sci(c['max_rel_diff'])} | {mism} | {top1} | {'pass' if c['passed'] and r['passed'] else 'FAIL'} |")
+            web = r.get("web")
+            if web and web["error"]:
+                lines.append(f"| {shape} | web | - | - | - | - | error: {web['error']} |")
+            for out, c in (web or {}).get("outputs", {}).items():
+                mism = "-" if c["mismatch_fraction"] is None else f"{c['mismatch_fraction']:.2%}"
+                lines.append(f"| {shape} | web: {out} | {_sci(c['max_abs_diff'])} | {_sci(c['max_rel_diff'])} | {mism} | - | {'pass' if c['passed'] else 'FAIL'} |")
         lines.append("")
+        if v.get("web"):
+            lines += [f"Web target: {v['web']}.", ""]
         if v.get("top1"):
             t = v["top1"]
             floor = f" (at least {t['min']:g})" if t["min"] is not None else ""
