@@ -294,6 +294,10 @@ def _torch_source_identity(recipe: Recipe) -> tuple[dict[str, Path], dict[str, A
         from onnxbuild.sources.pytorch import factory_files
 
         return factory_files(src, recipe.directory), {}
+    if recipe.source_kind == "tensorflow":
+        from onnxbuild.sources import tensorflow
+
+        return tensorflow.source_files(src, recipe.directory), tensorflow.plan_identity()
     from onnxbuild.sources.huggingface import plan_identity
 
     return plan_identity(src, recipe.directory)

@@ -93,8 +93,8 @@ def test_a_hub_id_that_cannot_be_reached_fails_the_source_step_and_says_what_to_
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ("validate: {atol: 0.1}\n", "validate: applies only to huggingface and pytorch sources (this recipe's source is an ONNX file, huggingface.file); remove it"),
-        ("export: {opset: 17}\n", "export: applies only to huggingface and pytorch sources (this recipe's source is an ONNX file, huggingface.file)"),
+        ("validate: {atol: 0.1}\n", "validate: applies only to huggingface, pytorch and tensorflow sources (this recipe's source is an ONNX file, huggingface.file); remove it"),
+        ("export: {opset: 17}\n", "export: applies only to huggingface, pytorch and tensorflow sources (this recipe's source is an ONNX file, huggingface.file)"),
     ],
 )
 def test_a_hub_onnx_file_takes_no_export_or_validate_section(tmp_path: Path, extra: str, message: str) -> None:

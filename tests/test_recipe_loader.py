@@ -51,7 +51,7 @@ ONNX = "source: {onnx: {path: m.onnx}}\n"
 
 TOP_KEYS = "benchmark, description, export, generate, limits, name, optimize, providers, quantize, source, validate"
 NAME_RULE = "a name of letters, digits, '.', '_' or '-' (at most 64, no path separators), e.g. gpt2-small"
-SOURCES = "exactly one of: onnx, graph, huggingface, pytorch"
+SOURCES = "exactly one of: onnx, graph, huggingface, pytorch, tensorflow"
 
 
 def bomb(levels: int) -> str:
@@ -370,7 +370,7 @@ BAD: list[Any] = [
     ),
     pytest.param(
         GRAPH + "export:\n  opset: 18\n",
-        ["r.yaml:12:1: export: applies only to huggingface and pytorch sources (this recipe's source is graph); remove it"],
+        ["r.yaml:12:1: export: applies only to huggingface, pytorch and tensorflow sources (this recipe's source is graph); remove it"],
         id="export-on-graph-source",
     ),
     pytest.param(

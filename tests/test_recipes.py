@@ -60,8 +60,39 @@ def test_digits_mlp_trains_exports_and_scores_the_held_out_split(project: Path, 
     check = read(folder / "reports" / "check.json")
     assert check["inputs"] == [{"name": "pixels", "dtype": "float32", "shape": ["batch", 64]}]
     assert check["outputs"][0]["name"] == "logits"
+    web_rows = [r for r in read(folder / "benchmark.json")["results"] if r["provider"] == "web"]
+    if web_rows:  # onnxruntime-web under Node.js where installed (make install); else reported as skipped
+        assert {r["shape"]["batch"] for r in web_rows} == {1, 64} and all(r["p50_ms"] > 0 for r in web_rows)
+        assert all(s["web"]["passed"] for s in model["shapes"])
     again = onnxbuild.build(["recipes/digits-mlp.yaml"], settings)
     assert {s["status"] for s in again.recipes[0].steps} == {"cached"}
+
+
+# ---------------------------------------------------------------- keras-mlp
+
+
+def test_keras_mlp_converts_with_tf2onnx_and_scores_like_tensorflow_byte_identically(project: Path, settings: onnxbuild.Settings) -> None:
+    import hashlib
+
+    import pytest
+
+    pytest.importorskip("tf2onnx", reason="the tensorflow extra is not installed (pip install 'onnxbuild[tensorflow]')")
+    folder = build_ok("recipes/keras-mlp.yaml", settings)
+    validation = read(folder / "reports" / "validation.json")
+    assert validation["passed"] is True and validation["reference"] == "tensorflow"
+    model = validation["variants"]["model"]
+    assert_shapes_pass(model, "logits", 1e-5)
+    accuracy = model["accuracy"]
+    assert accuracy["samples"] == 360 and accuracy["onnxruntime"] > 0.9
+    assert abs(accuracy["pytorch"] - accuracy["onnxruntime"]) <= 0.01  # the reference here is TensorFlow
+    assert "| TensorFlow | ONNX Runtime |" in (folder / "reports" / "validation.md").read_text(encoding="utf-8")
+    check = read(folder / "reports" / "check.json")
+    assert check["inputs"] == [{"name": "pixels", "dtype": "float32", "shape": ["batch", 64]}]
+    assert [o["name"] for o in check["outputs"]] == ["logits"]
+    # Seeded, deterministic training and conversion: another cache and process, the same bytes.
+    other = onnxbuild.Settings(cache_dir=project / "other-cache", artifacts_dir=project / "other-artifacts")
+    twin = build_ok("recipes/keras-mlp.yaml", other)
+    assert hashlib.sha256((twin / "model.onnx").read_bytes()).digest() == hashlib.sha256((folder / "model.onnx").read_bytes()).digest()
 
 
 def test_digits_training_is_deterministic_and_the_test_split_fixed(project: Path) -> None:

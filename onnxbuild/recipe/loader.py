@@ -347,12 +347,18 @@ def _semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) ->
         what = "an ONNX file, huggingface.file" if kind == "huggingface" else kind
         for section in ("export", "validate"):
             if section in doc:
-                yield problem((section,), f"applies only to huggingface and pytorch sources (this recipe's source is {what}); remove it", key=True)
+                yield problem((section,), f"applies only to huggingface, pytorch and tensorflow sources (this recipe's source is {what}); remove it", key=True)
     if kind == "huggingface" and (src.get("model") is not None) == (src.get("package") is not None):
         got = "it has both" if src.get("model") is not None else "it has neither"
         yield problem(("source", "huggingface"), f"give exactly one of `model` (Hub id or folder) and `package` (a folder inside an installed package); {got}", key=True)
-    if kind == "pytorch" and "inputs" not in doc.get("export", {}):
-        yield problem(("export",) if "export" in doc else ("source", "pytorch"), "a pytorch source needs export.inputs (name, dtype and shape of each model input)", key=True)
+    if kind in ("pytorch", "tensorflow") and "inputs" not in doc.get("export", {}):
+        what = "its input signature: " if kind == "tensorflow" else ""
+        yield problem(("export",) if "export" in doc else ("source", kind), f"a {kind} source needs export.inputs ({what}name, dtype and shape of each model input)", key=True)
+    if kind == "tensorflow" and ("factory" in src) == ("keras" in src):
+        got = "it has both" if "factory" in src else "it has neither"
+        yield problem(("source", "tensorflow"), f"give exactly one of `factory` (file.py:function) and `keras` (a .keras file); {got}", key=True)
+    if kind == "tensorflow" and doc.get("export", {}).get("exporter", "torchscript") != "torchscript":
+        yield problem(("export", "exporter"), "a tensorflow source is converted with tf2onnx; remove export.exporter")
     if kind == "graph":
         yield from _graph_problems(src, problem)
 

@@ -6,8 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-SourceKind = Literal["onnx", "graph", "huggingface", "pytorch"]
-TORCH_SOURCES: frozenset[str] = frozenset({"huggingface", "pytorch"})
+SourceKind = Literal["onnx", "graph", "huggingface", "pytorch", "tensorflow"]
+TORCH_SOURCES: frozenset[str] = frozenset({"huggingface", "pytorch", "tensorflow"})
+"""Sources that are a framework model to export (the name predates TensorFlow's arrival)."""
 
 
 def is_torch_source(source: dict[str, Any]) -> bool:

@@ -33,6 +33,10 @@ def load_source_model(source: dict[str, Any], record: dict[str, Any], recipe_dir
         from onnxbuild.sources.huggingface import load_model
 
         return load_model(src, record, recipe_dir)
+    if kind == "tensorflow":
+        from onnxbuild.sources.tensorflow import load_model as load_keras
+
+        return load_keras(src, record, recipe_dir)
     from onnxbuild.sources.pytorch import load_model as load_torch
 
     return load_torch(src, record, recipe_dir)
@@ -63,6 +67,10 @@ def wrap(model: Any, source: dict[str, Any], input_names: list[str], output_name
     import torch
 
     (kind, _), = source.items()
+    if kind == "tensorflow":
+        from onnxbuild.sources.tensorflow import KerasAdapter
+
+        return KerasAdapter(model, input_names)
     hf = kind == "huggingface"
     if hf and any(n.startswith("past_key_values.") for n in input_names):
         from onnxbuild.sources.decoder import layout_of, wrap_with_past

@@ -36,9 +36,11 @@ DATA_NAME = "model.onnx.data"
 
 
 def run(ctx: StepContext, spec: StepSpec) -> StepResult:
+    source, export = spec.params["source"], spec.params["export"]
+    if "tensorflow" in source:
+        return _tensorflow(ctx, source, export)
     import torch
 
-    source, export = spec.params["source"], spec.params["export"]
     if export["device"] == "cuda" and not torch.cuda.is_available():
         raise StepError("export.device: cuda was asked for but torch sees no CUDA device here; use device: cpu (the ONNX file is the same)")
     device = torch.device(export["device"])
@@ -87,6 +89,17 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         extra += companion_files(ctx, model, source, record, export)
     summary = f"{export['exporter']} exporter, opset {export['opset']}, {out.stat().st_size / 1e6:.1f} MB"
     return StepResult(summary=summary, data={"exporter": export["exporter"], "opset": export["opset"]}, extra_outputs=extra)
+
+
+def _tensorflow(ctx: StepContext, source: dict[str, Any], export: dict[str, Any]) -> StepResult:
+    """tf2onnx instead of torch.onnx: the recipe's inputs are the model's input signature."""
+    from onnxbuild.sources.tensorflow import convert, load_model
+
+    record = read_source_record(ctx)
+    model = load_model(source["tensorflow"], record, ctx.recipe_dir)
+    out = ctx.output("model.onnx")
+    convert(model, export, out)
+    return StepResult(summary=f"tf2onnx, opset {export['opset']}, {out.stat().st_size / 1e6:.1f} MB", data={"exporter": "tf2onnx", "opset": export["opset"]})
 
 
 def companion_files(ctx: StepContext, model: Any, source: dict[str, Any], record: dict[str, Any], export: dict[str, Any]) -> tuple[str, ...]:

@@ -26,7 +26,11 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         path, where = onnx_file(src, ctx.recipe_dir)  # type: ignore[arg-type]
         result = _onnx_file(ctx, {"path": str(path)}, key="source.huggingface.file", shown=str(src["file"]))
         return StepResult(summary=f"{src['file']} from {where}", extra_outputs=result.extra_outputs)
-    if kind == "huggingface":
+    if kind == "tensorflow":
+        from onnxbuild.sources.tensorflow import resolve_source as resolve_tf
+
+        record = resolve_tf(src, ctx)
+    elif kind == "huggingface":
         from onnxbuild.sources.huggingface import resolve_source
 
         record = resolve_source(src, ctx)

@@ -40,7 +40,7 @@ from onnxbuild.sources.torchmodel import (
 )
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
-VERSION = 4
+VERSION = 5
 PACKAGES = ("torch", "transformers", "tokenizers", "onnxruntime", "numpy")
 
 
@@ -236,6 +236,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         "passed": passed,
         "weights": record.get("weights"),
         "weights_note": record.get("why", ""),
+        "reference": "tensorflow" if "tensorflow" in source else "pytorch",
         "variants": {
             variant: {
                 "passed": passed,
@@ -262,7 +263,8 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         summary += f"; {web_note}" + (f", max abs diff vs CPU provider {web_worst:.2e}" if web_worst is not None else "")
         data["web"] = web_note
     if accuracy is not None:
-        summary += f", accuracy {accuracy['onnxruntime']:.4f} (PyTorch {accuracy['pytorch']:.4f})"
+        engine = "TensorFlow" if "tensorflow" in source else "PyTorch"
+        summary += f", accuracy {accuracy['onnxruntime']:.4f} ({engine} {accuracy['pytorch']:.4f})"
         data["accuracy"] = {"pytorch": accuracy["pytorch"], "onnxruntime": accuracy["onnxruntime"]}
     if embeddings is not None:
         summary += f", embedding cosine min {embeddings['min']:.6f}"
@@ -552,7 +554,7 @@ def markdown(report: dict[str, Any], name: str) -> str:
             lines += [
                 f"### Top-1 accuracy on {a['samples']} samples from `{a['dataset']}`",
                 "",
-                "| PyTorch | ONNX Runtime | same prediction | allowed | result |",
+                f"| {'TensorFlow' if report.get('reference') == 'tensorflow' else 'PyTorch'} | ONNX Runtime | same prediction | allowed | result |",
                 "|---|---|---|---|---|",
                 f"| {a['pytorch']:.4f} | {a['onnxruntime']:.4f} | {a['agreement']:.2%} | drop at most {a['max_drop']:g}{floor} | {'pass' if a['passed'] else 'FAIL'} |",
                 "",
