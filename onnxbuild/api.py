@@ -217,7 +217,11 @@ def clean(paths: Sequence[str | Path], settings: Settings | None = None) -> list
     else:
         targets = [p for p in sorted(root.iterdir()) if p.is_dir()] if root.is_dir() else []
     for folder in targets:
-        if folder.is_dir():
+        if folder.is_symlink():
+            # Remove the link itself, never what it points to (a clone may plant one anywhere).
+            folder.unlink()
+            removed.append(folder)
+        elif folder.is_dir():
             shutil.rmtree(folder)
             removed.append(folder)
     return removed

@@ -129,3 +129,17 @@ def test_a_cache_entry_naming_a_path_outside_is_a_damaged_entry(project: Path) -
     manifest = json.loads((project / "artifacts" / "linear-regression" / "manifest.json").read_text(encoding="utf-8"))
     assert {s["name"]: s["status"] for s in manifest["steps"]} == {"source": "cached", "check": "built"}
     assert not (project / "evil.json").exists() and not (project.parent / "evil.json").exists()
+
+
+def test_clean_removes_a_linked_artifact_folder_as_a_link_and_leaves_its_target(tmp_path: Path) -> None:
+    import onnxbuild as ob
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("mine", encoding="utf-8")
+    root = tmp_path / "artifacts"
+    root.mkdir()
+    (root / "linked").symlink_to(outside, target_is_directory=True)
+    removed = ob.clean([], ob.Settings(cache_dir=tmp_path / "cache", artifacts_dir=root))
+    assert removed == [root / "linked"] and not (root / "linked").exists()
+    assert (outside / "keep.txt").read_text(encoding="utf-8") == "mine"
