@@ -5,6 +5,7 @@ refused before anything runs, and the remote-cache path a multi-node cluster use
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -55,9 +56,26 @@ def settings(root: Path, **extra: object) -> onnxbuild.Settings:
     return onnxbuild.Settings(cache_dir=root / "cache", artifacts_dir=root / "artifacts", **extra)  # type: ignore[arg-type]
 
 
+MEASURED = {"timings.json", "benchmark.json", "benchmark.md", "benchmark.png"}
+"""Durations, memory and latencies: they differ run to run by design, whichever executor ran them."""
+
+
 def digests(folder: Path) -> dict[str, str]:
-    # timings.json holds durations and memory, which vary run to run by design.
-    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file() and p.name != "timings.json"}
+    """sha256 of every artifact; a manifest with its benchmark step's measured outputs left out."""
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        if not p.is_file() or p.name in MEASURED:
+            continue
+        data = p.read_bytes()
+        if p.name == "manifest.json":
+            manifest = json.loads(data)
+            for step in manifest["steps"]:
+                if step["kind"] == "benchmark":
+                    step["outputs"] = [o["path"] for o in step["outputs"]]
+                    step["data"] = {}
+            data = json.dumps(manifest, sort_keys=True).encode()
+        out[p.relative_to(folder).as_posix()] = hashlib.sha256(data).hexdigest()
+    return out
 
 
 def recipes_in(root: Path) -> list[Path]:

@@ -93,6 +93,8 @@ class _State:
     peak_rss_mb: float | None = None
     lock: FileLock | None = None
     """The step's key lock, held from launch until its outcome is committed."""
+    since: float = field(default_factory=time.time)
+    """When this build took the step on: a cache entry written after it came from another process."""
 
 
 def execute(
@@ -260,7 +262,7 @@ def _start(
     assert ing is not None
     entry = None if forced else cache.get(key)
     if entry is not None:
-        _cached(st, states, key, ing, entry, reporter)
+        _cached(st, states, key, ing, entry, reporter, cache)
         return None
     lock = cache.lock(f"key-{key}", what=f"step {p.label}")
     lock.timeout = LOCK_TIMEOUT_S
@@ -274,7 +276,7 @@ def _start(
     entry = None if forced else cache.get(key)
     if entry is not None:
         lock.release()
-        _cached(st, states, key, ing, entry, reporter)
+        _cached(st, states, key, ing, entry, reporter, cache)
         return None
     workdir = cache.scratch()
     (workdir / "out").mkdir()
@@ -321,7 +323,7 @@ def _start(
     return None
 
 
-def _cached(st: _State, states: dict[str, _State], key: str, ing: dict[str, Any], entry: EntryRecord, reporter: Reporter) -> None:
+def _cached(st: _State, states: dict[str, _State], key: str, ing: dict[str, Any], entry: EntryRecord, reporter: Reporter, cache: Cache) -> None:
     """Take the step from the cache, saying truthfully why it is there."""
     p = st.planned
     recipe = p.recipe.name
@@ -330,7 +332,7 @@ def _cached(st: _State, states: dict[str, _State], key: str, ing: dict[str, Any]
         why = "up to date"
     elif same is not None:
         why = f"built by {same} in this build (the same step)"
-    elif p.key is None and any(states[f"{recipe}:{d}"].record["status"] == "built" for d in p.spec.deps):  # type: ignore[index]
+    elif p.key is None and any(states[f"{recipe}:{d}"].record["status"] == "built" for d in p.spec.deps) and not _written_since(cache, key, st.since):  # type: ignore[index]
         why = "inputs were rebuilt identical"
     else:
         why = "built meanwhile by another onnxbuild"
@@ -339,6 +341,13 @@ def _cached(st: _State, states: dict[str, _State], key: str, ing: dict[str, Any]
     st.entry = entry
     st.record = _record(st.planned, key, "cached", why, entry)
     reporter.step_finished(st.planned, st.record, 0.0)
+
+
+def _written_since(cache: Cache, key: str, since: float) -> bool:
+    try:
+        return cache.entry_path(key).stat().st_mtime >= since
+    except OSError:
+        return False
 
 
 def _release(st: _State, workdir: Path) -> None:
