@@ -40,7 +40,6 @@ class Timing(TypedDict):
 
 def measure(fn: Any, batch: int, warmup: int, iterations: int, min_time_s: float) -> Timing:
     """Time ``fn()``: ``warmup`` untimed calls, then at least ``iterations`` timed calls and ``min_time_s`` seconds."""
-    import numpy as np
 
     for _ in range(warmup):
         fn()
@@ -52,11 +51,18 @@ def measure(fn: Any, batch: int, warmup: int, iterations: int, min_time_s: float
         times.append(time.perf_counter() - t0)
         if len(times) >= 100_000:
             break
-    ms = np.asarray(times) * 1000.0
+    return summarise([t * 1000.0 for t in times], batch, warmup)
+
+
+def summarise(times_ms: list[float], batch: int, warmup: int) -> Timing:
+    """Percentiles, mean and throughput of timed calls (milliseconds each)."""
+    import numpy as np
+
+    ms = np.asarray(times_ms)
     mean = float(ms.mean())
     return {
         "warmup": warmup,
-        "iterations": len(times),
+        "iterations": len(times_ms),
         "p50_ms": round(float(np.percentile(ms, 50)), 4),
         "p90_ms": round(float(np.percentile(ms, 90)), 4),
         "p99_ms": round(float(np.percentile(ms, 99)), 4),
@@ -202,8 +208,6 @@ def _web_benchmark(ctx: StepContext, spec: StepSpec, shapes: list[dict[str, int]
     """
     import resource
 
-    import numpy as np
-
     from onnxbuild import web
 
     why = web.unavailable()
@@ -223,17 +227,7 @@ def _web_benchmark(ctx: StepContext, spec: StepSpec, shapes: list[dict[str, int]
             if run.error or not run.times_ms:
                 results.append({"variant": variant["name"], "provider": "web", "shape": dict(sizes), "error": run.error or "no timings"})
                 continue
-            ms = np.asarray(run.times_ms)
-            timing: Timing = {
-                "warmup": warmup,
-                "iterations": len(ms),
-                "p50_ms": round(float(np.percentile(ms, 50)), 4),
-                "p90_ms": round(float(np.percentile(ms, 90)), 4),
-                "p99_ms": round(float(np.percentile(ms, 99)), 4),
-                "mean_ms": round(float(ms.mean()), 4),
-                "std_ms": round(float(ms.std()), 4),
-                "throughput": round(_batch(sizes) / (float(ms.mean()) / 1000.0), 3) if ms.mean() > 0 else 0.0,
-            }
+            timing = summarise(run.times_ms, _batch(sizes), warmup)
             base = next((b for b in baseline if b["shape"] == dict(sizes)), None)
             results.append(
                 {
@@ -390,19 +384,22 @@ def _pytorch_decode(model: Any, wrapped: Any, names: list[str], layout: Any, siz
     n = int(bench["decode_tokens"])
     prompt = feeds_prompt(sizes, getattr(model.config, "vocab_size", 2))
     total = _generation_time(lambda: hf_generate(model, prompt, n))
+    row = _decode_row(sizes, prefill, timing, n, total, timing["p50_ms"])
+    return {"engine": "pytorch", "variant": None, "provider": None, **row}
+
+
+def _decode_row(sizes: dict[str, int], prefill: Timing, step: Timing, n: int, total: float, base_ms: float | None) -> dict[str, Any]:
+    """The decode figures both engines report; ratios against PyTorch's per-token p50 ``base_ms``."""
     return {
-        "engine": "pytorch",
-        "variant": None,
-        "provider": None,
         "shape": dict(sizes),
         "new_tokens": n,
         "prefill_p50_ms": prefill["p50_ms"],
-        "decode_p50_ms": timing["p50_ms"],
-        "decode_p90_ms": timing["p90_ms"],
+        "decode_p50_ms": step["p50_ms"],
+        "decode_p90_ms": step["p90_ms"],
         "generate_s": round(total, 4),
         "tokens_per_s": round(n * _batch(sizes) / total, 2),
-        "decode_ratio_to_pytorch": 1.0,
-        "decode_speedup_vs_pytorch": 1.0,
+        "decode_ratio_to_pytorch": round(step["p50_ms"] / base_ms, 3) if base_ms else None,
+        "decode_speedup_vs_pytorch": round(base_ms / step["p50_ms"], 3) if base_ms and step["p50_ms"] else None,
     }
 
 
@@ -426,21 +423,8 @@ def _ort_decode(session: Any, variant: dict[str, Any], provider: str, sizes: dic
     prompt = feeds_prompt(sizes, vocab)
     total = _generation_time(lambda: decoder.generate(prompt, n))
     base = next((d for d in decode if d["engine"] == "pytorch" and d["shape"] == dict(sizes)), None)
-    return {
-        "engine": "onnxruntime",
-        "variant": variant["name"],
-        "precision": variant["precision"],
-        "provider": provider,
-        "shape": dict(sizes),
-        "new_tokens": n,
-        "prefill_p50_ms": prefill["p50_ms"],
-        "decode_p50_ms": timing["p50_ms"],
-        "decode_p90_ms": timing["p90_ms"],
-        "generate_s": round(total, 4),
-        "tokens_per_s": round(n * _batch(sizes) / total, 2),
-        "decode_ratio_to_pytorch": round(timing["p50_ms"] / base["decode_p50_ms"], 3) if base and base["decode_p50_ms"] else None,
-        "decode_speedup_vs_pytorch": round(base["decode_p50_ms"] / timing["p50_ms"], 3) if base and timing["p50_ms"] else None,
-    }
+    row = _decode_row(sizes, prefill, timing, n, total, base["decode_p50_ms"] if base else None)
+    return {"engine": "onnxruntime", "variant": variant["name"], "precision": variant["precision"], "provider": provider, **row}
 
 
 def _validate_schema(report: dict[str, Any]) -> None:
