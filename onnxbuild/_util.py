@@ -71,3 +71,13 @@ def write_if_changed(path: str | os.PathLike[str], text: str) -> bool:
         pass
     atomic_write_bytes(path, data)
     return True
+
+
+def format_ms(ms: float | None) -> str:
+    """A latency for people: microseconds below a millisecond, so 0.3 ms never prints as "0.0 ms"."""
+    if ms is None:
+        return "-"
+    if ms < 1.0:
+        us = ms * 1000.0
+        return f"{us:.3g} µs" if us >= 10 else f"{us:.2f} µs"
+    return f"{ms:.2f} ms" if ms < 100 else f"{ms:.0f} ms"

@@ -68,13 +68,20 @@ def load_recipes(paths: Sequence[str | Path], settings: Settings | None = None) 
     return recipes
 
 
-def plan(paths: Sequence[str | Path], settings: Settings | None = None, *, force: bool = False, target: str | None = None, reporter: Reporter | None = None) -> Plan:
+def plan(
+    paths: Sequence[str | Path], settings: Settings | None = None, *, force: bool = False, target: str | None = None, single: bool = False, reporter: Reporter | None = None
+) -> Plan:
     """What a build would do, and why, without doing it."""
     from onnxbuild.engine.graph import plan as make_plan
 
     settings = settings or Settings()
     cache = settings.cache(reporter)
-    result = make_plan(load_recipes(paths, settings), cache, force=force, target=target)
+    from dataclasses import replace
+
+    from onnxbuild.engine.artifacts import out_of_step
+
+    result = make_plan(load_recipes(paths, settings), cache, force=force, target=target, single=single)
+    result = replace(result, out_of_step=tuple(out_of_step(result, settings.artifacts_dir, cache)))
     cache.save_state()
     return result
 
@@ -87,6 +94,7 @@ def build(
     keep_going: bool = False,
     force: bool = False,
     target: str | None = None,
+    single: bool = False,
     reporter: Reporter | None = None,
     in_process: bool = False,
     executor: str = "local",
@@ -113,9 +121,9 @@ def build(
     recipes = load_recipes(paths, settings)
     cache = settings.cache(reporter)
     cache.ensure_writable()
-    the_plan = make_plan(recipes, cache, force=force, target=target)
+    the_plan = make_plan(recipes, cache, force=force, target=target, single=single)
     runner_executor = None
-    if executor == "ray" and any(s.action != "cached" for s in the_plan.steps):  # nothing to run: no cluster needed
+    if executor == "ray" and any(s.action == "run" for s in the_plan.steps):  # nothing to run: no cluster needed
         from onnxbuild.engine.executors import RayExecutor, RaySettings
 
         if ray_address is not None and settings.cache_read_only:

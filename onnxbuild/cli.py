@@ -26,6 +26,7 @@ Examples:
   onnxbuild make recipes/gpt2.yaml
   onnxbuild make recipes/*.yaml -j 2 --keep-going
   onnxbuild make recipes/gpt2.yaml --target check --force
+  onnxbuild make recipes/gpt2.yaml --target benchmark --force --single
 """
 
 
@@ -76,6 +77,34 @@ def cli(ctx: click.Context, cache_dir: Path | None, artifacts_dir: Path, cache_u
     ctx.obj = api.Settings(cache_dir=cache_dir or Path(".onnxbuild/cache"), artifacts_dir=artifacts_dir, cache_url=cache_url, cache_read_only=cache_read_only)
 
 
+def _override(field: str) -> Any:
+    """A click callback that lets a global option be given after the command name too."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+        if value is None or value is False:
+            return
+        from dataclasses import replace
+
+        ctx.obj = replace(ctx.obj, **{field: value})
+
+    return callback
+
+
+def settings_options(command: Any) -> Any:
+    """--cache-dir, --artifacts-dir, --cache-url and --cache-read-only after the command name
+    (``onnxbuild make --cache-url URL recipe.yaml``), as people type them; they override
+    the same options given before it."""
+    options = [
+        click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None, expose_value=False, callback=_override("cache_dir"), help="Cache folder (also accepted before the command)."),
+        click.option("--artifacts-dir", type=click.Path(file_okay=False, path_type=Path), default=None, expose_value=False, callback=_override("artifacts_dir"), help="Where artifacts/<recipe-name>/ folders are written (also before the command)."),
+        click.option("--cache-url", default=None, metavar="URL", expose_value=False, callback=_override("cache_url"), help="Remote cache URL (also before the command)."),
+        click.option("--cache-read-only", is_flag=True, default=False, expose_value=False, callback=_override("cache_read_only"), help="Pull from the remote cache, never push (also before the command)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
 class Printer:
     """Step-by-step progress on stderr; colour only on a terminal."""
 
@@ -104,8 +133,9 @@ class Printer:
 
 @cli.command(epilog=EPILOG_MAKE)
 @click.argument("recipes", nargs=-1, required=True)
-@click.option("--target", "-t", metavar="STEP", help="Build only this step and what it needs (e.g. check).")
-@click.option("--force", is_flag=True, help="Rerun the selected steps even if cached.")
+@click.option("--target", "-t", metavar="STEP", help="Build only this step and what it needs (e.g. check); other steps' current outputs stay in the artifact folder.")
+@click.option("--force", is_flag=True, help="Rerun steps even if cached: every step (with --target: the target and every step it needs).")
+@click.option("--single", is_flag=True, help="With --force and --target: rerun only the target step; what it needs comes from the cache (built if missing).")
 @click.option("--jobs", "-j", type=int, default=None, help="Steps to run at once (default 1; with --executor ray, as many as the cluster places).")
 @click.option("--keep-going", "-k", is_flag=True, help="After a failure, build everything that does not depend on it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the build report as JSON on stdout.")
@@ -114,12 +144,14 @@ class Printer:
 @click.option("--executor", type=click.Choice(["local", "ray"]), default=None, help="Where steps run: local processes (default) or Ray tasks; or [tool.onnxbuild] executor.")
 @click.option("--ray-address", metavar="ADDRESS", default=None, help="A Ray cluster (auto, ray://host:port); default: start a local Ray instance. Or [tool.onnxbuild] ray_address.")
 @click.option("--ray-retries", type=click.IntRange(0, 20), default=2, show_default=True, help="Times Ray reruns a step whose worker died.")
+@settings_options
 @click.pass_context
 def make(
     ctx: click.Context,
     recipes: tuple[str, ...],
     target: str | None,
     force: bool,
+    single: bool,
     jobs: int | None,
     keep_going: bool,
     as_json: bool,
@@ -140,7 +172,7 @@ def make(
         ray_address = ray_address or config.get("ray_address")
     printer = Printer(quiet=False)
     report = api.build(
-        recipes, _settings(ctx), jobs=jobs, keep_going=keep_going, force=force, target=target, reporter=printer, executor=executor, ray_address=ray_address, ray_retries=ray_retries
+        recipes, _settings(ctx), jobs=jobs, keep_going=keep_going, force=force, target=target, single=single, reporter=printer, executor=executor, ray_address=ray_address, ray_retries=ray_retries
     )
     if as_json:
         click.echo(json.dumps(_report_json(report), indent=2, sort_keys=True))
@@ -195,10 +227,12 @@ def _summary(report: Any) -> str:
 @click.argument("recipes", nargs=-1, required=True)
 @click.option("--target", "-t", metavar="STEP", help="Plan only this step and what it needs.")
 @click.option("--force", is_flag=True, help="Plan as if --force were given to make.")
+@click.option("--single", is_flag=True, help="Plan as if --single were given to make.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.option("--check", "check_lock", is_flag=True, help="Only check that each <recipe>.lock.json matches its recipe; exit 1 if stale.")
+@settings_options
 @click.pass_context
-def plan(ctx: click.Context, recipes: tuple[str, ...], target: str | None, force: bool, as_json: bool, check_lock: bool) -> None:
+def plan(ctx: click.Context, recipes: tuple[str, ...], target: str | None, force: bool, single: bool, as_json: bool, check_lock: bool) -> None:
     """Show what `make` would do and why, without doing it.
 
     Exits 0 when everything is up to date and 2 when some step would run, so CI
@@ -220,24 +254,30 @@ def plan(ctx: click.Context, recipes: tuple[str, ...], target: str | None, force
             raise BuildFailed("the lock files do not match the recipes; run `onnxbuild make RECIPE --lock` and commit the locks")
         click.echo("locks match the recipes")
         return
-    result = api.plan(recipes, _settings(ctx), force=force, target=target, reporter=Printer())
+    result = api.plan(recipes, _settings(ctx), force=force, target=target, single=single, reporter=Printer())
     if as_json:
-        click.echo(json.dumps({"up_to_date": not result.would_run, "steps": [
+        click.echo(json.dumps({"up_to_date": result.up_to_date, "artifacts_out_of_step": list(result.out_of_step), "steps": [
             {"recipe": s.recipe.name, "step": s.spec.name, "action": s.action, "reasons": list(s.reasons), "key": s.key} for s in result.steps
         ]}, indent=2))
     else:
         for s in result.steps:
-            verb = "will run" if s.action == "run" else "cached"
+            verb = {"run": "will run", "cached": "cached", "outside": "outside target"}[s.action]
             click.echo(f"{s.label}: {verb}: {s.reason}")
+        for line in result.out_of_step:
+            click.echo(line)
         n = len(result.would_run)
-        click.echo(f"{n} step{'s' if n != 1 else ''} would run" if n else "everything is up to date")
-    ctx.exit(2 if result.would_run else 0)
+        stale = len(result.out_of_step)
+        said = [f"{n} step{'s' if n != 1 else ''} would run"] if n else []
+        said += [f"{stale} artifact file{'s' if stale != 1 else ''} out of step with the cache"] if stale else []
+        click.echo("; ".join(said) if said else "everything is up to date")
+    ctx.exit(0 if result.up_to_date else 2)
 
 
 @cli.command("diff")
 @click.argument("recipes", nargs=-1)
 @click.option("--base", metavar="REF", help="Git ref to compare with (default: the merge-base with main).")
 @click.option("--format", "fmt", type=click.Choice(["text", "md", "json"]), default="text", show_default=True)
+@settings_options
 @click.pass_context
 def diff_command(ctx: click.Context, recipes: tuple[str, ...], base: str | None, fmt: str) -> None:
     """Review recipe changes: resolved keys that differ, steps that rebuild, figure deltas.
@@ -267,6 +307,7 @@ def diff_command(ctx: click.Context, recipes: tuple[str, ...], base: str | None,
 @click.argument("recipes", nargs=-1, required=True)
 @click.option("--jobs", "-j", type=int, default=1, show_default=True, help="Steps to run at once in the rebuild.")
 @click.option("--json", "as_json", is_flag=True, help="Print the verdicts as JSON.")
+@settings_options
 @click.pass_context
 def verify_command(ctx: click.Context, recipes: tuple[str, ...], jobs: int, as_json: bool) -> None:
     """Rebuild RECIPES from scratch in a throwaway cache; compare every digest with the manifest.
@@ -332,6 +373,7 @@ def dag(recipe: str, fmt: str) -> None:
 
 @cli.command()
 @click.argument("recipes", nargs=-1)
+@settings_options
 @click.pass_context
 def clean(ctx: click.Context, recipes: tuple[str, ...]) -> None:
     """Remove artifact folders (of RECIPES, or all); the cache is kept.
@@ -358,6 +400,7 @@ def cache() -> None:
 
 
 @cache.command("verify")
+@settings_options
 @click.pass_context
 def cache_verify(ctx: click.Context) -> None:
     """Re-hash every cached file; drop entries whose files are missing or were altered.
@@ -442,6 +485,7 @@ def providers(as_json: bool) -> None:
 
 
 @cli.command()
+@settings_options
 @click.pass_context
 def gc(ctx: click.Context) -> None:
     """Drop cache entries that no artifact folder refers to; report the bytes freed.

@@ -56,7 +56,7 @@ def test_digits_mlp_trains_exports_and_scores_the_held_out_split(project: Path, 
     assert accuracy["pytorch"] > 0.9 and accuracy["onnxruntime"] > 0.9
     assert abs(accuracy["pytorch"] - accuracy["onnxruntime"]) <= 0.01
     assert accuracy["passed"] is True
-    assert "Top-1 accuracy on 360 samples from `digits_mlp.py:test_set`" in (folder / "reports" / "validation.md").read_text(encoding="utf-8")
+    assert "top-1 accuracy on 360 samples from `digits_mlp.py:test_set`" in (folder / "reports" / "validation.md").read_text(encoding="utf-8")
     check = read(folder / "reports" / "check.json")
     assert check["inputs"] == [{"name": "pixels", "dtype": "float32", "shape": ["batch", 64]}]
     assert check["outputs"][0]["name"] == "logits"
@@ -148,7 +148,7 @@ def test_all_minilm_l6_v2_real_weights_from_a_package(project: Path, settings: o
     assert (embeddings["sentences"], embeddings["pooling"], embeddings["cosine_min"]) == (6, "mean", 0.99)
     assert embeddings["min"] >= 0.99 and embeddings["mean"] >= 0.99
     assert embeddings["passed"] is True
-    assert "Sentence embeddings (6 sentences, padded to" in (folder / "reports" / "validation.md").read_text(encoding="utf-8")
+    assert "sentence embeddings (6 sentences, padded to" in (folder / "reports" / "validation.md").read_text(encoding="utf-8")
     assert read(folder / "reports" / "check.json")["inputs"] == TOKEN_INPUTS
 
 

@@ -18,9 +18,12 @@ from onnxbuild.recipe.model import Recipe
 from onnxbuild.steps import step_module
 from onnxbuild.steps.base import StepSpec
 
-Action = Literal["run", "cached"]
+Action = Literal["run", "cached", "outside"]
+"""``outside``: a step beyond ``--target`` whose inputs are still to be rebuilt: taken from the
+cache if they come out identical, else left out of this build (never run)."""
 
 FORCED = "forced (--force)"
+OUTSIDE = "outside --target: kept if its inputs are rebuilt identical, else left out"
 
 
 @dataclass(frozen=True)
@@ -49,12 +52,20 @@ class PlannedStep:
 
 @dataclass(frozen=True)
 class Plan:
+    """Every planned step of every recipe, in dependency order, with its decision and reason."""
+
     steps: tuple[PlannedStep, ...]
     recipes: tuple[Recipe, ...]
+    out_of_step: tuple[str, ...] = ()
+    """Files of current steps missing or altered in the artifact folders (filled in by ``api.plan``)."""
 
     @property
     def would_run(self) -> tuple[PlannedStep, ...]:
         return tuple(s for s in self.steps if s.action == "run")
+
+    @property
+    def up_to_date(self) -> bool:
+        return not self.would_run and not self.out_of_step
 
 
 def ingredients(spec: StepSpec, input_digests: dict[str, str], cache: Cache) -> dict[str, Any]:
@@ -105,8 +116,15 @@ def select(steps: list[StepSpec], target: str | None, recipe: Recipe) -> list[St
     return [s for s in steps if s.name in needed]
 
 
-def plan(recipes: list[Recipe], cache: Cache, *, force: bool = False, target: str | None = None) -> Plan:
-    """Decide, for every step of every recipe, whether it runs or comes from the cache, and why."""
+def plan(recipes: list[Recipe], cache: Cache, *, force: bool = False, target: str | None = None, single: bool = False) -> Plan:
+    """Decide, for every step of every recipe, whether it runs or comes from the cache, and why.
+
+    With ``target``, the steps it needs are planned as usual; every other step whose outputs
+    are current comes from the cache too, so the artifact folder keeps them (a targeted build
+    never empties it). ``force`` reruns every needed step, or, with ``single``, the target alone.
+    """
+    if single and target is None:
+        raise UsageError("--single forces just the --target step; name one with --target STEP")
     names: dict[str, str] = {}
     for recipe in recipes:
         if recipe.name in names and names[recipe.name] != recipe.path:
@@ -116,8 +134,22 @@ def plan(recipes: list[Recipe], cache: Cache, *, force: bool = False, target: st
     for recipe in recipes:
         last = cache.last_build(recipe.name)
         done: dict[str, PlannedStep] = {}
-        for spec in select(steps_for(recipe), target, recipe):
-            step = plan_step(recipe, spec, done, cache, last.get(spec.name), force=force)
+        every = steps_for(recipe)
+        needed = {s.name for s in select(every, target, recipe)}
+        left_out: set[str] = set()
+        for spec in every:
+            if spec.name in needed:
+                step = plan_step(recipe, spec, done, cache, last.get(spec.name), force=force and (not single or spec.name == target))
+            elif any(d in left_out for d in spec.deps):
+                left_out.add(spec.name)
+                continue
+            else:
+                step = plan_step(recipe, spec, done, cache, last.get(spec.name), force=False)
+                if step.action == "run":
+                    if step.key is not None:  # out of date and not asked for: not this build's business
+                        left_out.add(spec.name)
+                        continue
+                    step = PlannedStep(recipe, spec, "outside", (OUTSIDE,), None, None, None)
             done[spec.name] = step
             planned.append(step)
     return Plan(tuple(planned), tuple(recipes))

@@ -95,6 +95,8 @@ class _State:
     """The step's key lock, held from launch until its outcome is committed."""
     since: float = field(default_factory=time.time)
     """When this build took the step on: a cache entry written after it came from another process."""
+    left_out: bool = False
+    """A step beyond --target that turned out not to be current: in no record, report or manifest."""
 
 
 def execute(
@@ -115,7 +117,7 @@ def execute(
     """
     reporter = reporter or NullReporter()
     executor = executor or LocalExecutor()
-    executor.check([(s.label, s.spec.resources) for s in plan.steps if s.action != "cached"])
+    executor.check([(s.label, s.spec.resources) for s in plan.steps if s.action == "run"])
     cache.warn = reporter.warning
     start = time.perf_counter()
     cache.ensure_writable()
@@ -173,6 +175,10 @@ def _run_all(
                     continue
                 deps = [states[d] for d in dep_labels(label)]
                 failed = [d for d in deps if d.record is not None and d.record["status"] in ("failed", "skipped")]
+                if failed and st.planned.action == "outside":
+                    _leave_out(st)
+                    progressed = True
+                    continue
                 if failed:
                     names = ", ".join(d.planned.spec.name for d in failed)
                     _skip(st, f"not run: depends on {names}, which {'failed' if failed[0].record and failed[0].record['status'] == 'failed' else 'was skipped'}", reporter)
@@ -215,12 +221,19 @@ def _run_all(
         raise
     for label in order:
         st = states[label]
-        if st.record is None:
+        if st.record is None and st.planned.action == "outside":
+            _leave_out(st)
+        elif st.record is None:
             _skip(st, "not run: the build stopped at the first failure (use --keep-going to build everything that does not depend on it)", reporter)
 
 
 def _exclusive(st: _State) -> bool:
     return bool(getattr(step_module(st.planned.spec.kind), "EXCLUSIVE", False))
+
+
+def _leave_out(st: _State) -> None:
+    st.record = _record(st.planned, None, "skipped", "outside --target and not current", None)
+    st.left_out = True
 
 
 def _skip(st: _State, reason: str, reporter: Reporter) -> None:
@@ -263,6 +276,9 @@ def _start(
     entry = None if forced else cache.get(key)
     if entry is not None:
         _cached(st, states, key, ing, entry, reporter, cache)
+        return None
+    if p.action == "outside":
+        _leave_out(st)
         return None
     lock = cache.lock(f"key-{key}", what=f"step {p.label}")
     lock.timeout = LOCK_TIMEOUT_S
@@ -327,6 +343,7 @@ def _cached(st: _State, states: dict[str, _State], key: str, ing: dict[str, Any]
     """Take the step from the cache, saying truthfully why it is there."""
     p = st.planned
     recipe = p.recipe.name
+    outside = p.action == "outside"
     same = next((o.planned.label for o in states.values() if o.record and o.record["status"] == "built" and o.record["key"] == key), None)
     if p.action == "cached":
         why = "up to date"
@@ -334,6 +351,8 @@ def _cached(st: _State, states: dict[str, _State], key: str, ing: dict[str, Any]
         why = f"built by {same} in this build (the same step)"
     elif p.key is None and any(states[f"{recipe}:{d}"].record["status"] == "built" for d in p.spec.deps) and not _written_since(cache, key, st.since):  # type: ignore[index]
         why = "inputs were rebuilt identical"
+    elif outside:
+        why = "up to date"
     else:
         why = "built meanwhile by another onnxbuild"
     # Keep the key and ingredients: the last-build record needs them to explain the next change.
@@ -489,6 +508,7 @@ def _remove_stale_temps(folder: Path) -> None:
 def _finish_recipe(recipe: Recipe, states: list[_State], cache: Cache, artifacts_root: Path) -> RecipeOutcome:
     """Materialise the outputs of every step that succeeded, then write the manifest last."""
     folder = artifact_folder(artifacts_root, recipe.name)
+    states = [st for st in states if not st.left_out]
     records = [st.record for st in states if st.record is not None]
     previous = _previous_owners(folder)
     _remove_stale_temps(folder)

@@ -357,6 +357,16 @@ def _semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) ->
     if kind == "tensorflow" and ("factory" in src) == ("keras" in src):
         got = "it has both" if "factory" in src else "it has neither"
         yield problem(("source", "tensorflow"), f"give exactly one of `factory` (file.py:function) and `keras` (a .keras file); {got}", key=True)
+    from onnxbuild.usercode import ref_problem
+
+    refs = [(("source", kind, "factory"), src.get("factory")) if kind in ("pytorch", "tensorflow") else ((), None)]
+    accuracy = (doc.get("validate") or {}).get("accuracy")
+    if isinstance(accuracy, dict):
+        refs.append((("validate", "accuracy", "dataset"), accuracy.get("dataset")))
+    for path, ref in refs:
+        wrong = ref_problem(ref) if isinstance(ref, str) else None
+        if wrong:
+            yield problem(path, wrong)
     if kind == "tensorflow" and doc.get("export", {}).get("exporter", "torchscript") != "torchscript":
         yield problem(("export", "exporter"), "a tensorflow source is converted with tf2onnx; remove export.exporter")
     if kind == "graph":
@@ -391,6 +401,14 @@ def _semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) ->
             for d in shape:
                 if d not in dims and d not in optional:
                     yield problem(("validate", "shapes", i, d), f"unknown dimension (the inputs use: {', '.join([*dims, *optional]) or 'no symbolic dimensions'})", key=True)
+        bench = doc.get("benchmark") or {}
+        for i, shape in enumerate(bench.get("shapes", []) if isinstance(bench, dict) else []):
+            for d in dims:
+                if d not in shape and d not in optional:
+                    yield problem(("benchmark", "shapes", i), f"missing a size for dimension {d!r} (the inputs use: {', '.join(dims)})")
+            for d in shape:
+                if d not in dims and d not in optional:
+                    yield problem(("benchmark", "shapes", i, d), f"unknown dimension (the inputs use: {', '.join([*dims, *optional]) or 'no symbolic dimensions'})", key=True)
         names = [t["name"] for t in inputs]
         for i, name in enumerate(names):
             if name in names[:i]:
@@ -510,7 +528,8 @@ def resolve(doc: dict[str, Any]) -> dict[str, Any]:
         export.setdefault("inputs", [dict(t) for t in default_inputs])
         export["inputs"] = [{"dtype": "float32", "shape": [], **t} for t in export["inputs"]]
         export.setdefault("outputs", list(task["outputs"]) if task else ["output"])
-        export.setdefault("sample", {d: DEFAULT_SAMPLE[d] for d in _symbolic_dims(export["inputs"])})
+        if "sample" not in export:  # not setdefault: its default names only the usual dimensions
+            export["sample"] = {d: DEFAULT_SAMPLE[d] for d in _symbolic_dims(export["inputs"])}
         if export["with_past"]:
             export["sample"] = {**export["sample"], "past_sequence": export["sample"].get("past_sequence", DEFAULT_SAMPLE["past_sequence"])}
         out["export"] = export

@@ -6,46 +6,26 @@ The factory file's content digest is part of the identity, so editing it rebuild
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from pathlib import Path
 from typing import Any
 
+from onnxbuild import usercode
 from onnxbuild.errors import StepError
 from onnxbuild.steps.base import StepContext
 
 
-def _split(factory: str) -> tuple[str, str]:
-    target, _, func = factory.rpartition(":")
-    return target, func
-
-
-def _is_file(target: str) -> bool:
-    return target.endswith(".py") or "/" in target or "\\" in target
-
-
 def factory_files(src: dict[str, Any], recipe_dir: Path) -> dict[str, Path]:
-    target, _ = _split(src["factory"])
     files: dict[str, Path] = {}
-    if _is_file(target):
-        files["source.pytorch.factory"] = recipe_dir / target
-    else:
-        spec = _find_module(target)
-        if spec is not None and spec.origin:
-            files["source.pytorch.factory"] = Path(spec.origin)
+    found = usercode.file_path(src["factory"], recipe_dir)
+    if found is not None:
+        files["source.pytorch.factory"] = found
     if src.get("checkpoint"):
         files["source.pytorch.checkpoint"] = recipe_dir / src["checkpoint"]
     return files
 
 
-def _find_module(name: str) -> Any:
-    try:
-        return importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return None
-
-
 def resolve_source(src: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+    usercode.check_defines(src["factory"], ctx.recipe_dir, "source.pytorch.factory")
     missing = [label for label, digest in ctx.digests.items() if digest == "missing"]
     if missing:
         raise StepError(f"{missing[0]}: file not found (paths are relative to the recipe's folder, {ctx.recipe_dir})")
@@ -60,9 +40,7 @@ def resolve_source(src: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
 
 
 def load_factory(src: dict[str, Any], recipe_dir: Path) -> Any:
-    from onnxbuild.sources.torchmodel import load_function
-
-    return load_function(src["factory"], recipe_dir, "source.pytorch.factory")
+    return usercode.load_function(src["factory"], recipe_dir, "source.pytorch.factory")
 
 
 def load_model(src: dict[str, Any], record: dict[str, Any], recipe_dir: Path) -> Any:

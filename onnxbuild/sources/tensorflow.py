@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from onnxbuild import usercode
 from onnxbuild.errors import StepError
 from onnxbuild.steps.base import StepContext
 
@@ -27,16 +28,8 @@ def source_files(src: dict[str, Any], recipe_dir: Path) -> dict[str, Path]:
     """Files whose contents identify the model: the factory's Python file or the .keras file."""
     if src.get("keras"):
         return {"source.tensorflow.keras": recipe_dir / src["keras"]}
-    target = src["factory"].rpartition(":")[0]
-    if target.endswith(".py") or "/" in target:
-        return {"source.tensorflow.factory": recipe_dir / target}
-    import importlib.util
-
-    try:
-        spec = importlib.util.find_spec(target)
-    except (ImportError, ValueError):
-        spec = None
-    return {"source.tensorflow.factory": Path(spec.origin)} if spec is not None and spec.origin else {}
+    found = usercode.file_path(src["factory"], recipe_dir)
+    return {"source.tensorflow.factory": found} if found is not None else {}
 
 
 def plan_identity() -> dict[str, Any]:
@@ -47,6 +40,8 @@ def plan_identity() -> dict[str, Any]:
 
 
 def resolve_source(src: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+    if src.get("factory"):
+        usercode.check_defines(src["factory"], ctx.recipe_dir, "source.tensorflow.factory")
     missing = [label for label, digest in ctx.digests.items() if digest == "missing"]
     if missing:
         raise StepError(f"{missing[0]}: file not found (paths are relative to the recipe's folder, {ctx.recipe_dir})")
@@ -75,9 +70,7 @@ def load_model(src: dict[str, Any], record: dict[str, Any], recipe_dir: Path) ->
             return tf.keras.models.load_model(recipe_dir / src["keras"], compile=False)
         except Exception as exc:
             raise StepError(f"source.tensorflow.keras: cannot load {src['keras']}: {type(exc).__name__}: {str(exc)[:300]}") from None
-    from onnxbuild.sources.torchmodel import load_function
-
-    fn = load_function(src["factory"], recipe_dir, "source.tensorflow.factory")
+    fn = usercode.load_function(src["factory"], recipe_dir, "source.tensorflow.factory")
     try:
         model = fn(**src["kwargs"])
     except Exception as exc:

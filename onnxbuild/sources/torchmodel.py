@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from onnxbuild._util import sha256_text
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.tasks import TASKS, TOKEN_INPUTS
 from onnxbuild.steps.base import StepContext
@@ -172,41 +170,6 @@ def make_inputs(specs: list[dict[str, Any]], sizes: dict[str, int], seed: int, v
 def is_language_model(source: dict[str, Any]) -> bool:
     (kind, src), = source.items()
     return kind == "huggingface" and TASKS[src["task"]]["language_model"]
-
-
-def load_function(ref: str, recipe_dir: Path, key: str) -> Callable[..., Any]:
-    """The function ``ref`` names: ``file.py:function`` (relative to the recipe's folder) or
-    ``package.module:function``. ``key`` is the recipe key that holds ``ref``, for messages."""
-    import importlib
-    import importlib.util
-    import sys
-
-    target, _, name = ref.rpartition(":")
-    if target.endswith(".py") or "/" in target or "\\" in target:
-        path = (recipe_dir / target).resolve()
-        if not path.is_file():
-            raise StepError(f"{key}: {path} does not exist (paths are relative to the recipe's folder)")
-        module_name = f"_onnxbuild_{path.stem}_{sha256_text(str(path))[:12]}"
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        sys.path.insert(0, str(path.parent))
-        try:
-            spec.loader.exec_module(module)
-        except Exception as exc:
-            raise StepError(f"{key}: importing {target} failed: {type(exc).__name__}: {exc}") from None
-        finally:
-            sys.path.remove(str(path.parent))
-    else:
-        try:
-            module = importlib.import_module(target)
-        except Exception as exc:
-            raise StepError(f"{key}: cannot import {target}: {type(exc).__name__}: {exc}") from None
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise StepError(f"{key}: {target} has no function {name!r}")
-    return fn  # type: ignore[no-any-return]
 
 
 def labelled_inputs(got: Any, specs: list[dict[str, Any]], key: str) -> tuple[dict[str, Any], Any]:

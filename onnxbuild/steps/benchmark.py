@@ -16,11 +16,11 @@ import os
 import time
 from typing import Any, TypedDict
 
-from onnxbuild._util import pretty_json
+from onnxbuild._util import format_ms, pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
-VERSION = 3
+VERSION = 4
 PACKAGES = ("onnxruntime", "torch", "transformers", "numpy")
 SCHEMA_VERSION = 1
 EXCLUSIVE = True
@@ -192,7 +192,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     best = min((r for r in results if "p50_ms" in r), key=lambda r: r["p50_ms"], default=None)
     summary = "no results"
     if best:
-        summary = f"best {best['variant']} on {best['provider'].replace('ExecutionProvider', '')}: p50 {best['p50_ms']:.1f} ms"
+        summary = f"best {best['variant']} on {best['provider'].replace('ExecutionProvider', '')}: p50 {format_ms(best['p50_ms'])}"
         if best.get("speedup_vs_pytorch"):
             summary += f" ({best['speedup_vs_pytorch']:.1f}x PyTorch)"
     return StepResult(summary=summary, data={"results": len(results)})
@@ -449,10 +449,10 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     if report.get("weights") == "random-init":
         lines += ["> weights: random-init (latency does not depend on weight values)", ""]
-    lines += ["| variant | provider | shape | p50 ms | p90 ms | p99 ms | mean ms | throughput/s | vs PyTorch p50 |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["| variant | provider | shape | p50 | p90 | p99 | mean | throughput/s | vs PyTorch p50 |", "|---|---|---|---|---|---|---|---|---|"]
     for b in report["baseline"]:
         shape = ", ".join(f"{k}={v}" for k, v in b["shape"].items())
-        lines.append(f"| PyTorch ({b['mode']}{', ' + b['attention'] if b.get('attention') else ''}) | - | {shape} | {b['p50_ms']:.2f} | {b['p90_ms']:.2f} | {b['p99_ms']:.2f} | {b['mean_ms']:.2f} | {b['throughput']:.1f} | 1.00x |")
+        lines.append(f"| PyTorch ({b['mode']}{', ' + b['attention'] if b.get('attention') else ''}) | - | {shape} | {format_ms(b['p50_ms'])} | {format_ms(b['p90_ms'])} | {format_ms(b['p99_ms'])} | {format_ms(b['mean_ms'])} | {b['throughput']:.1f} | 1.00x |")
     for r in report["results"]:
         if "p50_ms" not in r:
             lines.append(f"| {r['variant']} | {r['provider']} | {r.get('shape', '-')} | error: {r.get('error')} | | | | | |")
@@ -460,7 +460,7 @@ def markdown(report: dict[str, Any]) -> str:
         shape = ", ".join(f"{k}={v}" for k, v in r["shape"].items())
         ratio = f"{r['ratio_to_pytorch']:.2f}x" if r.get("ratio_to_pytorch") else "-"
         bound = " (IOBinding)" if r.get("io_binding") else ""
-        lines.append(f"| {r['variant']}{bound} | {r['provider'].replace('ExecutionProvider', '')} | {shape} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | {r['p99_ms']:.2f} | {r['mean_ms']:.2f} | {r['throughput']:.1f} | {ratio} |")
+        lines.append(f"| {r['variant']}{bound} | {r['provider'].replace('ExecutionProvider', '')} | {shape} | {format_ms(r['p50_ms'])} | {format_ms(r['p90_ms'])} | {format_ms(r['p99_ms'])} | {format_ms(r['mean_ms'])} | {r['throughput']:.1f} | {ratio} |")
     if report.get("decode"):
         lines += [
             "",
@@ -469,14 +469,14 @@ def markdown(report: dict[str, Any]) -> str:
             "Prefill: the prompt with an empty past. Decode: one new token after a past as long as the prompt. "
             "Generate: prefill plus all new tokens, end to end (PyTorch: transformers generate()).",
             "",
-            "| engine | variant | prompt | new tokens | prefill p50 ms | decode p50 ms | decode p90 ms | tokens/s | decode vs PyTorch |",
+            "| engine | variant | prompt | new tokens | prefill p50 | decode p50 | decode p90 | tokens/s | decode vs PyTorch |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
         for d in report["decode"]:
             shape = ", ".join(f"{k}={v}" for k, v in d["shape"].items())
             ratio = f"{d['decode_ratio_to_pytorch']:.2f}x" if d.get("decode_ratio_to_pytorch") else "-"
             who = "PyTorch generate()" if d["engine"] == "pytorch" else f"ONNX Runtime ({(d['provider'] or '').replace('ExecutionProvider', '')})"
-            lines.append(f"| {who} | {d['variant'] or '-'} | {shape} | {d['new_tokens']} | {d['prefill_p50_ms']:.2f} | {d['decode_p50_ms']:.2f} | {d['decode_p90_ms']:.2f} | {d['tokens_per_s']:.1f} | {ratio} |")
+            lines.append(f"| {who} | {d['variant'] or '-'} | {shape} | {d['new_tokens']} | {format_ms(d['prefill_p50_ms'])} | {format_ms(d['decode_p50_ms'])} | {format_ms(d['decode_p90_ms'])} | {d['tokens_per_s']:.1f} | {ratio} |")
     skipped = [p for p in report["providers"] if p["status"] == "skipped"]
     if skipped:
         lines += ["", "Providers skipped:"] + [f"- {p['name']}: {p['reason']}" for p in skipped]
@@ -509,7 +509,7 @@ def chart(report: dict[str, Any], path: Any) -> None:
         ax.set_ylabel("p50 latency (ms)")
         ax.set_title(", ".join(f"{k}={v}" for k, v in json.loads(shape).items()), fontsize=9)
         for i, v in enumerate(values):
-            ax.annotate(f"{v:.1f}", (i, v), ha="center", va="bottom", fontsize=8)
+            ax.annotate(format_ms(v), (i, v), ha="center", va="bottom", fontsize=8)
     fig.suptitle(f"{report['recipe']}: p50 latency per variant (lower is better)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100, metadata={"Software": None})

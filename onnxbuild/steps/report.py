@@ -8,7 +8,7 @@ from typing import Any
 from onnxbuild._util import pretty_json
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
-VERSION = 1
+VERSION = 2
 PACKAGES: tuple[str, ...] = ()
 
 

@@ -29,7 +29,6 @@ from onnxbuild.sources.torchmodel import (
     input_specs,
     is_language_model,
     labelled_inputs,
-    load_function,
     load_source_model,
     load_tokenizer,
     make_inputs,
@@ -40,7 +39,7 @@ from onnxbuild.sources.torchmodel import (
 )
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
-VERSION = 5
+VERSION = 6
 PACKAGES = ("torch", "transformers", "tokenizers", "onnxruntime", "numpy")
 
 
@@ -190,7 +189,8 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         if why:
             web_target, web_note = False, f"web target skipped: {why}"
         else:
-            web_note = f"also validated in onnxruntime-web {web.version()} (wasm, Node.js)"
+            where = f", installed in {web.where()}" if web.where() else ""
+            web_note = f"also validated in onnxruntime-web {web.version()} (wasm, Node.js{where})"
     # Top-1 agreement gates over every token of every shape together: a shape of 8 tokens
     # alone moves in steps of 12.5%, too coarse to hold a quantized model to 0.85.
     top1_hits = top1_total = 0
@@ -365,6 +365,8 @@ def _accuracy(cfg: dict[str, Any], wrapped: Any, session: Any, export: dict[str,
     import numpy as np
 
     key = "validate.accuracy.dataset"
+    from onnxbuild.usercode import load_function
+
     fn = load_function(cfg["dataset"], recipe_dir, key)
     try:
         got = fn()
@@ -516,62 +518,108 @@ def _fixed_axis_hint(export: dict[str, Any], feeds: dict[str, Any]) -> str:
 
 
 def markdown(report: dict[str, Any], name: str) -> str:
+    """The verdict first (one row per variant and shape, its worst output), details after, folded."""
     lines = [f"# {name}: validation against the source model", ""]
     if report.get("weights") == "random-init":
         lines += [f"> weights: **random-init** ({report.get('weights_note') or 'seeded'}): figures compare the export, not a trained model", ""]
     lines += [f"Overall: **{'passed' if report['passed'] else 'FAILED'}**", ""]
-    for variant, v in report["variants"].items():
-        lines += [
-            f"## {variant} ({v['provider']}, atol {v['atol']:g}, rtol {v['rtol']:g})",
-            "",
-            "| shape | output | max abs diff | max rel diff | mismatched | top-1 agreement | result |",
-            "|---|---|---|---|---|---|---|",
-        ]
+    lines += ["| variant | shape | worst output | max abs diff | tolerance | top-1 agreement | result |", "|---|---|---|---|---|---|---|"]
+    variants = sorted(report["variants"].items(), key=lambda kv: {"model": 0, "optimized": 1}.get(kv[0], 2))
+    for variant, v in variants:
         for r in v["shapes"]:
             shape = ", ".join(f"{k}={n}" for k, n in r["shape"].items())
             top1 = f"{r['top1_agreement']:.3f}" if r["top1_agreement"] is not None else "-"
+            tol = f"atol {v['atol']:g}, rtol {v['rtol']:g}"
             if r["error"]:
-                lines.append(f"| {shape} | - | - | - | - | - | error: {r['error']} |")
-            for out, c in r["outputs"].items():
+                lines.append(f"| {variant} | {shape} | - | - | {tol} | - | **FAIL**: {_cell(r['error'])} |")
+                continue
+            worst = _worst(r["outputs"])
+            diff = _sci(r["outputs"][worst]["max_abs_diff"]) if worst else "-"
+            web = r.get("web") or {}
+            ok = r["passed"] and all(c["passed"] for c in r["outputs"].values()) and not web.get("error") and all(c["passed"] for c in web.get("outputs", {}).values())
+            lines.append(f"| {variant} | {shape} | {worst or '-'} | {diff} | {tol} | {top1} | {'pass' if ok else '**FAIL**'} |")
+    lines.append("")
+    for variant, v in variants:
+        lines += _variant_figures(variant, v, report.get("reference"))
+    lines += ["## Details", ""]
+    for variant, v in variants:
+        n = sum(len(r["outputs"]) for r in v["shapes"])
+        lines += [
+            "<details>",
+            f"<summary>{variant} ({v['provider']}): {n} output comparisons at {len(v['shapes'])} shapes</summary>",
+            "",
+            "| shape | output | max abs diff | max rel diff | mismatched | result |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in v["shapes"]:
+            shape = ", ".join(f"{k}={n}" for k, n in r["shape"].items())
+            if r["error"]:
+                lines.append(f"| {shape} | - | - | - | - | error: {_cell(r['error'])} |")
+            web = r.get("web") or {}
+            rows = [(out, c, "") for out, c in r["outputs"].items()] + [(out, c, "web: ") for out, c in web.get("outputs", {}).items()]
+            for out, c, where in sorted(rows, key=lambda t: (t[2], natural_key(t[0]))):
                 mism = "-" if c["mismatch_fraction"] is None else f"{c['mismatch_fraction']:.2%}"
-                lines.append(f"| {shape} | {out} | {_sci(c['max_abs_diff'])} | {_sci(c['max_rel_diff'])} | {mism} | {top1} | {'pass' if c['passed'] and r['passed'] else 'FAIL'} |")
-            web = r.get("web")
-            if web and web["error"]:
-                lines.append(f"| {shape} | web | - | - | - | - | error: {web['error']} |")
-            for out, c in (web or {}).get("outputs", {}).items():
-                mism = "-" if c["mismatch_fraction"] is None else f"{c['mismatch_fraction']:.2%}"
-                lines.append(f"| {shape} | web: {out} | {_sci(c['max_abs_diff'])} | {_sci(c['max_rel_diff'])} | {mism} | - | {'pass' if c['passed'] else 'FAIL'} |")
-        lines.append("")
-        if v.get("web"):
-            lines += [f"Web target: {v['web']}.", ""]
-        if v.get("top1"):
-            t = v["top1"]
-            floor = f" (at least {t['min']:g})" if t["min"] is not None else ""
-            lines += [f"Top-1 token agreement over all {t['tokens']} tokens: **{t['agreement']:.3f}**{floor}: {'pass' if t['passed'] else 'FAIL'}", ""]
-        if v.get("accuracy"):
-            a = v["accuracy"]
-            floor = "" if a["min"] is None else f", at least {a['min']:g}"
-            lines += [
-                f"### Top-1 accuracy on {a['samples']} samples from `{a['dataset']}`",
-                "",
-                f"| {'TensorFlow' if report.get('reference') == 'tensorflow' else 'PyTorch'} | ONNX Runtime | same prediction | allowed | result |",
-                "|---|---|---|---|---|",
-                f"| {a['pytorch']:.4f} | {a['onnxruntime']:.4f} | {a['agreement']:.2%} | drop at most {a['max_drop']:g}{floor} | {'pass' if a['passed'] else 'FAIL'} |",
-                "",
-            ]
-        if v.get("embedding_cosine"):
-            e = v["embedding_cosine"]
-            pooled = "mean-pooled over the attention mask" if e["pooling"] == "mean" else "as output"
-            floor = "-" if e["cosine_min"] is None else f"{e['cosine_min']:g}"
-            lines += [
-                f"### Sentence embeddings ({e['sentences']} sentences, padded to {e['sequence']} tokens, {pooled})",
-                "",
-                "| cosine min | cosine mean | worst sentence | max abs diff | threshold | result |",
-                "|---|---|---|---|---|---|",
-                f"| {e['min']:.6f} | {e['mean']:.6f} | {e['worst_sentence']} | {e['max_abs_diff']:.2e} | {floor} | {'pass' if e['passed'] else 'FAIL'} |",
-                "",
-            ]
+                lines.append(f"| {shape} | {where}{out} | {_sci(c['max_abs_diff'])} | {_sci(c['max_rel_diff'])} | {mism} | {'pass' if c['passed'] else 'FAIL'} |")
+            if web.get("error"):
+                lines.append(f"| {shape} | web | - | - | - | error: {_cell(web['error'])} |")
+        lines += ["", "</details>", ""]
     return "\n".join(lines)
+
+
+def _variant_figures(variant: str, v: dict[str, Any], reference: str | None) -> list[str]:
+    """The whole-variant gates (top-1 agreement, accuracy, embeddings, the web target), one block each."""
+    lines: list[str] = []
+    if v.get("web"):
+        lines += [f"{variant}: web target: {v['web']}.", ""]
+    if v.get("top1"):
+        t = v["top1"]
+        floor = f" (at least {t['min']:g})" if t["min"] is not None else ""
+        lines += [f"{variant}: top-1 token agreement over all {t['tokens']} tokens: **{t['agreement']:.3f}**{floor}: {'pass' if t['passed'] else 'FAIL'}", ""]
+    if v.get("accuracy"):
+        a = v["accuracy"]
+        floor = "" if a["min"] is None else f", at least {a['min']:g}"
+        lines += [
+            f"### {variant}: top-1 accuracy on {a['samples']} samples from `{a['dataset']}`",
+            "",
+            f"| {'TensorFlow' if reference == 'tensorflow' else 'PyTorch'} | ONNX Runtime | same prediction | allowed | result |",
+            "|---|---|---|---|---|",
+            f"| {a['pytorch']:.4f} | {a['onnxruntime']:.4f} | {a['agreement']:.2%} | drop at most {a['max_drop']:g}{floor} | {'pass' if a['passed'] else 'FAIL'} |",
+            "",
+        ]
+    if v.get("embedding_cosine"):
+        e = v["embedding_cosine"]
+        pooled = "mean-pooled over the attention mask" if e["pooling"] == "mean" else "as output"
+        floor = "-" if e["cosine_min"] is None else f"{e['cosine_min']:g}"
+        lines += [
+            f"### {variant}: sentence embeddings ({e['sentences']} sentences, padded to {e['sequence']} tokens, {pooled})",
+            "",
+            "| cosine min | cosine mean | worst sentence | max abs diff | threshold | result |",
+            "|---|---|---|---|---|---|",
+            f"| {e['min']:.6f} | {e['mean']:.6f} | {e['worst_sentence']} | {e['max_abs_diff']:.2e} | {floor} | {'pass' if e['passed'] else 'FAIL'} |",
+            "",
+        ]
+    return lines
+
+
+def _worst(outputs: dict[str, Any]) -> str | None:
+    """The output to name in the verdict: the first that failed, else the largest difference."""
+    failed = [n for n, c in outputs.items() if not c["passed"]]
+    if failed:
+        return sorted(failed, key=natural_key)[0]
+    diffs = [(c["max_abs_diff"], n) for n, c in outputs.items() if c["max_abs_diff"] is not None]
+    return max(diffs)[1] if diffs else None
+
+
+def natural_key(name: str) -> list[Any]:
+    """Sort present.2 before present.10."""
+    import re
+
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def _cell(text: str) -> str:
+    """Text safe inside a Markdown table cell."""
+    return " ".join(str(text).split()).replace("|", "\\|")
 
 
 def _sci(x: float | None) -> str:
