@@ -13,6 +13,12 @@ install:
 	@# onnxruntime-web for the web target, pinned by onnxbuild/web/package-lock.json; without npm it is skipped
 	@if command -v npm >/dev/null 2>&1; then npm ci --prefix onnxbuild/web --no-audit --no-fund --ignore-scripts --loglevel=error; \
 	else echo "npm not found: the web target (onnxruntime-web) will be skipped"; fi
+	@# headless Chromium renders report.html in tests/test_report_html.py; without it that test is skipped
+	@if command -v chromium >/dev/null 2>&1; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	  || echo "could not install chromium: the report.html browser test will be skipped"; \
+	else echo "chromium not found (and no root apt-get): the report.html browser test will be skipped"; fi
 
 test: install
 	$(PYTHON) -m pytest -q

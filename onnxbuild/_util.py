@@ -42,7 +42,8 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """Write ``data`` so that readers see either the old file or the whole new one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # The process id in the name lets a later build delete what a killed one left (temp_owner).
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}-", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -63,9 +64,13 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
 
 def write_if_changed(path: str | os.PathLike[str], text: str) -> bool:
     """Atomically write ``text`` unless the file already holds exactly it; True if written."""
+    import stat
+
     data = text.encode("utf-8")
     try:
-        if Path(path).read_bytes() == data:
+        st = os.lstat(path)
+        # compare only with a regular file of the same size: a FIFO or device would block or never end
+        if stat.S_ISREG(st.st_mode) and st.st_size == len(data) and Path(path).read_bytes() == data:
             return False
     except OSError:
         pass
@@ -81,3 +86,31 @@ def format_ms(ms: float | None) -> str:
         us = ms * 1000.0
         return f"{us:.3g} µs" if us >= 10 else f"{us:.2f} µs"
     return f"{ms:.2f} ms" if ms < 100 else f"{ms:.0f} ms"
+
+
+def read_regular_text(path: str | os.PathLike[str], *, limit: int) -> str:
+    """A text file's contents, refusing what is not a regular file (a FIFO would block,
+    /dev/zero never ends) and files over ``limit`` bytes: raises OSError or ValueError."""
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path} is not a regular file")
+        if st.st_size > limit:
+            raise ValueError(f"{path} is larger than {limit} bytes")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1)
+    finally:
+        os.close(fd)
+    return data.decode("utf-8")
+
+
+def temp_owner(name: str) -> int | None:
+    """The process that wrote a temporary file named ``.<file>.<pid>.tmp`` or
+    ``.<file>.<pid>-<random>.tmp`` (see atomic_write_bytes), or None for other names."""
+    if not (name.startswith(".") and name.endswith(".tmp")):
+        return None
+    pid = name[: -len(".tmp")].rsplit(".", 1)[-1].split("-", 1)[0]
+    return int(pid) if pid.isdigit() else None

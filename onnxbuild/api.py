@@ -13,7 +13,7 @@ from typing import Any
 from onnxbuild.engine.cache import Cache
 from onnxbuild.engine.graph import Plan
 from onnxbuild.engine.runner import BuildReport, Reporter
-from onnxbuild.errors import OnnxbuildError, RecipeError, UsageError
+from onnxbuild.errors import CacheError, OnnxbuildError, RecipeError, UsageError
 from onnxbuild.recipe.loader import load_recipe
 from onnxbuild.recipe.model import Recipe
 
@@ -224,6 +224,24 @@ def clean(paths: Sequence[str | Path], settings: Settings | None = None) -> list
         targets = [root / r.name for r in load_recipes(paths)]
     else:
         targets = [p for p in sorted(root.iterdir()) if p.is_dir()] if root.is_dir() else []
+    if targets:
+        cache = settings.cache()
+        locks = []
+        try:
+            for folder in targets:
+                lock = cache.lock(f"recipe-{folder.name}", what=f"recipe {folder.name}")
+                if not lock.try_acquire():
+                    raise CacheError(f"another onnxbuild is building {folder.name}; run `onnxbuild clean` again when it ends")
+                locks.append(lock)
+            return _remove_folders(targets)
+        finally:
+            for lock in locks:
+                lock.release()
+    return removed
+
+
+def _remove_folders(targets: list[Path]) -> list[Path]:
+    removed: list[Path] = []
     for folder in targets:
         if folder.is_symlink():
             # Remove the link itself, never what it points to (a clone may plant one anywhere).
@@ -246,24 +264,57 @@ def gc(settings: Settings | None = None) -> tuple[int, int]:
     keep_objects: set[str] = set()
     root = settings.artifacts_dir
     for manifest in sorted(root.glob("*/manifest.json")) if root.is_dir() else []:
-        try:
-            data: dict[str, Any] = json.loads(manifest.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        for step in data.get("steps", []):
-            if step.get("key"):
-                keep_keys.add(step["key"])
-            keep_objects.update(o["sha256"] for o in step.get("outputs", []))
-    with cache.lock("gc", what="the cache (gc)"):
+        for key, shas in _manifest_refs(manifest):
+            if key:
+                keep_keys.add(key)
+            keep_objects.update(shas)
+    lock = _take_alone(cache, "gc")
+    try:
         return cache.gc(keep_keys, keep_objects)
+    finally:
+        lock.release()
+
+
+def _manifest_refs(manifest: Path) -> list[tuple[str | None, list[str]]]:
+    """(step key, output digests) of each step a manifest lists; a damaged or odd-shaped
+    manifest (it is a file in the work tree) gives what can be read of it, never an error."""
+    from onnxbuild._util import read_regular_text
+
+    try:
+        data: Any = json.loads(read_regular_text(manifest, limit=64 << 20))
+    except (OSError, ValueError, RecursionError):
+        return []
+    steps = data.get("steps") if isinstance(data, dict) else None
+    refs: list[tuple[str | None, list[str]]] = []
+    for step in steps if isinstance(steps, list) else []:
+        if not isinstance(step, dict):
+            continue
+        key = step.get("key") if isinstance(step.get("key"), str) else None
+        outputs: list[Any] = step["outputs"] if isinstance(step.get("outputs"), list) else []
+        refs.append((key, [o["sha256"] for o in outputs if isinstance(o, dict) and isinstance(o.get("sha256"), str)]))
+    return refs
 
 
 def verify_cache(settings: Settings | None = None) -> tuple[int, list[str]]:
     """Re-hash every cached output; drop entries whose files are missing or altered."""
     settings = settings or Settings()
     cache = settings.cache()
-    with cache.lock("gc", what="the cache (verify)"):
+    lock = _take_alone(cache, "cache verify")
+    try:
         return cache.verify()
+    finally:
+        lock.release()
+
+
+def _take_alone(cache: Cache, command: str) -> Any:
+    """The cache's maintenance lock, exclusively, or a clear error while a build uses the cache."""
+    cache.ensure_own()
+    lock = cache.maintenance_lock(shared=False)
+    if not lock.try_acquire():
+        from onnxbuild.errors import CacheError
+
+        raise CacheError(f"another onnxbuild is building with the cache {cache.root}; {command} would delete what it is using: run it again when that build ends")
+    return lock
 
 
 __all__ = ["OnnxbuildError", "Settings", "build", "clean", "dag", "gc", "load_recipes", "plan", "schema_text", "show", "verify_cache"]

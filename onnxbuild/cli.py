@@ -45,6 +45,12 @@ class Group(click.Group):
         except KeyboardInterrupt:
             click.echo("Interrupted; nothing partial was kept (completed steps stay cached).", err=True)
             ctx.exit(130)
+        except OSError as exc:
+            # the disk is full, the cache or artifacts folder is read-only: say which, no traceback
+            where = f" ({exc.filename})" if exc.filename else ""
+            hint = {28: "free some space or point --cache-dir/--artifacts-dir at a bigger disk", 30: "the file system is read-only; pass a writable --cache-dir/--artifacts-dir", 13: "permission denied; pass a folder you can write to"}
+            click.echo(f"Error: {exc.strerror or exc}{where}; {hint.get(exc.errno or 0, 'check the disk and the folder')}", err=True)
+            ctx.exit(1)
 
 
 def _settings(ctx: click.Context) -> api.Settings:
@@ -507,6 +513,14 @@ def _human(n: float) -> str:
 
 
 def main() -> None:
+    import signal
+
+    def terminated(signum: int, frame: Any) -> None:
+        # CI cancels and `docker stop` send SIGTERM: unwind like Ctrl-C, so running step
+        # processes are stopped with their process groups and nothing partial is kept.
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, terminated)
     cli(prog_name="onnxbuild")
 
 

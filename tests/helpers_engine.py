@@ -22,7 +22,6 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -156,5 +155,3 @@ def scratch_dirs(cache_root: Path) -> list[Path]:
     return sorted(tmp.iterdir()) if tmp.is_dir() else []
 
 
-def statuses(steps: Iterable[StepRecord]) -> dict[str, str]:
-    return {s["name"]: s["status"] for s in steps}

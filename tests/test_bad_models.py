@@ -91,8 +91,8 @@ def test_a_model_onnx_runtime_cannot_load_fails_the_step_that_loads_it(project: 
     assert error.startswith("Error: broken: step optimize failed: ONNX Runtime could not optimize the model at level basic: ")
     assert cause in error
     assert len(error.splitlines()) == 1 and len(error) < 400, error
-    manifest = json.loads((project / "artifacts" / "broken" / "manifest.json").read_text(encoding="utf-8"))
-    assert {s["name"]: s["status"] for s in manifest["steps"]} == {"source": "built", "check": "built", "optimize": "failed"}
+    timings = json.loads((project / "artifacts" / "broken" / "timings.json").read_text(encoding="utf-8"))
+    assert {name: s["status"] for name, s in timings["steps"].items()} == {"source": "built", "check": "built", "optimize": "failed"}
 
     again = CliRunner().invoke(cli, ["plan", recipe])
     assert "broken:source: cached: up to date" in again.stdout

@@ -69,3 +69,73 @@ def test_bad_limits_are_named(tmp_path: Path, limits: str, message: str) -> None
     with pytest.raises(RecipeError) as err:
         load_recipe(write(tmp_path, limits))
     assert message in str(err.value)
+
+
+HOG = '''
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+
+def gil(**kw):
+    sum(range(3_000_000_000))  # one C call holding the GIL for a minute or more
+    return torch.nn.Linear(4, 2)
+
+
+def grow(**kw):
+    x = list(range(60_000_000))  # one C call: ~2.3 GB, faster than any in-process sampler
+    return torch.nn.Linear(4, 2)
+
+
+def spawn(**kw):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    with open(os.environ["HOG_PID_FILE"], "w") as f:
+        f.write(str(child.pid))
+    time.sleep(120)
+    return torch.nn.Linear(4, 2)
+'''
+
+
+@pytest.mark.parametrize(
+    ("factory", "limits", "said", "within_s"),
+    [
+        ("gil", "{seconds: 3}", "over limits.seconds (3 s)", 20.0),
+        ("grow", "{memory_mb: 300}", "over limits.memory_mb (300 MB)", 60.0),
+        ("spawn", "{seconds: 3}", "over limits.seconds (3 s)", 20.0),
+    ],
+)
+def test_limits_hold_from_outside_the_step_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, factory: str, limits: str, said: str, within_s: float) -> None:
+    """The watch is in the runner, not a thread of the step: C code holding the GIL, or a
+    single huge allocation, is still stopped, with every process the step started."""
+    import os
+    import time
+
+    import psutil
+
+    (tmp_path / "hog.py").write_text(HOG, encoding="utf-8")
+    pid_file = tmp_path / "child.pid"
+    monkeypatch.setenv("HOG_PID_FILE", str(pid_file))
+    recipe = tmp_path / "hog.yaml"
+    recipe.write_text(f'name: hog\nsource:\n  pytorch: {{factory: "hog.py:{factory}"}}\nexport:\n  inputs: [{{name: x, shape: [batch, 4]}}]\nlimits:\n  steps:\n    export: {limits}\n', encoding="utf-8")
+    settings = onnxbuild.Settings(cache_dir=tmp_path / "cache", artifacts_dir=tmp_path / "artifacts")
+    start = time.monotonic()
+    report = onnxbuild.build([recipe], settings)
+    took = time.monotonic() - start
+    export = next(s for s in report.recipes[0].steps if s["name"] == "export")
+    assert export["status"] == "failed" and said in export["reason"], export["reason"]
+    assert took < within_s, f"stopped only after {took:.1f} s"
+    if factory == "grow":
+        peak = float(export["reason"].split("stopped at ")[1].split(" MB")[0].replace(",", ""))
+        assert peak < 1500, export["reason"]
+    if factory == "spawn":
+        pid = int(pid_file.read_text(encoding="utf-8"))
+        for _ in range(50):
+            if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(pid, 9)
+            raise AssertionError("the process the step started outlived the stop")

@@ -126,8 +126,8 @@ def test_a_cache_entry_naming_a_path_outside_is_a_damaged_entry(project: Path) -
     result = CliRunner().invoke(cli, ["make", LR])
     assert result.exit_code == 0, result.output
     assert f"warning: cache entry {check.stem[:12]} is damaged (output path '../../evil.json' leads out of the artifact folder); rebuilding" in result.stderr
-    manifest = json.loads((project / "artifacts" / "linear-regression" / "manifest.json").read_text(encoding="utf-8"))
-    assert {s["name"]: s["status"] for s in manifest["steps"]} == {"source": "cached", "check": "built"}
+    timings = json.loads((project / "artifacts" / "linear-regression" / "timings.json").read_text(encoding="utf-8"))
+    assert {name: s["status"] for name, s in timings["steps"].items()} == {"source": "cached", "check": "built"}
     assert not (project / "evil.json").exists() and not (project.parent / "evil.json").exists()
 
 

@@ -29,7 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, TypedDict
 
-from onnxbuild._util import atomic_write_text, canonical_json, pretty_json, sha256_file, sha256_text
+from onnxbuild._util import (
+    atomic_write_text,
+    canonical_json,
+    pretty_json,
+    sha256_file,
+    sha256_text,
+    temp_owner,
+)
 from onnxbuild.engine.locks import FileLock
 from onnxbuild.errors import CacheError
 
@@ -51,6 +58,48 @@ class EntryRecord(TypedDict):
 
 class TamperedError(ValueError):
     """An object's bytes no longer match the digest it is stored under."""
+
+
+def entry_problem(entry: Any, key: str) -> str | None:
+    """What makes ``entry`` (parsed JSON from a file, local or remote) unusable, or None.
+
+    Entries are files anyone with write access to a cache can edit: every field a reader
+    uses is checked for its type here, so a damaged one is a miss, never a crash.
+    """
+    if not isinstance(entry, dict):
+        return f"not a JSON object ({type(entry).__name__})"
+    if entry.get("key") != key:
+        return "key mismatch"
+    outputs = entry.get("outputs")
+    if not isinstance(outputs, list):
+        return "outputs is not a list"
+    for out in outputs:
+        if not isinstance(out, dict) or not isinstance(out.get("sha256"), str) or not isinstance(out.get("bytes"), int) or isinstance(out.get("bytes"), bool):
+            return "an output is not {path, sha256, bytes}"
+        if len(out["sha256"]) != 64 or any(c not in "0123456789abcdef" for c in out["sha256"]):
+            return f"output digest {str(out['sha256'])[:16]!r} is not a sha256"
+        # Entries may come from a shared remote cache: a path must stay in its artifact folder.
+        if not _plain_relative(out.get("path")):
+            return f"output path {out.get('path')!r} leads out of the artifact folder"
+    for field_name, kind in (("data", dict), ("ingredients", dict), ("step", str), ("kind", str)):
+        if not isinstance(entry.get(field_name), kind):
+            return f"{field_name} is not a {kind.__name__}"
+    return None
+
+
+def read_json(text: str | bytes) -> Any:
+    """JSON from a cache file; a file nested too deep to parse is a ValueError like any other damage."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+TAG_NAME = "CACHEDIR.TAG"
+TAG = "Signature: 8a477f597d28d172789f06886806bc55\n# This folder is an onnxbuild cache (https://bford.info/cachedir/).\n"
+"""The Cache Directory Tagging mark: written in a cache folder onnxbuild creates, so it only
+ever deletes inside folders it made (backup tools skip it too)."""
+SUBFOLDERS = ("objects", "entries", "tmp", "locks", "last", "state")
 
 
 def step_key(ingredients: dict[str, Any]) -> str:
@@ -79,15 +128,49 @@ class Cache:
     def entry_path(self, key: str) -> Path:
         return self.root / "entries" / key[:2] / f"{key}.json"
 
-    def lock(self, name: str, what: str = "") -> FileLock:
-        return FileLock(self.root / "locks" / f"{name}.lock", what=what or name)
+    def lock(self, name: str, what: str = "", *, shared: bool = False) -> FileLock:
+        return FileLock(self.root / "locks" / f"{name}.lock", what=what or name, shared=shared)
+
+    def maintenance_lock(self, *, shared: bool) -> FileLock:
+        """Builds hold it shared while they use the cache; ``gc`` and ``cache verify`` hold it
+        alone, so they never delete an entry a running build is about to link."""
+        return self.lock("gc", what="the cache (a build, gc or verify)", shared=shared)
 
     def ensure_writable(self) -> None:
         try:
-            for sub in ("objects", "entries", "tmp", "locks", "last", "state"):
+            if not self.root.exists() or (self.root.is_dir() and not any(self.root.iterdir())):
+                self.root.mkdir(parents=True, exist_ok=True)
+                (self.root / TAG_NAME).write_text(TAG, encoding="utf-8")
+            self.ensure_own()
+            for sub in SUBFOLDERS:
                 (self.root / sub).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise CacheError(f"cannot create the cache at {self.root} ({exc.strerror or exc}); pass --cache-dir or set ONNXBUILD_CACHE_DIR to a writable folder") from None
+
+    def ensure_own(self) -> None:
+        """Refuse a cache folder onnxbuild did not make, or one whose subfolders lead elsewhere.
+
+        Building, ``gc`` and ``cache verify`` delete inside objects/, entries/ and tmp/; a
+        folder someone else owns (``ONNXBUILD_CACHE_DIR=$HOME``) or a subfolder that is a
+        symbolic link (a cloned repository can carry one) would make them delete other files.
+        A cache from an onnxbuild before the tag (only its own subfolders) is adopted.
+        """
+        if not self.root.is_dir():
+            return
+        if not (self.root / TAG_NAME).is_file():
+            others = sorted(p.name for p in self.root.iterdir() if p.name not in SUBFOLDERS)
+            if others:
+                raise CacheError(
+                    f"{self.root} is not an onnxbuild cache (no {TAG_NAME}, and it holds {', '.join(others[:3])}{', ...' if len(others) > 3 else ''}); "
+                    "onnxbuild deletes inside its cache, so it uses only a new or empty folder: pass another --cache-dir or ONNXBUILD_CACHE_DIR"
+                )
+            try:
+                (self.root / TAG_NAME).write_text(TAG, encoding="utf-8")
+            except OSError:
+                pass  # a read-only cache: nothing will be deleted in it either
+        for sub in SUBFOLDERS:
+            if (self.root / sub).is_symlink():
+                raise CacheError(f"{self.root / sub} is a symbolic link; onnxbuild deletes inside its cache folders and never follows links: remove the link (onnxbuild makes the folder again)")
 
     # ------------------------------------------------------------ entries
 
@@ -104,17 +187,15 @@ class Cache:
             if self.remote is not None and self.remote.pull(key, self):
                 return self.get(key)
             return None
-        except OSError as exc:
-            self.warn(f"cache entry {key[:12]} cannot be read ({exc}); rebuilding")
+        except (OSError, ValueError) as exc:  # a folder, unreadable, not UTF-8
+            self.warn(f"cache entry {key[:12]} cannot be read ({exc.__class__.__name__}); rebuilding")
+            _remove(path)  # even a folder: it sits where this cache's own file belongs
             return None
         try:
-            entry: EntryRecord = json.loads(text)
-            if entry["key"] != key:
-                raise ValueError("key mismatch")
-            for out in entry["outputs"]:
-                # Entries may come from a shared remote cache: a path must stay in its artifact folder.
-                if not _plain_relative(out["path"]):
-                    raise ValueError(f"output path {out['path']!r} leads out of the artifact folder")
+            entry: EntryRecord = read_json(text)
+            wrong = entry_problem(entry, key)
+            if wrong:
+                raise ValueError(wrong)
             for out in entry["outputs"]:
                 st = os.stat(self.object_path(out["sha256"]))
                 if st.st_size != out["bytes"]:
@@ -178,11 +259,14 @@ class Cache:
     # ------------------------------------------------------------ last builds (plan's memory)
 
     def last_build(self, recipe: str) -> dict[str, Any]:
+        """The recipe's last build, step by step; anything damaged is forgotten (only reasons suffer)."""
         try:
-            data: dict[str, Any] = json.loads((self.root / "last" / f"{recipe}.json").read_text(encoding="utf-8"))
-            return data
+            data = read_json((self.root / "last" / f"{recipe}.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return {}
+        if not isinstance(data, dict):
+            return {}
+        return {k: v for k, v in data.items() if isinstance(v, dict)}
 
     def record_last_build(self, recipe: str, steps: dict[str, Any]) -> None:
         path = self.root / "last" / f"{recipe}.json"
@@ -190,8 +274,10 @@ class Cache:
         try:
             if path.read_text(encoding="utf-8") == text:
                 return
-        except OSError:
+        except (OSError, ValueError):
             pass
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)  # a folder where our file belongs: ours to replace
         atomic_write_text(path, text)
 
     # ------------------------------------------------------------ scratch space
@@ -202,14 +288,20 @@ class Cache:
 
     def clean_scratch(self) -> None:
         """Remove scratch folders of processes that no longer exist (builds that were killed)."""
+        self.ensure_own()
         tmp = self.root / "tmp"
-        if not tmp.is_dir():
+        if not tmp.is_dir() or tmp.is_symlink():
             return
         for child in tmp.iterdir():
-            pid = child.name.split("-", 1)[0]
+            pid = child.name.split("-", 1)[0].removeprefix("pull-")
             if pid.isdigit() and process_alive(int(pid)):
                 continue
-            shutil.rmtree(child, ignore_errors=True)
+            _remove(child)
+        # atomic writes killed before their rename (entries, last builds, state)
+        for path in [*_children(self.root / "entries", 2), *_children(self.root / "last", 1), *_children(self.root / "state", 1)]:
+            owner = temp_owner(path.name)
+            if owner is not None and not process_alive(owner):
+                _remove(path)
 
     # ------------------------------------------------------------ file hashing with a stat cache
 
@@ -248,9 +340,11 @@ class Cache:
     def _load_hashes(self) -> dict[str, list[Any]]:
         if self._hashes is None:
             try:
-                self._hashes = json.loads((self.root / "state" / "hashes.json").read_text(encoding="utf-8"))
+                data = read_json((self.root / "state" / "hashes.json").read_text(encoding="utf-8"))
             except (OSError, ValueError):
-                self._hashes = {}
+                data = {}
+            # only a speed-up: keep the well-formed rows of a damaged file
+            self._hashes = {k: v for k, v in data.items() if isinstance(v, list) and len(v) == 4} if isinstance(data, dict) else {}
         return self._hashes
 
     def save_state(self) -> None:
@@ -269,17 +363,20 @@ class Cache:
 
         Returns (entries checked, descriptions of what was dropped).
         """
+        self.ensure_own()
         dropped: list[str] = []
         checked = 0
-        base = self.root / "entries"
-        for path in sorted(base.glob("*/*.json")) if base.is_dir() else []:
+        for path in self._entry_files():
             checked += 1
             try:
-                entry: EntryRecord = json.loads(path.read_text(encoding="utf-8"))
-                bad = [o for o in entry["outputs"] if not self.object_path(o["sha256"]).is_file() or sha256_file(self.object_path(o["sha256"])) != o["sha256"]]
-            except (OSError, ValueError, KeyError, TypeError) as exc:
+                entry: EntryRecord = read_json(path.read_text(encoding="utf-8"))
+                wrong = entry_problem(entry, path.stem)
+                if wrong:
+                    raise ValueError(wrong)
+                bad = [o for o in entry["outputs"] if not _regular(self.object_path(o["sha256"])) or sha256_file(self.object_path(o["sha256"])) != o["sha256"]]
+            except (OSError, ValueError) as exc:
                 dropped.append(f"entry {path.stem[:12]}: unreadable ({exc})")
-                self._drop(path)
+                _remove(path)
                 continue
             if bad:
                 for o in bad:
@@ -292,36 +389,73 @@ class Cache:
         self.save_state()
         return checked, dropped
 
-    def entries(self) -> Iterable[EntryRecord]:
-        base = self.root / "entries"
-        if not base.is_dir():
-            return
-        for path in sorted(base.glob("*/*.json")):
-            entry = self.get(path.stem)
-            if entry is not None:
-                yield entry
+    def _entry_files(self) -> list[Path]:
+        """Every entry file, never through a symbolic link."""
+        return [p for p in _children(self.root / "entries", 2) if p.name.endswith(".json")]
 
     def gc(self, keep_keys: set[str], keep_objects: set[str]) -> tuple[int, int]:
         """Delete entries not in ``keep_keys`` and objects no kept entry or artifact refers to."""
+        self.ensure_own()
         freed = removed = 0
         live = set(keep_objects)
-        base = self.root / "entries"
-        for path in sorted(base.glob("*/*.json")) if base.is_dir() else []:
+        for path in self._entry_files():
             if path.stem in keep_keys:
                 entry = self.get(path.stem)
                 if entry:
                     live.update(o["sha256"] for o in entry["outputs"])
                 continue
-            freed += path.stat().st_size
-            path.unlink()
+            freed += _size(path)
+            _remove(path)
             removed += 1
-        objects = self.root / "objects"
-        for path in sorted(objects.glob("*/*")) if objects.is_dir() else []:
+        for path in _children(self.root / "objects", 2):
             if path.name not in live:
-                freed += path.stat().st_size
-                path.unlink()
+                freed += _size(path)
+                _remove(path)
                 removed += 1
+        for path in _children(self.root / "locks", 1):
+            # a key lock nobody holds is only a leftover; taking it proves nobody does
+            if path.name.startswith("key-") and path.name.endswith(".lock"):
+                lock = FileLock(path)
+                if lock.try_acquire():
+                    _remove(path)
+                    lock.release()
         return removed, freed
+
+
+def _children(folder: Path, depth: int) -> list[Path]:
+    """Entries ``depth`` levels below ``folder``, sorted; a symbolic link is listed, never entered."""
+    level = [folder] if folder.is_dir() and not folder.is_symlink() else []
+    for _ in range(depth):
+        below: list[Path] = []
+        for parent in level:
+            with contextlib.suppress(OSError):
+                below.extend(sorted(parent.iterdir()))
+        level = below if _ == depth - 1 else [p for p in below if p.is_dir() and not p.is_symlink()]
+    return level
+
+
+def _remove(path: Path) -> None:
+    """Delete a file, a link (never its target) or a folder of ours, ignoring what is already gone."""
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError:
+        pass
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.lstat().st_size
+    except OSError:
+        return 0
+
+
+def _regular(path: Path) -> bool:
+    return path.is_file() and not path.is_symlink()
 
 
 def _plain_relative(path: object) -> bool:

@@ -83,49 +83,12 @@ def _child(conn: Connection, task: Task) -> None:
         log.write(message + "\n")
 
     task = replace(task, ctx=replace(task.ctx, log=emit))
-    sending = threading.Lock()
-    limits = task.spec.limits
-    if limits.memory_mb or limits.seconds:
-        threading.Thread(target=_guard, args=(conn, sending, limits, emit), daemon=True).start()
     _test_delay(task.spec.kind, emit)
     outcome = _register(task) or run_task(task)
     if outcome.detail:
         log.write(outcome.detail)
-    with sending:
-        conn.send(outcome)
-        conn.close()
-
-
-def _guard(conn: Connection, sending: threading.Lock, limits: Limits, emit: Callable[[str], None]) -> None:
-    """Stop this step process when it goes over the recipe's limits, saying by how much.
-
-    Runs in the step's own process, so the runner needs no polling; resident memory is
-    sampled every 0.1 s (a spike shorter than that can pass unseen).
-    """
-    import psutil
-
-    me = psutil.Process()
-    start = time.perf_counter()
-    peak = 0.0
-    while True:
-        time.sleep(0.1)
-        try:
-            rss = me.memory_info().rss + sum(c.memory_info().rss for c in me.children(recursive=True))
-        except psutil.Error:
-            continue
-        peak = max(peak, rss / (1024 * 1024))
-        elapsed = time.perf_counter() - start
-        message = ""
-        if limits.memory_mb and peak > limits.memory_mb:
-            message = f"stopped at {peak:,.0f} MB resident, over limits.memory_mb ({limits.memory_mb:,} MB) for this step; raise the limit in the recipe if the model needs it"
-        elif limits.seconds and elapsed > limits.seconds:
-            message = f"stopped after {elapsed:,.2f} s, over limits.seconds ({limits.seconds:g} s) for this step; raise the limit in the recipe if the step needs it"
-        if message:
-            emit(message)
-            with sending:
-                conn.send(Outcome(False, error=message, seconds=elapsed, peak_rss_mb=round(peak, 1)))
-                conn.close()
-                os._exit(3)
+    conn.send(outcome)
+    conn.close()
 
 
 def _register(task: Task) -> Outcome | None:
@@ -163,20 +126,71 @@ def _test_delay(kind: str, emit: Callable[[str], None]) -> None:
     time.sleep(float(seconds))
 
 
+def _own_group() -> None:
+    """In a step process: lead a process group of its own, so that stopping the step stops
+    whatever it started too (a factory's helper processes, a tokenizer pool)."""
+    try:
+        os.setpgid(0, 0)
+    except (AttributeError, OSError):  # pragma: no cover - Windows
+        pass
+
+
+def _entry(conn: Connection, task: Task) -> None:
+    _own_group()
+    _child(conn, task)
+
+
 class ChildStep:
-    """A step running in its own process."""
+    """A step running in its own process (and process group), watched from this one.
+
+    The recipe's limits are enforced here, outside the step: a step whose C code holds
+    the GIL for a minute, or allocates faster than it can be sampled from inside, is
+    still stopped on time, with its whole process group.
+    """
 
     _context = multiprocessing.get_context("spawn")
+    POLL_S = 0.05
 
     def __init__(self, task: Task) -> None:
         self.task = task
         self._recv, send = self._context.Pipe(duplex=False)
         ctx = StepContext(**{**task.ctx.__dict__, "log": print})
         module = "" if task.spec.kind in KINDS else step_module(task.spec.kind).__name__
-        self.process = self._context.Process(target=_child, args=(send, replace(task, ctx=ctx, module=module)), daemon=True)
+        self.process = self._context.Process(target=_entry, args=(send, replace(task, ctx=ctx, module=module)), daemon=True)
         self.process.start()
         send.close()
         self.started = time.perf_counter()
+        self.stopped: Outcome | None = None
+        self._done = threading.Event()
+        limits = task.spec.limits
+        if limits.memory_mb or limits.seconds:
+            threading.Thread(target=self._watch, args=(limits,), daemon=True).start()
+
+    def _watch(self, limits: Limits) -> None:
+        """Sample the step's process tree; past a limit, kill the group and say by how much."""
+        import psutil
+
+        peak = 0.0
+        try:
+            root = psutil.Process(self.process.pid)
+        except psutil.Error:
+            return
+        while not self._done.wait(self.POLL_S) and self.process.is_alive():
+            try:
+                rss = sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
+            except psutil.Error:
+                continue
+            peak = max(peak, rss / (1024 * 1024))
+            elapsed = time.perf_counter() - self.started
+            message = ""
+            if limits.memory_mb and peak > limits.memory_mb:
+                message = f"stopped at {peak:,.0f} MB resident, over limits.memory_mb ({limits.memory_mb:,} MB) for this step; raise the limit in the recipe if the model needs it"
+            elif limits.seconds and elapsed > limits.seconds:
+                message = f"stopped after {elapsed:,.2f} s, over limits.seconds ({limits.seconds:g} s) for this step; raise the limit in the recipe if the step needs it"
+            if message:
+                self.stopped = Outcome(False, error=message, seconds=elapsed, peak_rss_mb=round(peak, 1))
+                self.kill()
+                return
 
     @property
     def sentinel(self) -> Any:
@@ -184,6 +198,11 @@ class ChildStep:
 
     def outcome(self) -> Outcome:
         """Collect the result of a finished process (or explain how it died)."""
+        self._done.set()
+        if self.stopped is not None:
+            self.process.join()
+            self._recv.close()
+            return self.stopped
         result: Outcome | None = None
         try:
             if self._recv.poll():
@@ -200,6 +219,15 @@ class ChildStep:
         return Outcome(False, error=f"the step's process {how}{hint} before reporting a result", seconds=time.perf_counter() - self.started)
 
     def kill(self) -> None:
+        """Stop the step and every process it started (its process group)."""
+        import signal
+
+        pid = self.process.pid
+        if pid is not None:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (AttributeError, OSError):  # no group yet (it had not started), or Windows
+                pass
         if self.process.is_alive():
             self.process.kill()
         self.process.join()

@@ -17,10 +17,12 @@ from onnxbuild.errors import CacheError
 
 
 class FileLock:
-    """An exclusive lock on ``path`` held between ``acquire`` and ``release``."""
+    """A lock on ``path`` held between ``acquire`` and ``release``: exclusive, or ``shared``
+    (any number of shared holders, no exclusive one: builds share the cache, gc excludes them)."""
 
-    def __init__(self, path: Path, *, what: str = "", timeout: float | None = None) -> None:
+    def __init__(self, path: Path, *, what: str = "", timeout: float | None = None, shared: bool = False) -> None:
         self.path = path
+        self.shared = shared
         self.what = what or path.name
         self.timeout = timeout
         self._fd: int | None = None
@@ -31,7 +33,7 @@ class FileLock:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         start = time.monotonic()
         while True:
-            if _try_lock(fd):
+            if _try_lock(fd, self.shared):
                 self._fd = fd
                 return
             self.waited = True
@@ -48,7 +50,7 @@ class FileLock:
         """
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        if _try_lock(fd):
+        if _try_lock(fd, self.shared):
             self._fd = fd
             return True
         os.close(fd)
@@ -71,7 +73,7 @@ class FileLock:
 if sys.platform == "win32":  # pragma: no cover - CI runs on Linux
     import msvcrt
 
-    def _try_lock(fd: int) -> bool:
+    def _try_lock(fd: int, shared: bool = False) -> bool:
         try:
             msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
             return True
@@ -84,9 +86,9 @@ if sys.platform == "win32":  # pragma: no cover - CI runs on Linux
 else:
     import fcntl
 
-    def _try_lock(fd: int) -> bool:
+    def _try_lock(fd: int, shared: bool = False) -> bool:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
             return True
         except BlockingIOError:
             return False

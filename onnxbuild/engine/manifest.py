@@ -1,8 +1,9 @@
 """``artifacts/<name>/manifest.json``: what was built, from what, with which digests.
 
 Everything in it is a pure function of the recipe, the package versions and the
-step outcomes, so two builds of one recipe on one machine write identical bytes.
-Durations and memory figures vary run to run and go to ``timings.json`` beside it.
+step outputs, so two builds of one recipe on one machine write identical bytes, whether
+a step was built, taken from the cache or resumed after a kill. What varies run to run
+(each step's status and reason, durations, memory) goes to ``timings.json`` beside it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from onnxbuild.engine.versions import platform_info, versions
 
 Status = Literal["built", "cached", "failed", "skipped"]
 
-MANIFEST_SCHEMA_VERSION = 1
+MANIFEST_SCHEMA_VERSION = 2
+"""2: step status and reason moved to timings.json (they differ between a build and a no-op rebuild)."""
 
 
 class StepRecord(TypedDict):
@@ -27,6 +29,20 @@ class StepRecord(TypedDict):
     data: dict[str, Any]
 
 
+class ManifestStep(TypedDict):
+    """A step as the manifest records it: what it is and what it wrote, not how this run got it."""
+
+    name: str
+    kind: str
+    key: str | None
+    outputs: list[OutputRecord]
+    data: dict[str, Any]
+
+
+def manifest_step(record: StepRecord) -> ManifestStep:
+    return {"name": record["name"], "kind": record["kind"], "key": record["key"], "outputs": record["outputs"], "data": record["data"]}
+
+
 class RecipeRecord(TypedDict):
     path: str
     digest: str
@@ -37,7 +53,7 @@ class Manifest(TypedDict):
     schema_version: int
     name: str
     recipe: RecipeRecord
-    steps: list[StepRecord]
+    steps: list[ManifestStep]
     versions: dict[str, str]
     platform: dict[str, str]
 
@@ -47,7 +63,7 @@ def make_manifest(name: str, recipe: RecipeRecord, steps: list[StepRecord]) -> M
         "schema_version": MANIFEST_SCHEMA_VERSION,
         "name": name,
         "recipe": recipe,
-        "steps": steps,
+        "steps": [manifest_step(s) for s in steps],
         "versions": versions(),
         "platform": platform_info(),
     }

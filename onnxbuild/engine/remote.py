@@ -34,6 +34,8 @@ class RemoteCache:
         self.url = url
         self.read_only = read_only
         self.base = self.base.rstrip("/")
+        self.damaged: set[str] = set()
+        """Remote entries and objects found damaged this run: the next good build replaces them."""
 
     def _entry(self, key: str) -> str:
         return f"{self.base}/entries/{key[:2]}/{key}.json"
@@ -43,15 +45,25 @@ class RemoteCache:
 
     def pull(self, key: str, local: Any) -> bool:
         """Copy entry ``key`` and its objects into ``local`` (a Cache); False if the remote lacks it."""
+        from onnxbuild.engine.cache import entry_problem, read_json
+
+        if key in self.damaged:
+            return False  # said once already; the build replaces it
         try:
             text = self.fs.cat_file(self._entry(key)).decode("utf-8")
-            entry = json.loads(text)
-            outputs = entry["outputs"]
+            entry = read_json(text)
         except FileNotFoundError:
             return False
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            local.warn(f"remote cache entry {key[:12]} is unreadable ({exc}); building instead")
+        except (OSError, ValueError) as exc:
+            local.warn(f"remote cache entry {key[:12]} is unreadable ({type(exc).__name__}); building instead")
+            self.damaged.add(key)
             return False
+        wrong = entry_problem(entry, key)
+        if wrong:
+            local.warn(f"remote cache entry {key[:12]} is damaged ({wrong}); building instead")
+            self.damaged.add(key)
+            return False
+        outputs = entry["outputs"]
         for o in outputs:
             dest = local.object_path(o["sha256"])
             if dest.is_file() and dest.stat().st_size == o["bytes"]:
@@ -63,6 +75,7 @@ class RemoteCache:
                 digest = _sha256(tmp)
                 if digest != o["sha256"]:
                     local.warn(f"remote cache object for {o['path']} does not match its digest; ignoring the remote entry {key[:12]}")
+                    self.damaged.update((key, o["sha256"]))
                     return False
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 os.chmod(tmp, 0o444)
@@ -70,6 +83,7 @@ class RemoteCache:
                 local.remember_hash(dest, digest)
             except FileNotFoundError:
                 local.warn(f"remote cache entry {key[:12]} refers to a missing object; building instead")
+                self.damaged.add(key)
                 return False
             finally:
                 if tmp.exists():
@@ -83,11 +97,11 @@ class RemoteCache:
         if self.read_only:
             return
         key = entry["key"]
-        if self.fs.exists(self._entry(key)):
+        if key not in self.damaged and self.fs.exists(self._entry(key)):
             return
         for o in entry["outputs"]:
             target = self._object(o["sha256"])
-            if not self.fs.exists(target):
+            if o["sha256"] in self.damaged or not self.fs.exists(target):
                 self._put_atomically(str(local.object_path(o["sha256"])), target)
         tmp = f"{self._entry(key)}.{uuid.uuid4().hex}.tmp"
         self.fs.makedirs(self._entry(key).rsplit("/", 1)[0], exist_ok=True)

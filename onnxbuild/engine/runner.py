@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from onnxbuild._util import atomic_write_text, pretty_json, write_if_changed
+from onnxbuild._util import (
+    atomic_write_text,
+    pretty_json,
+    read_regular_text,
+    temp_owner,
+    write_if_changed,
+)
 from onnxbuild.engine.cache import (
     Cache,
     EntryRecord,
@@ -121,9 +127,24 @@ def execute(
     cache.warn = reporter.warning
     start = time.perf_counter()
     cache.ensure_writable()
-    cache.clean_scratch()
-    for recipe in plan.recipes:
-        artifact_folder(artifacts_root, recipe.name)
+    maintenance = cache.maintenance_lock(shared=True)
+    maintenance.timeout = LOCK_TIMEOUT_S
+    maintenance.acquire()
+    try:
+        cache.clean_scratch()
+        for recipe in plan.recipes:
+            artifact_folder(artifacts_root, recipe.name)
+        report = _execute_locked(plan, cache, artifacts_root, jobs=jobs, keep_going=keep_going, in_process=in_process, reporter=reporter, executor=executor)
+    finally:
+        maintenance.release()
+    cache.save_state()
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _execute_locked(
+    plan: Plan, cache: Cache, artifacts_root: Path, *, jobs: int, keep_going: bool, in_process: bool, reporter: Reporter, executor: Executor
+) -> BuildReport:
     with _recipe_locks(cache, plan.recipes, reporter):
         states = {s.label: _State(s) for s in plan.steps}
         _run_all(states, plan, cache, artifacts_root, jobs=max(1, jobs), keep_going=keep_going, in_process=in_process, reporter=reporter, executor=executor)
@@ -131,8 +152,6 @@ def execute(
         for recipe in plan.recipes:
             mine = [st for st in states.values() if st.planned.recipe is recipe]
             report.recipes.append(_finish_recipe(recipe, mine, cache, artifacts_root))
-    cache.save_state()
-    report.seconds = time.perf_counter() - start
     return report
 
 
@@ -491,7 +510,7 @@ def _link_or_copy(src: Path, dest: Path, *, pause: str = "") -> None:
 
 
 def _remove_stale_temps(folder: Path) -> None:
-    """Delete ``.<file>.<pid>.tmp`` left in an artifact folder by a build killed mid-link.
+    """Delete ``.<file>.<pid>[-<random>].tmp`` left in an artifact folder by a build killed mid-write.
 
     No reader looks at them, but each is a hard link that keeps a cache object's bytes on
     disk after ``onnxbuild gc``, and a copied (cross-device) one is a whole model.
@@ -499,8 +518,8 @@ def _remove_stale_temps(folder: Path) -> None:
     if not folder.is_dir():
         return
     for tmp in folder.rglob(".*.tmp"):
-        pid = tmp.name.rsplit(".", 2)[-2]
-        if pid.isdigit() and not process_alive(int(pid)):
+        pid = temp_owner(tmp.name)
+        if pid is not None and not process_alive(pid):
             with contextlib.suppress(OSError):
                 tmp.unlink()
 
@@ -541,6 +560,7 @@ def _finish_recipe(recipe: Recipe, states: list[_State], cache: Cache, artifacts
         "steps": {
             st.planned.spec.name: {
                 "status": st.record["status"] if st.record else None,
+                "reason": st.record["reason"] if st.record else None,
                 "seconds": round(st.seconds, 3),
                 "peak_rss_mb": st.peak_rss_mb,
             }
@@ -558,10 +578,10 @@ def _finish_recipe(recipe: Recipe, states: list[_State], cache: Cache, artifacts
 def _previous_owners(folder: Path) -> dict[str, str]:
     """Each file the last manifest lists, mapped to the step that wrote it."""
     try:
-        data = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+        data = json.loads(read_regular_text(folder / "manifest.json", limit=64 << 20))
         # A manifest is a file in the work tree, not our word: only text paths are taken.
         return {o["path"]: str(s["name"]) for s in data.get("steps", []) for o in s.get("outputs", []) if isinstance(o["path"], str)}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return {}
 
 

@@ -49,7 +49,12 @@ def read_recipe_bytes(path: str | Path) -> bytes:
     try:
         if p.is_dir():
             raise RecipeError([Problem(shown, None, None, "", "is a directory, not a recipe file (name a .yaml file inside it)")])
-        size = p.stat().st_size
+        import stat
+
+        st = p.stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise RecipeError([Problem(shown, None, None, "", "is not a regular file (a device, FIFO or socket); name a .yaml file")])
+        size = st.st_size
         if size > MAX_RECIPE_BYTES:
             raise RecipeError([Problem(shown, None, None, "", f"is {size} bytes; a recipe must be at most {MAX_RECIPE_BYTES} bytes (1 MiB)")])
         return p.read_bytes()

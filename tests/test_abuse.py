@@ -1,0 +1,264 @@
+"""Reliability, round two (issue 14): each scenario broke a promise before its fix.
+
+Builds use recipes/linear-regression.yaml (a 2-node graph, about a second), mostly in
+process so that a table of scenarios stays cheap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+from helpers_engine import Recorder
+
+import onnxbuild
+from onnxbuild.cli import cli
+from onnxbuild.engine.cache import TAG_NAME, Cache
+
+ROOT = Path(__file__).resolve().parent.parent
+LR = "recipes/linear-regression.yaml"
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args))
+
+
+def dead_pid() -> int:
+    """The id of a process that has ended (and been reaped)."""
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    return int(done.stdout)
+
+
+def cache_of(project: Path) -> Path:
+    return project / ".onnxbuild" / "cache"
+
+
+# ---------------------------------------------------------------- 1. nothing outside the cache is deleted
+
+
+def test_a_symlinked_cache_subfolder_is_refused_and_nothing_outside_is_deleted(project: Path) -> None:
+    outside = project.parent / "outside"
+    (outside / "precious").mkdir(parents=True)
+    (outside / "precious" / "data.txt").write_text("keep me\n", encoding="utf-8")
+    cache_of(project).mkdir(parents=True)
+    (cache_of(project) / "tmp").symlink_to(outside, target_is_directory=True)
+    result = run("make", LR)
+    assert result.exit_code == 1
+    assert result.stderr == "Error: .onnxbuild/cache/tmp is a symbolic link; onnxbuild deletes inside its cache folders and never follows links: remove the link (onnxbuild makes the folder again)\n"
+    assert (outside / "precious" / "data.txt").read_text(encoding="utf-8") == "keep me\n"
+
+
+def test_a_folder_onnxbuild_did_not_make_is_refused_as_a_cache(project: Path, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    for sub in ("tmp/old-build", "objects/ab"):
+        (home / sub).mkdir(parents=True)
+    (home / "tmp" / "old-build" / "notes.txt").write_text("mine\n", encoding="utf-8")
+    (home / "objects" / "ab" / "photo.jpg").write_bytes(b"\xff\xd8")
+    (home / ".bashrc").write_text("# mine\n", encoding="utf-8")
+    for command in (("make", LR), ("gc",), ("cache", "verify")):
+        result = run("--cache-dir", str(home), *command)
+        assert result.exit_code == 1, (command, result.output)
+        assert result.stderr.startswith(f"Error: {home} is not an onnxbuild cache (no {TAG_NAME}, and it holds .bashrc); "), result.stderr
+    assert (home / "tmp" / "old-build" / "notes.txt").is_file() and (home / "objects" / "ab" / "photo.jpg").is_file()
+
+
+def test_a_new_cache_is_tagged_and_an_old_untagged_one_adopted(project: Path, settings: onnxbuild.Settings) -> None:
+    assert onnxbuild.build([LR], settings, in_process=True).ok
+    tag = cache_of(project) / TAG_NAME
+    assert tag.read_text(encoding="utf-8").startswith("Signature: 8a477f597d28d172789f06886806bc55")
+    tag.unlink()  # a cache written before the tag existed holds only onnxbuild's own folders
+    assert run("gc").exit_code == 0
+    assert tag.is_file()
+
+
+def test_gc_never_follows_a_link_inside_objects(project: Path, settings: onnxbuild.Settings) -> None:
+    assert onnxbuild.build([LR], settings, in_process=True).ok
+    outside = project.parent / "outside-objects"
+    outside.mkdir()
+    (outside / "family.jpg").write_bytes(b"\xff\xd8")
+    (cache_of(project) / "objects" / "zz").symlink_to(outside, target_is_directory=True)
+    assert run("gc").exit_code == 0
+    assert (outside / "family.jpg").is_file()
+
+
+# ---------------------------------------------------------------- 2. gc and clean during make
+
+
+def test_gc_and_cache_verify_refuse_while_a_build_uses_the_cache(project: Path, settings: onnxbuild.Settings) -> None:
+    assert onnxbuild.build([LR], settings, in_process=True).ok
+    building = Cache(cache_of(project)).maintenance_lock(shared=True)  # what a running make holds
+    building.acquire()
+    try:
+        for command, name in ((("gc",), "gc"), (("cache", "verify"), "cache verify")):
+            result = run(*command)
+            assert result.exit_code == 1
+            assert result.stderr == f"Error: another onnxbuild is building with the cache .onnxbuild/cache; {name} would delete what it is using: run it again when that build ends\n"
+        other = Cache(cache_of(project)).maintenance_lock(shared=True)
+        assert other.try_acquire()  # builds share the cache with each other
+        other.release()
+    finally:
+        building.release()
+    assert run("gc").exit_code == 0
+
+
+def test_clean_refuses_while_the_recipe_is_being_built(project: Path, settings: onnxbuild.Settings) -> None:
+    assert onnxbuild.build([LR], settings, in_process=True).ok
+    lock = Cache(cache_of(project)).lock("recipe-linear-regression")
+    lock.acquire()
+    try:
+        result = run("clean", LR)
+        assert result.exit_code == 1
+        assert result.stderr == "Error: another onnxbuild is building linear-regression; run `onnxbuild clean` again when it ends\n"
+        assert (project / "artifacts" / "linear-regression" / "model.onnx").is_file()
+    finally:
+        lock.release()
+    assert run("clean", LR).exit_code == 0
+
+
+# ---------------------------------------------------------------- 3. damaged cache files are misses
+
+
+def _entries(project: Path) -> list[Path]:
+    return sorted((cache_of(project) / "entries").glob("*/*.json"))
+
+
+def _non_utf8(path: Path) -> None:
+    path.write_bytes(bytes(range(128, 256)))
+
+
+def _a_folder(path: Path) -> None:
+    path.unlink()
+    path.mkdir()
+
+
+def _deep(path: Path) -> None:
+    path.write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
+
+
+def _bad_outputs(path: Path) -> None:
+    entry = json.loads(path.read_text(encoding="utf-8"))
+    entry["outputs"] = ["model.onnx"]
+    path.write_text(json.dumps(entry), encoding="utf-8")
+
+
+@pytest.mark.parametrize("damage", [_non_utf8, _a_folder, _deep, _bad_outputs], ids=["non-utf8", "folder", "deep", "outputs-of-strings"])
+def test_a_damaged_entry_is_a_warned_miss_for_make_plan_and_gc(project: Path, settings: onnxbuild.Settings, damage: Callable[[Path], None]) -> None:
+    assert onnxbuild.build([LR], settings, in_process=True).ok
+    for entry in _entries(project):
+        damage(entry)
+    plan = run("plan", LR)
+    assert plan.exit_code == 2 and "Traceback" not in plan.output
+    recorder = Recorder()
+    report = onnxbuild.build([LR], settings, in_process=True, reporter=recorder)
+    assert report.ok
+    assert [s["status"] for s in report.recipes[0].steps] == ["built", "built"]
+    assert any("cache entry" in w and "rebuilding" in w for w in recorder.warnings), recorder.warnings
+    assert run("gc").exit_code == 0 and run("cache", "verify").exit_code == 0
+    assert run("plan", LR).exit_code == 0
+
+
+@pytest.mark.parametrize(("where", "content"), [("last/linear-regression.json", "[1, 2]"), ("last/linear-regression.json", "{\"source\": 3}"), ("state/hashes.json", "[1, 2]"), ("state/hashes.json", "{\"x\": 1}"), ("last/linear-regression.json", None)])
+def test_damaged_state_files_are_forgotten_not_fatal(project: Path, settings: onnxbuild.Settings, where: str, content: str | None) -> None:
+    assert onnxbuild.build([LR], settings, in_process=True).ok
+    path = cache_of(project) / where
+    path.unlink()
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_text(content, encoding="utf-8")
+    assert run("plan", LR).exit_code == 0
+    assert run("make", LR).exit_code == 0
+    assert run("make", LR, "--force").exit_code == 0
+    assert run("gc").exit_code == 0
+    assert json.loads((cache_of(project) / "last" / "linear-regression.json").read_text(encoding="utf-8"))["check"]["key"]
+
+
+def test_a_malformed_remote_entry_is_built_locally_and_replaced(project: Path, tmp_path: Path) -> None:
+    remote = tmp_path / "remote"
+    url = remote.as_uri()
+    first = onnxbuild.Settings(cache_dir=tmp_path / "a-cache", artifacts_dir=tmp_path / "a-artifacts", cache_url=url)
+    assert onnxbuild.build([LR], first, in_process=True).ok
+    entries = sorted(remote.glob("entries/*/*.json"))
+    good = [p.read_text(encoding="utf-8") for p in entries]
+    _bad_outputs(entries[0])
+    _deep(entries[1])
+    recorder = Recorder()
+    second = onnxbuild.Settings(cache_dir=tmp_path / "b-cache", artifacts_dir=tmp_path / "b-artifacts", cache_url=url)
+    report = onnxbuild.build([LR], second, in_process=True, reporter=recorder)
+    assert report.ok
+    assert [s["status"] for s in report.recipes[0].steps] == ["built", "built"]
+    assert sum("remote cache entry" in w for w in recorder.warnings) == 2, recorder.warnings
+    # the good build pushed its entries over the damaged ones
+    assert [json.loads(p.read_text(encoding="utf-8")) for p in entries] == [json.loads(t) for t in good]
+    third = onnxbuild.Settings(cache_dir=tmp_path / "c-cache", artifacts_dir=tmp_path / "c-artifacts", cache_url=url)
+    assert [s["status"] for s in onnxbuild.build([LR], third, in_process=True).recipes[0].steps] == ["cached", "cached"]
+
+
+# ---------------------------------------------------------------- 5. the manifest is byte-identical
+
+
+def test_a_no_op_rebuild_leaves_the_manifest_byte_identical(project: Path, settings: onnxbuild.Settings) -> None:
+    assert onnxbuild.build([LR], settings, in_process=True).ok
+    manifest = project / "artifacts" / "linear-regression" / "manifest.json"
+    first = manifest.read_bytes()
+    report = onnxbuild.build([LR], settings, in_process=True)
+    assert [s["status"] for s in report.recipes[0].steps] == ["cached", "cached"]
+    assert manifest.read_bytes() == first
+    assert b'"status"' not in first and b'"reason"' not in first
+    timings = json.loads((project / "artifacts" / "linear-regression" / "timings.json").read_text(encoding="utf-8"))
+    assert {n: (s["status"], s["reason"]) for n, s in timings["steps"].items()} == {"source": ("cached", "up to date"), "check": ("cached", "up to date")}
+
+
+# ---------------------------------------------------------------- 6. temp files of killed writes
+
+
+def test_temp_files_of_killed_writes_are_removed_by_the_next_build(project: Path, settings: onnxbuild.Settings) -> None:
+    assert onnxbuild.build([LR], settings, in_process=True).ok
+    pid = dead_pid()
+    folder = project / "artifacts" / "linear-regression"
+    entry = _entries(project)[0]
+    planted = [
+        folder / f".manifest.json.{pid}-k3j2h1.tmp",
+        folder / f".timings.json.{pid}-aa11bb.tmp",
+        entry.parent / f".{entry.name}.{pid}-zz99.tmp",
+        cache_of(project) / "last" / f".linear-regression.json.{pid}-q1.tmp",
+        cache_of(project) / "state" / f".hashes.json.{pid}-w2.tmp",
+    ]
+    alive = folder / f".manifest.json.{os.getpid()}-mine.tmp"  # a live writer's file is left alone
+    for path in [*planted, alive]:
+        path.write_text("half", encoding="utf-8")
+    assert onnxbuild.build([LR], settings, in_process=True).ok
+    assert [p for p in planted if p.exists()] == []
+    assert alive.exists()
+
+
+# ---------------------------------------------------------------- 7. devices and FIFOs
+
+
+def test_a_recipe_that_is_a_device_is_a_usage_error() -> None:
+    result = run("make", "/dev/zero")
+    assert result.exit_code == 2
+    assert result.stderr.splitlines()[1] == "  /dev/zero: is not a regular file (a device, FIFO or socket); name a .yaml file"
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+def test_a_manifest_that_is_a_device_or_fifo_is_not_read(project: Path, settings: onnxbuild.Settings) -> None:
+    assert onnxbuild.build([LR], settings, in_process=True).ok
+    manifest = project / "artifacts" / "linear-regression" / "manifest.json"
+    manifest.unlink()
+    manifest.symlink_to("/dev/zero")
+    assert run("gc").exit_code == 0
+    assert run("make", LR).exit_code == 0  # replaced by a file, never read
+    assert not manifest.is_symlink() and json.loads(manifest.read_text(encoding="utf-8"))["name"] == "linear-regression"
+    manifest.unlink()
+    os.mkfifo(manifest)
+    assert run("gc").exit_code == 0
+    assert run("make", LR).exit_code == 0
+    shutil.rmtree(project / "artifacts")
