@@ -173,7 +173,7 @@ def test_two_clean_builds_write_identical_manifests(project: Path) -> None:
     assert all(not {"seconds", "peak_rss_mb"} & set(s) for s in data["steps"])
     assert data["recipe"]["path"] == LR
     assert [s["name"] for s in data["steps"]] == ["source", "check"]
-    assert [(n, t["status"]) for n, t in timings["steps"].items()] == [("source", "built"), ("check", "built")]
+    assert {n: t["status"] for n, t in timings["steps"].items()} == {"source": "built", "check": "built"}
     assert sorted(o["path"] for s in data["steps"] for o in s["outputs"]) == ["model.onnx", "reports/check.json", "reports/check.md"]
 
 
