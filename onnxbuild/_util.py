@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +39,11 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
     return h.hexdigest()
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` so that readers see either the old file or the whole new one."""
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, before_replace: Callable[[], None] | None = None) -> None:
+    """Write ``data`` so that readers see either the old file or the whole new one.
+
+    ``before_replace`` runs once the temporary file is complete (a test hook's pause point).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # The process id in the name lets a later build delete what a killed one left (temp_owner).
@@ -49,6 +53,8 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        if before_replace is not None:
+            before_replace()
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -62,7 +68,7 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def write_if_changed(path: str | os.PathLike[str], text: str) -> bool:
+def write_if_changed(path: str | os.PathLike[str], text: str, before_replace: Callable[[], None] | None = None) -> bool:
     """Atomically write ``text`` unless the file already holds exactly it; True if written."""
     import stat
 
@@ -74,7 +80,7 @@ def write_if_changed(path: str | os.PathLike[str], text: str) -> bool:
             return False
     except OSError:
         pass
-    atomic_write_bytes(path, data)
+    atomic_write_bytes(path, data, before_replace)
     return True
 
 

@@ -172,3 +172,42 @@ def test_the_pause_hook_does_nothing_unless_asked(monkeypatch: pytest.MonkeyPatc
     assert not marker.exists()
     pause_for_tests("materialise", "model.onnx")
     assert marker.read_text().startswith("materialise:model.onnx:")
+
+
+def test_killed_while_writing_the_manifest(project: Path, reference: Path) -> None:
+    kill_at("manifest-write", "linear-regression", project)
+    folder = project / "artifacts" / "linear-regression"
+    assert [p.name for p in folder.glob(".manifest.json.*.tmp")], "the kill should leave the manifest's temporary file"
+    rebuild_and_compare(project, reference)
+    assert not list(folder.glob(".*.tmp"))
+
+
+def test_a_kill_loop_resumes_byte_identical_and_leaves_no_temp_files(project: Path, reference: Path) -> None:
+    """21 builds, each stopped by a random signal (KILL to the whole group, TERM or INT to the
+    build) at a random moment, some forced so there is always work to cut short; then one
+    plain build must give the reference's bytes, manifest included, and no temporary file."""
+    import random
+
+    rng = random.Random(14)
+    env = {k: v for k, v in os.environ.items() if k != TEST_PAUSE_ENV}
+    outcomes: dict[str, int] = {}
+    for i in range(21):
+        sig = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)[i % 3]
+        args = MAKE + (["--force"] if i % 2 else [])
+        proc = subprocess.Popen(args, cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        time.sleep(rng.uniform(0.05, 2.5))
+        if sig == signal.SIGKILL:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+        assert "Traceback" not in err.decode("utf-8", "replace"), err
+        outcomes[signal.Signals(sig).name] = outcomes.get(signal.Signals(sig).name, 0) + 1
+        if sig != signal.SIGKILL:
+            assert proc.returncode in (0, 130), err  # finished before the signal, or stopped cleanly
+    assert outcomes == {"SIGKILL": 7, "SIGTERM": 7, "SIGINT": 7}
+    rebuild_and_compare(project, reference)
+    cache = _cache(project)
+    assert leftovers(cache, project / "artifacts") == []
+    assert not [p for p in (project / ".onnxbuild").rglob("*.tmp")]
+    assert scratch_dirs(cache) == []

@@ -476,7 +476,9 @@ def pause_for_tests(point: str, detail: str) -> None:
 
     Points: ``cache-write`` (detail: the step) in ``Cache.commit`` once the step's first
     output is in objects/ and before its entry exists; ``materialise`` (detail: the
-    artifact's path) once an artifact is linked under its temporary name, before the rename.
+    artifact's path) once an artifact is linked under its temporary name, before the rename;
+    ``manifest-write`` (detail: the recipe) once the new manifest is written under its
+    temporary name, before the rename.
     """
     value = os.environ.get(TEST_PAUSE_ENV)
     if not value:

@@ -133,6 +133,18 @@ def _own_group() -> None:
         os.setpgid(0, 0)
     except (AttributeError, OSError):  # pragma: no cover - Windows
         pass
+    if sys.platform.startswith("linux"):
+        # Out of the build's process group, a step would outlive a SIGKILLed build (the OOM
+        # killer, `kill -9`): have the kernel kill it when the build process dies.
+        import ctypes
+        import signal
+
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):  # pragma: no cover - no prctl
+            pass
+        if os.getppid() == 1:  # the build died before prctl took effect
+            os._exit(1)
 
 
 def _entry(conn: Connection, task: Task) -> None:

@@ -555,7 +555,7 @@ def _finish_recipe(recipe: Recipe, states: list[_State], cache: Cache, artifacts
         (folder / "failed").rmdir()
     manifest = make_manifest(recipe.name, {"path": _display_path(recipe), "digest": recipe.digest, "resolved": recipe.resolved}, records)
     folder.mkdir(parents=True, exist_ok=True)
-    write_if_changed(folder / "manifest.json", pretty_json(manifest))
+    write_if_changed(folder / "manifest.json", pretty_json(manifest), lambda: pause_for_tests("manifest-write", recipe.name))
     timings = {
         "steps": {
             st.planned.spec.name: {
