@@ -149,9 +149,13 @@ def check_locks(paths: Sequence[str | Path], settings: Settings | None = None) -
 
     settings = settings or Settings()
     cache = settings.cache()
+    from onnxbuild.engine.artifacts import rehash
+
     problems: list[str] = []
     for recipe in load_recipes(paths, settings):
         problems.extend(check_lock(recipe, cache))
+        if (settings.artifacts_dir / recipe.name / "manifest.json").exists():
+            problems.extend(rehash(settings.artifacts_dir / recipe.name))
     cache.save_state()
     return problems
 

@@ -8,12 +8,12 @@ extended/layout/all (fused for this CPU and provider).
 
 from __future__ import annotations
 
-import json
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from onnxbuild.engine.artifacts import read_manifest, rehash
 from onnxbuild.errors import UsageError
 
 HARDWARE_STEPS = {"benchmark": "timings differ run to run"}
@@ -53,18 +53,22 @@ def verify(paths: list[str], artifacts_dir: Path, jobs: int = 1) -> list[RecipeV
     verdicts: list[RecipeVerdict] = []
     for recipe in recipes:
         manifest_path = artifacts_dir / recipe.name / "manifest.json"
-        try:
-            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            raise UsageError(f"{manifest_path} is missing or unreadable; build first: onnxbuild make {recipe.path}") from None
-        if manifest["recipe"]["digest"] != recipe.digest:
+        manifest = read_manifest(artifacts_dir / recipe.name)
+        if manifest is None:
+            raise UsageError(f"{manifest_path} is missing or unreadable; build first: onnxbuild make {recipe.path}")
+        if manifest["recipe"].get("resolved") != recipe.resolved:  # a comment-only edit changes nothing that is built
             raise UsageError(f"{recipe.path} changed since {manifest_path} was written; build it first, then verify")
+        in_folder = rehash(artifacts_dir / recipe.name)
         with tempfile.TemporaryDirectory(prefix="onnxbuild-verify-") as tmp:
             settings = onnxbuild.Settings(cache_dir=Path(tmp) / "cache", artifacts_dir=Path(tmp) / "artifacts")
             report = onnxbuild.build([recipe.path], settings, jobs=jobs)
             rebuilt = {s["name"]: s for r in report.recipes for s in r.steps}
         verdict = RecipeVerdict(recipe.name)
+        if in_folder:
+            verdict.steps.append(StepVerdict("artifacts", "differs", "; ".join(in_folder)))
         for step in manifest["steps"]:
+            if not isinstance(step, dict) or not isinstance(step.get("outputs"), list):
+                continue
             again = rebuilt.get(step["name"])
             if again is None or again["status"] not in ("built", "cached"):
                 verdict.steps.append(StepVerdict(step["name"], "missing", f"the rebuild did not produce it ({again['reason'] if again else 'no such step'})"))

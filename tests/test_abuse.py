@@ -262,3 +262,34 @@ def test_a_manifest_that_is_a_device_or_fifo_is_not_read(project: Path, settings
     assert run("gc").exit_code == 0
     assert run("make", LR).exit_code == 0
     shutil.rmtree(project / "artifacts")
+
+
+# ---------------------------------------------------------------- 8. edits that keep size and mtime
+
+
+def test_an_in_place_edit_keeping_size_and_mtime_is_caught_by_plan_check_and_verify(project: Path) -> None:
+    assert run("make", LR, "--lock").exit_code == 0
+    model = project / "artifacts" / "linear-regression" / "model.onnx"
+    before = model.stat()
+    data = bytearray(model.read_bytes())
+    data[-1] ^= 0xFF
+    with open(model, "r+b") as f:  # in place: the same inode, size and (restored) mtime
+        f.write(data)
+    os.utime(model, ns=(before.st_atime_ns, before.st_mtime_ns))
+    check = run("plan", LR, "--check")
+    assert check.exit_code == 1
+    assert "artifacts/linear-regression/model.onnx: its bytes differ from the manifest's sha256" in check.stdout
+    verify = run("verify", LR)
+    assert verify.exit_code == 1
+    assert "artifacts" in verify.stdout and "model.onnx: its bytes differ" in verify.stdout
+
+
+def test_verify_takes_a_manifest_of_the_wrong_shape_as_missing(project: Path) -> None:
+    assert run("make", LR).exit_code == 0
+    manifest = project / "artifacts" / "linear-regression" / "manifest.json"
+    for text in ("[]", '{"steps": "x"}', "{"):
+        manifest.write_text(text, encoding="utf-8")
+        result = run("verify", LR)
+        assert result.exit_code == 2, result.output
+        assert result.stderr == f"Error: artifacts/linear-regression/manifest.json is missing or unreadable; build first: onnxbuild make {LR}\n"
+        assert run("gc").exit_code == 0
