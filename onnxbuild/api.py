@@ -40,9 +40,11 @@ class Settings:
         if reporter is not None:
             cache.warn = reporter.warning
         if self.cache_url:
-            from onnxbuild.engine.remote import RemoteCache
+            from onnxbuild.engine.remote import RemoteCache, config_from_project
+            from onnxbuild.engine.signing import from_environment
 
-            cache.remote = RemoteCache(self.cache_url, read_only=self.cache_read_only)
+            signer, verifier = from_environment(config_from_project(Path.cwd()))
+            cache.remote = RemoteCache(self.cache_url, read_only=self.cache_read_only, signer=signer, verifier=verifier)
         return cache
 
 

@@ -421,6 +421,24 @@ def cache_verify(ctx: click.Context) -> None:
     click.echo(f"checked {checked} cache entr{'y' if checked == 1 else 'ies'}; dropped {len(dropped)}")
 
 
+@cache.command("keygen")
+@click.argument("private_key", type=click.Path(dir_okay=False, path_type=Path))
+def cache_keygen(private_key: Path) -> None:
+    """Make a key pair for signed remote cache entries; prints the public key.
+
+    The job that pushes to the remote cache sets ONNXBUILD_CACHE_SIGNING_KEY=PRIVATE_KEY;
+    every reader sets ONNXBUILD_CACHE_TRUSTED_KEYS to the printed public key (or
+    cache_trusted_keys in [tool.onnxbuild]) and then refuses unsigned remote entries.
+
+    \b
+    Example:
+      onnxbuild cache keygen ci-cache.key
+    """
+    from onnxbuild.engine.signing import keygen
+
+    click.echo(keygen(private_key))
+
+
 @cli.command(name="run")
 @click.argument("artifact")
 @click.option("--prompt", "-p", required=True, help="Text (with a tokenizer in the folder) or token ids such as '464 2068'.")

@@ -293,3 +293,49 @@ def test_verify_takes_a_manifest_of_the_wrong_shape_as_missing(project: Path) ->
         assert result.exit_code == 2, result.output
         assert result.stderr == f"Error: artifacts/linear-regression/manifest.json is missing or unreadable; build first: onnxbuild make {LR}\n"
         assert run("gc").exit_code == 0
+
+
+# ---------------------------------------------------------------- 10. signed remote entries
+
+
+def test_readers_with_a_trusted_key_take_only_signed_remote_entries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from onnxbuild.engine.signing import SIGNING_ENV, TRUSTED_ENV
+
+    shutil.copytree(ROOT / "recipes", tmp_path / "recipes")
+    monkeypatch.chdir(tmp_path)
+    keygen = run("cache", "keygen", "ci.key")
+    assert keygen.exit_code == 0, keygen.output
+    public = keygen.stdout.strip()
+    assert run("cache", "keygen", "ci.key").exit_code == 1  # never overwritten
+    remote = tmp_path / "remote"
+    url = remote.as_uri()
+
+    def settings(name: str) -> onnxbuild.Settings:
+        return onnxbuild.Settings(cache_dir=tmp_path / f"{name}-cache", artifacts_dir=tmp_path / f"{name}-artifacts", cache_url=url)
+
+    # an attacker with write access pushes first, unsigned
+    assert onnxbuild.build([LR], settings("attacker"), in_process=True).ok
+    assert not list(remote.glob("entries/*/*.sig"))
+    monkeypatch.setenv(TRUSTED_ENV, public)
+    recorder = Recorder()
+    reader = onnxbuild.build([LR], settings("reader"), in_process=True, reporter=recorder)
+    assert [s["status"] for s in reader.recipes[0].steps] == ["built", "built"]
+    assert sum("is not signed by a trusted key; building instead" in w for w in recorder.warnings) == 2
+    # CI, holding the private key, pushes signed entries over the unsigned ones
+    monkeypatch.setenv(SIGNING_ENV, str(tmp_path / "ci.key"))
+    assert onnxbuild.build([LR], settings("ci"), in_process=True).ok
+    assert len(list(remote.glob("entries/*/*.json.sig"))) == 2
+    monkeypatch.delenv(SIGNING_ENV)
+    second = onnxbuild.build([LR], settings("reader2"), in_process=True)
+    assert [s["status"] for s in second.recipes[0].steps] == ["cached", "cached"]
+    # a changed entry (another consistent model) no longer matches its signature
+    entry = sorted(remote.glob("entries/*/*.json"))[0]
+    data = json.loads(entry.read_text(encoding="utf-8"))
+    data["data"]["summary"] = "tampered"
+    entry.write_text(json.dumps(data, sort_keys=True, indent=2), encoding="utf-8")
+    recorder = Recorder()
+    third = onnxbuild.build([LR], settings("reader3"), in_process=True, reporter=recorder)
+    assert third.ok and any("is not signed by a trusted key" in w for w in recorder.warnings)
+    monkeypatch.setenv(TRUSTED_ENV, "not-a-key")
+    bad = run("--cache-url", url, "--cache-dir", str(tmp_path / "r4"), "make", LR)
+    assert bad.exit_code == 1 and "ONNXBUILD_CACHE_TRUSTED_KEYS: 'not-a-key' is not a base64 Ed25519 public key" in bad.stderr

@@ -22,7 +22,7 @@ from onnxbuild.errors import CacheError
 
 
 class RemoteCache:
-    def __init__(self, url: str, *, read_only: bool = False) -> None:
+    def __init__(self, url: str, *, read_only: bool = False, signer: Any = None, verifier: Any = None) -> None:
         try:
             import fsspec
         except ImportError:  # pragma: no cover - fsspec is a dependency
@@ -34,6 +34,10 @@ class RemoteCache:
         self.url = url
         self.read_only = read_only
         self.base = self.base.rstrip("/")
+        self.signer = signer
+        """Signs each pushed entry (engine/signing.py); None: pushes are unsigned."""
+        self.verifier = verifier
+        """Refuses remote entries without a trusted signature; None: any consistent entry is taken."""
         self.damaged: set[str] = set()
         """Remote entries and objects found damaged this run: the next good build replaces them."""
 
@@ -50,7 +54,8 @@ class RemoteCache:
         if key in self.damaged:
             return False  # said once already; the build replaces it
         try:
-            text = self.fs.cat_file(self._entry(key)).decode("utf-8")
+            raw = self.fs.cat_file(self._entry(key))
+            text = raw.decode("utf-8")
             entry = read_json(text)
         except FileNotFoundError:
             return False
@@ -59,6 +64,15 @@ class RemoteCache:
             self.damaged.add(key)
             return False
         wrong = entry_problem(entry, key)
+        if not wrong and self.verifier is not None:
+            try:
+                signature = self.fs.cat_file(self._entry(key) + ".sig")
+            except (OSError, FileNotFoundError):
+                signature = b""
+            if not self.verifier.valid(raw, signature):
+                local.warn(f"remote cache entry {key[:12]} is not signed by a trusted key; building instead")
+                self.damaged.add(key)  # a signed build replaces it
+                return False
         if wrong:
             local.warn(f"remote cache entry {key[:12]} is damaged ({wrong}); building instead")
             self.damaged.add(key)
@@ -103,9 +117,14 @@ class RemoteCache:
             target = self._object(o["sha256"])
             if o["sha256"] in self.damaged or not self.fs.exists(target):
                 self._put_atomically(str(local.object_path(o["sha256"])), target)
-        tmp = f"{self._entry(key)}.{uuid.uuid4().hex}.tmp"
+        data = json.dumps(entry, sort_keys=True, indent=2).encode("utf-8")
         self.fs.makedirs(self._entry(key).rsplit("/", 1)[0], exist_ok=True)
-        self.fs.pipe_file(tmp, json.dumps(entry, sort_keys=True, indent=2).encode("utf-8"))
+        if self.signer is not None:  # the signature first: a reader never sees a signed key without it
+            sig_tmp = f"{self._entry(key)}.sig.{uuid.uuid4().hex}.tmp"
+            self.fs.pipe_file(sig_tmp, self.signer.sign(data))
+            self.fs.mv(sig_tmp, self._entry(key) + ".sig")
+        tmp = f"{self._entry(key)}.{uuid.uuid4().hex}.tmp"
+        self.fs.pipe_file(tmp, data)
         self.fs.mv(tmp, self._entry(key))
 
     def get_object(self, sha: str, dest: Path) -> None:
