@@ -49,6 +49,8 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, before_replace
     # The process id in the name lets a later build delete what a killed one left (temp_owner).
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}-", suffix=".tmp", dir=path.parent)
     try:
+        # mkstemp makes 0600 files; manifests, reports and cache entries are for every reader
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -120,3 +122,9 @@ def temp_owner(name: str) -> int | None:
         return None
     pid = name[: -len(".tmp")].rsplit(".", 1)[-1].split("-", 1)[0]
     return int(pid) if pid.isdigit() else None
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

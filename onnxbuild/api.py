@@ -78,6 +78,7 @@ def plan(
 
     settings = settings or Settings()
     cache = settings.cache(reporter)
+    cache.dry = True
     from dataclasses import replace
 
     from onnxbuild.engine.artifacts import out_of_step

@@ -339,3 +339,91 @@ def test_readers_with_a_trusted_key_take_only_signed_remote_entries(tmp_path: Pa
     monkeypatch.setenv(TRUSTED_ENV, "not-a-key")
     bad = run("--cache-url", url, "--cache-dir", str(tmp_path / "r4"), "make", LR)
     assert bad.exit_code == 1 and "ONNXBUILD_CACHE_TRUSTED_KEYS: 'not-a-key' is not a base64 Ed25519 public key" in bad.stderr
+
+
+# ---------------------------------------------------------------- 9. smaller breaks
+
+
+@pytest.mark.parametrize(
+    ("arrange", "message"),
+    [
+        (lambda f: (f / "model.onnx").unlink() or (f / "model.onnx").mkdir(), "Error: artifacts/linear-regression/model.onnx is a folder where onnxbuild writes a file; move it away and build again\n"),
+        (lambda f: shutil.rmtree(f / "reports") or (f / "reports").write_text("mine", encoding="utf-8"), "Error: artifacts/linear-regression/reports is a file where onnxbuild needs a folder (for reports/check.json); move it away and build again\n"),
+        (lambda f: shutil.rmtree(f) or f.write_text("mine", encoding="utf-8"), "Error: artifacts/linear-regression is a file where onnxbuild writes the artifact folder; move it away and build again\n"),
+    ],
+    ids=["model-is-a-folder", "reports-is-a-file", "folder-is-a-file"],
+)
+def test_something_in_the_way_in_the_artifact_folder_is_named_and_kept(project: Path, arrange: Callable[[Path], object], message: str) -> None:
+    assert run("make", LR).exit_code == 0
+    folder = project / "artifacts" / "linear-regression"
+    arrange(folder)
+    result = run("make", LR)
+    assert result.exit_code == 2
+    assert result.stderr == message
+    assert "Traceback" not in result.output
+
+
+def test_plan_leaves_a_damaged_entry_where_it_is(project: Path, settings: onnxbuild.Settings) -> None:
+    assert onnxbuild.build([LR], settings, in_process=True).ok
+    entry = _entries(project)[0]
+    entry.write_text("{", encoding="utf-8")
+    assert run("plan", LR).exit_code == 2
+    assert entry.read_text(encoding="utf-8") == "{"  # planning changes nothing
+    assert run("make", LR).exit_code == 0
+    assert entry.read_text(encoding="utf-8") != "{"
+
+
+def test_files_onnxbuild_writes_are_readable_by_all(project: Path, settings: onnxbuild.Settings) -> None:
+    assert onnxbuild.build([LR], settings, in_process=True).ok
+    mask = os.umask(0)
+    os.umask(mask)
+    folder = project / "artifacts" / "linear-regression"
+    for path in [folder / "manifest.json", folder / "timings.json", *_entries(project)]:
+        assert path.stat().st_mode & 0o777 == 0o666 & ~mask, path
+
+
+def test_a_sequence_beyond_the_models_positions_is_a_recipe_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    text = (ROOT / "tests" / "data" / "tiny-past.yaml").read_text(encoding="utf-8").replace("{batch: 1, sequence: 1, past_sequence: 40}", "{batch: 1, sequence: 100, past_sequence: 40}")
+    (tmp_path / "r.yaml").write_text(text, encoding="utf-8")
+    result = run("plan", "r.yaml")
+    assert result.exit_code == 2
+    assert "validate.shapes[2]: sequence + past_sequence is 140, beyond the model's 128 positions (source.huggingface.config); use at most 128" in result.stderr
+
+
+def test_a_non_ascii_recipe_path_under_the_c_locale(project: Path) -> None:
+    folder = project / "réc"
+    folder.mkdir()
+    (folder / "lr-é.yaml").write_text((project / LR).read_text(encoding="utf-8"), encoding="utf-8")
+    env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0", "LANG": "C"}
+    done = subprocess.run([sys.executable, "-m", "onnxbuild", "make", "réc/lr-é.yaml"], cwd=project, env=env, capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode("utf-8", "replace")
+    manifest = json.loads((project / "artifacts" / "linear-regression" / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["recipe"]["path"] == "réc/lr-é.yaml"
+
+
+def test_sigterm_stops_the_build_and_its_step_processes(project: Path) -> None:
+    """CI cancels and `docker stop` send SIGTERM to the build: its running step goes too."""
+    import signal
+    import time
+
+    import psutil
+
+    from onnxbuild.engine.execute import TEST_DELAY_ENV
+
+    env = {**os.environ, TEST_DELAY_ENV: "check:60"}
+    proc = subprocess.Popen([sys.executable, "-m", "onnxbuild", "make", LR], cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    steps: list[psutil.Process] = []
+    while not steps:
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.2)
+        log = list((cache_of(project) / "tmp").glob("*/step.log"))
+        if log and "test hook: sleeping" in log[0].read_text(encoding="utf-8"):
+            steps = psutil.Process(proc.pid).children(recursive=True)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert b"Interrupted; nothing partial was kept" in err and b"Traceback" not in err
+    _, alive = psutil.wait_procs(steps, timeout=10)
+    assert alive == [], alive

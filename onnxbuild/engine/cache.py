@@ -115,6 +115,9 @@ class Cache:
     remote: Any = None
     """A RemoteCache consulted on a local miss and given every new entry (see remote.py)."""
 
+    dry: bool = False
+    """Planning: a damaged entry is a miss, but left in place (``plan`` changes nothing)."""
+
     def __post_init__(self) -> None:
         self.root = Path(self.root)
         self._hashes: dict[str, list[Any]] | None = None
@@ -189,7 +192,8 @@ class Cache:
             return None
         except (OSError, ValueError) as exc:  # a folder, unreadable, not UTF-8
             self.warn(f"cache entry {key[:12]} cannot be read ({exc.__class__.__name__}); rebuilding")
-            _remove(path)  # even a folder: it sits where this cache's own file belongs
+            if not self.dry:
+                _remove(path)  # even a folder: it sits where this cache's own file belongs
             return None
         try:
             entry: EntryRecord = read_json(text)
@@ -223,6 +227,8 @@ class Cache:
         return entry
 
     def _drop(self, path: Path) -> None:
+        if self.dry:
+            return
         with contextlib.suppress(OSError):
             path.unlink()
 

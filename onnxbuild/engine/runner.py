@@ -133,7 +133,8 @@ def execute(
     try:
         cache.clean_scratch()
         for recipe in plan.recipes:
-            artifact_folder(artifacts_root, recipe.name)
+            folder = artifact_folder(artifacts_root, recipe.name)
+            check_places(folder, [o for s in plan.steps if s.recipe is recipe for o in s.spec.outputs])
         report = _execute_locked(plan, cache, artifacts_root, jobs=jobs, keep_going=keep_going, in_process=in_process, reporter=reporter, executor=executor)
     finally:
         maintenance.release()
@@ -454,6 +455,22 @@ def artifact_folder(artifacts_root: Path, name: str) -> Path:
     return folder
 
 
+def check_places(folder: Path, paths: list[str]) -> None:
+    """Refuse, before anything is built, an artifact folder where a file or folder onnxbuild
+    writes is in the way (a folder named model.onnx, a file named reports): it could be the
+    user's, so it is never removed."""
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"{folder} is a file where onnxbuild writes the artifact folder; move it away and build again")
+    for rel in paths:
+        target = folder / rel
+        for parent in reversed(target.relative_to(folder).parents):
+            place = folder / parent
+            if parent != Path(".") and place.exists() and not place.is_dir():
+                raise UsageError(f"{place} is a file where onnxbuild needs a folder (for {rel}); move it away and build again")
+        if target.is_dir() and not target.is_symlink():
+            raise UsageError(f"{target} is a folder where onnxbuild writes a file; move it away and build again")
+
+
 def _inside(path: Path, root: Path) -> bool:
     """Whether ``path``, its symbolic links followed, lies under ``root`` (or is it)."""
     return path.resolve().is_relative_to(root.resolve())
@@ -610,10 +627,12 @@ def _display_path(recipe: Recipe) -> str:
     path = Path(recipe.path)
     if path.is_absolute():
         try:
-            return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+            path = path.resolve().relative_to(Path.cwd().resolve())
         except ValueError:
-            return path.as_posix()
-    return path.as_posix()
+            pass
+    # Under LC_ALL=C a non-ASCII path arrives with surrogate escapes, which JSON cannot hold:
+    # the file system's bytes are shown as the UTF-8 text they almost always are.
+    return os.fsencode(path.as_posix()).decode("utf-8", errors="backslashreplace")
 
 
 def raise_for_failures(report: BuildReport) -> None:

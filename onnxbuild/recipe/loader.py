@@ -406,6 +406,15 @@ def _semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) ->
             for d in shape:
                 if d not in dims and d not in optional:
                     yield problem(("validate", "shapes", i, d), f"unknown dimension (the inputs use: {', '.join([*dims, *optional]) or 'no symbolic dimensions'})", key=True)
+        config = src.get("config") if kind == "huggingface" and isinstance(src.get("config"), dict) else {}
+        max_positions = next((config[k] for k in ("n_positions", "max_position_embeddings") if isinstance(config.get(k), int)), None)
+        if max_positions:
+            for section in ("validate", "benchmark"):
+                block = doc.get(section) or {}
+                for i, shape in enumerate(block.get("shapes", []) if isinstance(block, dict) else []):
+                    total = sum(v for d, v in shape.items() if d in ("sequence", "past_sequence") and isinstance(v, int))
+                    if total > max_positions:
+                        yield problem((section, "shapes", i), f"sequence + past_sequence is {total}, beyond the model's {max_positions} positions (source.huggingface.config); use at most {max_positions}")
         bench = doc.get("benchmark") or {}
         for i, shape in enumerate(bench.get("shapes", []) if isinstance(bench, dict) else []):
             for d in dims:
