@@ -144,8 +144,34 @@ def main() -> None:
             extra = f", embedding cosine mean {cos['mean']:.4f} min {cos['min']:.4f}" if cos else ""
             print(f"    {r['variant']:<10} p50 {r['p50_ms']:7.1f} ms = {r['ratio_to_pytorch']:.2f}x PyTorch{extra}")
         print("  target: int8 mean cosine >= 0.99 at <= 0.35x PyTorch")
+        screenshots(work, onnxbuild, env)
 
     executors()
+
+
+OUT = ROOT / "bench" / "out"
+
+
+def screenshots(work: Path, onnxbuild: str, env: dict[str, str]) -> None:
+    """Build every shipped recipe and keep a screenshot of its report.html in bench/out/
+    (git-ignored), so a reader can look at each page without building."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        print("report screenshots: chromium is not installed (make install installs it); skipped")
+        return
+    OUT.mkdir(parents=True, exist_ok=True)
+    for recipe in sorted((work / "recipes").glob("*.yaml")):
+        done = subprocess.run([onnxbuild, "make", str(recipe.relative_to(work))], cwd=work, env=env, capture_output=True, text=True)
+        name = next((line.split(":", 1)[1].strip() for line in recipe.read_text(encoding="utf-8").splitlines() if line.startswith("name:")), recipe.stem)
+        page = work / "artifacts" / name / "report.html"
+        if not page.is_file():
+            print(f"  report of {recipe.name}: not written (make exited {done.returncode})")
+            continue
+        shot = OUT / f"report-{name}.png"
+        subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--host-resolver-rules=MAP * ~NOTFOUND",
+                        f"--screenshot={shot}", "--window-size=1280,2400", page.as_uri()], capture_output=True, timeout=120)
+        shutil.copy(page, OUT / f"report-{name}.html")
+        print(f"  report of {recipe.name}: {shot.relative_to(ROOT)} (and .html)")
 
 
 SMALL = ["linear-regression.yaml", "tiny-gpt2.yaml", "digits-mlp.yaml"]

@@ -133,10 +133,39 @@ def build(
             raise UsageError("--executor ray on a cluster pushes each step's outputs to the remote cache; drop --cache-read-only")
         runner_executor = RayExecutor(RaySettings(address=ray_address, max_retries=ray_retries, remote_url=settings.cache_url))
     try:
-        return execute(the_plan, cache, settings.artifacts_dir, jobs=jobs, keep_going=keep_going, in_process=in_process, reporter=reporter, executor=runner_executor)
+        report = execute(the_plan, cache, settings.artifacts_dir, jobs=jobs, keep_going=keep_going, in_process=in_process, reporter=reporter, executor=runner_executor)
     finally:
         if runner_executor is not None:
             runner_executor.close()
+    for outcome in report.recipes:
+        _write_html(outcome.artifacts, reporter)
+    return report
+
+
+def _write_html(folder: Path, reporter: Reporter | None) -> Path | None:
+    """report.html for a built folder; a page that cannot be written is a warning, never a failed build."""
+    from onnxbuild.report.page import write_report
+
+    try:
+        return write_report(folder)
+    except (OnnxbuildError, OSError, ValueError) as exc:
+        if reporter is not None:
+            reporter.warning(f"could not write {folder}/report.html: {exc}")
+        return None
+
+
+def report(paths: Sequence[str | Path], settings: Settings | None = None) -> list[Path]:
+    """(Re)write each recipe's ``artifacts/<name>/report.html`` from what its folder holds."""
+    from onnxbuild.report.page import write_report
+
+    settings = settings or Settings()
+    written = []
+    for recipe in load_recipes(paths):
+        folder = settings.artifacts_dir / recipe.name
+        if not (folder / "manifest.json").is_file():
+            raise UsageError(f"{folder}/ has no manifest.json: build it first with `onnxbuild make {recipe.path}`")
+        written.append(write_report(folder))
+    return written
 
 
 def write_locks(report: BuildReport) -> list[Path]:
@@ -324,4 +353,4 @@ def _take_alone(cache: Cache, command: str) -> Any:
     return lock
 
 
-__all__ = ["OnnxbuildError", "Settings", "build", "clean", "dag", "gc", "load_recipes", "plan", "schema_text", "show", "verify_cache"]
+__all__ = ["OnnxbuildError", "Settings", "build", "clean", "dag", "gc", "load_recipes", "plan", "report", "schema_text", "show", "verify_cache"]

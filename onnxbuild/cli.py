@@ -282,7 +282,7 @@ def plan(ctx: click.Context, recipes: tuple[str, ...], target: str | None, force
 @cli.command("diff")
 @click.argument("recipes", nargs=-1)
 @click.option("--base", metavar="REF", help="Git ref to compare with (default: the merge-base with main).")
-@click.option("--format", "fmt", type=click.Choice(["text", "md", "json"]), default="text", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["text", "md", "json", "html"]), default="text", show_default=True)
 @settings_options
 @click.pass_context
 def diff_command(ctx: click.Context, recipes: tuple[str, ...], base: str | None, fmt: str) -> None:
@@ -339,6 +339,25 @@ def verify_command(ctx: click.Context, recipes: tuple[str, ...], jobs: int, as_j
         from onnxbuild.errors import BuildFailed
 
         raise BuildFailed("some artifacts are not byte-reproducible (see above)")
+
+
+@cli.command("report")
+@click.argument("recipes", nargs=-1, required=True)
+@settings_options
+@click.pass_context
+def report_command(ctx: click.Context, recipes: tuple[str, ...]) -> None:
+    """(Re)write artifacts/<name>/report.html for RECIPES and print its path.
+
+    One self-contained page (no network): the verdict first, then validation, generation,
+    the benchmark beside PyTorch, fused ops and sizes per variant, the step graph with each
+    step's status and reason, versions and digests. `make` writes it after each recipe.
+
+    \b
+    Example:
+      onnxbuild report recipes/gpt2.yaml
+    """
+    for path in api.report(recipes, _settings(ctx)):
+        click.echo(str(path))
 
 
 @cli.command()

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from onnxbuild._util import format_ms
 from onnxbuild.errors import RecipeError, UsageError
 from onnxbuild.recipe.model import Recipe
 
@@ -156,7 +157,7 @@ def _metrics(old_plan: Any, new_plan: Any, cache: Any) -> list[tuple[str, str, s
             k = (r["variant"], r["provider"], json.dumps(r.get("shape"), sort_keys=True))
             if k in before_p50 and before_p50[k] and r.get("p50_ms"):
                 shape = ", ".join(f"{d}={n}" for d, n in (r.get("shape") or {}).items())
-                rows.append((f"p50 {r['variant']} ({shape})", f"{before_p50[k]:.2f} ms", f"{r['p50_ms']:.2f} ms ({r['p50_ms'] / before_p50[k]:.2f}x)"))
+                rows.append((f"p50 {r['variant']} on {str(r.get('provider', '')).replace('ExecutionProvider', '')} ({shape})", format_ms(before_p50[k]), f"{format_ms(r['p50_ms'])} ({r['p50_ms'] / before_p50[k]:.2f}x)"))
     return rows
 
 
@@ -174,6 +175,10 @@ def render(base: str, diffs: list[RecipeDiff], fmt: str) -> str:
             indent=2,
             default=str,
         ) + "\n"
+    if fmt == "html":
+        from onnxbuild.report.page import render_diff
+
+        return render_diff(base, diffs, _show)
     md = fmt == "md"
     lines = [f"## onnxbuild diff against {base[:12]}" if md else f"onnxbuild diff against {base[:12]}", ""]
     if not diffs:

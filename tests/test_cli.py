@@ -20,7 +20,7 @@ from onnxbuild.cli import cli
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 LR = "recipes/linear-regression.yaml"
-LR_FILES = {"manifest.json", "model.onnx", "reports/check.json", "reports/check.md", "timings.json"}
+LR_FILES = {"manifest.json", "model.onnx", "reports/check.json", "reports/check.md", "timings.json", "report.html"}
 
 BAD_RECIPE = """\
 name: bad/name

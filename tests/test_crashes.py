@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LR = "recipes/linear-regression.yaml"
 MAKE = [sys.executable, "-m", "onnxbuild", "make", LR]
 LR_OUTPUTS = {"model.onnx", "reports/check.json", "reports/check.md"}
-TIMED = {"timings.json"}
+TIMED = {"timings.json", "report.html"}  # run facts: this run's statuses and times
 """Artifacts that hold durations and memory peaks, which differ from run to run by nature."""
 
 

@@ -61,3 +61,14 @@ def test_a_changed_default_shows_and_added_recipes_are_listed(repo: Path) -> Non
     # exporter: torchscript is the default, so writing it out changes nothing
     assert "export.exporter" not in result.stdout
     assert "rebuilds: export, check, validate, report" in result.stdout
+
+
+def test_diff_as_html_is_one_self_contained_page(repo: Path) -> None:
+    edit(repo, LR, "values: [0.5, -0.5]", "values: [0.5, -0.25]")
+    result = CliRunner().invoke(cli, ["diff", "--format", "html"])
+    assert result.exit_code == 0, result.output
+    page = result.stdout
+    assert page.startswith("<!DOCTYPE html>") and "<style>" in page and "<link" not in page and "<script" not in page
+    assert "<code>recipes/linear-regression.yaml</code>: <b>changed</b>" in page
+    assert "<td><code>source.graph.initializers[1].values[1]</code></td><td>-0.5</td><td>-0.25</td>" in page
+    assert "Steps that rebuild: source, check" in page

@@ -56,7 +56,7 @@ def settings(root: Path, **extra: object) -> onnxbuild.Settings:
     return onnxbuild.Settings(cache_dir=root / "cache", artifacts_dir=root / "artifacts", **extra)  # type: ignore[arg-type]
 
 
-MEASURED = {"timings.json", "benchmark.json", "benchmark.md", "benchmark.png"}
+MEASURED = {"timings.json", "report.html", "benchmark.json", "benchmark.md", "benchmark.png"}
 """Durations, memory and latencies: they differ run to run by design, whichever executor ran them."""
 
 
