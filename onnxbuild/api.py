@@ -103,12 +103,16 @@ def build(
     executor: str = "local",
     ray_address: str | None = None,
     ray_retries: int = 2,
+    frozen: bool = False,
 ) -> BuildReport:
     """Build the recipes' artifacts; step failures are in the report (see ``report.ok``).
 
     ``executor`` says where steps run: ``local`` processes (``jobs`` at once) or ``ray``
     tasks (a local Ray instance, or the cluster at ``ray_address``, which then needs the
     remote cache to move inputs and outputs between nodes).
+
+    ``frozen`` (CI): each recipe's lock must match it, and every output, built or pulled
+    from a cache, must have the digest the lock records, or that step fails naming both.
     """
     from onnxbuild.engine.graph import plan as make_plan
     from onnxbuild.engine.runner import execute
@@ -124,6 +128,7 @@ def build(
     recipes = load_recipes(paths, settings)
     cache = settings.cache(reporter)
     cache.ensure_writable()
+    expected = _frozen(recipes, cache) if frozen else None
     the_plan = make_plan(recipes, cache, force=force, target=target, single=single)
     runner_executor = None
     if executor == "ray" and any(s.action == "run" for s in the_plan.steps):  # nothing to run: no cluster needed
@@ -133,13 +138,31 @@ def build(
             raise UsageError("--executor ray on a cluster pushes each step's outputs to the remote cache; drop --cache-read-only")
         runner_executor = RayExecutor(RaySettings(address=ray_address, max_retries=ray_retries, remote_url=settings.cache_url))
     try:
-        report = execute(the_plan, cache, settings.artifacts_dir, jobs=jobs, keep_going=keep_going, in_process=in_process, reporter=reporter, executor=runner_executor)
+        report = execute(the_plan, cache, settings.artifacts_dir, jobs=jobs, keep_going=keep_going, in_process=in_process, reporter=reporter, executor=runner_executor, expected=expected)
     finally:
         if runner_executor is not None:
             runner_executor.close()
     for outcome in report.recipes:
         _write_html(outcome.artifacts, reporter)
     return report
+
+
+def _frozen(recipes: list[Recipe], cache: Cache) -> dict[str, dict[str, str]]:
+    """The output digests each recipe's lock holds its steps to; a missing or stale lock is an error."""
+    from onnxbuild.engine.lockfile import check_lock, expected_outputs, read_lock
+    from onnxbuild.errors import BuildFailed
+
+    expected: dict[str, dict[str, str]] = {}
+    problems: list[str] = []
+    for recipe in recipes:
+        stale = check_lock(recipe, cache)
+        if stale:
+            problems.extend(stale)
+            continue
+        expected.update(expected_outputs(recipe, read_lock(recipe)))
+    if problems:
+        raise BuildFailed("--frozen: the lock files do not match the recipes:\n  " + "\n  ".join(problems) + "\nrun `onnxbuild make RECIPE --lock` and commit the locks")
+    return expected
 
 
 def _write_html(folder: Path, reporter: Reporter | None) -> Path | None:
@@ -168,11 +191,12 @@ def report(paths: Sequence[str | Path], settings: Settings | None = None) -> lis
     return written
 
 
-def write_locks(report: BuildReport) -> list[Path]:
+def write_locks(report: BuildReport, settings: Settings | None = None) -> list[Path]:
     """Write ``<recipe>.lock.json`` beside each recipe that built successfully."""
     from onnxbuild.engine.lockfile import write_lock
 
-    return [write_lock(r.recipe, r.steps) for r in report.recipes if r.ok]
+    cache = (settings or Settings()).cache()
+    return [write_lock(r.recipe, r.steps, cache) for r in report.recipes if r.ok]
 
 
 def check_locks(paths: Sequence[str | Path], settings: Settings | None = None) -> list[str]:

@@ -146,7 +146,8 @@ class Printer:
 @click.option("--keep-going", "-k", is_flag=True, help="After a failure, build everything that does not depend on it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the build report as JSON on stdout.")
 @click.option("--strict-providers", is_flag=True, help="Fail the build when a target provider cannot be used here.")
-@click.option("--lock", "write_lock", is_flag=True, help="Write <recipe>.lock.json (step keys, output digests) beside each recipe that built.")
+@click.option("--lock", "write_lock", is_flag=True, help="Write <recipe>.lock.json (step keys, ingredients, output digests) beside each recipe that built.")
+@click.option("--frozen", is_flag=True, help="CI: fail when a recipe's lock is stale, or when an output, built or pulled, differs from the digest in the lock.")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default=None, help="Where steps run: local processes (default) or Ray tasks; or [tool.onnxbuild] executor.")
 @click.option("--ray-address", metavar="ADDRESS", default=None, help="A Ray cluster (auto, ray://host:port); default: start a local Ray instance. Or [tool.onnxbuild] ray_address.")
 @click.option("--ray-retries", type=click.IntRange(0, 20), default=2, show_default=True, help="Times Ray reruns a step whose worker died.")
@@ -163,6 +164,7 @@ def make(
     as_json: bool,
     strict_providers: bool,
     write_lock: bool,
+    frozen: bool,
     executor: str | None,
     ray_address: str | None,
     ray_retries: int,
@@ -170,6 +172,8 @@ def make(
     """Build the artifacts of RECIPES (export, check, validate, ...)."""
     if write_lock and target is not None:
         raise click.UsageError("--lock records whole builds; drop --target")
+    if write_lock and frozen:
+        raise click.UsageError("--frozen checks against the lock and --lock rewrites it; give one")
     if executor is None or ray_address is None:
         from onnxbuild.engine.remote import config_from_project
 
@@ -178,14 +182,14 @@ def make(
         ray_address = ray_address or config.get("ray_address")
     printer = Printer(quiet=False)
     report = api.build(
-        recipes, _settings(ctx), jobs=jobs, keep_going=keep_going, force=force, target=target, single=single, reporter=printer, executor=executor, ray_address=ray_address, ray_retries=ray_retries
+        recipes, _settings(ctx), jobs=jobs, keep_going=keep_going, force=force, target=target, single=single, reporter=printer, executor=executor, ray_address=ray_address, ray_retries=ray_retries, frozen=frozen
     )
     if as_json:
         click.echo(json.dumps(_report_json(report), indent=2, sort_keys=True))
     else:
         click.echo(_summary(report))
     if write_lock:
-        for path in api.write_locks(report):
+        for path in api.write_locks(report, _settings(ctx)):
             click.echo(f"lock: {path}", err=True)
     if not report.ok:
         from onnxbuild.engine.runner import raise_for_failures

@@ -23,6 +23,7 @@ def test_gpt2_recipe_builds_validates_every_variant_and_benchmarks(project: Path
     report = onnxbuild.build(["recipes/gpt2.yaml"], settings)
     assert report.ok, report.failures()
     folder = project / "artifacts" / "gpt2"
+    assert "Build OK" in (folder / "report.html").read_text(encoding="utf-8")
     validation = json.loads((folder / "reports" / "validation.json").read_text(encoding="utf-8"))
     assert validation["passed"] and validation["weights"] == "random-init"
     model = validation["variants"]["model"]

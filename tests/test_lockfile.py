@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner, Result
 
 from onnxbuild.cli import cli
@@ -24,7 +25,7 @@ def test_make_lock_then_plan_check_then_a_stale_lock_fails(project: Path) -> Non
     built = run("make", LR, "--lock")
     assert built.exit_code == 0, built.output
     first = LOCK.read_bytes()
-    assert b'"lock_version": 1' in first and b"model.onnx" in first
+    assert b'"lock_version": 2' in first and b"model.onnx" in first and b'"ingredients"' in first
     ok = run("plan", "--check", LR)
     assert (ok.exit_code, ok.stdout) == (0, "locks match the recipes\n")
 
@@ -70,3 +71,86 @@ def test_verify_reports_an_artifact_that_differs(project: Path) -> None:
     assert result.exit_code == 1
     assert "  source               differs  (model.onnx differ from the manifest)" in result.stdout
     assert "Error: some artifacts are not byte-reproducible" in result.stderr
+
+
+def test_plan_check_explains_a_stale_lock_from_the_lock_alone(project: Path) -> None:
+    """On a CI runner the cache is empty: the reasons come from the ingredients in the lock."""
+    import json
+
+    from onnxbuild.engine.cache import step_key
+
+    assert run("make", LR, "--lock").exit_code == 0
+    lock = json.loads(LOCK.read_text(encoding="utf-8"))
+    # the lock as another machine with an older onnx wrote it
+    source = lock["steps"]["source"]
+    source["ingredients"]["packages"]["onnx"] = "1.0.0"
+    source["key"] = step_key(source["ingredients"])
+    LOCK.write_text(json.dumps(lock), encoding="utf-8")
+    from onnxbuild.engine.versions import package_version
+
+    fresh = run("--cache-dir", "fresh-runner-cache", "plan", "--check", LR)
+    assert fresh.exit_code == 1
+    assert fresh.stdout.splitlines()[0] == f"linear-regression:source: onnx changed 1.0.0 -> {package_version('onnx')}"
+
+
+def test_a_lock_with_a_benchmark_is_the_same_after_a_cold_rebuild(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Timings are measurements: the benchmark's outputs are listed, not locked."""
+    import json
+    import shutil
+
+    shutil.copytree(Path(__file__).parent / "data" / "steps", tmp_path / "steps")
+    monkeypatch.chdir(tmp_path)
+    assert run("make", "steps/steps.yaml", "--lock").exit_code == 0
+    lock = tmp_path / "steps" / "steps.lock.json"
+    first = lock.read_bytes()
+    bench = json.loads(first)["steps"]["benchmark"]
+    assert bench["measured"] is True and bench["outputs"] == ["benchmark.json", "benchmark.md", "benchmark.png"]
+    assert run("--cache-dir", "cold", "make", "steps/steps.yaml", "--lock").exit_code == 0
+    assert lock.read_bytes() == first
+
+
+def test_make_frozen_refuses_a_poisoned_remote_entry_naming_both_digests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Someone with write access points the remote's entry for the recipe's source step at
+    another valid model (B = 0.25 for the recipe's 0.5): a fresh runner with --frozen fails."""
+    import json
+    import shutil
+
+    root = Path(__file__).resolve().parent.parent
+    remote = (tmp_path / "remote").as_uri()
+    for name in ("ci", "attacker", "runner"):
+        shutil.copytree(root / "recipes", tmp_path / name / "recipes")
+    monkeypatch.chdir(tmp_path / "ci")
+    assert run("--cache-url", remote, "make", LR, "--lock").exit_code == 0
+    lock = json.loads(LOCK.read_text(encoding="utf-8"))
+    good = lock["steps"]["source"]["outputs"]["model.onnx"]
+    # the attacker builds another model and rewires the entry the lock's key names to it
+    monkeypatch.chdir(tmp_path / "attacker")
+    other = tmp_path / "attacker" / LR
+    other.write_text(other.read_text(encoding="utf-8").replace("values: [0.5, -0.5]", "values: [0.25, -0.5]"), encoding="utf-8")
+    assert run("--cache-url", remote, "make", LR).exit_code == 0
+    evil = json.loads((tmp_path / "attacker" / "artifacts" / "linear-regression" / "manifest.json").read_text(encoding="utf-8"))
+    evil_out = next(s for s in evil["steps"] if s["name"] == "source")["outputs"]
+    key = lock["steps"]["source"]["key"]
+    entry_path = tmp_path / "remote" / "entries" / key[:2] / f"{key}.json"
+    entry = json.loads(entry_path.read_text(encoding="utf-8"))
+    entry["outputs"] = evil_out
+    entry_path.write_text(json.dumps(entry), encoding="utf-8")
+    monkeypatch.chdir(tmp_path / "runner")
+    shutil.copy(tmp_path / "ci" / LOCK, tmp_path / "runner" / LOCK)
+    unfrozen_check = run("--cache-dir", "c1", "plan", "--check", LR)
+    assert unfrozen_check.exit_code == 0  # the lock matches the recipe: only the outputs can tell
+    frozen = run("--cache-url", remote, "--cache-dir", "c2", "make", LR, "--frozen")
+    assert frozen.exit_code == 1, frozen.output
+    bad = next(o["sha256"] for o in evil_out if o["path"] == "model.onnx")
+    assert f"step source failed: --frozen: model.onnx has sha256 {bad[:16]}, the lock says {good[:16]}" in frozen.stderr
+    assert not (tmp_path / "runner" / "artifacts" / "linear-regression" / "model.onnx").exists()
+    # without the poison, the same runner builds and passes
+    entry_path.unlink()
+    again = run("--cache-url", remote, "--cache-dir", "c2", "make", LR, "--frozen")
+    assert again.exit_code == 0, again.output
+
+
+def test_frozen_needs_a_current_lock(project: Path) -> None:
+    result = run("make", LR, "--frozen")
+    assert result.exit_code == 1
+    assert "--frozen: the lock files do not match the recipes:" in result.stderr and "does not exist" in result.stderr

@@ -27,7 +27,10 @@ def read(path: Path) -> Any:
 def build_ok(recipe: str, settings: onnxbuild.Settings) -> Path:
     report = onnxbuild.build([recipe], settings, jobs=2)
     assert report.ok, report.failures()
-    return settings.artifacts_dir / report.recipes[0].recipe.name
+    folder = settings.artifacts_dir / report.recipes[0].recipe.name
+    page = (folder / "report.html").read_text(encoding="utf-8")  # every shipped recipe gets its page
+    assert 'id="verdict"' in page and "Build OK" in page
+    return folder
 
 
 def assert_shapes_pass(model: dict[str, Any], output: str, max_abs_diff: float) -> None:

@@ -186,7 +186,7 @@ def input_digests(spec: StepSpec, entries: dict[str, EntryRecord | None]) -> dic
 def explain(last: dict[str, Any] | None, now: dict[str, Any], key: str) -> list[str]:
     """Why a step must run, in words, by comparing its ingredients with its last build's."""
     if not last or not isinstance(last.get("ingredients"), dict):
-        return ["no entry in cache (never built)"]
+        return ["no entry in cache (never built)"] if not last or last.get("key") is None else ["its key differs from the lock's (no ingredients recorded)"]
     before = last["ingredients"]
     if last.get("key") == key:
         return ["no entry in cache (removed by gc, or damaged)"]

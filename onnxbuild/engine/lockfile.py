@@ -6,6 +6,13 @@ building anything (``onnxbuild plan --check``): every key can be recomputed from
 recipe and the lock alone, because each step's inputs are named by the digests the
 lock records for the steps before it. Sorted, with no times or paths, so it merges
 cleanly and is identical on every machine with the same package versions.
+
+Version 2 keeps each step's ingredients too (its resolved section, package versions, the
+digests of the files and inputs it reads), so ``plan --check`` explains a stale lock in
+words from the lock alone, on a runner with an empty cache. Steps whose outputs are
+measurements (benchmarks) or tied to the CPU (optimize at extended levels and above) list
+their output paths without digests and are marked ``measured``: locking again never
+changes them. ``make --frozen`` holds every other output, built or pulled, to the lock.
 """
 
 from __future__ import annotations
@@ -19,27 +26,55 @@ from onnxbuild.engine.cache import Cache, step_key
 from onnxbuild.engine.manifest import StepRecord
 from onnxbuild.recipe.model import Recipe
 
-LOCK_VERSION = 1
+LOCK_VERSION = 2
 
 
 def lock_path(recipe: Recipe) -> Path:
     return recipe.directory / f"{Path(recipe.path).stem}.lock.json"
 
 
-def write_lock(recipe: Recipe, steps: list[StepRecord]) -> Path:
+def measured(kind: str, resolved: dict[str, Any]) -> bool:
+    """Whether a step's outputs differ run to run or machine to machine by design."""
+    from onnxbuild.verify import hardware_bound
+
+    return bool(hardware_bound({"kind": kind}, {"recipe": {"resolved": resolved}}))
+
+
+def write_lock(recipe: Recipe, steps: list[StepRecord], cache: Cache) -> Path:
     """Write the lock of a successful build (only if its content changed)."""
-    data = {
-        "lock_version": LOCK_VERSION,
-        "name": recipe.name,
-        "steps": {
-            s["name"]: {"key": s["key"], "outputs": {o["path"]: o["sha256"] for o in s["outputs"]}}
-            for s in steps
-            if s["status"] in ("built", "cached")
-        },
-    }
+    entries: dict[str, Any] = {}
+    for s in steps:
+        if s["status"] not in ("built", "cached") or s["key"] is None:
+            continue
+        entry = cache.get(s["key"])
+        step: dict[str, Any] = {"key": s["key"], "ingredients": entry["ingredients"] if entry else None}
+        if measured(s["kind"], recipe.resolved):
+            step["measured"] = True
+            step["outputs"] = sorted(o["path"] for o in s["outputs"])
+        else:
+            step["outputs"] = {o["path"]: o["sha256"] for o in s["outputs"]}
+        entries[s["name"]] = step
+    data = {"lock_version": LOCK_VERSION, "name": recipe.name, "steps": entries}
     path = lock_path(recipe)
     write_if_changed(path, pretty_json(data))
     return path
+
+
+def read_lock(recipe: Recipe) -> dict[str, Any]:
+    """The lock's steps; raises OSError or ValueError when it is missing or not a lock."""
+    path = lock_path(recipe)
+    lock = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(lock, dict) or not isinstance(lock.get("steps"), dict):
+        raise ValueError("not an onnxbuild lock")
+    if lock.get("lock_version") != LOCK_VERSION:
+        raise ValueError(f"lock_version {lock.get('lock_version')} (this onnxbuild writes {LOCK_VERSION})")
+    steps: dict[str, Any] = lock["steps"]
+    return steps
+
+
+def expected_outputs(recipe: Recipe, locked: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Step label -> {output path: sha256} for every step the lock holds to its digests."""
+    return {f"{recipe.name}:{name}": dict(step["outputs"]) for name, step in locked.items() if isinstance(step, dict) and isinstance(step.get("outputs"), dict)}
 
 
 def check_lock(recipe: Recipe, cache: Cache) -> list[str]:
@@ -49,14 +84,12 @@ def check_lock(recipe: Recipe, cache: Cache) -> list[str]:
 
     path = lock_path(recipe)
     try:
-        lock: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-        locked: dict[str, Any] = lock["steps"]
+        locked = read_lock(recipe)
     except FileNotFoundError:
         return [f"{path} does not exist; run `onnxbuild make {recipe.path} --lock` and commit it"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError) as exc:
         return [f"{path} cannot be read ({exc}); rebuild it with `onnxbuild make {recipe.path} --lock`"]
     problems: list[str] = []
-    last = cache.last_build(recipe.name)
     specs = steps_for(recipe)
     for spec in specs:
         if spec.name not in locked:
@@ -65,12 +98,13 @@ def check_lock(recipe: Recipe, cache: Cache) -> list[str]:
         digests: dict[str, str] = {}
         for inp in spec.inputs:
             outputs = locked.get(inp.step, {}).get("outputs", {})
-            digests[f"{inp.step}:{inp.path}"] = outputs.get(inp.path, "missing from the lock")
+            digests[f"{inp.step}:{inp.path}"] = outputs.get(inp.path, "missing from the lock") if isinstance(outputs, dict) else "measured, not locked"
         ing = ingredients(spec, digests, cache)
         key = step_key(ing)
-        if key != locked[spec.name]["key"]:
-            before = last.get(spec.name) if last.get(spec.name, {}).get("key") == locked[spec.name]["key"] else None
-            why = "; ".join(explain(before, ing, key)) if before else "its key differs from the lock's"
+        mine = locked[spec.name] if isinstance(locked[spec.name], dict) else {}
+        if key != mine.get("key"):
+            # the lock's own ingredients say what changed, with no cache needed
+            why = "; ".join(explain({"key": mine.get("key"), "ingredients": mine.get("ingredients")}, ing, key))
             problems.append(f"{recipe.name}:{spec.name}: {why}")
     for name in sorted(set(locked) - {s.name for s in specs}):
         problems.append(f"{recipe.name}:{name}: in the lock but no longer a step of the recipe")

@@ -103,6 +103,8 @@ class _State:
     """When this build took the step on: a cache entry written after it came from another process."""
     left_out: bool = False
     """A step beyond --target that turned out not to be current: in no record, report or manifest."""
+    expected: dict[str, str] | None = None
+    """With ``make --frozen``: the output digests the lock holds this step to."""
 
 
 def execute(
@@ -115,8 +117,12 @@ def execute(
     in_process: bool = False,
     reporter: Reporter | None = None,
     executor: Executor | None = None,
+    expected: dict[str, dict[str, str]] | None = None,
 ) -> BuildReport:
     """Run ``plan``; returns the per-recipe outcome (raise nothing for step failures).
+
+    ``expected`` (``make --frozen``): step label -> the output digests the lock records; a
+    step whose outputs, built or taken from a (remote) cache, differ fails, naming both.
 
     ``executor`` decides where each step runs (local processes by default); nothing else
     here depends on it.
@@ -135,7 +141,7 @@ def execute(
         for recipe in plan.recipes:
             folder = artifact_folder(artifacts_root, recipe.name)
             check_places(folder, [o for s in plan.steps if s.recipe is recipe for o in s.spec.outputs])
-        report = _execute_locked(plan, cache, artifacts_root, jobs=jobs, keep_going=keep_going, in_process=in_process, reporter=reporter, executor=executor)
+        report = _execute_locked(plan, cache, artifacts_root, jobs=jobs, keep_going=keep_going, in_process=in_process, reporter=reporter, executor=executor, expected=expected or {})
     finally:
         maintenance.release()
     cache.save_state()
@@ -144,10 +150,10 @@ def execute(
 
 
 def _execute_locked(
-    plan: Plan, cache: Cache, artifacts_root: Path, *, jobs: int, keep_going: bool, in_process: bool, reporter: Reporter, executor: Executor
+    plan: Plan, cache: Cache, artifacts_root: Path, *, jobs: int, keep_going: bool, in_process: bool, reporter: Reporter, executor: Executor, expected: dict[str, dict[str, str]]
 ) -> BuildReport:
     with _recipe_locks(cache, plan.recipes, reporter):
-        states = {s.label: _State(s) for s in plan.steps}
+        states = {s.label: _State(s, expected=expected.get(s.label)) for s in plan.steps}
         _run_all(states, plan, cache, artifacts_root, jobs=max(1, jobs), keep_going=keep_going, in_process=in_process, reporter=reporter, executor=executor)
         report = BuildReport()
         for recipe in plan.recipes:
@@ -375,11 +381,32 @@ def _cached(st: _State, states: dict[str, _State], key: str, ing: dict[str, Any]
         why = "up to date"
     else:
         why = "built meanwhile by another onnxbuild"
+    differs = _differs_from_lock(st, entry)
+    if differs:
+        cache.discard(key)  # never served again: a plain make rebuilds it
+        st.planned = PlannedStep(p.recipe, p.spec, "run", (why,), key, ing, None)
+        st.record = _record(st.planned, key, "failed", differs, None)
+        reporter.step_finished(st.planned, st.record, 0.0)
+        return
     # Keep the key and ingredients: the last-build record needs them to explain the next change.
     st.planned = PlannedStep(p.recipe, p.spec, "cached", (why,), key, ing, entry)
     st.entry = entry
     st.record = _record(st.planned, key, "cached", why, entry)
     reporter.step_finished(st.planned, st.record, 0.0)
+
+
+def _differs_from_lock(st: _State, entry: EntryRecord) -> str:
+    """Why ``make --frozen`` refuses this step's outputs (they differ from the lock), or ""."""
+    if st.expected is None:
+        return ""
+    got = {o["path"]: o["sha256"] for o in entry["outputs"]}
+    for path, want in sorted(st.expected.items()):
+        if got.get(path) != want:
+            return (
+                f"--frozen: {path} has sha256 {str(got.get(path))[:16]}, the lock says {want[:16]} "
+                "(a poisoned or stale cache entry, or a build that is not reproducible here); nothing was written to the artifact folder"
+            )
+    return ""
 
 
 def _written_since(cache: Cache, key: str, since: float) -> bool:
@@ -422,8 +449,12 @@ def _finish(st: _State, outcome: Outcome, workdir: Path, cache: Cache, reporter:
                     data["warnings"] = list(result.warnings)
                 files = sorted(declared | (extra & written))
                 entry = cache.commit(p.key, p.spec.name, p.spec.kind, p.ingredients, out, files, data)
-                st.entry = entry
-                st.record = _record(p, p.key, "built", p.reason, entry)
+                differs = _differs_from_lock(st, entry)
+                if differs:
+                    st.record = _record(p, p.key, "failed", differs, None)
+                else:
+                    st.entry = entry
+                    st.record = _record(p, p.key, "built", p.reason, entry)
         if not outcome.ok:
             message = outcome.error
             if outcome.detail:
