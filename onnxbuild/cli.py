@@ -15,7 +15,7 @@ import click
 
 from onnxbuild import api
 from onnxbuild._version import __version__
-from onnxbuild.errors import OnnxbuildError, RecipeError
+from onnxbuild.errors import OnnxbuildError, RecipeError, UsageError
 
 if TYPE_CHECKING:
     from onnxbuild.engine.graph import PlannedStep
@@ -309,8 +309,14 @@ def diff_command(ctx: click.Context, recipes: tuple[str, ...], base: str | None,
     click.echo(text, nl=False)
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary and fmt == "md":
-        with open(summary, "a", encoding="utf-8") as f:
-            f.write(text)
+        try:
+            with open(summary, "a", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as exc:
+            raise UsageError(f"cannot append to $GITHUB_STEP_SUMMARY ({summary}: {exc.strerror}); the diff above is complete") from None
+    invalid = [d.path for d in diffs if d.status == "invalid"]
+    if invalid:
+        raise UsageError(f"{len(invalid)} recipe{'s' if len(invalid) != 1 else ''} cannot be loaded: {', '.join(invalid)} (see above)")
 
 
 @cli.command("verify")

@@ -45,7 +45,8 @@ def default_base(cwd: Path) -> str:
             return _git("merge-base", "HEAD", branch, cwd=cwd).strip()
         except UsageError:
             continue
-    return "HEAD"
+    # Comparing with HEAD instead would show nothing and look like "no change".
+    raise UsageError("no base to compare with (no merge-base with main, origin/main or master; a shallow clone?): pass --base REF, after `git fetch origin REF` if need be")
 
 
 def changed_recipes(base: str, cwd: Path) -> list[str]:
@@ -72,11 +73,24 @@ def diff(paths: list[str], base: str | None, cache_dir: Path, cwd: Path | None =
     cwd = cwd or Path.cwd()
     root = Path(_git("rev-parse", "--show-toplevel", cwd=cwd).strip())
     base = base or default_base(cwd)
+    if base != "HEAD":
+        try:
+            _git("rev-parse", "--verify", "--quiet", f"{base}^{{commit}}", cwd=cwd)
+        except UsageError:
+            raise UsageError(f"the base {base!r} is not a commit here (a shallow clone? fetch it: git fetch --depth=50 origin {base})") from None
     paths = paths or changed_recipes(base, cwd)
     cache = Cache(cache_dir)
     out: list[RecipeDiff] = []
     for path in paths:
-        rel = (cwd / path).resolve().relative_to(root).as_posix()
+        try:
+            rel = (cwd / path).resolve().relative_to(root).as_posix()
+        except ValueError:
+            raise UsageError(f"{path} is outside the git repository at {root}; diff compares recipes in it") from None
+        if not (cwd / path).exists():
+            try:
+                _git("cat-file", "-e", f"{base}:{rel}", cwd=root)
+            except UsageError:
+                raise UsageError(f"{path}: no such recipe here or at {base[:12]}") from None
         try:
             old_text: str | None = _git("show", f"{base}:{rel}", cwd=root)
         except UsageError:

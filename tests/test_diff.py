@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -72,3 +73,37 @@ def test_diff_as_html_is_one_self_contained_page(repo: Path) -> None:
     assert "<code>recipes/linear-regression.yaml</code>: <b>changed</b>" in page
     assert "<td><code>source.graph.initializers[1].values[1]</code></td><td>-0.5</td><td>-0.25</td>" in page
     assert "Steps that rebuild: source, check" in page
+
+
+@pytest.mark.parametrize(
+    ("args", "arrange", "message"),
+    [
+        (["recipes/nope.yaml"], None, "Error: recipes/nope.yaml: no such recipe here or at "),
+        (["--base", "0123456789abcdef0123456789abcdef01234567"], None, "Error: the base '0123456789abcdef0123456789abcdef01234567' is not a commit here (a shallow clone? fetch it: git fetch --depth=50 origin 0123456789abcdef0123456789abcdef01234567)"),
+        ([LR], lambda repo: (repo / LR).write_text("name: [broken\n", encoding="utf-8"), "Error: 1 recipe cannot be loaded: recipes/linear-regression.yaml (see above)"),
+    ],
+    ids=["missing-path", "base-not-here", "invalid-recipe"],
+)
+def test_diff_errors_exit_non_zero_with_a_clear_message(repo: Path, args: list[str], arrange: Any, message: str) -> None:
+    if arrange:
+        arrange(repo)
+    result = CliRunner().invoke(cli, ["diff", *args])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(message), result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_diff_of_a_recipe_outside_the_repository(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    outside = tmp_path_factory.mktemp("outside") / "r.yaml"
+    outside.write_text((repo / LR).read_text(encoding="utf-8"), encoding="utf-8")
+    result = CliRunner().invoke(cli, ["diff", str(outside)])
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"Error: {outside} is outside the git repository at ")
+
+
+def test_a_step_summary_in_a_missing_folder_is_a_clear_error(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    edit(repo, LR, "values: [0.5, -0.5]", "values: [0.5, -0.25]")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(repo / "no" / "such" / "summary.md"))
+    result = CliRunner().invoke(cli, ["diff", "--format", "md"])
+    assert result.exit_code == 2
+    assert "cannot append to $GITHUB_STEP_SUMMARY" in result.stderr and "Traceback" not in result.output
