@@ -256,13 +256,17 @@ def plan(ctx: click.Context, recipes: tuple[str, ...], target: str | None, force
     """
     if check_lock:
         problems = api.check_locks(recipes, _settings(ctx))
-        for line in problems:
-            click.echo(line)
+        if as_json:
+            click.echo(json.dumps({"up_to_date": not problems, "problems": problems}, indent=2))
+        else:
+            for line in problems:
+                click.echo(line)
         if problems:
             from onnxbuild.errors import BuildFailed
 
             raise BuildFailed("the lock files do not match the recipes; run `onnxbuild make RECIPE --lock` and commit the locks")
-        click.echo("locks match the recipes")
+        if not as_json:
+            click.echo("locks match the recipes")
         return
     result = api.plan(recipes, _settings(ctx), force=force, target=target, single=single, reporter=Printer())
     if as_json:

@@ -154,3 +154,15 @@ def test_frozen_needs_a_current_lock(project: Path) -> None:
     result = run("make", LR, "--frozen")
     assert result.exit_code == 1
     assert "--frozen: the lock files do not match the recipes:" in result.stderr and "does not exist" in result.stderr
+
+
+def test_plan_check_json(project: Path) -> None:
+    import json
+
+    missing = run("plan", "--check", "--json", LR)
+    assert missing.exit_code == 1
+    data = json.loads(missing.stdout)
+    assert data["up_to_date"] is False and "does not exist" in data["problems"][0]
+    assert run("make", LR, "--lock").exit_code == 0
+    ok = run("plan", "--check", "--json", LR)
+    assert ok.exit_code == 0 and json.loads(ok.stdout) == {"up_to_date": True, "problems": []}
