@@ -217,11 +217,12 @@ def _summary(report: Any) -> str:
         for s in r.steps:
             counts[s["status"]] = counts.get(s["status"], 0) + 1
         state = "ok" if r.ok else "FAILED"
-        lines.append(f"{r.recipe.name}: {state} ({', '.join(f'{n} {k}' for k, n in counts.items())})")
+        pulled = sum(1 for s in r.steps if s["status"] == "cached" and s["reason"] == "pulled from the remote cache")
+        lines.append(f"{r.recipe.name}: {state} ({', '.join(f'{n} {k}' for k, n in counts.items())}{f'; {pulled} pulled from the remote cache' if pulled else ''})")
         width = max(len(s["name"]) for s in r.steps) if r.steps else 4
         for s in r.steps:
             secs = r.timings["steps"].get(s["name"], {}).get("seconds", 0.0)
-            took = f"{secs:6.1f}s" if s["status"] == "built" else "       "
+            took = f"{secs:6.1f}s" if s["status"] == "built" else ("pulled " if s["reason"] == "pulled from the remote cache" else "       ")
             outs = ", ".join(o["path"] for o in s["outputs"])
             lines.append(f"  {s['name']:<{width}}  {s['status']:<7} {took}  {outs}")
         weights = next((s["data"].get("weights") for s in r.steps if s["data"].get("weights")), None)

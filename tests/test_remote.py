@@ -35,6 +35,9 @@ def test_two_checkouts_sharing_a_file_remote_build_once(tmp_path: Path, monkeypa
     monkeypatch.chdir(b)
     second = onnxbuild.build([LR], settings_for(b, url))
     assert [s["status"] for s in second.recipes[0].steps] == ["cached", "cached"]
+    assert [s["reason"] for s in second.recipes[0].steps] == ["pulled from the remote cache"] * 2  # provenance, not just "cached"
+    third = onnxbuild.build([LR], settings_for(b, url))
+    assert [s["reason"] for s in third.recipes[0].steps] == ["up to date"] * 2
     assert (b / "artifacts" / "linear-regression" / "model.onnx").read_bytes() == (a / "artifacts" / "linear-regression" / "model.onnx").read_bytes()
     assert not list((tmp_path / "remote").rglob("*.tmp"))
 

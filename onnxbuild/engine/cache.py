@@ -25,7 +25,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, TypedDict
 
@@ -115,6 +115,9 @@ class Cache:
     remote: Any = None
     """A RemoteCache consulted on a local miss and given every new entry (see remote.py)."""
 
+    pulled: set[str] = field(default_factory=set)
+    """Keys this process took from the remote cache (for "pulled" in the build's output)."""
+
     dry: bool = False
     """Planning: a damaged entry is a miss, but left in place (``plan`` changes nothing)."""
 
@@ -188,6 +191,7 @@ class Cache:
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
             if self.remote is not None and self.remote.pull(key, self):
+                self.pulled.add(key)
                 return self.get(key)
             return None
         except (OSError, ValueError) as exc:  # a folder, unreadable, not UTF-8

@@ -371,7 +371,9 @@ def _cached(st: _State, states: dict[str, _State], key: str, ing: dict[str, Any]
     recipe = p.recipe.name
     outside = p.action == "outside"
     same = next((o.planned.label for o in states.values() if o.record and o.record["status"] == "built" and o.record["key"] == key), None)
-    if p.action == "cached":
+    if key in cache.pulled:
+        why = "pulled from the remote cache"
+    elif p.action == "cached":
         why = "up to date"
     elif same is not None:
         why = f"built by {same} in this build (the same step)"
