@@ -167,15 +167,19 @@ def _generation(report: Any) -> str:
     for variant, v in _variant_order(report["variants"]):
         greedy = v.get("greedy", {}) if isinstance(v, dict) and isinstance(v.get("greedy"), dict) else {}
         agreement = greedy.get("agreement")
+        forced = v.get("teacher_forced_agreement") if isinstance(v, dict) else None
         first = greedy.get("first_divergence")
+        rule = str(v.get("rule", "")) if isinstance(v, dict) else ""
         rows.append(
             f'<tr data-variant="{escape(variant)}"><td>{escape(variant)}</td><td>{"identical" if greedy.get("identical") else "differs"}</td>'
-            f'<td class="num">{"-" if agreement is None else f"{agreement:.3f}"}</td><td class="num">{"-" if first is None else first}</td>'
-            f'<td class="num">{_sci(greedy.get("logits_max_abs_diff"))}</td><td>{_mark(bool(v.get("passed")))}</td></tr>'
+            f'<td class="num">{"-" if first is None else first}</td><td class="num">{"-" if agreement is None else f"{agreement:.3f}"}</td>'
+            f'<td class="num">{f"{forced:.3f}" if isinstance(forced, (int, float)) else "-"}</td>'
+            f'<td class="num">{_sci(greedy.get("logits_max_abs_diff"))}</td><td>{_mark(bool(v.get("passed")))} <span class="note">{escape(rule)}</span></td></tr>'
         )
     return (
         f'<section id="generation"><h2>Generation: {report.get("max_new_tokens", "?")} greedy tokens against transformers&#39; generate()</h2>'
-        "<table><tr><th>variant</th><th>tokens</th><th>agreement</th><th>first divergence</th><th>logits max abs diff</th><th>result</th></tr>"
+        '<div class="note">Free-running tokens diverge for good after the first different one; teacher-forced agreement feeds both the same prefix at every step.</div>'
+        "<table><tr><th>variant</th><th>tokens</th><th>first divergence</th><th>free-running agreement</th><th>teacher-forced agreement</th><th>logits max abs diff</th><th>result</th></tr>"
         + "".join(rows)
         + "</table></section>"
     )
