@@ -174,3 +174,22 @@ def test_the_report_of_a_build_renders_in_chromium(project: Path, settings: onnx
     assert done.returncode == 0, done.stderr
     assert png_size(shot) == (1280, 2400)
     assert shot.stat().st_size > 10_000
+WRONG_TYPES = [
+    ("reports/validation.json", {"passed": True, "variants": {"model": {"shapes": [3, {"outputs": {}, "top1_agreement": "x"}]}}}),
+    ("reports/validation.json", {"passed": True, "variants": {"model": {"shapes": [], "top1": {"agreement": 1.0, "min": "<u>x</u>", "tokens": "<u>x</u>"}}}}),
+    ("reports/generation.json", {"max_new_tokens": "<u>x</u>", "variants": {"model": 3, "int8": {"greedy": {"agreement": "x"}}}}),
+    ("benchmark.json", {"machine": {"cores": "<u>x</u>"}, "providers": 3, "results": [{"variant": "model", "p50_ms": "x", "ratio_to_pytorch": "x"}]}),
+    ("reports/optimize.json", {"fused_ops": [1]}),
+    ("timings.json", {"steps": {"source": {"status": "built", "seconds": "x"}}}),
+]
+
+
+@pytest.mark.parametrize(("rel", "data"), WRONG_TYPES)
+def test_valid_json_of_the_wrong_types_costs_one_section_not_the_page(tmp_path: Path, rel: str, data: Any) -> None:
+    built = manifest()
+    built["steps"].append({"name": "optimize", "kind": "optimize", "outputs": [{"path": "optimized/model.onnx", "sha256": "5" * 64, "bytes": 10}], "data": {}})
+    write(tmp_path, "manifest.json", built)
+    write(tmp_path, rel, data)
+    page = render_report(tmp_path)
+    assert page.rstrip().endswith("</html>") and 'id="verdict"' in page
+    assert "<u>" not in page

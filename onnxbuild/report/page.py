@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+from collections.abc import Callable
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -61,14 +62,14 @@ def render_report(folder: Path) -> str:
     name = manifest.get("name") if isinstance(manifest, dict) else None
     title = str(name or folder.name)
     parts = [
-        _verdict(folder, manifest, timings),
-        _validation(_read(folder / "reports" / "validation.json")),
-        _generation(_read(folder / "reports" / "generation.json")),
-        _benchmark(folder, _read(folder / "benchmark.json")),
-        _variants(folder, manifest),
-        _steps(manifest, timings),
-        _versions(manifest),
-        _digests(manifest),
+        _guard("verdict", "manifest.json or timings.json", lambda: _verdict(folder, manifest, timings)),
+        _guard("validation", "reports/validation.json", lambda: _validation(_read(folder / "reports" / "validation.json"))),
+        _guard("generation", "reports/generation.json", lambda: _generation(_read(folder / "reports" / "generation.json"))),
+        _guard("benchmark", "benchmark.json", lambda: _benchmark(folder, _read(folder / "benchmark.json"))),
+        _guard("variants", "manifest.json or reports/optimize.json", lambda: _variants(folder, manifest)),
+        _guard("steps", "manifest.json or timings.json", lambda: _steps(manifest, timings)),
+        _guard("versions", "manifest.json", lambda: _versions(manifest)),
+        _guard("digests", "manifest.json", lambda: _digests(manifest)),
     ]
     recipe = manifest.get("recipe", {}) if isinstance(manifest, dict) else {}
     where = escape(str(recipe.get("path", ""))) if isinstance(recipe, dict) else ""
@@ -148,10 +149,10 @@ def _validation(report: Any) -> str:
     for variant, v in _variant_order(report["variants"]):
         t = v.get("top1") if isinstance(v, dict) else None
         if isinstance(t, dict) and isinstance(t.get("agreement"), (int, float)):
-            gates.append(f"<li>{escape(variant)}: top-1 agreement {t['agreement']:.3f} over {t.get('tokens', '?')} tokens (floor {t.get('min')}) {_mark(bool(t.get('passed')))}</li>")
+            gates.append(f"<li>{escape(variant)}: top-1 agreement {t['agreement']:.3f} over {escape(str(t.get('tokens', '?')))} tokens (floor {escape(str(t.get('min')))}) {_mark(bool(t.get('passed')))}</li>")
         a = v.get("accuracy") if isinstance(v, dict) else None
         if isinstance(a, dict) and isinstance(a.get("onnxruntime"), (int, float)):
-            gates.append(f"<li>{escape(variant)}: accuracy ONNX Runtime {a['onnxruntime']:.4f} vs source {a.get('pytorch', 0):.4f} on {a.get('samples', '?')} samples {_mark(bool(a.get('passed')))}</li>")
+            gates.append(f"<li>{escape(variant)}: accuracy ONNX Runtime {a['onnxruntime']:.4f} vs source {a.get('pytorch', 0):.4f} on {escape(str(a.get('samples', '?')))} samples {_mark(bool(a.get('passed')))}</li>")
     head = "<tr><th>variant</th><th>shape</th><th>worst output</th><th>max abs diff</th><th>tolerance</th><th>top-1</th><th>result</th></tr>"
     return (
         f'<section id="validation"><h2>Validation against the source model: {_mark(bool(report.get("passed")))}</h2>'
@@ -172,12 +173,12 @@ def _generation(report: Any) -> str:
         rule = str(v.get("rule", "")) if isinstance(v, dict) else ""
         rows.append(
             f'<tr data-variant="{escape(variant)}"><td>{escape(variant)}</td><td>{"identical" if greedy.get("identical") else "differs"}</td>'
-            f'<td class="num">{"-" if first is None else first}</td><td class="num">{"-" if agreement is None else f"{agreement:.3f}"}</td>'
+            f'<td class="num">{"-" if first is None else escape(str(first))}</td><td class="num">{"-" if agreement is None else f"{agreement:.3f}"}</td>'
             f'<td class="num">{f"{forced:.3f}" if isinstance(forced, (int, float)) else "-"}</td>'
             f'<td class="num">{_sci(greedy.get("logits_max_abs_diff"))}</td><td>{_mark(bool(v.get("passed")))} <span class="note">{escape(rule)}</span></td></tr>'
         )
     return (
-        f'<section id="generation"><h2>Generation: {report.get("max_new_tokens", "?")} greedy tokens against transformers&#39; generate()</h2>'
+        f'<section id="generation"><h2>Generation: {escape(str(report.get("max_new_tokens", "?")))} greedy tokens against transformers&#39; generate()</h2>'
         '<div class="note">Free-running tokens diverge for good after the first different one; teacher-forced agreement feeds both the same prefix at every step.</div>'
         "<table><tr><th>variant</th><th>tokens</th><th>first divergence</th><th>free-running agreement</th><th>teacher-forced agreement</th><th>logits max abs diff</th><th>result</th></tr>"
         + "".join(rows)
@@ -211,7 +212,7 @@ def _benchmark(folder: Path, report: Any) -> str:
     for d in report.get("decode", []) if isinstance(report.get("decode"), list) else []:
         if isinstance(d, dict):
             who = "PyTorch generate()" if d.get("engine") == "pytorch" else f"{d.get('variant')} ({str(d.get('provider') or '').replace('ExecutionProvider', '')})"
-            decode.append(f'<tr><td>{escape(who)}</td><td>{escape(_shape(d.get("shape")))}</td><td class="num">{format_ms(d.get("prefill_p50_ms"))}</td><td class="num">{format_ms(d.get("decode_p50_ms"))}</td><td class="num">{d.get("tokens_per_s", "-")}</td></tr>')
+            decode.append(f'<tr><td>{escape(who)}</td><td>{escape(_shape(d.get("shape")))}</td><td class="num">{format_ms(d.get("prefill_p50_ms"))}</td><td class="num">{format_ms(d.get("decode_p50_ms"))}</td><td class="num">{escape(str(d.get("tokens_per_s", "-")))}</td></tr>')
     png = folder / "benchmark.png"
     chart = ""
     if png.is_file() and not png.is_symlink() and png.stat().st_size < 8 << 20:
@@ -219,7 +220,7 @@ def _benchmark(folder: Path, report: Any) -> str:
     skipped = [p for p in report.get("providers", []) if isinstance(p, dict) and p.get("status") == "skipped"]
     notes = "".join(f'<li class="skip">{escape(str(p.get("name")))} skipped: {escape(str(p.get("reason")))}</li>' for p in skipped)
     return (
-        f'<section id="benchmark"><h2>Benchmark</h2><div class="note">{escape(str(machine.get("cpu", "?")))}, {machine.get("cores", "?")} cores, {machine.get("threads", "?")} threads; PyTorch measured in the same run.</div>{chart}'
+        f'<section id="benchmark"><h2>Benchmark</h2><div class="note">{escape(str(machine.get("cpu", "?")))}, {escape(str(machine.get("cores", "?")))} cores, {escape(str(machine.get("threads", "?")))} threads; PyTorch measured in the same run.</div>{chart}'
         "<table><tr><th>variant</th><th>provider</th><th>shape</th><th>p50</th><th>p90</th><th>vs PyTorch</th></tr>" + "".join(rows) + "</table>"
         + ("<table><tr><th>decoder</th><th>prompt</th><th>prefill p50</th><th>decode p50</th><th>tokens/s</th></tr>" + "".join(decode) + "</table>" if decode else "")
         + (f"<ul>{notes}</ul>" if notes else "")
@@ -242,7 +243,7 @@ def _variants(folder: Path, manifest: Any) -> str:
                 fused = ", ".join(f"{k} x{v}" for k, v in sorted((report or {}).get("fused_ops", {}).items())) if isinstance(report, dict) else ""
                 rows.append(f'<tr data-variant="{escape(variant)}"><td>{escape(variant)}</td><td><code>{escape(path)}</code></td><td class="num">{_size(o.get("bytes"))}</td><td>{escape(fused or "-")}</td></tr>')
     check = _read(folder / "reports" / "check.json")
-    about = f"<div class=\"note\">model.onnx: {check.get('nodes')} nodes, {check.get('parameters', 0):,} parameters, IR {check.get('ir_version')}</div>" if isinstance(check, dict) and isinstance(check.get("parameters"), int) else ""
+    about = f"<div class=\"note\">model.onnx: {escape(str(check.get('nodes')))} nodes, {check.get('parameters', 0):,} parameters, IR {escape(str(check.get('ir_version')))}</div>" if isinstance(check, dict) and isinstance(check.get("parameters"), int) else ""
     if not rows:
         return ""
     return f'<section id="variants"><h2>Variants</h2>{about}<table><tr><th>variant</th><th>file</th><th>size</th><th>fused ops</th></tr>{"".join(rows)}</table></section>'
@@ -313,6 +314,15 @@ def render_diff(base: str, diffs: list[Any], show: Any) -> str:
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _guard(section: str, source: str, render: Callable[[], str]) -> str:
+    """A section, or a note in its place when its file parses but holds the wrong types
+    (a string where a number belongs): the page is most needed when something is off."""
+    try:
+        return render()
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
+        return f'<section id="{section}"><h2>{section.capitalize()}</h2><p class="note">{escape(source)} has unexpected content ({escape(type(exc).__name__)}); section skipped.</p></section>'
 
 
 def _read(path: Path) -> Any:
