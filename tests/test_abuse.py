@@ -15,19 +15,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
+from helpers_cli import run
 from helpers_engine import Recorder
 
 import onnxbuild
-from onnxbuild.cli import cli
 from onnxbuild.engine.cache import TAG_NAME, Cache
 
 ROOT = Path(__file__).resolve().parent.parent
 LR = "recipes/linear-regression.yaml"
-
-
-def run(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args))
 
 
 def dead_pid() -> int:

@@ -18,21 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
+from helpers_cli import files_under, run
 
 from onnxbuild._util import format_ms
-from onnxbuild.cli import cli
 
 DATA = Path(__file__).resolve().parent / "data"
 STEPS = "steps/steps.yaml"
-
-
-def run(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args))
-
-
-def files_under(folder: Path) -> set[str]:
-    return {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
 
 
 @pytest.fixture(scope="module")
