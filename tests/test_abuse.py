@@ -422,3 +422,35 @@ def test_sigterm_stops_the_build_and_its_step_processes(project: Path) -> None:
     assert b"Interrupted; nothing partial was kept" in err and b"Traceback" not in err
     _, alive = psutil.wait_procs(steps, timeout=10)
     assert alive == [], alive
+
+
+def test_gc_removes_key_locks_nobody_holds(project: Path, settings: onnxbuild.Settings) -> None:
+    assert onnxbuild.build([LR], settings, in_process=True).ok
+    locks = cache_of(project) / "locks"
+    stale = locks / ("key-" + "0" * 64 + ".lock")
+    stale.write_text("", encoding="utf-8")
+    held = Cache(cache_of(project)).lock("key-" + "1" * 64)
+    held.acquire()
+    try:
+        assert run("gc").exit_code == 0
+        assert not stale.exists() and held.path.exists()
+    finally:
+        held.release()
+
+
+@pytest.mark.parametrize(
+    ("errno", "strerror", "hint"),
+    [(28, "No space left on device", "free some space or point --cache-dir/--artifacts-dir at a bigger disk"), (30, "Read-only file system", "the file system is read-only; pass a writable --cache-dir/--artifacts-dir")],
+)
+def test_a_full_or_read_only_disk_is_one_line_naming_the_file(monkeypatch: pytest.MonkeyPatch, errno: int, strerror: str, hint: str) -> None:
+    """A unit test of the CLI's last line of defence (no disk is filled here): an OSError
+    from anywhere in a build becomes one Error line with the file and what to do."""
+    from onnxbuild import api
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno, strerror, ".onnxbuild/cache/objects/ab/abc")
+
+    monkeypatch.setattr(api, "build", full)
+    result = run("make", LR)
+    assert result.exit_code == 1
+    assert result.stderr == f"Error: {strerror} (.onnxbuild/cache/objects/ab/abc); {hint}\n"

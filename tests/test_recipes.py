@@ -101,7 +101,7 @@ def test_keras_mlp_converts_with_tf2onnx_and_scores_like_tensorflow_byte_identic
 def test_digits_training_is_deterministic_and_the_test_split_fixed(project: Path) -> None:
     import torch
 
-    from onnxbuild.sources.torchmodel import load_function
+    from onnxbuild.usercode import load_function
 
     build = load_function("digits_mlp.py:build", project / "recipes", "source.pytorch.factory")
     test_set = load_function("digits_mlp.py:test_set", project / "recipes", "validate.accuracy.dataset")

@@ -19,7 +19,6 @@ from onnxbuild.errors import RecipeError, StepError
 from onnxbuild.recipe.loader import parse_recipe
 from onnxbuild.sources.torchmodel import (
     labelled_inputs,
-    load_function,
     load_tokenizer,
     sentence_inputs,
 )
@@ -33,6 +32,7 @@ from onnxbuild.steps.validate import (
     json_safe,
     mean_pool,
 )
+from onnxbuild.usercode import load_function
 
 # ---------------------------------------------------------------- compare
 
@@ -306,9 +306,9 @@ def test_bad_datasets_are_explained(got: Any, message: str) -> None:
 def test_load_function_from_a_file_beside_the_recipe(tmp_path: Any) -> None:
     (tmp_path / "data.py").write_text("def answer():\n    return 42\n", encoding="utf-8")
     assert load_function("data.py:answer", tmp_path, "validate.accuracy.dataset")() == 42
-    with pytest.raises(StepError, match=r"^validate\.accuracy\.dataset: data\.py has no function 'nope'$"):
+    with pytest.raises(StepError, match=r"^validate\.accuracy\.dataset: data\.py defines no function 'nope' at its top level; add `def nope\(\.\.\.\)` there or fix the name after the colon$"):
         load_function("data.py:nope", tmp_path, "validate.accuracy.dataset")
-    with pytest.raises(StepError, match=r"^validate\.accuracy\.dataset: .*missing\.py does not exist \(paths are relative to the recipe's folder\)$"):
+    with pytest.raises(StepError, match=r"^validate\.accuracy\.dataset: .*missing\.py does not exist \(paths are relative to the recipe's folder, .*\)$"):
         load_function("missing.py:f", tmp_path, "validate.accuracy.dataset")
 
 
