@@ -201,6 +201,9 @@ def steps_for(recipe: Recipe) -> list[StepSpec]:
                 deps=tuple(dict.fromkeys(i.step for i in inputs)),
                 inputs=tuple(inputs),
                 outputs=("benchmark.json", "benchmark.md", "benchmark.png"),
+                # latencies belong to the machine that measured them: a runner of another
+                # kind never pulls them from a shared cache as if they were its own
+                identity={"machine": _machine()},
             )
         )
     weights = _weight_bytes(recipe)
@@ -277,6 +280,15 @@ def _tolerances(recipe: Recipe, v: Variant) -> dict[str, Any]:
     if "cosine_min" not in r["validate"] or r["validate"].get("cosine_min") is None:
         defaults.pop("cosine_min")
     return {**defaults, **own}
+
+
+def _machine() -> dict[str, Any]:
+    import os
+
+    from onnxbuild.engine.versions import cpu_info
+    from onnxbuild.steps.optimize import cpu_fingerprint
+
+    return {"cpu": cpu_info()[0], "features": cpu_fingerprint(), "threads": os.cpu_count()}
 
 
 def _vocab_size(recipe: Recipe) -> int | None:

@@ -303,3 +303,16 @@ def test_without_npm_the_first_use_says_what_to_do(tmp_path: Path, monkeypatch: 
     monkeypatch.setenv(web.WEB_DIR_ENV, str(tmp_path / "user"))
     monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/node" if name == "node" else None)
     assert web.unavailable() == f"onnxruntime-web is not installed and npm is not on PATH: install Node.js with npm, or run `npm ci --prefix {tmp_path}`"
+
+
+def test_benchmark_figures_are_keyed_by_the_machine(steps_project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runner of another CPU kind does not take latencies measured elsewhere as its own (#15)."""
+    from onnxbuild.engine import versions
+
+    assert run("plan", STEPS).exit_code == 0
+    real = versions.cpu_info()
+    monkeypatch.setattr(versions, "cpu_info", lambda: ("Another CPU 9000", real[1]))
+    plan = run("plan", STEPS)
+    assert plan.exit_code == 2
+    assert f'steps:benchmark: will run: machine.cpu changed "{real[0]}" -> "Another CPU 9000"' in plan.stdout
+    assert [line.split(":")[1] for line in plan.stdout.splitlines() if ": will run:" in line] == ["benchmark"]
