@@ -309,7 +309,7 @@ def diff_command(ctx: click.Context, recipes: tuple[str, ...], base: str | None,
 
     from onnxbuild.diff import diff, render
 
-    resolved_base, diffs = diff(list(recipes), base, _settings(ctx).cache_dir)
+    resolved_base, diffs = diff(list(recipes), base, _settings(ctx).cache())
     text = render(resolved_base, diffs, fmt)
     click.echo(text, nl=False)
     summary = os.environ.get("GITHUB_STEP_SUMMARY")

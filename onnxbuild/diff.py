@@ -27,6 +27,8 @@ class RecipeDiff:
     invalidated: list[str] = field(default_factory=list)
     metrics: list[tuple[str, str, str]] = field(default_factory=list)
     error: str = ""
+    figures: str = ""
+    """Why there are no figure rows: "unchanged" (both sides built, same figures) or "not built on one side"."""
 
 
 def _git(*args: str, cwd: Path) -> str:
@@ -50,9 +52,26 @@ def default_base(cwd: Path) -> str:
 
 
 def changed_recipes(base: str, cwd: Path) -> list[str]:
+    """Recipes under recipes/ changed since ``base``, and those whose code files changed
+    (a factory or dataset edit rebuilds as surely as a recipe edit)."""
     names = _git("diff", "--name-only", base, "--", "recipes", cwd=cwd).splitlines()
     names += _git("ls-files", "--others", "--exclude-standard", "--", "recipes", cwd=cwd).splitlines()
-    return sorted({n for n in names if n.endswith((".yaml", ".yml"))})
+    recipes = {n for n in names if n.endswith((".yaml", ".yml"))}
+    code = {n for n in _git("diff", "--name-only", base, cwd=cwd).splitlines() if not n.endswith((".yaml", ".yml", ".lock.json"))}
+    if code:
+        from onnxbuild.pipeline import steps_for
+        from onnxbuild.recipe.loader import load_recipe
+
+        root = Path(_git("rev-parse", "--show-toplevel", cwd=cwd).strip())
+        for path in sorted((cwd / "recipes").glob("*.y*ml")):
+            try:
+                recipe = load_recipe(path)
+            except RecipeError:
+                continue
+            reads = {Path(f).resolve() for spec in steps_for(recipe) for f in spec.files.values()}
+            if any((root / c).resolve() in reads for c in code):
+                recipes.add(path.relative_to(cwd).as_posix())
+    return sorted(recipes)
 
 
 def _load(text: str | None, path: str, cwd: Path) -> Recipe | None:
@@ -65,8 +84,71 @@ def _load(text: str | None, path: str, cwd: Path) -> Recipe | None:
     return Recipe(name=resolved["name"], path=path, directory=(cwd / path).resolve().parent, digest=sha256_text(text), resolved=resolved)
 
 
-def diff(paths: list[str], base: str | None, cache_dir: Path, cwd: Path | None = None) -> tuple[str, list[RecipeDiff]]:
-    from onnxbuild.engine.cache import Cache
+def _git_bytes(*args: str, cwd: Path) -> bytes | None:
+    """A git command's output as bytes (a file at a commit), or None when git says no."""
+    try:
+        done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, check=True)
+    except (FileNotFoundError, subprocess.CalledProcessError):
+        return None
+    return done.stdout
+
+
+def _file_changes(old: Recipe, new: Recipe, base: str, root: Path) -> tuple[list[tuple[str, Any, Any]], set[str]]:
+    """Files a step reads (a factory, a dataset, a checkpoint) that differ between the base and
+    the working tree, as changes, and the labels that changed. They are in the steps' keys,
+    so a diff that left them out would say "no change" while `plan` rebuilds."""
+    import hashlib
+
+    from onnxbuild.pipeline import steps_for
+
+    rows: list[tuple[str, Any, Any]] = []
+    changed: set[str] = set()
+    seen: set[str] = set()
+    for spec in steps_for(new):
+        for label, path in sorted(spec.files.items()):
+            if label in seen:
+                continue
+            seen.add(label)
+            try:
+                rel = Path(path).resolve().relative_to(root).as_posix()
+            except ValueError:
+                continue  # an installed module: its version is the package's
+            now_path = root / rel
+            now = hashlib.sha256(now_path.read_bytes()).hexdigest() if now_path.is_file() else None
+            before_bytes = _git_bytes("show", f"{base}:{rel}", cwd=root)
+            before = hashlib.sha256(before_bytes).hexdigest() if before_bytes is not None else None
+            if now != before:
+                changed.add(label)
+                rows.append((f"{label} ({rel})", f"sha256 {before[:12]}" if before else "(absent)", f"sha256 {now[:12]}" if now else "(absent)"))
+    return rows, changed
+
+
+def _package_changes(new: Recipe, base: str, root: Path) -> tuple[list[tuple[str, Any, Any]], set[str]]:
+    """Package versions the base's committed lock records that differ from this environment's."""
+    from onnxbuild.engine.lockfile import lock_path
+    from onnxbuild.engine.versions import package_version
+
+    try:
+        rel = lock_path(new).resolve().relative_to(root).as_posix()
+    except ValueError:
+        return [], set()
+    text = _git_bytes("show", f"{base}:{rel}", cwd=root)
+    try:
+        steps = json.loads(text or b"")["steps"]
+    except (ValueError, KeyError, TypeError):
+        return [], set()
+    before: dict[str, str] = {}
+    for step in steps.values() if isinstance(steps, dict) else []:
+        packages = (step.get("ingredients") or {}).get("packages") if isinstance(step, dict) else None
+        if isinstance(packages, dict):
+            before.update({str(k): str(v) for k, v in packages.items()})
+    rows = [(f"package {name}", old, package_version(name)) for name, old in sorted(before.items()) if package_version(name) != old]
+    return rows, {str(r[0]).removeprefix("package ") for r in rows}
+
+
+def diff(paths: list[str], base: str | None, cache: Any, cwd: Path | None = None) -> tuple[str, list[RecipeDiff]]:
+    """Each recipe as the base commit has it against the working tree. ``cache`` (with its
+    remote, if any) supplies the figures of both sides where their steps were built."""
     from onnxbuild.engine.graph import _changes, plan
     from onnxbuild.pipeline import steps_for
 
@@ -79,7 +161,6 @@ def diff(paths: list[str], base: str | None, cache_dir: Path, cwd: Path | None =
         except UsageError:
             raise UsageError(f"the base {base!r} is not a commit here (a shallow clone? fetch it: git fetch --depth=50 origin {base})") from None
     paths = paths or changed_recipes(base, cwd)
-    cache = Cache(cache_dir)
     out: list[RecipeDiff] = []
     for path in paths:
         try:
@@ -112,16 +193,26 @@ def diff(paths: list[str], base: str | None, cache_dir: Path, cwd: Path | None =
             out.append(entry)
             continue
         entry.changes = _changes(old.resolved, new.resolved)
+        files, changed_files = _file_changes(old, new, base, root)
+        packages, changed_packages = _package_changes(new, base, root)
+        entry.changes += files + packages
         if not entry.changes:
             entry.status = "unchanged"
         old_steps = {s.name: s for s in steps_for(old)}
         dirty: set[str] = set()
+        from onnxbuild.steps import step_module
+
         for s in steps_for(new):
             before = old_steps.get(s.name)
-            if before is None or before.params != s.params or before.kind != s.kind or any(d in dirty for d in s.deps):
+            reads = set(s.files) & changed_files or set(getattr(step_module(s.kind), "PACKAGES", ())) & changed_packages
+            if before is None or before.params != s.params or before.kind != s.kind or reads or any(d in dirty for d in s.deps):
                 dirty.add(s.name)
                 entry.invalidated.append(s.name)
-        entry.metrics = _metrics(plan([old], cache), plan([new], cache), cache)
+        old_plan, new_plan = plan([old], cache), plan([new], cache)
+        entry.metrics = _metrics(old_plan, new_plan, cache)
+        if not entry.metrics:
+            both = any(st.entry for st in old_plan.steps) and any(st.entry for st in new_plan.steps)
+            entry.figures = "unchanged" if both else "not built on one side (build both, or share a remote cache)"
         out.append(entry)
     return base, out
 
@@ -182,7 +273,7 @@ def render(base: str, diffs: list[RecipeDiff], fmt: str) -> str:
                 "base": base,
                 "recipes": [
                     {"path": d.path, "status": d.status, "error": d.error, "changes": [{"key": k, "base": a, "now": b} for k, a, b in d.changes],
-                     "invalidated": d.invalidated, "metrics": [{"what": w, "base": a, "now": b} for w, a, b in d.metrics]}
+                     "invalidated": d.invalidated, "metrics": [{"what": w, "base": a, "now": b} for w, a, b in d.metrics], "figures": d.figures or "changed"}
                     for d in diffs
                 ],
             },
@@ -204,18 +295,25 @@ def render(base: str, diffs: list[RecipeDiff], fmt: str) -> str:
         if d.changes:
             if md:
                 lines += ["", "| key | base | working tree |", "|---|---|---|"]
-                lines += [f"| `{k}` | {_show(a)} | {_show(b)} |" for k, a, b in d.changes]
+                lines += [f"| `{_cell(k)}` | {_cell(_show(a))} | {_cell(_show(b))} |" for k, a, b in d.changes]
             else:
                 lines += [f"  {k}: {_show(a)} -> {_show(b)}" for k, a, b in d.changes]
         if d.invalidated:
             lines += ["", f"Steps that rebuild: {', '.join(d.invalidated)}" if md else f"  rebuilds: {', '.join(d.invalidated)}"]
         if d.metrics:
             if md:
-                lines += ["", "| figure | base | working tree |", "|---|---|---|"] + [f"| {w} | {a} | {b} |" for w, a, b in d.metrics]
+                lines += ["", "| figure | base | working tree |", "|---|---|---|"] + [f"| {_cell(w)} | {_cell(a)} | {_cell(b)} |" for w, a, b in d.metrics]
             else:
                 lines += [f"  {w}: {a} -> {b}" for w, a, b in d.metrics]
+        elif d.figures:
+            lines += ["", f"Figures: {d.figures}."] if md else [f"  figures: {d.figures}"]
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    """Text safe in a Markdown table cell: a `|` in a value would start a new column."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
 
 
 def _show(value: Any) -> str:

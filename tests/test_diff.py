@@ -107,3 +107,48 @@ def test_a_step_summary_in_a_missing_folder_is_a_clear_error(repo: Path, monkeyp
     result = CliRunner().invoke(cli, ["diff", "--format", "md"])
     assert result.exit_code == 2
     assert "cannot append to $GITHUB_STEP_SUMMARY" in result.stderr and "Traceback" not in result.output
+
+
+def test_a_factory_edit_is_in_the_diff_with_the_steps_it_rebuilds(repo: Path) -> None:
+    factory = repo / "recipes" / "digits_mlp.py"
+    factory.write_text(factory.read_text(encoding="utf-8") + "\n# a comment that still changes the file's digest\n", encoding="utf-8")
+    result = CliRunner().invoke(cli, ["diff", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    (recipe,) = json.loads(result.stdout)["recipes"]  # found through the file it reads, not its YAML
+    assert recipe["path"] == "recipes/digits-mlp.yaml" and recipe["status"] == "changed"
+    (change,) = recipe["changes"]
+    assert change["key"] == "source.pytorch.factory (recipes/digits_mlp.py)"
+    assert change["base"].startswith("sha256 ") and change["now"].startswith("sha256 ") and change["base"] != change["now"]
+    assert recipe["invalidated"][:2] == ["source", "export"]
+
+
+def test_a_package_bump_against_the_base_lock_is_in_the_diff(repo: Path) -> None:
+    from onnxbuild.engine.versions import package_version
+
+    assert CliRunner().invoke(cli, ["make", LR, "--lock"]).exit_code == 0
+    lock = repo / "recipes" / "linear-regression.lock.json"
+    data = json.loads(lock.read_text(encoding="utf-8"))
+    data["steps"]["source"]["ingredients"]["packages"]["onnx"] = "1.0.0"  # the base was locked with an older onnx
+    lock.write_text(json.dumps(data), encoding="utf-8")
+    env = ["-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run(["git", "add", "recipes"], cwd=repo, check=True)
+    subprocess.run(["git", *env, "commit", "-qm", "lock"], cwd=repo, check=True)
+    result = CliRunner().invoke(cli, ["diff", LR, "--base", "HEAD", "--format", "md"])
+    assert result.exit_code == 0, result.output
+    assert f'| `package onnx` | "1.0.0" | "{package_version("onnx")}" |' in result.stdout
+    assert "Steps that rebuild: source, check" in result.stdout
+
+
+def test_figures_say_not_built_or_unchanged_and_a_pipe_cannot_break_the_table(repo: Path) -> None:
+    edit(repo, LR, "description: ", "description: a | b, ")
+    not_built = CliRunner().invoke(cli, ["diff", LR, "--format", "md"])
+    assert "Figures: not built on one side (build both, or share a remote cache)." in not_built.stdout
+    row = next(line for line in not_built.stdout.splitlines() if line.startswith("| `description`"))
+    assert row.count(" | ") == 2 and "a \\| b" in row
+    env = ["-c", "user.name=t", "-c", "user.email=t@example.com"]
+    assert CliRunner().invoke(cli, ["make", LR]).exit_code == 0
+    subprocess.run(["git", "stash", "-q"], cwd=repo, check=True)
+    assert CliRunner().invoke(cli, ["make", LR]).exit_code == 0
+    subprocess.run(["git", *env, "stash", "pop", "-q"], cwd=repo, check=True)
+    built = CliRunner().invoke(cli, ["diff", LR, "--format", "json"])
+    assert json.loads(built.stdout)["recipes"][0]["figures"] == "unchanged"
