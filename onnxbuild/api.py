@@ -366,6 +366,15 @@ def verify_cache(settings: Settings | None = None) -> tuple[int, list[str]]:
         lock.release()
 
 
+def verify_remote(settings: Settings) -> tuple[int, list[str]]:
+    """Re-read the remote cache's entries and objects; repair from the local cache where it can."""
+    if not settings.cache_url:
+        raise UsageError("--remote needs a remote cache: --cache-url URL, ONNXBUILD_CACHE_URL or [tool.onnxbuild] cache_url")
+    cache = settings.cache()
+    cache.ensure_writable()
+    return cache.remote.verify(cache)  # type: ignore[no-any-return]
+
+
 def _take_alone(cache: Cache, command: str) -> Any:
     """The cache's maintenance lock, exclusively, or a clear error while a build uses the cache."""
     cache.ensure_own()

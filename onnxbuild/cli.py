@@ -74,7 +74,7 @@ def cli(ctx: click.Context, cache_dir: Path | None, artifacts_dir: Path, cache_u
       onnxbuild plan recipes/gpt2.yaml     what would run, and why
       onnxbuild show recipes/gpt2.yaml     the recipe with every default filled in
     """
-    if cache_url is None and ctx.invoked_subcommand in ("make", "plan", "diff"):
+    if cache_url is None and ctx.invoked_subcommand in ("make", "plan", "diff", "cache"):
         from onnxbuild.engine.remote import config_from_project
 
         config = config_from_project(Path.cwd())
@@ -442,13 +442,21 @@ def cache() -> None:
 @cache.command("verify")
 @settings_options
 @click.pass_context
-def cache_verify(ctx: click.Context) -> None:
+@click.option("--remote", is_flag=True, help="Check the remote cache instead: every entry and object; repair from the local cache where it can.")
+def cache_verify(ctx: click.Context, remote: bool) -> None:
     """Re-hash every cached file; drop entries whose files are missing or were altered.
 
     \b
     Example:
       onnxbuild cache verify
+      onnxbuild cache verify --remote --cache-url s3://bucket/onnxbuild
     """
+    if remote:
+        checked, problems = api.verify_remote(_settings(ctx))
+        for line in problems:
+            click.echo(line)
+        click.echo(f"checked {checked} remote cache entr{'y' if checked == 1 else 'ies'}; {len(problems)} problem{'s' if len(problems) != 1 else ''}")
+        return
     checked, dropped = api.verify_cache(_settings(ctx))
     for line in dropped:
         click.echo(f"dropped {line}")

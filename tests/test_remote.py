@@ -83,3 +83,31 @@ def test_project_config_names_the_remote(tmp_path: Path, monkeypatch: pytest.Mon
     result = CliRunner().invoke(cli, ["make", LR])
     assert result.exit_code == 0, result.output
     assert len(list((remote / "entries").glob("*/*.json"))) == 2
+
+
+def test_cache_verify_remote_finds_and_repairs_damage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from onnxbuild.cli import cli
+
+    url = (tmp_path / "remote").as_uri()
+    a = checkout(tmp_path, "a")
+    monkeypatch.chdir(a)
+    assert onnxbuild.build([LR], settings_for(a, url), in_process=True).ok
+    objects = sorted((tmp_path / "remote" / "objects").glob("*/*"))
+    objects[0].write_bytes(objects[0].read_bytes()[:-1] + b"!")  # same size, wrong bytes
+    entries = sorted((tmp_path / "remote" / "entries").glob("*/*.json"))
+    entries[0].write_text("{", encoding="utf-8")
+    first = CliRunner().invoke(cli, ["cache", "verify", "--remote", "--cache-url", url])
+    assert first.exit_code == 0, first.output
+    lines = first.stdout.splitlines()
+    assert lines[-1] == "checked 2 remote cache entries; 2 problems"
+    assert any("unreadable (JSONDecodeError); re-pushed from the local cache" in line for line in lines)
+    assert any("does not match its digest; re-pushed from the local cache" in line for line in lines)
+    again = CliRunner().invoke(cli, ["cache", "verify", "--remote", "--cache-url", url])
+    assert again.stdout.splitlines()[-1] == "checked 2 remote cache entries; 0 problems"
+    b = checkout(tmp_path, "b")
+    monkeypatch.chdir(b)
+    pulled = onnxbuild.build([LR], settings_for(b, url), in_process=True)
+    assert [s["reason"] for s in pulled.recipes[0].steps] == ["pulled from the remote cache"] * 2
+    assert CliRunner().invoke(cli, ["cache", "verify", "--remote"]).stderr.startswith("Error: --remote needs a remote cache")

@@ -127,6 +127,68 @@ class RemoteCache:
         self.fs.pipe_file(tmp, data)
         self.fs.mv(tmp, self._entry(key))
 
+    def verify(self, local: Any) -> tuple[int, list[str]]:
+        """Re-read every remote entry and the objects it names; repair what the local cache
+        holds good copies of (objects re-pushed, entries re-pushed), drop what it cannot.
+
+        Returns (entries checked, one line per problem found and what was done). Read-only
+        remotes are only checked.
+        """
+        from onnxbuild.engine.cache import entry_problem, read_json
+
+        problems: list[str] = []
+        paths = sorted(self.fs.glob(f"{self.base}/entries/*/*.json"))
+        for path in paths:
+            key = path.rsplit("/", 1)[1].removesuffix(".json")
+            try:
+                raw = self.fs.cat_file(path)
+                entry = read_json(raw.decode("utf-8"))
+                wrong = entry_problem(entry, key)
+            except (OSError, ValueError) as exc:
+                wrong = f"unreadable ({type(exc).__name__})"
+                entry = None
+            if wrong or entry is None:
+                mine = local.get(key) if local is not None else None
+                done = self._repair_entry(key, mine, local)
+                problems.append(f"entry {key[:12]}: {wrong}; {done}")
+                continue
+            for o in entry["outputs"]:
+                tmp = local.root / "tmp" / f"verify-{os.getpid()}-{uuid.uuid4().hex}"
+                tmp.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    self.fs.get_file(self._object(o["sha256"]), str(tmp))
+                    ok = _sha256(tmp) == o["sha256"]
+                    why = "does not match its digest"
+                except FileNotFoundError:
+                    ok, why = False, "is missing"
+                finally:
+                    if tmp.exists():
+                        tmp.unlink()
+                if ok:
+                    continue
+                good = local.object_path(o["sha256"])
+                if self.read_only:
+                    done = "left as is (--cache-read-only)"
+                elif good.is_file() and _sha256(good) == o["sha256"]:
+                    self._put_atomically(str(good), self._object(o["sha256"]))
+                    done = "re-pushed from the local cache"
+                else:
+                    self.fs.rm(path)
+                    done = "entry removed (no good copy here; the next build pushes it again)"
+                problems.append(f"object {o['sha256'][:12]} ({o['path']} of entry {key[:12]}) {why}; {done}")
+                break
+        return len(paths), problems
+
+    def _repair_entry(self, key: str, mine: Any, local: Any) -> str:
+        if self.read_only:
+            return "left as is (--cache-read-only)"
+        if mine is not None:
+            self.damaged.add(key)
+            self.push(dict(mine), local)
+            return "re-pushed from the local cache"
+        self.fs.rm(self._entry(key))
+        return "removed (no good copy here; the next build pushes it again)"
+
     def get_object(self, sha: str, dest: Path) -> None:
         """Copy object ``sha`` to ``dest``, refusing bytes that do not hash to it."""
         dest.parent.mkdir(parents=True, exist_ok=True)
