@@ -287,6 +287,9 @@ def clean(paths: Sequence[str | Path], settings: Settings | None = None) -> list
     if targets:
         cache = settings.cache()
         locks = []
+        if not cache.root.is_dir():  # no cache, so no build can be running: nothing to lock, nothing to create
+            return _remove_folders(targets)
+        cache.ensure_own()
         try:
             for folder in targets:
                 lock = cache.lock(f"recipe-{folder.name}", what=f"recipe {folder.name}")
