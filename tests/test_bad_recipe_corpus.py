@@ -101,7 +101,7 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
     "negative-variant-atol": ("19:22", "quantize[0].validate.atol: must be a number >= 0 (got -3)"),
     "nan-tolerance": ("9:18", "validate.atol: must be a finite number (got .nan)"),
     "inf-variant-tolerance": ("19:22", "quantize[0].validate.atol: must be a finite number (got .inf)"),
-    "top1-above-one": ("9:22", "validate.top1_min: must be a number from 0 to 1 (got 1.5)"),
+    "top1-above-one": ("9:22", "validate.top1_min: must be a number from 0 to 1 or null (got 1.5)"),
     "opset-too-low": ("5:12", "source.graph.opset: must be an integer from 7 to 23 (got 6)"),
     "opset-too-high": ("9:17", "export.opset: must be an integer from 7 to 23 (got 99)"),
     "ir-version-too-low": ("6:17", "source.graph.ir_version: must be an integer from 3 to 13 (got 2)"),

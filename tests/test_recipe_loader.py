@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -670,3 +671,16 @@ def test_memo_follows_the_file_contents(tmp_path: Path) -> None:
     with pytest.raises(RecipeError):
         load_recipe(recipe, memo_dir=memo)
     assert len(list(memo.iterdir())) == 2
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parent.parent / "recipes").glob("*.yaml")), ids=lambda p: p.stem)
+def test_show_prints_a_recipe_that_loads_to_the_same_resolved_form(path: Path, tmp_path: Path) -> None:
+    """`onnxbuild show` is meant to be copied: its output (nulls included) is a valid recipe (#15)."""
+    from onnxbuild.api import show
+    from onnxbuild.recipe.loader import load_recipe
+
+    shown = tmp_path / path.name
+    shown.write_text(show(path), encoding="utf-8")
+    for name in ("digits_mlp.py", "keras_mlp.py"):  # factories the recipes name, beside them
+        shutil.copy(path.parent / name, tmp_path / name)
+    assert load_recipe(shown).resolved == load_recipe(path).resolved
