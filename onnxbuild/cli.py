@@ -271,7 +271,7 @@ def plan(ctx: click.Context, recipes: tuple[str, ...], target: str | None, force
         return
     result = api.plan(recipes, _settings(ctx), force=force, target=target, single=single, reporter=Printer())
     if as_json:
-        click.echo(json.dumps({"up_to_date": result.up_to_date, "artifacts_out_of_step": list(result.out_of_step), "steps": [
+        click.echo(json.dumps({"up_to_date": result.up_to_date, "estimate_s": result.estimate_s, "artifacts_out_of_step": list(result.out_of_step), "steps": [
             {"recipe": s.recipe.name, "step": s.spec.name, "action": s.action, "reasons": list(s.reasons), "key": s.key} for s in result.steps
         ]}, indent=2))
     else:
@@ -282,7 +282,9 @@ def plan(ctx: click.Context, recipes: tuple[str, ...], target: str | None, force
             click.echo(line)
         n = len(result.would_run)
         stale = len(result.out_of_step)
-        said = [f"{n} step{'s' if n != 1 else ''} would run"] if n else []
+        cached = sum(1 for s in result.steps if s.action == "cached")
+        took = f", {_duration(result.estimate_s)} by the last build's timings" if n and result.estimate_s is not None else (", never built here: no estimate" if n else "")
+        said = [f"{n} step{'s' if n != 1 else ''} would run, {cached} cached{took}"] if n else []
         said += [f"{stale} artifact file{'s' if stale != 1 else ''} out of step with the cache"] if stale else []
         click.echo("; ".join(said) if said else "everything is up to date")
     ctx.exit(0 if result.up_to_date else 2)
@@ -562,6 +564,12 @@ def gc(ctx: click.Context) -> None:
     """
     removed, freed = api.gc(_settings(ctx))
     click.echo(f"removed {removed} cache file{'s' if removed != 1 else ''}, freed {_human(freed)}")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 1:
+        return "under a second"
+    return f"about {seconds:.0f} s" if seconds < 60 else f"about {int(seconds // 60)} min {seconds % 60:.0f} s"
 
 
 def _human(n: float) -> str:

@@ -263,7 +263,7 @@ def test_plan_before_the_first_build(project: Path) -> None:
     assert result.stdout == (
         "linear-regression:source: will run: no entry in cache (never built)\n"
         "linear-regression:check: will run: its input from source will be rebuilt\n"
-        "2 steps would run\n"
+        "2 steps would run, 0 cached, never built here: no estimate\n"
     )
     assert not (project / "artifacts").exists()
 
@@ -285,11 +285,24 @@ def test_plan_names_the_key_that_changed(built: Path) -> None:
     recipe.write_text(text.replace("random: {seed: 0,", "random: {seed: 1,"), encoding="utf-8")
     result = run("plan", LR)
     assert result.exit_code == 2
-    assert result.stdout == (
-        "linear-regression:source: will run: source.graph.initializers[0].random.seed changed 0 -> 1\n"
-        "linear-regression:check: will run: its input from source will be rebuilt\n"
-        "2 steps would run\n"
-    )
+    lines = result.stdout.splitlines()
+    assert lines[:2] == [
+        "linear-regression:source: will run: source.graph.initializers[0].random.seed changed 0 -> 1",
+        "linear-regression:check: will run: its input from source will be rebuilt",
+    ]
+    # a measured figure: its words are fixed, its number is this machine's
+    assert re.fullmatch(r"2 steps would run, 0 cached, (under a second|about \d+ s) by the last build's timings", lines[2]), lines[2]
+    assert json.loads(run("plan", LR, "--json").stdout)["estimate_s"] < 60
+
+
+def test_a_no_op_build_keeps_what_each_step_cost(built: Path) -> None:
+    """timings.json of a no-op run still says what building each step cost (to estimate a PR's cost)."""
+    first = json.loads((built / "artifacts" / "linear-regression" / "timings.json").read_text(encoding="utf-8"))
+    assert run("make", LR).exit_code == 0
+    again = json.loads((built / "artifacts" / "linear-regression" / "timings.json").read_text(encoding="utf-8"))
+    for name, step in again["steps"].items():
+        assert step["status"] == "cached" and step["seconds"] == 0
+        assert step["build_seconds"] == first["steps"][name]["build_seconds"] > 0
 
 
 def test_plan_json(built: Path) -> None:

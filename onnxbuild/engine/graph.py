@@ -67,6 +67,9 @@ class Plan:
     def up_to_date(self) -> bool:
         return not self.would_run and not self.out_of_step
 
+    estimate_s: float | None = None
+    """Seconds the steps that would run took when last built here (None: some never were)."""
+
 
 def ingredients(spec: StepSpec, input_digests: dict[str, str], cache: Cache) -> dict[str, Any]:
     """Everything that can change a step's outputs, and nothing that cannot (no paths, no times)."""
@@ -152,7 +155,22 @@ def plan(recipes: list[Recipe], cache: Cache, *, force: bool = False, target: st
                     step = PlannedStep(recipe, spec, "outside", (OUTSIDE,), None, None, None)
             done[spec.name] = step
             planned.append(step)
-    return Plan(tuple(planned), tuple(recipes))
+    return Plan(tuple(planned), tuple(recipes), estimate_s=_estimate(planned, cache))
+
+
+def _estimate(planned: list[PlannedStep], cache: Cache) -> float | None:
+    """The last build's seconds of every step that would run, summed; None when one has none."""
+    total = 0.0
+    lasts: dict[str, dict[str, Any]] = {}
+    for step in planned:
+        if step.action != "run":
+            continue
+        last = lasts.setdefault(step.recipe.name, cache.last_build(step.recipe.name)).get(step.spec.name, {})
+        seconds = last.get("seconds")
+        if not isinstance(seconds, (int, float)):
+            return None
+        total += seconds
+    return total
 
 
 def plan_step(recipe: Recipe, spec: StepSpec, done: dict[str, PlannedStep], cache: Cache, last: dict[str, Any] | None, *, force: bool) -> PlannedStep:

@@ -606,20 +606,34 @@ def _finish_recipe(recipe: Recipe, states: list[_State], cache: Cache, artifacts
     manifest = make_manifest(recipe.name, {"path": _display_path(recipe), "digest": recipe.digest, "resolved": recipe.resolved}, records)
     folder.mkdir(parents=True, exist_ok=True)
     write_if_changed(folder / "manifest.json", pretty_json(manifest), lambda: pause_for_tests("manifest-write", recipe.name))
+    last = cache.last_build(recipe.name)
+
+    def build_seconds(st: _State) -> float | None:
+        """What building the step cost when its output was made: this run, or the build it was cached from."""
+        if st.record and st.record["status"] == "built":
+            return round(st.seconds, 3)
+        before = last.get(st.planned.spec.name, {})
+        known = before.get("seconds") if st.record and before.get("key") == st.record["key"] else None
+        return known if isinstance(known, (int, float)) else None
+
     timings = {
         "steps": {
             st.planned.spec.name: {
                 "status": st.record["status"] if st.record else None,
                 "reason": st.record["reason"] if st.record else None,
                 "seconds": round(st.seconds, 3),
+                "build_seconds": build_seconds(st),
                 "peak_rss_mb": st.peak_rss_mb,
             }
             for st in states
         }
     }
     atomic_write_text(folder / "timings.json", pretty_json(timings))
-    good = {st.planned.spec.name: {"key": st.record["key"], "ingredients": st.planned.ingredients} for st in states if st.record and st.record["status"] in ("built", "cached")}
-    last = cache.last_build(recipe.name)
+    good = {
+        st.planned.spec.name: {"key": st.record["key"], "ingredients": st.planned.ingredients, "seconds": build_seconds(st)}
+        for st in states
+        if st.record and st.record["status"] in ("built", "cached")
+    }
     last.update(good)
     cache.record_last_build(recipe.name, last)
     return RecipeOutcome(recipe, records, folder, timings)
