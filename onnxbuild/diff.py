@@ -51,6 +51,16 @@ def default_base(cwd: Path) -> str:
     raise UsageError("no base to compare with (no merge-base with main, origin/main or master; a shallow clone?): pass --base REF, after `git fetch origin REF` if need be")
 
 
+def renames(base: str, cwd: Path) -> dict[str, str]:
+    """Recipes git sees as renamed since ``base``: new path -> old path (relative to the repository)."""
+    out: dict[str, str] = {}
+    for line in _git("diff", "--name-status", "-M", base, "--", "recipes", cwd=cwd).splitlines():
+        parts = line.split("\t")
+        if len(parts) == 3 and parts[0].startswith("R"):
+            out[parts[2]] = parts[1]
+    return out
+
+
 def changed_recipes(base: str, cwd: Path) -> list[str]:
     """Recipes under recipes/ changed since ``base``, and those whose code files changed
     (a factory or dataset edit rebuilds as surely as a recipe edit)."""
@@ -161,6 +171,8 @@ def diff(paths: list[str], base: str | None, cache: Any, cwd: Path | None = None
         except UsageError:
             raise UsageError(f"the base {base!r} is not a commit here (a shallow clone? fetch it: git fetch --depth=50 origin {base})") from None
     paths = paths or changed_recipes(base, cwd)
+    moved = renames(base, cwd)
+    moved_from = set(moved.values())
     out: list[RecipeDiff] = []
     for path in paths:
         try:
@@ -172,8 +184,10 @@ def diff(paths: list[str], base: str | None, cache: Any, cwd: Path | None = None
                 _git("cat-file", "-e", f"{base}:{rel}", cwd=root)
             except UsageError:
                 raise UsageError(f"{path}: no such recipe here or at {base[:12]}") from None
+        if rel in moved_from and not (cwd / path).exists():
+            continue  # shown under its new name
         try:
-            old_text: str | None = _git("show", f"{base}:{rel}", cwd=root)
+            old_text: str | None = _git("show", f"{base}:{moved.get(rel, rel)}", cwd=root)
         except UsageError:
             old_text = None
         new_file = cwd / path
@@ -192,11 +206,13 @@ def diff(paths: list[str], base: str | None, cache: Any, cwd: Path | None = None
             entry.invalidated = [s.name for s in steps_for(new or old)]  # type: ignore[arg-type]
             out.append(entry)
             continue
-        entry.changes = _changes(old.resolved, new.resolved)
+        if rel in moved:
+            entry.status = f"renamed from {moved[rel]}"
+        entry.changes = _expand(_changes(old.resolved, new.resolved))
         files, changed_files = _file_changes(old, new, base, root)
         packages, changed_packages = _package_changes(new, base, root)
         entry.changes += files + packages
-        if not entry.changes:
+        if not entry.changes and rel not in moved:
             entry.status = "unchanged"
         old_steps = {s.name: s for s in steps_for(old)}
         dirty: set[str] = set()
@@ -272,7 +288,7 @@ def render(base: str, diffs: list[RecipeDiff], fmt: str) -> str:
             {
                 "base": base,
                 "recipes": [
-                    {"path": d.path, "status": d.status, "error": d.error, "changes": [{"key": k, "base": a, "now": b} for k, a, b in d.changes],
+                    {"path": d.path, "status": d.status, "error": d.error, "changes": [_json_change(k, a, b) for k, a, b in d.changes],
                      "invalidated": d.invalidated, "metrics": [{"what": w, "base": a, "now": b} for w, a, b in d.metrics], "figures": d.figures or "changed"}
                     for d in diffs
                 ],
@@ -309,6 +325,35 @@ def render(base: str, diffs: list[RecipeDiff], fmt: str) -> str:
             lines += ["", f"Figures: {d.figures}."] if md else [f"  figures: {d.figures}"]
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def _json_change(key: str, old: Any, new: Any) -> dict[str, Any]:
+    """A change as JSON: absent sides are null, and ``change`` says which kind it is."""
+    from onnxbuild.engine.graph import _MISSING
+
+    kind = "added" if old is _MISSING else "removed" if new is _MISSING else "changed"
+    return {"key": key, "change": kind, "base": None if old is _MISSING else old, "now": None if new is _MISSING else new}
+
+
+def _expand(changes: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, Any]]:
+    """An added or removed section or variant as one line per key it sets, not a cut-off dict."""
+    from onnxbuild.engine.graph import _MISSING
+
+    out: list[tuple[str, Any, Any]] = []
+    for key, old, new in changes:
+        whole = new if old is _MISSING else old if new is _MISSING else None
+        if isinstance(whole, dict) and whole:
+            for leaf, value in _leaves(whole, key):
+                out.append((leaf, _MISSING, value) if old is _MISSING else (leaf, value, _MISSING))
+        else:
+            out.append((key, old, new))
+    return out
+
+
+def _leaves(value: Any, prefix: str) -> list[tuple[str, Any]]:
+    if isinstance(value, dict) and value:
+        return [leaf for k, v in value.items() for leaf in _leaves(v, f"{prefix}.{k}")]
+    return [(prefix, value)]
 
 
 def _cell(text: str) -> str:

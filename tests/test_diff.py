@@ -45,7 +45,7 @@ def test_diff_shows_the_change_and_the_rebuilt_steps_in_md_and_json(repo: Path, 
     after = runner.invoke(cli, ["diff", "--format", "json"])
     data = json.loads(after.stdout)
     (recipe,) = data["recipes"]
-    assert recipe["changes"] == [{"key": "source.graph.initializers[1].values[1]", "base": -0.5, "now": -0.25}]
+    assert recipe["changes"] == [{"key": "source.graph.initializers[1].values[1]", "change": "changed", "base": -0.5, "now": -0.25}]
     assert recipe["invalidated"] == ["source", "check"]
     assert not summary.exists()  # only Markdown goes to the step summary
     md = runner.invoke(cli, ["diff", "--format", "md"])
@@ -152,3 +152,17 @@ def test_figures_say_not_built_or_unchanged_and_a_pipe_cannot_break_the_table(re
     subprocess.run(["git", *env, "stash", "pop", "-q"], cwd=repo, check=True)
     built = CliRunner().invoke(cli, ["diff", LR, "--format", "json"])
     assert json.loads(built.stdout)["recipes"][0]["figures"] == "unchanged"
+
+
+def test_a_rename_is_one_entry_and_a_new_variant_is_its_own_lines(repo: Path) -> None:
+    subprocess.run(["git", "mv", "recipes/tiny-gpt2.yaml", "recipes/tiny-lm.yaml"], cwd=repo, check=True)
+    recipe = repo / "recipes" / "tiny-lm.yaml"
+    recipe.write_text(recipe.read_text(encoding="utf-8") + "quantize:\n  - {name: int8, method: dynamic}\n", encoding="utf-8")
+    result = CliRunner().invoke(cli, ["diff", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    recipes = json.loads(result.stdout)["recipes"]
+    assert [(r["path"], r["status"]) for r in recipes] == [("recipes/tiny-lm.yaml", "renamed from recipes/tiny-gpt2.yaml")]
+    keys = {c["key"]: c for c in recipes[0]["changes"]}
+    assert keys["quantize[int8].method"] == {"key": "quantize[int8].method", "change": "added", "base": None, "now": "dynamic"}
+    assert keys["quantize[int8].name"]["now"] == "int8" and all(len(json.dumps(c)) < 200 for c in recipes[0]["changes"])
+    assert "quantize.int8" in recipes[0]["invalidated"]
