@@ -25,7 +25,7 @@ class RecipeDiff:
     status: str  # added | deleted | changed | unchanged
     changes: list[tuple[str, Any, Any]] = field(default_factory=list)
     invalidated: list[str] = field(default_factory=list)
-    metrics: list[tuple[str, str, str]] = field(default_factory=list)
+    metrics: list[Metric] = field(default_factory=list)
     error: str = ""
     figures: str = ""
     """Why there are no figure rows: "unchanged" (both sides built, same figures) or "not built on one side"."""
@@ -245,9 +245,34 @@ def _read_output(cache: Any, step: Any, rel: str) -> Any:
     return None
 
 
-def _metrics(old_plan: Any, new_plan: Any, cache: Any) -> list[tuple[str, str, str]]:
-    """Figures present on both sides (their steps cached): (what, base, now)."""
-    rows: list[tuple[str, str, str]] = []
+@dataclass(frozen=True)
+class Metric:
+    """A figure on both sides of a diff, as numbers (JSON) with a unit for people (text, md, html)."""
+
+    what: str
+    base: float | None
+    now: float | None
+    unit: str  # "ms" | "bytes" | "" (a plain number)
+
+    def shown(self, value: float | None) -> str:
+        if value is None:
+            return "-"
+        if self.unit == "ms":
+            return format_ms(value)
+        if self.unit == "bytes":
+            return f"{int(value):,}"
+        return f"{value:.3g}"
+
+    @property
+    def change(self) -> str:
+        if self.base and self.now and self.unit == "ms":
+            return f"{self.shown(self.now)} ({self.now / self.base:.2f}x)"
+        return self.shown(self.now) if self.now is not None else "new"
+
+
+def _metrics(old_plan: Any, new_plan: Any, cache: Any) -> list[Metric]:
+    """Figures present on both sides (their steps cached), and variants new on one side."""
+    rows: list[Metric] = []
     old = {s.spec.name: s for s in old_plan.steps}
     new = {s.spec.name: s for s in new_plan.steps}
     for name, step in new.items():
@@ -257,19 +282,19 @@ def _metrics(old_plan: Any, new_plan: Any, cache: Any) -> list[tuple[str, str, s
         sizes_old = {o["path"]: o["bytes"] for o in before.entry["outputs"] if o["path"].endswith(".onnx")}
         for o in step.entry["outputs"]:
             if o["path"] in sizes_old and sizes_old[o["path"]] != o["bytes"]:
-                rows.append((f"{o['path']} bytes", f"{sizes_old[o['path']]:,}", f"{o['bytes']:,}"))
+                rows.append(Metric(f"{o['path']} size", sizes_old[o["path"]], o["bytes"], "bytes"))
     v_old = _read_output(cache, old.get("report"), "reports/validation.json")
     v_new = _read_output(cache, new.get("report"), "reports/validation.json")
     if v_old and v_new:
         for variant, v in v_new["variants"].items():
             w = v_old["variants"].get(variant)
+            b = max((c["max_abs_diff"] or 0) for s in v["shapes"] for c in s["outputs"].values())
             if w is None:
-                rows.append((f"validation {variant}", "-", "new variant"))
+                rows.append(Metric(f"validation {variant} max abs diff (new variant)", None, b, ""))
                 continue
             a = max((c["max_abs_diff"] or 0) for s in w["shapes"] for c in s["outputs"].values())
-            b = max((c["max_abs_diff"] or 0) for s in v["shapes"] for c in s["outputs"].values())
             if a != b:
-                rows.append((f"validation {variant} max abs diff", f"{a:.3g}", f"{b:.3g}"))
+                rows.append(Metric(f"validation {variant} max abs diff", a, b, ""))
     b_old = _read_output(cache, old.get("benchmark"), "benchmark.json")
     b_new = _read_output(cache, new.get("benchmark"), "benchmark.json")
     if b_old and b_new:
@@ -278,7 +303,7 @@ def _metrics(old_plan: Any, new_plan: Any, cache: Any) -> list[tuple[str, str, s
             k = (r["variant"], r["provider"], json.dumps(r.get("shape"), sort_keys=True))
             if k in before_p50 and before_p50[k] and r.get("p50_ms"):
                 shape = ", ".join(f"{d}={n}" for d, n in (r.get("shape") or {}).items())
-                rows.append((f"p50 {r['variant']} on {str(r.get('provider', '')).replace('ExecutionProvider', '')} ({shape})", format_ms(before_p50[k]), f"{format_ms(r['p50_ms'])} ({r['p50_ms'] / before_p50[k]:.2f}x)"))
+                rows.append(Metric(f"p50 {r['variant']} on {str(r.get('provider', '')).replace('ExecutionProvider', '')} ({shape})", before_p50[k], r["p50_ms"], "ms"))
     return rows
 
 
@@ -289,7 +314,7 @@ def render(base: str, diffs: list[RecipeDiff], fmt: str) -> str:
                 "base": base,
                 "recipes": [
                     {"path": d.path, "status": d.status, "error": d.error, "changes": [_json_change(k, a, b) for k, a, b in d.changes],
-                     "invalidated": d.invalidated, "metrics": [{"what": w, "base": a, "now": b} for w, a, b in d.metrics], "figures": d.figures or "changed"}
+                     "invalidated": d.invalidated, "metrics": [{"what": m.what, "base": m.base, "now": m.now, "unit": m.unit} for m in d.metrics], "figures": d.figures or "changed"}
                     for d in diffs
                 ],
             },
@@ -318,9 +343,9 @@ def render(base: str, diffs: list[RecipeDiff], fmt: str) -> str:
             lines += ["", f"Steps that rebuild: {', '.join(d.invalidated)}" if md else f"  rebuilds: {', '.join(d.invalidated)}"]
         if d.metrics:
             if md:
-                lines += ["", "| figure | base | working tree |", "|---|---|---|"] + [f"| {_cell(w)} | {_cell(a)} | {_cell(b)} |" for w, a, b in d.metrics]
+                lines += ["", "| figure | base | working tree |", "|---|---|---|"] + [f"| {_cell(m.what)} | {m.shown(m.base)} | {_cell(m.change)} |" for m in d.metrics]
             else:
-                lines += [f"  {w}: {a} -> {b}" for w, a, b in d.metrics]
+                lines += [f"  {m.what}: {m.shown(m.base)} -> {m.change}" for m in d.metrics]
         elif d.figures:
             lines += ["", f"Figures: {d.figures}."] if md else [f"  figures: {d.figures}"]
         lines.append("")

@@ -166,3 +166,23 @@ def test_a_rename_is_one_entry_and_a_new_variant_is_its_own_lines(repo: Path) ->
     assert keys["quantize[int8].method"] == {"key": "quantize[int8].method", "change": "added", "base": None, "now": "dynamic"}
     assert keys["quantize[int8].name"]["now"] == "int8" and all(len(json.dumps(c)) < 200 for c in recipes[0]["changes"])
     assert "quantize.int8" in recipes[0]["invalidated"]
+
+
+def test_figures_are_numbers_in_json_and_formatted_for_people(project: Path) -> None:
+    import shutil
+
+    shutil.copytree(Path(__file__).parent / "data" / "steps", project / "recipes" / "steps")
+    env = ["-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=project, check=True)
+    subprocess.run(["git", "add", "recipes"], cwd=project, check=True)
+    subprocess.run(["git", *env, "commit", "-qm", "recipes"], cwd=project, check=True)
+    runner = CliRunner()
+    assert runner.invoke(cli, ["make", "recipes/steps/steps.yaml"]).exit_code == 0
+    edit(project, "recipes/steps/steps.yaml", "iterations: 3", "iterations: 4")
+    assert runner.invoke(cli, ["make", "recipes/steps/steps.yaml"]).exit_code == 0
+    data = json.loads(runner.invoke(cli, ["diff", "recipes/steps/steps.yaml", "--format", "json"]).stdout)
+    (metric,) = [m for m in data["recipes"][0]["metrics"] if m["what"].startswith("p50 model on CPU")]
+    assert metric["unit"] == "ms" and isinstance(metric["base"], float) and isinstance(metric["now"], float)
+    text = runner.invoke(cli, ["diff", "recipes/steps/steps.yaml"]).stdout
+    line = next(line for line in text.splitlines() if "p50 model on CPU (batch=2, steps=4)" in line)
+    assert " -> " in line and line.rstrip().endswith("x)") and ("µs" in line or " ms" in line)

@@ -303,7 +303,7 @@ def render_diff(base: str, diffs: list[Any], show: Any) -> str:
         if d.invalidated:
             parts.append(f"<p>Steps that rebuild: {escape(', '.join(d.invalidated))}</p>")
         if d.metrics:
-            rows = "".join(f'<tr><td>{escape(w)}</td><td class="num">{escape(a)}</td><td class="num">{escape(b)}</td></tr>' for w, a, b in d.metrics)
+            rows = "".join(f'<tr><td>{escape(m.what)}</td><td class="num">{escape(m.shown(m.base))}</td><td class="num">{escape(m.change)}</td></tr>' for m in d.metrics)
             parts.append(f"<table><tr><th>figure</th><th>base</th><th>working tree</th></tr>{rows}</table>")
         sections.append(f'<section class="recipe">{"".join(parts)}</section>')
     body = "\n".join(sections) or "<p>No recipe changed.</p>"
