@@ -270,6 +270,7 @@ def plan(ctx: click.Context, recipes: tuple[str, ...], target: str | None, force
             click.echo("locks match the recipes")
         return
     result = api.plan(recipes, _settings(ctx), force=force, target=target, single=single, reporter=Printer())
+    pulls = sum(1 for s in result.steps if s.action == "cached" and s.reason.startswith("in the remote cache"))
     if as_json:
         click.echo(json.dumps({"up_to_date": result.up_to_date, "estimate_s": result.estimate_s, "artifacts_out_of_step": list(result.out_of_step), "steps": [
             {"recipe": s.recipe.name, "step": s.spec.name, "action": s.action, "reasons": list(s.reasons), "key": s.key} for s in result.steps
@@ -282,12 +283,13 @@ def plan(ctx: click.Context, recipes: tuple[str, ...], target: str | None, force
             click.echo(line)
         n = len(result.would_run)
         stale = len(result.out_of_step)
-        cached = sum(1 for s in result.steps if s.action == "cached")
+        cached = sum(1 for s in result.steps if s.action == "cached") - pulls
         took = f", {_duration(result.estimate_s)} by the last build's timings" if n and result.estimate_s is not None else (", never built here: no estimate" if n else "")
-        said = [f"{n} step{'s' if n != 1 else ''} would run, {cached} cached{took}"] if n else []
+        pulled = f", {pulls} to pull" if pulls else ""
+        said = [f"{n} step{'s' if n != 1 else ''} would run{pulled}, {cached} cached{took}"] if n else ([f"{pulls} step{'s' if pulls != 1 else ''} to pull from the remote cache"] if pulls else [])
         said += [f"{stale} artifact file{'s' if stale != 1 else ''} out of step with the cache"] if stale else []
         click.echo("; ".join(said) if said else "everything is up to date")
-    ctx.exit(0 if result.up_to_date else 2)
+    ctx.exit(0 if result.up_to_date and not pulls else 2)
 
 
 @cli.command("diff")

@@ -111,3 +111,26 @@ def test_cache_verify_remote_finds_and_repairs_damage(tmp_path: Path, monkeypatc
     pulled = onnxbuild.build([LR], settings_for(b, url), in_process=True)
     assert [s["reason"] for s in pulled.recipes[0].steps] == ["pulled from the remote cache"] * 2
     assert CliRunner().invoke(cli, ["cache", "verify", "--remote"]).stderr.startswith("Error: --remote needs a remote cache")
+
+
+def test_plan_looks_at_the_remote_cache_without_downloading(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from onnxbuild.cli import cli
+
+    url = (tmp_path / "remote").as_uri()
+    a = checkout(tmp_path, "a")
+    monkeypatch.chdir(a)
+    assert onnxbuild.build([LR], settings_for(a, url), in_process=True).ok
+    b = checkout(tmp_path, "b")
+    monkeypatch.chdir(b)
+    result = CliRunner().invoke(cli, ["--cache-url", url, "plan", LR])
+    assert result.exit_code == 2, result.output
+    assert result.stdout.splitlines() == [
+        "linear-regression:source: cached: in the remote cache (make pulls it)",
+        "linear-regression:check: cached: in the remote cache (make pulls it)",
+        "2 steps to pull from the remote cache",
+    ]
+    assert not [p for p in (b / ".onnxbuild").rglob("*") if p.is_file() and ("objects" in p.parts or "entries" in p.parts)]  # nothing pulled
+    report = onnxbuild.build([LR], settings_for(b, url), in_process=True)
+    assert [s["reason"] for s in report.recipes[0].steps] == ["pulled from the remote cache"] * 2

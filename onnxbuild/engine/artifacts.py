@@ -23,8 +23,8 @@ def out_of_step(plan: Plan, artifacts_root: Path, cache: Cache) -> list[str]:
         folder = artifacts_root / recipe.name
         shown = folder.as_posix()
         for step in plan.steps:
-            if step.recipe is not recipe or step.action != "cached" or step.entry is None:
-                continue
+            if step.recipe is not recipe or step.action != "cached" or step.entry is None or step.key in cache.remote_only:
+                continue  # a step make will pull is counted as such, not as a damaged folder
             for o in step.entry["outputs"]:
                 path = folder / o["path"]
                 try:

@@ -119,7 +119,11 @@ class Cache:
     """Keys this process took from the remote cache (for "pulled" in the build's output)."""
 
     dry: bool = False
-    """Planning: a damaged entry is a miss, but left in place (``plan`` changes nothing)."""
+    """Planning: a damaged entry is a miss, but left in place, and a remote entry is only
+    looked at, not pulled (``plan`` changes and downloads nothing)."""
+
+    remote_only: set[str] = field(default_factory=set)
+    """Keys a dry cache found in the remote cache only (``make`` would pull them)."""
 
     def __post_init__(self) -> None:
         self.root = Path(self.root)
@@ -190,6 +194,11 @@ class Cache:
         try:
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
+            if self.remote is not None and self.dry:
+                peeked: EntryRecord | None = self.remote.peek(key)
+                if peeked is not None:
+                    self.remote_only.add(key)
+                return peeked
             if self.remote is not None and self.remote.pull(key, self):
                 self.pulled.add(key)
                 return self.get(key)

@@ -187,7 +187,8 @@ def plan_step(recipe: Recipe, spec: StepSpec, done: dict[str, PlannedStep], cach
     if force:
         return PlannedStep(recipe, spec, "run", (FORCED,), key, ing, None)
     if entry is not None:
-        return PlannedStep(recipe, spec, "cached", ("up to date",), key, ing, entry)
+        why = "in the remote cache (make pulls it)" if key in cache.remote_only else "up to date"
+        return PlannedStep(recipe, spec, "cached", (why,), key, ing, entry)
     return PlannedStep(recipe, spec, "run", tuple(explain(last, ing, key)), key, ing, None)
 
 

@@ -127,6 +127,30 @@ class RemoteCache:
         self.fs.pipe_file(tmp, data)
         self.fs.mv(tmp, self._entry(key))
 
+    def peek(self, key: str) -> dict[str, Any] | None:
+        """The remote entry for ``key`` if it is whole and (when signing is on) trusted; no
+        object is downloaded, so ``plan`` can say "make pulls it" without pulling."""
+        from onnxbuild.engine.cache import entry_problem, read_json
+
+        if key in self.damaged:
+            return None
+        try:
+            raw = self.fs.cat_file(self._entry(key))
+            entry = read_json(raw.decode("utf-8"))
+        except (OSError, ValueError):
+            return None
+        if entry_problem(entry, key):
+            return None
+        if self.verifier is not None:
+            try:
+                signature = self.fs.cat_file(self._entry(key) + ".sig")
+            except OSError:
+                return None
+            if not self.verifier.valid(raw, signature):
+                return None
+        result: dict[str, Any] = entry
+        return result
+
     def verify(self, local: Any) -> tuple[int, list[str]]:
         """Re-read every remote entry and the objects it names; repair what the local cache
         holds good copies of (objects re-pushed, entries re-pushed), drop what it cannot.
