@@ -166,3 +166,53 @@ def test_plan_check_json(project: Path) -> None:
     assert run("make", LR, "--lock").exit_code == 0
     ok = run("plan", "--check", "--json", LR)
     assert ok.exit_code == 0 and json.loads(ok.stdout) == {"up_to_date": True, "problems": []}
+
+
+def test_the_readme_ci_workflow_with_a_file_remote_and_two_fresh_runners(tmp_path: Path) -> None:
+    """The README's GitHub Actions steps, as written, on two runners with empty caches that
+    share a file:// remote: main builds and locks; a pull request changes a recipe; each
+    runner checks the locks, builds --frozen, and writes the diff for the job summary."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    repo = tmp_path / "repo"
+    shutil.copytree(root / "recipes", repo / "recipes")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    env = {**os.environ, "ONNXBUILD_CACHE_URL": (tmp_path / "remote").as_uri(), "HF_HUB_OFFLINE": "1"}
+    env.pop("ONNXBUILD_CACHE_DIR", None)
+
+    def onnxbuild(where: Path, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "onnxbuild", *args], cwd=where, env=env, capture_output=True, text=True, timeout=600)
+
+    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=repo, check=True)
+    assert onnxbuild(repo, "make", LR, "--lock").returncode == 0  # main's job writes the lock and fills the remote
+    subprocess.run([*git, "add", "recipes"], cwd=repo, check=True)
+    subprocess.run([*git, "commit", "-qm", "main"], cwd=repo, check=True)
+    shutil.rmtree(repo / ".onnxbuild")
+    shutil.rmtree(repo / "artifacts")
+    # the pull request: B changes, lock updated by its author
+    subprocess.run([*git, "checkout", "-qb", "pr"], cwd=repo, check=True)
+    recipe = repo / LR
+    recipe.write_text(recipe.read_text(encoding="utf-8").replace("values: [0.5, -0.5]", "values: [0.5, -0.25]"), encoding="utf-8")
+    assert onnxbuild(repo, "--cache-dir", str(tmp_path / "author-cache"), "make", LR, "--lock").returncode == 0
+    subprocess.run([*git, "commit", "-qam", "pr"], cwd=repo, check=True)
+    shutil.rmtree(repo / "artifacts")
+    for runner in ("runner-1", "runner-2"):
+        work = tmp_path / runner
+        subprocess.run(["git", "clone", "-q", "-b", "pr", str(repo), str(work)], check=True)
+        subprocess.run(["git", "fetch", "-q", "origin", "main:main"], cwd=work, check=True)
+        check = onnxbuild(work, "plan", "--check", "recipes/linear-regression.yaml")
+        assert check.returncode == 0, check.stdout + check.stderr
+        build = onnxbuild(work, "make", "recipes/linear-regression.yaml", "-j", "2", "--frozen", "--json")
+        assert build.returncode == 0, build.stderr
+        steps = json.loads(build.stdout)["recipes"][0]["steps"]
+        assert [s["reason"] for s in steps] == ["pulled from the remote cache"] * 2  # the author's build pushed them
+        summary = work / "summary.md"
+        diff = subprocess.run([sys.executable, "-m", "onnxbuild", "diff", "--base", "main", "--format", "md"], cwd=work, env={**env, "GITHUB_STEP_SUMMARY": str(summary)}, capture_output=True, text=True, timeout=600)
+        assert diff.returncode == 0, diff.stderr
+        assert "| `source.graph.initializers[1].values[1]` | -0.5 | -0.25 |" in diff.stdout
+        assert summary.read_text(encoding="utf-8") == diff.stdout
