@@ -32,16 +32,24 @@ Examples:
 
 class Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
+        # Terraform's -detailed-exitcode: 0 nothing to do, 2 changes, 1 any error (a
+        # recipe error too), so a script can tell "would change" from "cannot tell".
+        detailed = DETAILED in ctx.args  # the command name aside, its own arguments
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:
+            if not detailed:
+                raise
+            exc.show()
+            ctx.exit(1)
         except RecipeError as exc:
             click.echo(f"Error: {len(exc.problems)} problem{'s' if len(exc.problems) != 1 else ''} in the recipe:", err=True)
             for p in exc.problems:
                 click.echo(f"  {p}", err=True)
-            ctx.exit(exc.exit_code)
+            ctx.exit(1 if detailed else exc.exit_code)
         except OnnxbuildError as exc:
             click.echo(f"Error: {exc}", err=True)
-            ctx.exit(exc.exit_code)
+            ctx.exit(1 if detailed else exc.exit_code)
         except KeyboardInterrupt:
             click.echo("Interrupted; nothing partial was kept (completed steps stay cached).", err=True)
             ctx.exit(130)
@@ -51,6 +59,13 @@ class Group(click.Group):
             hint = {28: "free some space or point --cache-dir/--artifacts-dir at a bigger disk", 30: "the file system is read-only; pass a writable --cache-dir/--artifacts-dir", 13: "permission denied; pass a folder you can write to"}
             click.echo(f"Error: {exc.strerror or exc}{where}; {hint.get(exc.errno or 0, 'check the disk and the folder')}", err=True)
             ctx.exit(1)
+
+
+DETAILED = "--detailed-exitcode"
+detailed_option = click.option(
+    DETAILED, "detailed", is_flag=True,
+    help="Exit codes as Terraform's plan -detailed-exitcode: 0 nothing changes, 2 something changes, 1 any error (recipe errors included).",
+)
 
 
 def _settings(ctx: click.Context) -> api.Settings:
@@ -241,13 +256,16 @@ def _summary(report: Any) -> str:
 @click.option("--single", is_flag=True, help="Plan as if --single were given to make.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.option("--check", "check_lock", is_flag=True, help="Only check that each <recipe>.lock.json matches its recipe; exit 1 if stale.")
+@detailed_option
 @settings_options
 @click.pass_context
-def plan(ctx: click.Context, recipes: tuple[str, ...], target: str | None, force: bool, single: bool, as_json: bool, check_lock: bool) -> None:
+def plan(ctx: click.Context, recipes: tuple[str, ...], target: str | None, force: bool, single: bool, as_json: bool, check_lock: bool, detailed: bool) -> None:
     """Show what `make` would do and why, without doing it.
 
-    Exits 0 when everything is up to date and 2 when some step would run, so CI
-    can assert that committed artifacts are current.
+    Exits 0 when everything is up to date, 1 when some step would run (or a file
+    is to pull, or an artifact is out of step), so CI can assert that committed
+    artifacts are current; 2 for a recipe or usage error. With --detailed-exitcode:
+    0 / 2 changes / 1 error, as Terraform.
 
     \b
     Example:
@@ -265,6 +283,9 @@ def plan(ctx: click.Context, recipes: tuple[str, ...], target: str | None, force
         if problems:
             from onnxbuild.errors import BuildFailed
 
+            if detailed:
+                click.echo("Error: the lock files do not match the recipes; run `onnxbuild make RECIPE --lock` and commit the locks", err=True)
+                ctx.exit(2)
             raise BuildFailed("the lock files do not match the recipes; run `onnxbuild make RECIPE --lock` and commit the locks")
         if not as_json:
             click.echo("locks match the recipes")
@@ -289,20 +310,23 @@ def plan(ctx: click.Context, recipes: tuple[str, ...], target: str | None, force
         said = [f"{n} step{'s' if n != 1 else ''} would run{pulled}, {cached} cached{took}"] if n else ([f"{pulls} step{'s' if pulls != 1 else ''} to pull from the remote cache"] if pulls else [])
         said += [f"{stale} artifact file{'s' if stale != 1 else ''} out of step with the cache"] if stale else []
         click.echo("; ".join(said) if said else "everything is up to date")
-    ctx.exit(0 if result.up_to_date and not pulls else 2)
+    ctx.exit(0 if result.up_to_date and not pulls else 2 if detailed else 1)
 
 
 @cli.command("diff")
 @click.argument("recipes", nargs=-1)
 @click.option("--base", metavar="REF", help="Git ref to compare with (default: the merge-base with main).")
 @click.option("--format", "fmt", type=click.Choice(["text", "md", "json", "html"]), default="text", show_default=True)
+@detailed_option
 @settings_options
 @click.pass_context
-def diff_command(ctx: click.Context, recipes: tuple[str, ...], base: str | None, fmt: str) -> None:
+def diff_command(ctx: click.Context, recipes: tuple[str, ...], base: str | None, fmt: str, detailed: bool) -> None:
     """Review recipe changes: resolved keys that differ, steps that rebuild, figure deltas.
 
     With no RECIPES, every recipe under recipes/ changed since the base. Markdown output
     fits a pull-request comment and is appended to $GITHUB_STEP_SUMMARY when that is set.
+    Exits 0 (2 for a recipe or usage error); with --detailed-exitcode 0 when nothing
+    changed, 2 when something did, 1 on any error.
 
     \b
     Example:
@@ -326,6 +350,8 @@ def diff_command(ctx: click.Context, recipes: tuple[str, ...], base: str | None,
     invalid = [d.path for d in diffs if d.status == "invalid"]
     if invalid:
         raise UsageError(f"{len(invalid)} recipe{'s' if len(invalid) != 1 else ''} cannot be loaded: {', '.join(invalid)} (see above)")
+    if detailed and any(d.status != "unchanged" for d in diffs):
+        ctx.exit(2)
 
 
 @cli.command("verify")

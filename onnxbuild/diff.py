@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from onnxbuild._util import format_ms
 from onnxbuild.errors import RecipeError, UsageError
+from onnxbuild.modeldiff import ModelDiff, ModelRow, model_diffs
 from onnxbuild.recipe.model import Recipe
+from onnxbuild.steps.quantize import METHOD_KEYS
 
 
 @dataclass
@@ -29,6 +32,8 @@ class RecipeDiff:
     error: str = ""
     figures: str = ""
     """Why there are no figure rows: "unchanged" (both sides built, same figures) or "not built on one side"."""
+    models: list[ModelDiff] = field(default_factory=list)
+    """ONNX files both sides built whose bytes differ: what changed inside each."""
 
 
 def _git(*args: str, cwd: Path) -> str:
@@ -62,25 +67,32 @@ def renames(base: str, cwd: Path) -> dict[str, str]:
 
 
 def changed_recipes(base: str, cwd: Path) -> list[str]:
-    """Recipes under recipes/ changed since ``base``, and those whose code files changed
-    (a factory or dataset edit rebuilds as surely as a recipe edit)."""
+    """Recipes under recipes/ changed since ``base``; those whose code files changed (a
+    factory or dataset edit rebuilds as surely as a recipe edit); those whose lock changed
+    or whose base lock names package versions other than this environment's (a bump)."""
     names = _git("diff", "--name-only", base, "--", "recipes", cwd=cwd).splitlines()
     names += _git("ls-files", "--others", "--exclude-standard", "--", "recipes", cwd=cwd).splitlines()
     recipes = {n for n in names if n.endswith((".yaml", ".yml"))}
+    locks = {n.removesuffix(".lock.json") for n in names if n.endswith(".lock.json")}
     code = {n for n in _git("diff", "--name-only", base, cwd=cwd).splitlines() if not n.endswith((".yaml", ".yml", ".lock.json"))}
-    if code:
-        from onnxbuild.pipeline import steps_for
-        from onnxbuild.recipe.loader import load_recipe
+    from onnxbuild.pipeline import steps_for
+    from onnxbuild.recipe.loader import load_recipe
 
-        root = Path(_git("rev-parse", "--show-toplevel", cwd=cwd).strip())
-        for path in sorted((cwd / "recipes").glob("*.y*ml")):
-            try:
-                recipe = load_recipe(path)
-            except RecipeError:
-                continue
-            reads = {Path(f).resolve() for spec in steps_for(recipe) for f in spec.files.values()}
-            if any((root / c).resolve() in reads for c in code):
-                recipes.add(path.relative_to(cwd).as_posix())
+    root = Path(_git("rev-parse", "--show-toplevel", cwd=cwd).strip())
+    for path in sorted((cwd / "recipes").glob("*.y*ml")):
+        rel = path.relative_to(cwd).as_posix()
+        if rel in recipes:
+            continue
+        if rel.rsplit(".", 1)[0] in locks:
+            recipes.add(rel)
+            continue
+        try:
+            recipe = load_recipe(path)
+        except RecipeError:
+            continue
+        reads = {Path(f).resolve() for spec in steps_for(recipe) for f in spec.files.values()}
+        if any((root / c).resolve() in reads for c in code) or _package_changes(recipe, base, root)[0]:
+            recipes.add(rel)
     return sorted(recipes)
 
 
@@ -131,6 +143,28 @@ def _file_changes(old: Recipe, new: Recipe, base: str, root: Path) -> tuple[list
                 changed.add(label)
                 rows.append((f"{label} ({rel})", f"sha256 {before[:12]}" if before else "(absent)", f"sha256 {now[:12]}" if now else "(absent)"))
     return rows, changed
+
+
+def _at_base(old: Recipe, new: Recipe, base: str, root: Path, folder: Path) -> Recipe:
+    """The base recipe reading the base's versions of the files its steps read, copied from
+    git into ``folder`` at their places relative to the repository (absent ones stay absent)."""
+    from dataclasses import replace
+
+    from onnxbuild.pipeline import steps_for
+
+    for spec in steps_for(new):
+        for path in spec.files.values():
+            try:
+                rel = Path(path).resolve().relative_to(root).as_posix()
+            except ValueError:
+                continue
+            data = _git_bytes("show", f"{base}:{rel}", cwd=root)
+            if data is not None:
+                (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+                (folder / rel).write_bytes(data)
+    directory = folder / new.directory.resolve().relative_to(root)
+    directory.mkdir(parents=True, exist_ok=True)
+    return replace(old, directory=directory)
 
 
 def _package_changes(new: Recipe, base: str, root: Path) -> tuple[list[tuple[str, Any, Any]], set[str]]:
@@ -214,6 +248,10 @@ def diff(paths: list[str], base: str | None, cache: Any, cwd: Path | None = None
         entry.changes += files + packages
         if not entry.changes and rel not in moved:
             entry.status = "unchanged"
+        scratch = tempfile.TemporaryDirectory(prefix="onnxbuild-diff-base-")
+        if changed_files:
+            # The base side's keys hold the base's factory, not the one on disk now.
+            old = _at_base(old, new, base, root, Path(scratch.name))
         old_steps = {s.name: s for s in steps_for(old)}
         dirty: set[str] = set()
         from onnxbuild.steps import step_module
@@ -226,6 +264,8 @@ def diff(paths: list[str], base: str | None, cache: Any, cwd: Path | None = None
                 entry.invalidated.append(s.name)
         old_plan, new_plan = plan([old], cache), plan([new], cache)
         entry.metrics = _metrics(old_plan, new_plan, cache)
+        entry.models = model_diffs(old_plan, new_plan, cache, new.resolved)
+        scratch.cleanup()
         if not entry.metrics:
             both = any(st.entry for st in old_plan.steps) and any(st.entry for st in new_plan.steps)
             entry.figures = "unchanged" if both else "not built on one side (build both, or share a remote cache)"
@@ -301,7 +341,7 @@ def _metrics(old_plan: Any, new_plan: Any, cache: Any) -> list[Metric]:
         before_p50 = {(r["variant"], r["provider"], json.dumps(r.get("shape"), sort_keys=True)): r.get("p50_ms") for r in b_old["results"]}
         for r in b_new["results"]:
             k = (r["variant"], r["provider"], json.dumps(r.get("shape"), sort_keys=True))
-            if k in before_p50 and before_p50[k] and r.get("p50_ms"):
+            if k in before_p50 and before_p50[k] and r.get("p50_ms") and before_p50[k] != r["p50_ms"]:  # equal: the same entry
                 shape = ", ".join(f"{d}={n}" for d, n in (r.get("shape") or {}).items())
                 rows.append(Metric(f"p50 {r['variant']} on {str(r.get('provider', '')).replace('ExecutionProvider', '')} ({shape})", before_p50[k], r["p50_ms"], "ms"))
     return rows
@@ -314,7 +354,9 @@ def render(base: str, diffs: list[RecipeDiff], fmt: str) -> str:
                 "base": base,
                 "recipes": [
                     {"path": d.path, "status": d.status, "error": d.error, "changes": [_json_change(k, a, b) for k, a, b in d.changes],
-                     "invalidated": d.invalidated, "metrics": [{"what": m.what, "base": m.base, "now": m.now, "unit": m.unit} for m in d.metrics], "figures": d.figures or "changed"}
+                     "invalidated": d.invalidated, "metrics": [{"what": m.what, "base": m.base, "now": m.now, "unit": m.unit} for m in d.metrics], "figures": d.figures or "changed",
+                     "models": [{"step": m.step, "path": m.path, "changes": [{"what": r.what, "base": r.base, "now": r.now, "unit": r.unit} for r in m.rows],
+                                 "drift": m.drift, "drift_inputs": m.drift_inputs, "note": m.note or None} for m in d.models]}
                     for d in diffs
                 ],
             },
@@ -348,8 +390,26 @@ def render(base: str, diffs: list[RecipeDiff], fmt: str) -> str:
                 lines += [f"  {m.what}: {m.shown(m.base)} -> {m.change}" for m in d.metrics]
         elif d.figures:
             lines += ["", f"Figures: {d.figures}."] if md else [f"  figures: {d.figures}"]
+        if d.models:
+            rows = [(m.path, r.what, r.shown(r.base), r.shown(r.now)) for m in d.models for r in model_lines(m)]
+            if md:
+                lines += ["", "| model file | what | base | working tree |", "|---|---|---|---|"] + [f"| `{f}` | {_cell(w)} | {_cell(a)} | {_cell(b)} |" for f, w, a, b in rows]
+            else:
+                lines += ["  model files:"] + [f"    {f}: {w}: {a} -> {b}" for f, w, a, b in rows]
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def model_lines(m: ModelDiff) -> list[ModelRow]:
+    """A changed model file as rows for people: what changed inside, then how far its outputs moved."""
+    rows = list(m.rows) or [ModelRow("contents", "same operators, signature and weight bytes", "(weights' values differ)")]
+    if m.drift:
+        worst = max(m.drift, key=lambda k: m.drift[k])
+        where = ", ".join(f"{k}={v}" for k, v in m.drift_inputs.items())
+        rows.append(ModelRow(f"output drift on the validation inputs ({where})", "-", f"max abs diff {m.drift[worst]:.3g} ({worst})"))
+    if m.note:
+        rows.append(ModelRow("output drift", "-", m.note))
+    return rows
 
 
 def _json_change(key: str, old: Any, new: Any) -> dict[str, Any]:
@@ -367,6 +427,9 @@ def _expand(changes: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, Any]]:
     out: list[tuple[str, Any, Any]] = []
     for key, old, new in changes:
         whole = new if old is _MISSING else old if new is _MISSING else None
+        if isinstance(whole, dict) and key.startswith("quantize[") and whole.get("method") in METHOD_KEYS:
+            # a dynamic int8 variant's block_size is a default it never reads: not a line to review
+            whole = {k: v for k, v in whole.items() if k in METHOD_KEYS[whole["method"]]}
         if isinstance(whole, dict) and whole:
             for leaf, value in _leaves(whole, key):
                 out.append((leaf, _MISSING, value) if old is _MISSING else (leaf, value, _MISSING))

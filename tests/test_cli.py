@@ -259,7 +259,7 @@ def test_second_make_is_all_cached(built: Path) -> None:
 
 def test_plan_before_the_first_build(project: Path) -> None:
     result = run("plan", LR)
-    assert result.exit_code == 2
+    assert result.exit_code == 1
     assert result.stdout == (
         "linear-regression:source: will run: no entry in cache (never built)\n"
         "linear-regression:check: will run: its input from source will be rebuilt\n"
@@ -284,7 +284,7 @@ def test_plan_names_the_key_that_changed(built: Path) -> None:
     assert "random: {seed: 0, distribution: normal}" in text
     recipe.write_text(text.replace("random: {seed: 0,", "random: {seed: 1,"), encoding="utf-8")
     result = run("plan", LR)
-    assert result.exit_code == 2
+    assert result.exit_code == 1
     lines = result.stdout.splitlines()
     assert lines[:2] == [
         "linear-regression:source: will run: source.graph.initializers[0].random.seed changed 0 -> 1",
@@ -319,7 +319,7 @@ def test_plan_json(built: Path) -> None:
 
 def test_plan_force(built: Path) -> None:
     result = run("plan", LR, "--force")
-    assert result.exit_code == 2
+    assert result.exit_code == 1
     assert "linear-regression:source: will run: forced (--force)" in result.stdout.splitlines()
 
 
@@ -437,3 +437,31 @@ def test_no_op_commands_import_nothing_heavy(built: Path, args: tuple[str, ...],
     assert says in done.stdout.splitlines(), done.stdout + done.stderr
     report = json.loads(done.stdout.splitlines()[-1])
     assert report == {"exit": 0, "modules": []}
+
+
+def test_detailed_exitcode_is_terraforms_for_plan_plan_check_and_diff(project: Path) -> None:
+    """Without the flag: 0 current, 1 would run, 2 recipe or usage error. With it, as
+    Terraform's plan -detailed-exitcode: 0 nothing changes, 2 changes, 1 any error."""
+    env = ["-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=project, check=True)
+    subprocess.run(["git", "add", "recipes"], cwd=project, check=True)
+    subprocess.run(["git", *env, "commit", "-qm", "recipes"], cwd=project, check=True)
+    assert run("plan", LR).exit_code == 1
+    assert run("plan", LR, "--detailed-exitcode").exit_code == 2
+    assert run("plan", "--check", LR, "--detailed-exitcode").exit_code == 2  # no lock yet: a change
+    assert run("make", LR, "--lock").exit_code == 0
+    assert run("plan", LR).exit_code == 0
+    assert run("plan", LR, "--detailed-exitcode").exit_code == 0
+    assert run("plan", "--check", LR, "--detailed-exitcode").exit_code == 0
+    assert run("diff", "--base", "main", LR, "--detailed-exitcode").exit_code == 0
+    (project / LR).write_text((project / LR).read_text(encoding="utf-8").replace("values: [0.5, -0.5]", "values: [0.5, -0.25]"), encoding="utf-8")
+    assert run("diff", "--base", "main", LR).exit_code == 0
+    assert run("diff", "--base", "main", LR, "--detailed-exitcode").exit_code == 2
+    stale = run("plan", "--check", LR, "--detailed-exitcode")
+    assert stale.exit_code == 2 and "Error: the lock files do not match the recipes" in stale.stderr
+    # errors are 1 with the flag, 2 (recipe, usage) without
+    (project / "recipes" / "bad.yaml").write_text("name: bad\nsource: {graph: 3}\n", encoding="utf-8")
+    for args in (("plan", "recipes/bad.yaml"), ("plan", "--check", "recipes/bad.yaml"), ("diff", "--base", "main", "recipes/bad.yaml"), ("diff", "--base", "nope", LR), ("plan", LR, "--no-such-option")):
+        plain, detailed = run(*args), run(*args, "--detailed-exitcode")
+        assert (plain.exit_code, detailed.exit_code) == (2, 1), (args, plain.output, detailed.output)
+        assert "Error" in detailed.stderr and "Traceback" not in detailed.output

@@ -118,7 +118,7 @@ def test_plan_names_files_missing_or_altered_in_the_artifact_folder(steps_projec
     (folder / "benchmark.md").unlink()
     (folder / "benchmark.md").write_text("edited by hand\n", encoding="utf-8")  # a new file: the cache's copy is untouched
     result = run("plan", STEPS)
-    assert result.exit_code == 2, result.output
+    assert result.exit_code == 1, result.output
     assert result.stdout.splitlines()[-3:] == [
         "artifacts/steps/reports/validation.md: missing; `onnxbuild make steps/steps.yaml` restores it from the cache",
         "artifacts/steps/benchmark.md: differs from what step benchmark built; `onnxbuild make steps/steps.yaml` restores it from the cache",
@@ -142,7 +142,7 @@ def test_a_target_leaves_out_steps_that_are_not_current(steps_project: Path) -> 
     assert names == ["source", "export", "check", "validate", "report"]
     assert "benchmark.json" not in files_under(folder) and "reports/validation.json" in files_under(folder)
     plan = run("plan", STEPS)
-    assert plan.exit_code == 2
+    assert plan.exit_code == 1
     assert "steps:benchmark: will run: benchmark.iterations changed 3 -> 4" in plan.stdout
 
 
@@ -313,6 +313,6 @@ def test_benchmark_figures_are_keyed_by_the_machine(steps_project: Path, monkeyp
     real = versions.cpu_info()
     monkeypatch.setattr(versions, "cpu_info", lambda: ("Another CPU 9000", real[1]))
     plan = run("plan", STEPS)
-    assert plan.exit_code == 2
+    assert plan.exit_code == 1
     assert f'steps:benchmark: will run: machine.cpu changed "{real[0]}" -> "Another CPU 9000"' in plan.stdout
     assert [line.split(":")[1] for line in plan.stdout.splitlines() if ": will run:" in line] == ["benchmark"]

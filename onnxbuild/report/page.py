@@ -305,6 +305,16 @@ def render_diff(base: str, diffs: list[Any], show: Any) -> str:
         if d.metrics:
             rows = "".join(f'<tr><td>{escape(m.what)}</td><td class="num">{escape(m.shown(m.base))}</td><td class="num">{escape(m.change)}</td></tr>' for m in d.metrics)
             parts.append(f"<table><tr><th>figure</th><th>base</th><th>working tree</th></tr>{rows}</table>")
+        elif d.figures:
+            parts.append(f'<p class="note">Figures: {escape(d.figures)}.</p>')
+        if d.models:
+            from onnxbuild.diff import model_lines
+
+            rows = "".join(
+                f'<tr><td><code>{escape(m.path)}</code></td><td>{escape(r.what)}</td><td class="num">{escape(r.shown(r.base))}</td><td class="num">{escape(r.shown(r.now))}</td></tr>'
+                for m in d.models for r in model_lines(m)
+            )
+            parts.append(f"<h3>Model files</h3><table><tr><th>file</th><th>what</th><th>base</th><th>working tree</th></tr>{rows}</table>")
         sections.append(f'<section class="recipe">{"".join(parts)}</section>')
     body = "\n".join(sections) or "<p>No recipe changed.</p>"
     return (

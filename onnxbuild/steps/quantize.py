@@ -17,6 +17,15 @@ from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 VERSION = 1
 PACKAGES = ("onnxruntime", "onnx", "numpy")
 
+# The recipe keys each method reads; the others keep their defaults but do nothing, so a
+# review of a new variant shows only these.
+COMMON_KEYS = ("name", "method", "from", "exclude_nodes", "validate")
+METHOD_KEYS = {
+    "dynamic": (*COMMON_KEYS, "per_channel", "reduce_range", "weight_type", "op_types"),
+    "static": (*COMMON_KEYS, "per_channel", "reduce_range", "weight_type", "op_types", "calibration"),
+    "int4": (*COMMON_KEYS, "block_size", "symmetric"),
+}
+
 
 def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     import onnx
