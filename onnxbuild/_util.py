@@ -96,6 +96,13 @@ def format_ms(ms: float | None) -> str:
     return f"{ms:.2f} ms" if ms < 100 else f"{ms:.0f} ms"
 
 
+def format_duration(seconds: float) -> str:
+    """An estimate for people: "about 40 s", "about 3 min 5 s"."""
+    if seconds < 1:
+        return "under a second"
+    return f"about {seconds:.0f} s" if seconds < 60 else f"about {int(seconds // 60)} min {seconds % 60:.0f} s"
+
+
 def read_regular_text(path: str | os.PathLike[str], *, limit: int) -> str:
     """A text file's contents, refusing what is not a regular file (a FIFO would block,
     /dev/zero never ends) and files over ``limit`` bytes: raises OSError or ValueError."""

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from onnxbuild import api
+from onnxbuild._util import format_duration
 from onnxbuild._version import __version__
 from onnxbuild.errors import OnnxbuildError, RecipeError, UsageError
 
@@ -305,7 +306,7 @@ def plan(ctx: click.Context, recipes: tuple[str, ...], target: str | None, force
         n = len(result.would_run)
         stale = len(result.out_of_step)
         cached = sum(1 for s in result.steps if s.action == "cached") - pulls
-        took = f", {_duration(result.estimate_s)} by the last build's timings" if n and result.estimate_s is not None else (", never built here: no estimate" if n else "")
+        took = f", {format_duration(result.estimate_s)} by the last build's timings" if n and result.estimate_s is not None else (", never built here: no estimate" if n else "")
         pulled = f", {pulls} to pull" if pulls else ""
         said = [f"{n} step{'s' if n != 1 else ''} would run{pulled}, {cached} cached{took}"] if n else ([f"{pulls} step{'s' if pulls != 1 else ''} to pull from the remote cache"] if pulls else [])
         said += [f"{stale} artifact file{'s' if stale != 1 else ''} out of step with the cache"] if stale else []
@@ -592,12 +593,6 @@ def gc(ctx: click.Context) -> None:
     """
     removed, freed = api.gc(_settings(ctx))
     click.echo(f"removed {removed} cache file{'s' if removed != 1 else ''}, freed {_human(freed)}")
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 1:
-        return "under a second"
-    return f"about {seconds:.0f} s" if seconds < 60 else f"about {int(seconds // 60)} min {seconds % 60:.0f} s"
 
 
 def _human(n: float) -> str:

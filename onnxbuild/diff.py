@@ -34,6 +34,24 @@ class RecipeDiff:
     """Why there are no figure rows: "unchanged" (both sides built, same figures) or "not built on one side"."""
     models: list[ModelDiff] = field(default_factory=list)
     """ONNX files both sides built whose bytes differ: what changed inside each."""
+    cost: Cost | None = None
+    """What `make` of the working tree's recipe would do here."""
+
+
+@dataclass(frozen=True)
+class Cost:
+    """The working tree's side as `plan` sees it: steps to build, taken from the remote, cached."""
+
+    build: int
+    remote: int
+    cached: int
+    estimate_s: float | None
+
+    @staticmethod
+    def of(planned: Any, cache: Any) -> Cost:
+        remote = sum(1 for s in planned.steps if s.action == "cached" and (s.key in cache.pulled or s.key in cache.remote_only))
+        cached = sum(1 for s in planned.steps if s.action == "cached") - remote
+        return Cost(len(planned.would_run), remote, cached, planned.estimate_s)
 
 
 def _git(*args: str, cwd: Path) -> str:
@@ -238,6 +256,8 @@ def diff(paths: list[str], base: str | None, cache: Any, cwd: Path | None = None
         if old is None or new is None:
             entry.status = "added" if old is None else "deleted"
             entry.invalidated = [s.name for s in steps_for(new or old)]  # type: ignore[arg-type]
+            if new is not None:
+                entry.cost = Cost.of(plan([new], cache), cache)
             out.append(entry)
             continue
         if rel in moved:
@@ -263,6 +283,7 @@ def diff(paths: list[str], base: str | None, cache: Any, cwd: Path | None = None
                 dirty.add(s.name)
                 entry.invalidated.append(s.name)
         old_plan, new_plan = plan([old], cache), plan([new], cache)
+        entry.cost = Cost.of(new_plan, cache)
         entry.metrics = _metrics(old_plan, new_plan, cache)
         entry.models = model_diffs(old_plan, new_plan, cache, new.resolved)
         scratch.cleanup()
@@ -352,6 +373,7 @@ def render(base: str, diffs: list[RecipeDiff], fmt: str) -> str:
         return json.dumps(
             {
                 "base": base,
+                "summary": _summary(diffs),
                 "recipes": [
                     {"path": d.path, "status": d.status, "error": d.error, "changes": [_json_change(k, a, b) for k, a, b in d.changes],
                      "invalidated": d.invalidated, "metrics": [{"what": m.what, "base": m.base, "now": m.now, "unit": m.unit} for m in d.metrics], "figures": d.figures or "changed",
@@ -371,6 +393,8 @@ def render(base: str, diffs: list[RecipeDiff], fmt: str) -> str:
     lines = [f"## onnxbuild diff against {base[:12]}" if md else f"onnxbuild diff against {base[:12]}", ""]
     if not diffs:
         lines.append("No recipe changed.")
+    else:
+        lines += [f"**{summary_line(diffs)}**" if md else summary_line(diffs), ""]
     for d in diffs:
         lines.append(f"### `{d.path}`: {d.status}" if md else f"{d.path}: {d.status}")
         if d.error:
@@ -398,6 +422,32 @@ def render(base: str, diffs: list[RecipeDiff], fmt: str) -> str:
                 lines += ["  model files:"] + [f"    {f}: {w}: {a} -> {b}" for f, w, a, b in rows]
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def _summary(diffs: list[RecipeDiff]) -> dict[str, Any]:
+    costs = [d.cost for d in diffs if d.cost is not None]
+    estimates = [c.estimate_s for c in costs if c.build]
+    return {
+        "recipes": len(diffs),
+        "changed": sum(1 for d in diffs if d.status != "unchanged"),
+        "to_build": sum(c.build for c in costs),
+        "from_remote": sum(c.remote for c in costs),
+        "cached": sum(c.cached for c in costs),
+        "estimate_s": None if any(e is None for e in estimates) else sum(e for e in estimates if e is not None),
+    }
+
+
+def summary_line(diffs: list[RecipeDiff]) -> str:
+    """Terraform's last line, first: what the change costs to build."""
+    from onnxbuild._util import format_duration
+
+    s = _summary(diffs)
+    n = s["changed"]
+    line = f"{n} of {s['recipes']} recipe{'s' if s['recipes'] != 1 else ''} changed; {s['to_build']} step{'s' if s['to_build'] != 1 else ''} to build"
+    line += f", {s['from_remote']} from the remote cache, {s['cached']} cached"
+    if s["to_build"]:
+        line += f"; {format_duration(s['estimate_s'])} by the last build's timings" if s["estimate_s"] is not None else "; not built here before: no estimate"
+    return line
 
 
 def model_lines(m: ModelDiff) -> list[ModelRow]:

@@ -199,3 +199,24 @@ def test_diff_shows_what_a_reviewer_needs(case: Callable[[Path], str], origin: t
         assert result.exit_code == (0 if case is comment else 2), f"{fmt}: {result.output}"
         assert "Traceback" not in result.output
     CHECKS[case.__name__](out)
+
+
+def test_the_summary_says_what_the_change_costs_first(origin: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo, remote = origin
+    work = tmp_path / "work"
+    subprocess.run(["git", "clone", "-q", str(repo), str(work)], check=True)
+    monkeypatch.chdir(work)
+    monkeypatch.delenv("ONNXBUILD_CACHE_DIR", raising=False)
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    with (work / RECIPE).open("a", encoding="utf-8") as f:
+        f.write("quantize:\n  - {name: q8, method: dynamic, per_channel: false}\n")  # a variant nobody built
+    cache = ["--cache-url", remote, "--cache-dir", str(tmp_path / "runner-cache")]
+    text = CliRunner().invoke(cli, [*cache, "diff", "--base", "main"])
+    # the new variant's quantize and validate steps and the report and benchmark that list it
+    # are to build; source, export, check and validate of the model come from the remote
+    expected = "1 of 1 recipe changed; 4 steps to build, 4 from the remote cache, 0 cached; not built here before: no estimate"
+    assert text.stdout.splitlines()[2] == expected, text.stdout
+    data = json.loads(CliRunner().invoke(cli, [*cache, "diff", "--base", "main", "--format", "json"]).stdout)
+    assert data["summary"] == {"recipes": 1, "changed": 1, "to_build": 4, "from_remote": 0, "cached": 4, "estimate_s": None}  # pulled by the first diff
+    md = CliRunner().invoke(cli, [*cache, "diff", "--base", "main", "--format", "md"]).stdout
+    assert md.splitlines()[2] == f"**{expected.replace('4 from the remote cache, 0 cached', '0 from the remote cache, 4 cached')}**"

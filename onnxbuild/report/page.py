@@ -316,6 +316,10 @@ def render_diff(base: str, diffs: list[Any], show: Any) -> str:
             )
             parts.append(f"<h3>Model files</h3><table><tr><th>file</th><th>what</th><th>base</th><th>working tree</th></tr>{rows}</table>")
         sections.append(f'<section class="recipe">{"".join(parts)}</section>')
+    if sections:
+        from onnxbuild.diff import summary_line
+
+        sections.insert(0, f"<p><b>{escape(summary_line(diffs))}</b></p>")
     body = "\n".join(sections) or "<p>No recipe changed.</p>"
     return (
         f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>onnxbuild diff</title><style>{CSS}</style></head><body><main>'
