@@ -108,13 +108,19 @@ def steps_for(recipe: Recipe) -> list[StepSpec]:
         from onnxbuild.steps.optimize import HARDWARE_BOUND, cpu_fingerprint
 
         hardware = r["optimize"]["level"] in HARDWARE_BOUND
+        # A decoder with a KV cache may get its graph written from the weights (fusion/decoder.py):
+        # then the step reads the model as the source step recorded it.
+        fuse = kind == "huggingface" and src.get("task") == "text-generation" and bool(r["export"].get("with_past")) and r["optimize"]["decoder"] != "export"
         steps.append(
             StepSpec(
                 name="optimize",
                 kind="optimize",
-                params={"optimize": r["optimize"], "source": r["source"] if torch_source or kind == "huggingface" else None, "input": MODEL, "provider": provider if hardware else None},
-                deps=(model_step,),
-                inputs=(StepInput(model_step, MODEL),),
+                params={
+                    "optimize": r["optimize"], "source": r["source"] if torch_source or kind == "huggingface" else None, "input": MODEL,
+                    "provider": provider if hardware else None, **({"fuse_decoder": True} if fuse else {}),
+                },
+                deps=(model_step, "source") if fuse else (model_step,),
+                inputs=(StepInput(model_step, MODEL), StepInput("source", SOURCE_RECORD)) if fuse else (StepInput(model_step, MODEL),),
                 outputs=("optimized/model.onnx", "reports/optimize.json"),
                 identity={"cpu": cpu_fingerprint()} if hardware else {},
             )

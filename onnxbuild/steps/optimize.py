@@ -17,8 +17,8 @@ from onnxbuild._util import pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
-VERSION = 1
-PACKAGES = ("onnxruntime", "onnx")
+VERSION = 2
+PACKAGES = ("onnxruntime", "onnx", "torch", "transformers")
 
 FUSED_OPS = (
     "Attention",
@@ -87,8 +87,17 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     out = ctx.output("optimized/model.onnx")
     report: dict[str, Any] = {"level": opt["level"], "transformer": None, "float16": None}
     current = src_path
-    before = _histogram(onnx.load_model(str(src_path), load_external_data=False))
-    if opt["transformer"] is not None:
+    exported = onnx.load_model(str(src_path), load_external_data=False)
+    before = _histogram(exported)
+    fused_graph = _fused_decoder(ctx, spec, exported) if spec.params.get("fuse_decoder") else None
+    if fused_graph is not None:
+        staged = ctx.output_dir / "stage-fused.onnx"
+        onnx.save_model(fused_graph.model, str(staged))
+        current = staged
+        report["decoder"] = {"graph": "fused", "family": fused_graph.family, "fused_ops": fused_graph.fused_ops}
+    elif spec.params.get("fuse_decoder"):
+        report["decoder"] = {"graph": "export", "why": "no fused graph for this architecture (optimize.decoder: auto)"}
+    if opt["transformer"] is not None and fused_graph is None:
         from onnxruntime.transformers.fusion_options import FusionOptions
         from onnxruntime.transformers.optimizer import optimize_model
 
@@ -151,7 +160,21 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         report["note"] = f"level {opt['level']} ties the model to {spec.params['provider']} on this CPU (fingerprint {report['cpu_fingerprint']}); rebuilt elsewhere it may differ"
     ctx.output("reports/optimize.json").write_text(pretty_json(report), encoding="utf-8")
     fused_text = ", ".join(f"{k} {v}" for k, v in fused.items()) or "no fused ops"
-    return StepResult(summary=f"{report['nodes_before']} -> {report['nodes_after']} nodes; {fused_text}", data={"fused_ops": fused})
+    how = f"fused {fused_graph.family} graph from the weights; " if fused_graph is not None else ""
+    return StepResult(summary=f"{how}{report['nodes_before']} -> {report['nodes_after']} nodes; {fused_text}", data={"fused_ops": fused})
+
+
+def _fused_decoder(ctx: StepContext, spec: StepSpec, exported: Any) -> Any:
+    """The decoder's fused graph from its weights, or None when ``auto`` finds no fused graph
+    for its architecture (``fused`` then is an error naming the supported ones)."""
+    from onnxbuild.fusion import decoder
+    from onnxbuild.sources.torchmodel import load_source_model, read_source_record
+
+    source = spec.params["source"]
+    model = load_source_model(source, read_source_record(ctx), ctx.recipe_dir)
+    if spec.params["optimize"]["decoder"] == "auto" and not decoder.supported(str(model.config.model_type)):
+        return None
+    return decoder.build(model.float().eval(), exported)
 
 
 def _histogram(model: Any) -> dict[str, int]:

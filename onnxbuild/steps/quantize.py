@@ -19,11 +19,11 @@ PACKAGES = ("onnxruntime", "onnx", "numpy")
 
 # The recipe keys each method reads; the others keep their defaults but do nothing, so a
 # review of a new variant shows only these.
-COMMON_KEYS = ("name", "method", "from", "exclude_nodes", "validate")
+COMMON_KEYS = ("name", "method", "from", "exclude_nodes", "keep", "validate")
 METHOD_KEYS = {
     "dynamic": (*COMMON_KEYS, "per_channel", "reduce_range", "weight_type", "op_types"),
     "static": (*COMMON_KEYS, "per_channel", "reduce_range", "weight_type", "op_types", "calibration"),
-    "int4": (*COMMON_KEYS, "block_size", "symmetric"),
+    "int4": (*COMMON_KEYS, "block_size", "symmetric", "accuracy_level"),
 }
 
 
@@ -64,10 +64,27 @@ def _dynamic(src: Path, out: Path, q: dict[str, Any]) -> None:
         per_channel=q["per_channel"],
         reduce_range=q["reduce_range"],
         weight_type=QuantType.QInt8 if q["weight_type"] == "int8" else QuantType.QUInt8,
-        nodes_to_exclude=q["exclude_nodes"] or None,
+        nodes_to_exclude=excluded(src, q) or None,
         # Needed on ORT-optimized models ("Unable to find data type for weight_name").
         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
     )
+
+
+def excluded(model: Any, q: dict[str, Any]) -> list[str]:
+    """Node names left in full precision: ``exclude_nodes`` as given, and every MatMul/Gemm
+    whose name holds one of ``keep`` (``lm_head`` matches ``/lm_head/MatMul``)."""
+    import onnx
+
+    names = list(q["exclude_nodes"])
+    if q.get("keep"):
+        proto = model if isinstance(model, onnx.ModelProto) else onnx.load_model(str(model), load_external_data=False)
+        weighted = [n.name for n in proto.graph.node if n.op_type in ("MatMul", "Gemm", "Gather")]
+        for k in q["keep"]:
+            hits = [n for n in weighted if k in n]
+            if not hits:
+                raise StepError(f"quantize.{q['name']}.keep: {k!r} is in no MatMul, Gemm or Gather node's name (names look like {', '.join(weighted[-3:])}); fix the name or drop it")
+            names += [n for n in hits if n not in names]
+    return names
 
 
 def _int4(src: Path, out: Path, q: dict[str, Any]) -> None:
@@ -75,7 +92,9 @@ def _int4(src: Path, out: Path, q: dict[str, Any]) -> None:
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     model = onnx.load_model(str(src))
-    quant = MatMulNBitsQuantizer(model, bits=4, block_size=q["block_size"], is_symmetric=q["symmetric"], nodes_to_exclude=q["exclude_nodes"] or None)
+    quant = MatMulNBitsQuantizer(
+        model, bits=4, block_size=q["block_size"], is_symmetric=q["symmetric"], accuracy_level=q["accuracy_level"] or None, nodes_to_exclude=excluded(model, q) or None,
+    )
     quant.process()
     quant.model.save_model_to_file(str(out), use_external_data_format=False)
 
@@ -134,7 +153,7 @@ def _static(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: dict[str,
         reduce_range=q["reduce_range"],
         activation_type=QuantType.QUInt8,
         weight_type=QuantType.QInt8 if q["weight_type"] == "int8" else QuantType.QUInt8,
-        nodes_to_exclude=q["exclude_nodes"] or None,
+        nodes_to_exclude=excluded(src, q) or None,
         calibrate_method=methods[cal["method"]],
         extra_options={"DefaultTensorType": 1},
     )

@@ -1,0 +1,287 @@
+"""A fused decoder graph for the Llama family, written from the model's weights.
+
+Per layer: SimplifiedLayerNormalization (first) or SkipSimplifiedLayerNormalization (the
+residual add fused in), one MatMul for packed Q, K and V (plus its bias for Qwen2),
+GroupQueryAttention with the rotary embedding inside it and the cache in the
+``[batch, kv_heads, past_sequence, head_dim]`` layout the export uses, the output
+projection, and one MatMul for packed gate and up projections. The inputs and outputs are
+copied from the export, so validation and generation feed it exactly as they feed the
+export. Node names follow ``/model/layers.{i}/...`` and ``/lm_head/MatMul`` so that a
+quantize variant can keep chosen layers in higher precision by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from onnxbuild.errors import StepError
+
+# model_type -> what differs from Llama
+FAMILIES = {
+    "llama": {},
+    "mistral": {},
+    "qwen2": {"qkv_bias": True},
+    "qwen3": {"qk_norm": True},
+    "phi3": {"packed": True},
+    "gemma": {"gemma": True},
+    "gpt2": {"gpt2": True},
+}
+MS = "com.microsoft"
+
+
+@dataclass(frozen=True)
+class Built:
+    model: Any
+    fused_ops: dict[str, int]
+    family: str
+
+
+def supported(model_type: str) -> bool:
+    return model_type in FAMILIES
+
+
+def build(model: Any, exported: Any) -> Built:
+    """The fused graph of ``model`` (a transformers causal LM in float32) with the signature of
+    ``exported`` (the export's ModelProto, read without its weights)."""
+    import numpy as np
+    import torch
+
+    config = model.config
+    kind = str(config.model_type)
+    if kind not in FAMILIES:
+        raise StepError(f"optimize.decoder: fused: no fused graph for model_type {kind!r} (supported: {', '.join(FAMILIES)}); use optimize.decoder: export")
+    family = FAMILIES[kind]
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    act = str(getattr(config, "hidden_act", "silu"))
+    if act not in ("silu", "gelu_pytorch_tanh", "gelu"):
+        raise StepError(f"optimize.decoder: fused: activation {act!r} of {kind} has no fused graph here; use optimize.decoder: export")
+    names = {v.name for v in exported.graph.input}
+    unknown = names - {"input_ids", "attention_mask", "position_ids"} - {f"past_key_values.{i}.{kv}" for i in range(config.num_hidden_layers) for kv in ("key", "value")}
+    if unknown or "attention_mask" not in names or "past_key_values.0.key" not in names:
+        raise StepError(f"optimize.decoder: fused needs an export with export.with_past: true and inputs input_ids, attention_mask, past_key_values.*; this one has {sorted(names)}")
+
+    g = Graph()
+    weight, node, inits = g.weight, g.node, g.inits
+    if family.get("gpt2"):
+        return _gpt2(model, exported, g, heads, head_dim)
+    inner = model.model
+
+    def norm_weight(module: Any) -> Any:
+        w = module.weight.detach().float().numpy()
+        return w + 1.0 if family.get("gemma") else w
+
+    def eps(module: Any) -> float:
+        return float(getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6)))
+
+    # embeddings; Gemma scales them by sqrt(hidden) (applied after the lookup, since lm_head may share the table)
+    embed = inner.embed_tokens.weight.detach().float().numpy()
+    (hidden,) = node("Gather", [weight("model.embed_tokens.weight", embed), "input_ids"], ["/model/embed_tokens/output"], "/model/embed_tokens/Gather")
+    if family.get("gemma"):
+        scale = weight("model.embed_scale", np.array(float(config.hidden_size) ** 0.5, dtype=np.float32))
+        (hidden,) = node("Mul", [hidden, scale], ["/model/embed_tokens/scaled"], "/model/embed_tokens/Mul")
+
+    # what GroupQueryAttention needs besides Q, K, V: the lengths and the rotary tables
+    seqlens_k, total_len = _lengths(g)
+    positions = int(getattr(config, "max_position_embeddings", 2048))
+    with torch.no_grad():
+        probe = torch.zeros(1, 1, head_dim, dtype=torch.float32)
+        cos, sin = inner.rotary_emb(probe, torch.arange(positions, dtype=torch.int64)[None, :])
+    rotary = cos.shape[-1] // 2
+    cos_cache = weight("model.rotary.cos_cache", cos[0, :, :rotary].numpy())
+    sin_cache = weight("model.rotary.sin_cache", sin[0, :, :rotary].numpy())
+
+    residual: str | None = None
+    fused = {"GroupQueryAttention": 0, "SkipSimplifiedLayerNormalization": 0, "SimplifiedLayerNormalization": 0}
+    for i, layer in enumerate(inner.layers):
+        p = f"/model/layers.{i}"
+        attn, mlp = layer.self_attn, layer.mlp
+        x, residual = _norm(node, weight, fused, f"{p}/input_layernorm", hidden, residual, norm_weight(layer.input_layernorm), eps(layer.input_layernorm), f"model.layers.{i}.input_layernorm.weight")
+        if family.get("packed"):
+            qkv_w = _linear_t(attn.qkv_proj)
+        else:
+            qkv_w = np.concatenate([_linear_t(attn.q_proj), _linear_t(attn.k_proj), _linear_t(attn.v_proj)], axis=1)
+        (qkv,) = node("MatMul", [x, weight(f"model.layers.{i}.attn.qkv_proj.weight", qkv_w)], [f"{p}/attn/qkv_proj/output"], f"{p}/attn/qkv_proj/MatMul")
+        if family.get("qkv_bias"):
+            bias = np.concatenate([attn.q_proj.bias.detach().float().numpy(), attn.k_proj.bias.detach().float().numpy(), attn.v_proj.bias.detach().float().numpy()])
+            (qkv,) = node("Add", [qkv, weight(f"model.layers.{i}.attn.qkv_proj.bias", bias)], [f"{p}/attn/qkv_proj/biased"], f"{p}/attn/qkv_proj/Add")
+        q_k_v = [qkv, "", ""]
+        if family.get("qk_norm"):
+            # Qwen3 normalises each head of Q and K before the rotary embedding; ONNX Runtime's
+            # CPU GroupQueryAttention does not take q_norm_weight (CUDA and WebGPU only), so
+            # the heads are normalised here and Q, K, V go in unpacked.
+            q, k, v = node("Split", [qkv, weight_i64(inits, "model.qkv_split", [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim])], [f"{p}/attn/q", f"{p}/attn/k", f"{p}/attn/v"], f"{p}/attn/Split", axis=-1)
+            q = _head_norm(node, weight, inits, f"{p}/attn/q_norm", q, heads, head_dim, norm_weight(attn.q_norm), eps(attn.q_norm), f"model.layers.{i}.attn.q_norm.weight")
+            k = _head_norm(node, weight, inits, f"{p}/attn/k_norm", k, kv_heads, head_dim, norm_weight(attn.k_norm), eps(attn.k_norm), f"model.layers.{i}.attn.k_norm.weight")
+            q_k_v = [q, k, v]
+        gqa_inputs = [*q_k_v, f"past_key_values.{i}.key", f"past_key_values.{i}.value", seqlens_k, total_len, cos_cache, sin_cache]
+        window = _window(config, i)
+        (out, _, _) = node(
+            "GroupQueryAttention", gqa_inputs, [f"{p}/attn/output", f"present.{i}.key", f"present.{i}.value"], f"{p}/attn/GroupQueryAttention", MS,
+            num_heads=heads, kv_num_heads=kv_heads, do_rotary=1, rotary_interleaved=0, scale=float(getattr(attn, "scaling", head_dim**-0.5)), local_window_size=window,
+        )
+        fused["GroupQueryAttention"] += 1
+        (o,) = node("MatMul", [out, weight(f"model.layers.{i}.attn.o_proj.weight", _linear_t(attn.o_proj))], [f"{p}/attn/o_proj/output"], f"{p}/attn/o_proj/MatMul")
+        x, residual = _norm(node, weight, fused, f"{p}/post_attention_layernorm", o, residual, norm_weight(layer.post_attention_layernorm), eps(layer.post_attention_layernorm), f"model.layers.{i}.post_attention_layernorm.weight")
+        gate_up = _linear_t(mlp.gate_up_proj) if family.get("packed") else np.concatenate([_linear_t(mlp.gate_proj), _linear_t(mlp.up_proj)], axis=1)
+        inter = gate_up.shape[1] // 2
+        (gu,) = node("MatMul", [x, weight(f"model.layers.{i}.mlp.gate_up_proj.weight", gate_up)], [f"{p}/mlp/gate_up_proj/output"], f"{p}/mlp/gate_up_proj/MatMul")
+        gate, up = node("Split", [gu, weight_i64(inits, f"model.layers.{i}.mlp.split", [inter, inter])], [f"{p}/mlp/gate", f"{p}/mlp/up"], f"{p}/mlp/Split", axis=-1)
+        if act == "silu":
+            (sig,) = node("Sigmoid", [gate], [f"{p}/mlp/act/sigmoid"], f"{p}/mlp/act/Sigmoid")
+            (activated,) = node("Mul", [gate, sig], [f"{p}/mlp/act/output"], f"{p}/mlp/act/Mul")
+        else:
+            (activated,) = node("Gelu", [gate], [f"{p}/mlp/act/output"], f"{p}/mlp/act/Gelu", approximate="tanh" if act == "gelu_pytorch_tanh" else "none")
+        (prod,) = node("Mul", [activated, up], [f"{p}/mlp/act_up"], f"{p}/mlp/Mul")
+        (hidden,) = node("MatMul", [prod, weight(f"model.layers.{i}.mlp.down_proj.weight", _linear_t(mlp.down_proj))], [f"{p}/mlp/down_proj/output"], f"{p}/mlp/down_proj/MatMul")
+    x, _ = _norm(node, weight, fused, "/model/norm", hidden, residual, norm_weight(inner.norm), eps(inner.norm), "model.norm.weight")
+    node("MatMul", [x, weight("lm_head.weight", _linear_t(model.lm_head))], ["logits"], "/lm_head/MatMul")
+
+    return Built(g.model(exported), {k: v for k, v in fused.items() if v}, kind)
+
+
+class Graph:
+    """Nodes and initializers of the graph being written."""
+
+    def __init__(self) -> None:
+        self.nodes: list[Any] = []
+        self.inits: list[Any] = []
+
+    def weight(self, name: str, array: Any) -> str:
+        import numpy as np
+        from onnx import numpy_helper
+
+        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(array, dtype=np.float32), name))
+        return name
+
+    def node(self, op: str, ins: list[str], outs: list[str], name: str, domain: str = "", **attrs: Any) -> list[str]:
+        from onnx import helper
+
+        self.nodes.append(helper.make_node(op, ins, outs, name=name, domain=domain, **attrs))
+        return outs
+
+    def model(self, exported: Any) -> Any:
+        """The graph as a model with the export's inputs and outputs."""
+        from onnx import helper
+
+        graph = helper.make_graph(self.nodes, "fused_decoder", list(exported.graph.input), list(exported.graph.output), self.inits)
+        opset = max((o.version for o in exported.opset_import if o.domain in ("", "ai.onnx")), default=18)
+        out = helper.make_model(graph, opset_imports=[helper.make_opsetid("", max(opset, 20)), helper.make_opsetid(MS, 1)], producer_name="onnxbuild")
+        out.ir_version = 10  # what ONNX Runtime 1.20+ reads; the export's may be newer than this ORT takes
+        # no onnx.checker: SimplifiedLayerNormalization is ONNX Runtime's, in the default domain
+        return out
+
+
+def _linear_t(module: Any) -> Any:
+    return module.weight.detach().float().numpy().T
+
+
+def _lengths(g: Graph) -> tuple[str, str]:
+    """GroupQueryAttention's seqlens_k (tokens seen minus one, per row) and total_sequence_length,
+    from the attention mask that spans past and new tokens."""
+    from onnx import TensorProto
+
+    (mask_sum,) = g.node("ReduceSum", ["attention_mask", weight_i64(g.inits, "one_axis", [1])], ["/model/attn_mask/sum"], "/model/attn_mask/ReduceSum", keepdims=0)
+    (minus,) = g.node("Sub", [mask_sum, weight_i64(g.inits, "one_i64", 1)], ["/model/attn_mask/minus_one"], "/model/attn_mask/Sub")
+    (seqlens_k,) = g.node("Cast", [minus], ["/model/attn_mask/seqlens_k"], "/model/attn_mask/Cast", to=TensorProto.INT32)
+    (shape,) = g.node("Shape", ["attention_mask"], ["/model/attn_mask/shape"], "/model/attn_mask/Shape")
+    (total,) = g.node("Gather", [shape, weight_i64(g.inits, "one_index", 1)], ["/model/attn_mask/total64"], "/model/attn_mask/Gather", axis=0)
+    (total_len,) = g.node("Cast", [total], ["/model/attn_mask/total_sequence_length"], "/model/attn_mask/CastTotal", to=TensorProto.INT32)
+    return seqlens_k, total_len
+
+
+def _gpt2(model: Any, exported: Any, g: Graph, heads: int, head_dim: int) -> Built:
+    """GPT-2: learned positions, LayerNorm with bias, biased projections, tanh GELU; attention
+    as GroupQueryAttention with as many key-value heads as query heads and no rotary. Each
+    projection's bias rides in the next SkipLayerNormalization or FastGelu."""
+    t = model.transformer
+    if "position_ids" not in {v.name for v in exported.graph.input}:
+        raise StepError("optimize.decoder: fused GPT-2 needs the export's position_ids input (export.with_past: true gives it)")
+    fused = {"GroupQueryAttention": 0, "SkipLayerNormalization": 0, "LayerNormalization": 0, "FastGelu": 0}
+
+    def arr(p: Any) -> Any:
+        return p.detach().float().numpy()
+
+    (tok,) = g.node("Gather", [g.weight("transformer.wte.weight", arr(t.wte.weight)), "input_ids"], ["/model/wte/output"], "/model/wte/Gather")
+    (pos,) = g.node("Gather", [g.weight("transformer.wpe.weight", arr(t.wpe.weight)), "position_ids"], ["/model/wpe/output"], "/model/wpe/Gather")
+    (hidden,) = g.node("Add", [tok, pos], ["/model/embeddings"], "/model/embeddings/Add")
+    seqlens_k, total_len = _lengths(g)
+    residual: str | None = None
+    pending_bias: str | None = None
+
+    def norm(prefix: str, x: str, ln: Any, wname: str) -> str:
+        nonlocal residual, pending_bias
+        gamma, beta = g.weight(f"{wname}.weight", arr(ln.weight)), g.weight(f"{wname}.bias", arr(ln.bias))
+        if residual is None:
+            (y,) = g.node("LayerNormalization", [x, gamma, beta], [f"{prefix}/output"], f"{prefix}/LayerNorm", epsilon=float(ln.eps), axis=-1)
+            fused["LayerNormalization"] += 1
+            residual = x
+            return str(y)
+        y, _, _, total = g.node("SkipLayerNormalization", [x, residual, gamma, beta, pending_bias or ""], [f"{prefix}/output", "", "", f"{prefix}/residual"], f"{prefix}/SkipLayerNorm", MS, epsilon=float(ln.eps))
+        fused["SkipLayerNormalization"] += 1
+        residual, pending_bias = total, None
+        return str(y)
+
+    for i, block in enumerate(t.h):
+        p = f"/model/layers.{i}"
+        x = norm(f"{p}/input_layernorm", hidden, block.ln_1, f"transformer.h.{i}.ln_1")
+        (qkv,) = g.node("MatMul", [x, g.weight(f"transformer.h.{i}.attn.c_attn.weight", arr(block.attn.c_attn.weight))], [f"{p}/attn/qkv_proj/output"], f"{p}/attn/qkv_proj/MatMul")
+        (qkv,) = g.node("Add", [qkv, g.weight(f"transformer.h.{i}.attn.c_attn.bias", arr(block.attn.c_attn.bias))], [f"{p}/attn/qkv_proj/biased"], f"{p}/attn/qkv_proj/Add")
+        (out, _, _) = g.node(
+            "GroupQueryAttention", [qkv, "", "", f"past_key_values.{i}.key", f"past_key_values.{i}.value", seqlens_k, total_len],
+            [f"{p}/attn/output", f"present.{i}.key", f"present.{i}.value"], f"{p}/attn/GroupQueryAttention", MS,
+            num_heads=heads, kv_num_heads=heads, do_rotary=0, scale=head_dim**-0.5,
+        )
+        fused["GroupQueryAttention"] += 1
+        (o,) = g.node("MatMul", [out, g.weight(f"transformer.h.{i}.attn.c_proj.weight", arr(block.attn.c_proj.weight))], [f"{p}/attn/o_proj/output"], f"{p}/attn/o_proj/MatMul")
+        pending_bias = g.weight(f"transformer.h.{i}.attn.c_proj.bias", arr(block.attn.c_proj.bias))
+        x = norm(f"{p}/post_attention_layernorm", o, block.ln_2, f"transformer.h.{i}.ln_2")
+        (fc,) = g.node("MatMul", [x, g.weight(f"transformer.h.{i}.mlp.c_fc.weight", arr(block.mlp.c_fc.weight))], [f"{p}/mlp/up_proj/output"], f"{p}/mlp/up_proj/MatMul")
+        (act,) = g.node("FastGelu", [fc, g.weight(f"transformer.h.{i}.mlp.c_fc.bias", arr(block.mlp.c_fc.bias))], [f"{p}/mlp/act/output"], f"{p}/mlp/act/FastGelu", MS)
+        fused["FastGelu"] += 1
+        (hidden,) = g.node("MatMul", [act, g.weight(f"transformer.h.{i}.mlp.c_proj.weight", arr(block.mlp.c_proj.weight))], [f"{p}/mlp/down_proj/output"], f"{p}/mlp/down_proj/MatMul")
+        pending_bias = g.weight(f"transformer.h.{i}.mlp.c_proj.bias", arr(block.mlp.c_proj.bias))
+    x = norm("/model/norm", hidden, t.ln_f, "transformer.ln_f")
+    g.node("MatMul", [x, g.weight("lm_head.weight", _linear_t(model.lm_head))], ["logits"], "/lm_head/MatMul")
+    return Built(g.model(exported), {k: v for k, v in fused.items() if v}, "gpt2")
+
+
+def weight_i64(inits: list[Any], name: str, value: Any) -> str:
+    import numpy as np
+    from onnx import numpy_helper
+
+    if not any(t.name == name for t in inits):
+        inits.append(numpy_helper.from_array(np.array(value, dtype=np.int64), name))
+    return name
+
+
+def _norm(node: Any, weight: Any, fused: dict[str, int], prefix: str, x: str, residual: str | None, gamma: Any, epsilon: float, wname: str) -> tuple[str, str]:
+    """RMSNorm of ``x`` (+ ``residual`` when there is one, fused): (normalised, new residual)."""
+    if residual is None:
+        (y,) = node("SimplifiedLayerNormalization", [x, weight(wname, gamma)], [f"{prefix}/output"], f"{prefix}/SimplifiedLayerNorm", epsilon=epsilon, axis=-1, stash_type=1)
+        fused["SimplifiedLayerNormalization"] += 1
+        return y, x
+    y, _, _, total = node("SkipSimplifiedLayerNormalization", [x, residual, weight(wname, gamma)], [f"{prefix}/output", "", "", f"{prefix}/residual"], f"{prefix}/SkipLayerNorm", MS, epsilon=epsilon)
+    fused["SkipSimplifiedLayerNormalization"] += 1
+    return y, total
+
+
+def _head_norm(node: Any, weight: Any, inits: list[Any], prefix: str, x: str, n: int, head_dim: int, gamma: Any, epsilon: float, wname: str) -> str:
+    """RMSNorm over each head of a [batch, sequence, n * head_dim] tensor."""
+    (heads,) = node("Reshape", [x, weight_i64(inits, f"shape.heads{n}x{head_dim}", [0, 0, n, head_dim])], [f"{prefix}/heads"], f"{prefix}/Reshape")
+    (y,) = node("SimplifiedLayerNormalization", [heads, weight(wname, gamma)], [f"{prefix}/normed"], f"{prefix}/SimplifiedLayerNorm", epsilon=epsilon, axis=-1, stash_type=1)
+    (flat,) = node("Reshape", [y, weight_i64(inits, f"shape.flat{n * head_dim}", [0, 0, n * head_dim])], [f"{prefix}/output"], f"{prefix}/ReshapeBack")
+    return str(flat)
+
+
+def _window(config: Any, layer: int) -> int:
+    """GroupQueryAttention's local_window_size for one layer: -1 for full attention."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if not window:
+        return -1
+    if types is not None:
+        return int(window) if types[layer] == "sliding_attention" else -1
+    return int(window) if getattr(config, "use_sliding_window", True) else -1
