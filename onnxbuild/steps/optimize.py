@@ -161,7 +161,20 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     ctx.output("reports/optimize.json").write_text(pretty_json(report), encoding="utf-8")
     fused_text = ", ".join(f"{k} {v}" for k, v in fused.items()) or "no fused ops"
     how = f"fused {fused_graph.family} graph from the weights; " if fused_graph is not None else ""
-    return StepResult(summary=f"{how}{report['nodes_before']} -> {report['nodes_after']} nodes; {fused_text}", data={"fused_ops": fused})
+    extra = genai_beside(ctx, "model.onnx", "optimized")
+    return StepResult(summary=f"{how}{report['nodes_before']} -> {report['nodes_after']} nodes; {fused_text}", data={"fused_ops": fused}, extra_outputs=extra)
+
+
+def genai_beside(ctx: StepContext, model_input: str, folder: str) -> tuple[str, ...]:
+    """onnxruntime-genai's config next to a variant's file, so ``og.Model("artifacts/x/int4")``
+    loads that variant: the same inputs and outputs as the export it was made from."""
+    import shutil
+
+    config = ctx.input(model_input).parent / "genai_config.json"
+    if not config.is_file():
+        return ()
+    shutil.copyfile(config, ctx.output(f"{folder}/genai_config.json"))
+    return (f"{folder}/genai_config.json",)
 
 
 def _fused_decoder(ctx: StepContext, spec: StepSpec, exported: Any) -> Any:

@@ -14,7 +14,7 @@ from typing import Any
 from onnxbuild.errors import StepError
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
-VERSION = 1
+VERSION = 3
 PACKAGES = ("onnxruntime", "onnx", "numpy")
 
 # The recipe keys each method reads; the others keep their defaults but do nothing, so a
@@ -50,7 +50,15 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     model = onnx.load_model(str(out), load_external_data=False)
     quantized = sum(1 for n in model.graph.node if n.op_type in ("MatMulInteger", "DynamicQuantizeMatMul", "QLinearMatMul", "MatMulNBits", "QAttention", "DynamicQuantizeLinear", "QuantizeLinear"))
     summary = f"{q['method']}: {size_in / 1e6:.1f} MB -> {size_out / 1e6:.1f} MB ({size_out / size_in:.0%}), {quantized} quantized nodes"
-    return StepResult(summary=summary, data={"bytes_in": size_in, "bytes_out": size_out, "quantized_nodes": quantized})
+    from onnxbuild.steps.optimize import genai_beside
+
+    if q["method"] == "int4":
+        summary += f", accuracy_level {q['accuracy_level']}"
+    kept = excluded(src, q) if q["keep"] else []
+    if kept:
+        summary += f", kept in full precision: {', '.join(kept)}"
+    beside = genai_beside(ctx, spec.params["input"], q["name"])
+    return StepResult(summary=summary, data={"bytes_in": size_in, "bytes_out": size_out, "quantized_nodes": quantized}, extra_outputs=beside)
 
 
 def _dynamic(src: Path, out: Path, q: dict[str, Any]) -> None:
@@ -96,7 +104,36 @@ def _int4(src: Path, out: Path, q: dict[str, Any]) -> None:
         model, bits=4, block_size=q["block_size"], is_symmetric=q["symmetric"], accuracy_level=q["accuracy_level"] or None, nodes_to_exclude=excluded(model, q) or None,
     )
     quant.process()
+    _bias_into_nbits(quant.model.model)
     quant.model.save_model_to_file(str(out), use_external_data_format=False)
+
+
+def _bias_into_nbits(model: Any) -> None:
+    """A constant bias added right after a MatMulNBits goes into its optional ``bias`` input:
+    one kernel instead of two, which at one token per step is a measurable share (Qwen2's
+    q/k/v biases: 12 Add nodes per decode step)."""
+    from onnx import numpy_helper
+
+    inits = {t.name: t for t in model.graph.initializer}
+    consumers: dict[str, int] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers[i] = consumers.get(i, 0) + 1
+    producer = {o: n for n in model.graph.node for o in n.output}
+    outputs = {o.name for o in model.graph.output}
+    for add in list(model.graph.node):
+        if add.op_type != "Add" or len(add.input) != 2:
+            continue
+        first, second = add.input
+        mm, bias = (producer.get(first), second) if second in inits else (producer.get(second), first)
+        if mm is None or mm.op_type != "MatMulNBits" or bias not in inits or consumers.get(mm.output[0]) != 1 or mm.output[0] in outputs:
+            continue
+        n_out = next(a.i for a in mm.attribute if a.name == "N")
+        if list(inits[bias].dims) != [n_out] or len(mm.input) > 5 or numpy_helper.to_array(inits[bias]).dtype.name != "float32":
+            continue
+        mm.input.extend([""] * (5 - len(mm.input)) + [bias])
+        mm.output[0] = add.output[0]
+        model.graph.node.remove(add)
 
 
 def _static(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: dict[str, Any]) -> None:

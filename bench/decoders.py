@@ -1,0 +1,163 @@
+"""Decoders beside onnxruntime-genai's model builder, in one run (`make bench` calls this).
+
+For each recipe (default: recipes/llama-125m.yaml and recipes/qwen2-125m.yaml): build it with
+onnxbuild, save the same seeded weights as a Hugging Face folder, build that folder with the
+model builder (fp32 and int4, CPU) in a separate virtual environment (onnxruntime-genai
+ships its own onnxruntime), then time every file with this environment's onnxruntime, one
+file per process, alternating, best of three rounds:
+
+  prefill: 128 tokens with an empty past;  decode: one token after a past of 128.
+
+    python bench/decoders.py [RECIPE ...]      # GENAI_PYTHON=/path/to/venv/bin/python to reuse a venv
+
+Figures depend on the machine: compare rows of one run only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "bench" / "out" / "decoders"
+
+TIME_ONE = r'''
+import json, sys, time
+import numpy as np, onnxruntime as ort
+path, layers, kv, head_dim, vocab = sys.argv[1], *map(int, sys.argv[2:6])
+options = ort.SessionOptions(); options.log_severity_level = 3
+s = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+names = {i.name: i for i in s.get_inputs()}
+dtype = np.float16 if "float16" in names["past_key_values.0.key"].type else np.float32
+def feeds(ids, past_len, past):
+    f = {"input_ids": ids, "attention_mask": np.ones((1, past_len + ids.shape[1]), np.int64)}
+    if "position_ids" in names:
+        f["position_ids"] = np.arange(past_len, past_len + ids.shape[1], dtype=np.int64)[None]
+    f.update(past)
+    return {k: (v.astype(np.int32) if "int32" in names[k].type else v) for k, v in f.items() if k in names}
+empty = {f"past_key_values.{i}.{k}": np.zeros((1, kv, 0, head_dim), dtype) for i in range(layers) for k in ("key", "value")}
+ids = np.random.default_rng(0).integers(0, vocab, (1, 128))
+outs = [o.name for o in s.get_outputs()]
+def prefill():
+    return s.run(None, feeds(ids, 0, empty))
+res = prefill()
+past = {n.replace("present", "past_key_values"): r for n, r in zip(outs, res) if n.startswith("present")}
+step = np.array([[7]])
+def decode():
+    s.run(None, feeds(step, 128, past))
+def p50(fn, n):
+    for _ in range(2): fn()
+    t = []
+    for _ in range(n):
+        a = time.perf_counter(); fn(); t.append((time.perf_counter() - a) * 1000)
+    return sorted(t)[len(t) // 2]
+print(json.dumps({"prefill_ms": p50(prefill, 8), "decode_ms": p50(decode, 30)}))
+'''
+
+SAVE_HF = r'''
+import json, sys
+from pathlib import Path
+from onnxbuild.recipe.loader import load_recipe
+from onnxbuild.sources.huggingface import load_model
+recipe = load_recipe(sys.argv[1])
+record = json.loads((Path(sys.argv[2]) / "reports" / "source.json").read_text())
+model = load_model(recipe.source, record, recipe.directory)
+model.save_pretrained(sys.argv[3])
+# the builder saves a tokenizer beside its model: a small one trained here (the Hub is not reachable)
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+tok = Tokenizer(models.BPE(unk_token="<unk>"))
+tok.pre_tokenizer = pre_tokenizers.Whitespace()
+tok.train_from_iterator(["the onnx format holds a graph of operators and their weights"] * 20, trainers.BpeTrainer(vocab_size=200, special_tokens=["<unk>", "<s>", "</s>"]))
+PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>").save_pretrained(sys.argv[3])
+print(json.dumps({"layers": model.config.num_hidden_layers, "kv": model.config.num_key_value_heads,
+                  "head_dim": getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads,
+                  "vocab": model.config.vocab_size}))
+'''
+
+
+def genai_python() -> str | None:
+    """A Python with onnxruntime-genai: $GENAI_PYTHON, or a venv made once under bench/out."""
+    if os.environ.get("GENAI_PYTHON"):
+        return os.environ["GENAI_PYTHON"]
+    venv = OUT / "genai-venv"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        print(f"  making {venv} (onnxruntime-genai, with this environment's torch and transformers)")
+        done = subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], capture_output=True, text=True)
+        if done.returncode == 0:
+            done = subprocess.run([str(python), "-m", "pip", "install", "-q", "onnxruntime-genai"], capture_output=True, text=True)
+        if done.returncode != 0:
+            print(f"  onnxruntime-genai could not be installed ({done.stderr.strip()[-300:]}); the builder's rows are skipped")
+            return None
+    return str(python)
+
+
+def main(recipes: list[str]) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    work = OUT / "project"
+    (work / "recipes").mkdir(parents=True, exist_ok=True)
+    genai = genai_python()
+    for recipe in recipes:
+        src = ROOT / recipe
+        (work / "recipes" / src.name).write_text(src.read_text(encoding="utf-8"), encoding="utf-8")
+        built = subprocess.run([sys.executable, "-m", "onnxbuild", "make", f"recipes/{src.name}", "-j", "2"], cwd=work, capture_output=True, text=True)
+        if built.returncode != 0:
+            print(f"{recipe}: onnxbuild make failed:\n{built.stderr[-2000:]}")
+            continue
+        name = next(line.split(":", 1)[1].strip() for line in src.read_text(encoding="utf-8").splitlines() if line.startswith("name:"))
+        artifacts = work / "artifacts" / name
+        hf = OUT / name / "hf"
+        dims = json.loads(subprocess.run([sys.executable, "-c", SAVE_HF, str(work / "recipes" / src.name), str(artifacts), str(hf)], capture_output=True, text=True, check=True).stdout)
+        files = {f"onnxbuild {v}": artifacts / v / "model.onnx" for v in ("optimized", "int8", "int4")}
+        files = {"onnxbuild model": artifacts / "model.onnx", **files}
+        if genai:
+            for precision in ("fp32", "int4"):
+                out = OUT / name / f"builder-{precision}"
+                done = subprocess.run([genai, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", str(out), "-p", precision, "-e", "cpu", "-c", str(OUT / "cache")], capture_output=True, text=True)
+                if done.returncode == 0:
+                    files[f"model builder {precision}"] = out / "model.onnx"
+                else:
+                    print(f"  model builder {precision} failed: {done.stderr.strip()[-500:]}")
+        best: dict[str, dict[str, float]] = {}
+        for _ in range(3):  # alternate, so a noisy minute hits every row
+            for label, path in files.items():
+                done = subprocess.run([sys.executable, "-c", TIME_ONE, str(path), str(dims["layers"]), str(dims["kv"]), str(dims["head_dim"]), str(dims["vocab"])], capture_output=True, text=True)
+                if done.returncode != 0:
+                    print(f"  {label}: could not be timed: {done.stderr.strip()[-300:]}")
+                    continue
+                t = json.loads(done.stdout)
+                b = best.setdefault(label, t)
+                best[label] = {k: min(b[k], t[k]) for k in t}
+        print(f"{name} (batch 1; best of 3 rounds of p50; one process per file):")
+        print(f"  {'file':<24} {'prefill 128':>12} {'decode after 128':>17}")
+        for label, t in best.items():
+            print(f"  {label:<24} {t['prefill_ms']:>9.1f} ms {t['decode_ms']:>14.2f} ms")
+        fused = json.loads((artifacts / "reports" / "optimize.json").read_text(encoding="utf-8"))["fused_ops"]
+        print(f"  onnxbuild optimized fused ops: {fused}")
+        (OUT / f"{name}.json").write_text(json.dumps(best, indent=2), encoding="utf-8")
+        if genai:
+            genai_loads(genai, artifacts)
+
+
+def genai_loads(genai: str, artifacts: Path) -> None:
+    """onnxruntime-genai loads each variant folder and generates what onnxbuild's generate step did."""
+    gen = json.loads((artifacts / "reports" / "generation.json").read_text(encoding="utf-8"))
+    prompt = [str(t) for t in gen["prompt_ids"]]
+    for variant in ("model", "optimized", "int4"):
+        folder = artifacts if variant == "model" else artifacts / variant
+        done = subprocess.run([genai, str(ROOT / "bench" / "genai_check.py"), str(folder), *prompt], capture_output=True, text=True)
+        if done.returncode != 0:
+            print(f"  onnxruntime-genai could not generate from {folder.relative_to(artifacts.parent)}: {done.stderr.strip()[-300:]}")
+            continue
+        tokens = [int(t) for t in done.stdout.split()]
+        ours = gen["variants"][variant]["greedy"]["tokens"][: len(tokens)]
+        same = "the same greedy tokens as" if tokens == ours else "DIFFERENT tokens from"
+        print(f"  onnxruntime-genai on {folder.relative_to(artifacts.parent)}/: {len(tokens)} tokens, {same} onnxbuild's generate step")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or ["recipes/llama-125m.yaml", "recipes/qwen2-125m.yaml"])

@@ -1,0 +1,188 @@
+"""Fused decoder graphs written from the weights (onnxbuild/fusion/decoder.py).
+
+Each supported architecture, as a tiny config of its own transformers class, against
+PyTorch at a prefill and a decode step; and a tiny Llama recipe built end to end: its
+`optimized` variant holds the fusions (a test names any that stopped firing), validates at
+every shape, generates the same greedy tokens as transformers, and quantizes to 4 bits
+with int8 compute and lm_head kept in full precision."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+import transformers
+from click.testing import CliRunner
+from onnx import TensorProto, helper
+
+import onnxbuild
+from onnxbuild.cli import cli
+from onnxbuild.errors import RecipeError
+from onnxbuild.fusion.decoder import build
+from onnxbuild.recipe.loader import load_recipe
+
+DATA = Path(__file__).resolve().parent / "data"
+TINY = {"vocab_size": 1000, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128}
+CONFIGS: dict[str, Any] = {
+    "llama": lambda: transformers.LlamaConfig(**TINY),
+    "mistral": lambda: transformers.MistralConfig(**TINY, sliding_window=None),
+    "qwen2": lambda: transformers.Qwen2Config(**TINY),  # biased q/k/v
+    "qwen3": lambda: transformers.Qwen3Config(**TINY, head_dim=16),  # per-head q/k norms
+    "phi3": lambda: transformers.Phi3Config(**TINY, pad_token_id=0),  # packed qkv and gate_up
+    "gemma": lambda: transformers.GemmaConfig(**TINY, head_dim=16),  # (1 + w) norms, scaled embeddings, tanh GELU
+    "gpt2": lambda: transformers.GPT2Config(vocab_size=1000, n_embd=64, n_layer=2, n_head=4, n_positions=128),
+}
+
+
+def expected_fusions(family: str, layers: int) -> dict[str, int]:
+    if family == "gpt2":
+        return {"GroupQueryAttention": layers, "SkipLayerNormalization": 2 * layers, "LayerNormalization": 1, "FastGelu": layers}
+    return {"GroupQueryAttention": layers, "SkipSimplifiedLayerNormalization": 2 * layers, "SimplifiedLayerNormalization": 1}
+
+
+def missing_fusions(ops: dict[str, int], expected: dict[str, int]) -> list[str]:
+    return [f"{op}: expected {n}, found {ops.get(op, 0)}" for op, n in expected.items() if ops.get(op, 0) != n]
+
+
+def signature(config: Any) -> onnx.ModelProto:
+    """The export's inputs and outputs (what `export.with_past: true` writes) with no nodes."""
+    layers = config.num_hidden_layers
+    kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    ins = [
+        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
+        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "total_sequence"]),
+        helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", "sequence"]),
+    ]
+    outs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "sequence", config.vocab_size])]
+    for i in range(layers):
+        for k in ("key", "value"):
+            ins.append(helper.make_tensor_value_info(f"past_key_values.{i}.{k}", TensorProto.FLOAT, ["batch", kv, "past_sequence", head_dim]))
+            outs.append(helper.make_tensor_value_info(f"present.{i}.{k}", TensorProto.FLOAT, ["batch", kv, "total_sequence", head_dim]))
+    return helper.make_model(helper.make_graph([], "export", ins, outs), opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize("family", list(CONFIGS))
+def test_each_family_matches_pytorch_at_prefill_and_decode(family: str, tmp_path: Path) -> None:
+    config = CONFIGS[family]()
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    built = build(model, signature(config))
+    assert not missing_fusions(built.fused_ops, expected_fusions(family, 2))
+    path = tmp_path / "fused.onnx"
+    onnx.save_model(built.model, str(path))
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    layers = config.num_hidden_layers
+    kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    rng = np.random.default_rng(0)
+    batch, seq = 2, 7
+    ids = rng.integers(0, 1000, (batch, seq))
+    past = {f"past_key_values.{i}.{k}": np.zeros((batch, kv, 0, head_dim), np.float32) for i in range(layers) for k in ("key", "value")}
+    prefill = session.run(None, {"input_ids": ids, "attention_mask": np.ones((batch, seq), np.int64), "position_ids": np.tile(np.arange(seq), (batch, 1)), **past})
+    with torch.no_grad():
+        ref = model(input_ids=torch.tensor(ids), use_cache=True)
+    assert np.abs(prefill[0] - ref.logits.numpy()).max() < 1e-4
+    step = rng.integers(0, 1000, (batch, 1))
+    cache = {f"past_key_values.{i}.{k}": prefill[1 + 2 * i + j] for i in range(layers) for j, k in enumerate(("key", "value"))}
+    decode = session.run(None, {"input_ids": step, "attention_mask": np.ones((batch, seq + 1), np.int64), "position_ids": np.full((batch, 1), seq), **cache})
+    with torch.no_grad():
+        ref2 = model(input_ids=torch.tensor(step), past_key_values=ref.past_key_values, use_cache=True)
+    assert np.abs(decode[0] - ref2.logits.numpy()).max() < 1e-4
+    assert decode[1].shape == (batch, kv, seq + 1, head_dim)  # the cache layout the export uses
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("fused")
+    (root / "recipes").mkdir()
+    shutil.copy(DATA / "tiny-llama.yaml", root / "recipes" / "tiny-llama.yaml")
+    settings = onnxbuild.Settings(cache_dir=root / ".onnxbuild" / "cache", artifacts_dir=root / "artifacts")
+    report = onnxbuild.build([root / "recipes" / "tiny-llama.yaml"], settings, jobs=2)
+    assert report.ok, report.failures()
+    return root / "artifacts" / "tiny-llama"
+
+
+def read(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def test_the_llama_fusions_fire_and_are_reported(built: Path) -> None:
+    report = read(built / "reports" / "optimize.json")
+    assert report["decoder"]["graph"] == "fused" and report["decoder"]["family"] == "llama"
+    ops = Counter(n.op_type for n in onnx.load_model(str(built / "optimized" / "model.onnx"), load_external_data=False).graph.node)
+    # counted in the file itself, not only in the report: a transformers or onnxruntime
+    # upgrade that breaks a fusion fails here with the fusion's name
+    assert missing_fusions(dict(ops), expected_fusions("llama", 2)) == []
+    assert report["fused_ops"] == expected_fusions("llama", 2)
+    assert ops["MatMul"] == 2 * 4 + 1  # per layer: packed QKV, output projection, packed gate-up, down; and lm_head
+    assert "Attention" not in ops and "Softmax" not in ops
+
+
+def test_the_fused_graph_has_the_exports_signature_and_passes_validation_and_generation(built: Path) -> None:
+    def io(path: Path) -> tuple[list[str], list[str]]:
+        s = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        return [f"{i.name}:{i.type}:{i.shape}" for i in s.get_inputs()], [f"{o.name}:{o.type}:{o.shape}" for o in s.get_outputs()]
+
+    assert io(built / "optimized" / "model.onnx") == io(built / "model.onnx")
+    validation = read(built / "reports" / "validation.json")["variants"]["optimized"]
+    assert validation["passed"] and len(validation["shapes"]) == 5  # prefill and decode at each shape, and a past of 40
+    assert max(c["max_abs_diff"] for s in validation["shapes"] for c in s["outputs"].values()) < 1e-4
+    gen = read(built / "reports" / "generation.json")
+    assert gen["variants"]["optimized"]["greedy"]["identical"] is True
+    assert gen["variants"]["optimized"]["greedy"]["tokens"] == gen["pytorch"]["greedy_tokens"]
+    assert 0.0 <= gen["variants"]["int4"]["teacher_forced_agreement"] <= 1.0  # 4-bit agreement reported
+
+
+def test_int4_multiplies_in_int8_and_keeps_lm_head_in_full_precision(built: Path) -> None:
+    model = onnx.load_model(str(built / "int4" / "model.onnx"), load_external_data=False)
+    nbits = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
+    assert len(nbits) == 2 * 4  # every layer's four MatMuls
+    for n in nbits:
+        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        assert attrs["accuracy_level"] == 4 and attrs["block_size"] == 32 and attrs["bits"] == 4
+    (head,) = [n for n in model.graph.node if n.name.startswith("/lm_head/")]
+    assert head.op_type == "MatMul"
+
+
+@pytest.mark.parametrize(
+    ("recipe", "message"),
+    [
+        (
+            "name: x\nsource: {huggingface: {model: m, task: feature-extraction, offline: random-init, config: {model_type: bert}}}\noptimize: {decoder: fused}\n",
+            "optimize.decoder: fused graphs are for text-generation models exported with export.with_past: true; use decoder: auto or export",
+        ),
+        (
+            "name: x\nsource: {huggingface: {model: m, task: text-generation, offline: random-init, config: {model_type: falcon}}}\nexport: {with_past: true}\noptimize: {decoder: fused}\n",
+            "optimize.decoder: no fused graph for model_type 'falcon' (there is one for llama, mistral, qwen2, qwen3, phi3, gemma, gpt2); use decoder: auto or export",
+        ),
+        (
+            "name: x\nsource: {huggingface: {model: m, task: text-generation, offline: random-init, config: {model_type: llama}}}\nexport: {with_past: true}\noptimize: {decoder: fast}\n",
+            "r.yaml:4:21: optimize.decoder: must be auto, fused or export (got \"fast\")",
+        ),
+    ],
+)
+def test_fused_decoder_recipe_mistakes_are_named(recipe: str, message: str, tmp_path: Path) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text(recipe, encoding="utf-8")
+    with pytest.raises(RecipeError) as exc:
+        load_recipe(path)
+    assert any(message in str(p) for p in exc.value.problems), [str(p) for p in exc.value.problems]
+
+
+def test_a_keep_that_names_no_layer_fails_the_step_naming_it(built: Path, tmp_path: Path) -> None:
+    root = built.parent.parent
+    recipe = root / "recipes" / "typo.yaml"
+    text = (root / "recipes" / "tiny-llama.yaml").read_text(encoding="utf-8").replace("name: tiny-llama", "name: typo").replace("keep: [lm_head]", "keep: [lm_hed]")
+    recipe.write_text(text, encoding="utf-8")
+    result = CliRunner().invoke(cli, ["--cache-dir", str(root / ".onnxbuild" / "cache"), "--artifacts-dir", str(tmp_path), "make", str(recipe), "--target", "quantize.int4"])
+    assert result.exit_code == 1
+    assert "quantize.int4.keep: 'lm_hed' is in no MatMul, Gemm or Gather node's name" in result.output
