@@ -34,6 +34,8 @@ type:
 
 bench: install
 	$(PYTHON) bench/run.py
+	@# Llama- and Qwen2-shaped decoders beside onnxruntime-genai's model builder (a separate venv under bench/out)
+	$(PYTHON) bench/decoders.py
 
 demo: install
 	onnxbuild make recipes/gpt2.yaml
