@@ -33,7 +33,7 @@ class Settings:
     cache_read_only: bool = False
 
     def cache(self, reporter: Reporter | None = None) -> Cache:
-        from onnxbuild.engine.versions import use_memo
+        from onnxbuild.environment import use_memo
 
         use_memo(self.cache_dir / "state" / "versions.json")
         cache = Cache(self.cache_dir)
@@ -82,8 +82,9 @@ def plan(
     from dataclasses import replace
 
     from onnxbuild.engine.artifacts import out_of_step
+    from onnxbuild.pipeline import steps_for
 
-    result = make_plan(load_recipes(paths, settings), cache, force=force, target=target, single=single)
+    result = make_plan(load_recipes(paths, settings), cache, steps_for, force=force, target=target, single=single)
     result = replace(result, out_of_step=tuple(out_of_step(result, settings.artifacts_dir, cache)))
     cache.save_state()
     return result
@@ -129,7 +130,9 @@ def build(
     cache = settings.cache(reporter)
     cache.ensure_writable()
     expected = _frozen(recipes, cache) if frozen else None
-    the_plan = make_plan(recipes, cache, force=force, target=target, single=single)
+    from onnxbuild.pipeline import steps_for
+
+    the_plan = make_plan(recipes, cache, steps_for, force=force, target=target, single=single)
     runner_executor = None
     if executor == "ray" and any(s.action == "run" for s in the_plan.steps):  # nothing to run: no cluster needed
         from onnxbuild.engine.executors import RayExecutor, RaySettings
@@ -151,11 +154,12 @@ def _frozen(recipes: list[Recipe], cache: Cache) -> dict[str, dict[str, str]]:
     """The output digests each recipe's lock holds its steps to; a missing or stale lock is an error."""
     from onnxbuild.engine.lockfile import check_lock, expected_outputs, read_lock
     from onnxbuild.errors import BuildFailed
+    from onnxbuild.pipeline import steps_for
 
     expected: dict[str, dict[str, str]] = {}
     problems: list[str] = []
     for recipe in recipes:
-        stale = check_lock(recipe, cache)
+        stale = check_lock(recipe, cache, steps_for(recipe))
         if stale:
             problems.extend(stale)
             continue
@@ -196,12 +200,15 @@ def write_locks(report: BuildReport, settings: Settings | None = None) -> list[P
     from onnxbuild.engine.lockfile import write_lock
 
     cache = (settings or Settings()).cache()
-    return [write_lock(r.recipe, r.steps, cache) for r in report.recipes if r.ok]
+    from onnxbuild.pipeline import steps_for
+
+    return [write_lock(r.recipe, r.steps, cache, steps_for(r.recipe)) for r in report.recipes if r.ok]
 
 
 def check_locks(paths: Sequence[str | Path], settings: Settings | None = None) -> list[str]:
     """Every way the recipes' lock files disagree with the recipes (empty: all current)."""
     from onnxbuild.engine.lockfile import check_lock
+    from onnxbuild.pipeline import steps_for
 
     settings = settings or Settings()
     cache = settings.cache()
@@ -209,7 +216,7 @@ def check_locks(paths: Sequence[str | Path], settings: Settings | None = None) -
 
     problems: list[str] = []
     for recipe in load_recipes(paths, settings):
-        problems.extend(check_lock(recipe, cache))
+        problems.extend(check_lock(recipe, cache, steps_for(recipe)))
         if (settings.artifacts_dir / recipe.name / "manifest.json").exists():
             problems.extend(rehash(settings.artifacts_dir / recipe.name))
     cache.save_state()

@@ -188,7 +188,7 @@ def _at_base(old: Recipe, new: Recipe, base: str, root: Path, folder: Path) -> R
 def _package_changes(new: Recipe, base: str, root: Path) -> tuple[list[tuple[str, Any, Any]], set[str]]:
     """Package versions the base's committed lock records that differ from this environment's."""
     from onnxbuild.engine.lockfile import lock_path
-    from onnxbuild.engine.versions import package_version
+    from onnxbuild.environment import package_version
 
     try:
         rel = lock_path(new).resolve().relative_to(root).as_posix()
@@ -257,7 +257,7 @@ def diff(paths: list[str], base: str | None, cache: Any, cwd: Path | None = None
             entry.status = "added" if old is None else "deleted"
             entry.invalidated = [s.name for s in steps_for(new or old)]  # type: ignore[arg-type]
             if new is not None:
-                entry.cost = Cost.of(plan([new], cache), cache)
+                entry.cost = Cost.of(plan([new], cache, steps_for), cache)
             out.append(entry)
             continue
         if rel in moved:
@@ -274,15 +274,13 @@ def diff(paths: list[str], base: str | None, cache: Any, cwd: Path | None = None
             old = _at_base(old, new, base, root, Path(scratch.name))
         old_steps = {s.name: s for s in steps_for(old)}
         dirty: set[str] = set()
-        from onnxbuild.steps import step_module
-
         for s in steps_for(new):
             before = old_steps.get(s.name)
-            reads = set(s.files) & changed_files or set(getattr(step_module(s.kind), "PACKAGES", ())) & changed_packages
+            reads = set(s.files) & changed_files or set(s.packages) & changed_packages
             if before is None or before.params != s.params or before.kind != s.kind or reads or any(d in dirty for d in s.deps):
                 dirty.add(s.name)
                 entry.invalidated.append(s.name)
-        old_plan, new_plan = plan([old], cache), plan([new], cache)
+        old_plan, new_plan = plan([old], cache, steps_for), plan([new], cache, steps_for)
         entry.cost = Cost.of(new_plan, cache)
         entry.metrics = _metrics(old_plan, new_plan, cache)
         entry.models = model_diffs(old_plan, new_plan, cache, new.resolved)

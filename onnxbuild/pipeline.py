@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from onnxbuild.recipe.model import Recipe
-from onnxbuild.steps.base import Limits, Resources, StepInput, StepSpec
+from onnxbuild.spec import Limits, Resources, StepInput, StepSpec
+from onnxbuild.steps import describe
 
 MODEL = "model.onnx"
 SOURCE_RECORD = "reports/source.json"
@@ -213,7 +214,7 @@ def steps_for(recipe: Recipe) -> list[StepSpec]:
             )
         )
     weights = _weight_bytes(recipe)
-    return [replace(s, resources=_resources(recipe, s.kind, weights), limits=_limits(recipe, s)) for s in steps]
+    return [describe(replace(s, resources=_resources(recipe, s.kind, weights), limits=_limits(recipe, s))) for s in steps]
 
 
 def _limits(recipe: Recipe, spec: StepSpec) -> Limits:
@@ -291,7 +292,7 @@ def _tolerances(recipe: Recipe, v: Variant) -> dict[str, Any]:
 def _machine() -> dict[str, Any]:
     import os
 
-    from onnxbuild.engine.versions import cpu_info
+    from onnxbuild.environment import cpu_info
     from onnxbuild.steps.optimize import cpu_fingerprint
 
     return {"cpu": cpu_info()[0], "features": cpu_fingerprint(), "threads": os.cpu_count()}

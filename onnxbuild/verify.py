@@ -11,12 +11,9 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from onnxbuild.engine.artifacts import read_manifest, rehash
 from onnxbuild.errors import UsageError
-
-HARDWARE_STEPS = {"benchmark": "timings differ run to run"}
 
 
 @dataclass
@@ -34,16 +31,6 @@ class RecipeVerdict:
     @property
     def reproducible(self) -> bool:
         return all(s.verdict in ("identical", "hardware-dependent") for s in self.steps)
-
-
-def hardware_bound(step: dict[str, Any], manifest: dict[str, Any]) -> str:
-    if step["kind"] in HARDWARE_STEPS:
-        return HARDWARE_STEPS[step["kind"]]
-    if step["kind"] == "optimize":
-        level = (manifest["recipe"]["resolved"].get("optimize") or {}).get("level")
-        if level in ("extended", "layout", "all"):
-            return f"optimize level {level} is fused for this CPU and provider"
-    return ""
 
 
 def verify(paths: list[str], artifacts_dir: Path, jobs: int = 1) -> list[RecipeVerdict]:
@@ -64,6 +51,9 @@ def verify(paths: list[str], artifacts_dir: Path, jobs: int = 1) -> list[RecipeV
             report = onnxbuild.build([recipe.path], settings, jobs=jobs)
             rebuilt = {s["name"]: s for r in report.recipes for s in r.steps}
         verdict = RecipeVerdict(recipe.name)
+        from onnxbuild.pipeline import steps_for
+
+        measured = {s.name: s.measured for s in steps_for(recipe)}
         if in_folder:
             verdict.steps.append(StepVerdict("artifacts", "differs", "; ".join(in_folder)))
         for step in manifest["steps"]:
@@ -76,7 +66,7 @@ def verify(paths: list[str], artifacts_dir: Path, jobs: int = 1) -> list[RecipeV
             before = {o["path"]: o["sha256"] for o in step["outputs"]}
             after = {o["path"]: o["sha256"] for o in again["outputs"]}
             differing = sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p))
-            why = hardware_bound(step, manifest)
+            why = measured.get(step["name"], "")
             if not differing:
                 verdict.steps.append(StepVerdict(step["name"], "identical"))
             elif why:

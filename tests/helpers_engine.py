@@ -34,7 +34,7 @@ from onnxbuild.engine.manifest import StepRecord
 from onnxbuild.engine.runner import BuildReport
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.model import Recipe
-from onnxbuild.steps import StepContext, StepInput, StepResult, StepSpec, register
+from onnxbuild.steps import StepContext, StepInput, StepResult, StepSpec, describe, register
 
 VERSION = 1
 PACKAGES: tuple[str, ...] = ()
@@ -79,9 +79,8 @@ def fake_recipe(name: str, directory: Path) -> Recipe:
 
 def plan_fakes(monkeypatch: pytest.MonkeyPatch, cache: Cache, graphs: dict[str, list[StepSpec]], *, force: bool = False) -> Plan:
     """Plan recipes named after the keys of ``graphs``, whose steps are its values."""
-    monkeypatch.setattr(graph, "steps_for", lambda recipe: graphs[recipe.name])
     recipes = [fake_recipe(name, cache.root.parent) for name in graphs]
-    return graph.plan(recipes, cache, force=force)
+    return graph.plan(recipes, cache, lambda recipe: [describe(s) for s in graphs[recipe.name]], force=force)
 
 
 class Recorder:

@@ -28,7 +28,7 @@ import onnxbuild
 from onnxbuild._util import canonical_json
 from onnxbuild.engine.cache import Cache, EntryRecord, step_key
 from onnxbuild.engine.graph import ingredients
-from onnxbuild.engine.versions import package_version
+from onnxbuild.environment import package_version
 from onnxbuild.pipeline import steps_for
 
 LR = "recipes/linear-regression.yaml"

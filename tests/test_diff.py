@@ -123,7 +123,7 @@ def test_a_factory_edit_is_in_the_diff_with_the_steps_it_rebuilds(repo: Path) ->
 
 
 def test_a_package_bump_against_the_base_lock_is_in_the_diff(repo: Path) -> None:
-    from onnxbuild.engine.versions import package_version
+    from onnxbuild.environment import package_version
 
     assert CliRunner().invoke(cli, ["make", LR, "--lock"]).exit_code == 0
     lock = repo / "recipes" / "linear-regression.lock.json"

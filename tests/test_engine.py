@@ -33,7 +33,7 @@ import onnxbuild.engine.runner as runner
 from onnxbuild.engine.cache import Cache, step_key
 from onnxbuild.engine.locks import FileLock
 from onnxbuild.engine.runner import execute, raise_for_failures
-from onnxbuild.engine.versions import package_version
+from onnxbuild.environment import package_version
 from onnxbuild.errors import BuildFailed
 from onnxbuild.steps import StepContext, StepResult, StepSpec, register
 

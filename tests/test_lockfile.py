@@ -86,7 +86,7 @@ def test_plan_check_explains_a_stale_lock_from_the_lock_alone(project: Path) -> 
     source["ingredients"]["packages"]["onnx"] = "1.0.0"
     source["key"] = step_key(source["ingredients"])
     LOCK.write_text(json.dumps(lock), encoding="utf-8")
-    from onnxbuild.engine.versions import package_version
+    from onnxbuild.environment import package_version
 
     fresh = run("--cache-dir", "fresh-runner-cache", "plan", "--check", LR)
     assert fresh.exit_code == 1

@@ -307,7 +307,7 @@ def test_without_npm_the_first_use_says_what_to_do(tmp_path: Path, monkeypatch: 
 
 def test_benchmark_figures_are_keyed_by_the_machine(steps_project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A runner of another CPU kind does not take latencies measured elsewhere as its own (#15)."""
-    from onnxbuild.engine import versions
+    from onnxbuild import environment as versions
 
     assert run("plan", STEPS).exit_code == 0
     real = versions.cpu_info()

@@ -367,7 +367,7 @@ class Cache:
         return self._hashes
 
     def save_state(self) -> None:
-        from onnxbuild.engine.versions import save_memo
+        from onnxbuild.environment import save_memo
 
         save_memo()
         if self._hashes_dirty and self._hashes is not None:

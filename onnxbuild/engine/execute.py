@@ -20,8 +20,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from onnxbuild.errors import OnnxbuildError
-from onnxbuild.steps import KINDS, register, step_module
-from onnxbuild.steps.base import Limits, StepContext, StepResult, StepSpec
+from onnxbuild.spec import Limits, StepContext, StepResult, StepSpec
 
 
 @dataclass(frozen=True)
@@ -29,9 +28,6 @@ class Task:
     spec: StepSpec
     ctx: StepContext
     log_path: str
-    module: str = ""
-    """For a kind added with ``steps.register``: the module to import in a step process
-    (a spawned process starts with only the built-in kinds)."""
 
 
 @dataclass(frozen=True)
@@ -49,7 +45,7 @@ def run_task(task: Task) -> Outcome:
     """Run a step here and now; errors become a failed Outcome, never an exception."""
     start = time.perf_counter()
     try:
-        module = step_module(task.spec.kind)
+        module = sys.modules.get(task.spec.entry) or importlib.import_module(task.spec.entry)
         result: StepResult = module.run(task.ctx, task.spec)
     except OnnxbuildError as exc:
         return Outcome(False, error=str(exc), seconds=time.perf_counter() - start, peak_rss_mb=_peak_rss_mb())
@@ -84,21 +80,20 @@ def _child(conn: Connection, task: Task) -> None:
 
     task = replace(task, ctx=replace(task.ctx, log=emit))
     _test_delay(task.spec.kind, emit)
-    outcome = _register(task) or run_task(task)
+    outcome = _importable(task) or run_task(task)
     if outcome.detail:
         log.write(outcome.detail)
     conn.send(outcome)
     conn.close()
 
 
-def _register(task: Task) -> Outcome | None:
-    """Make a kind registered in the parent known here too; a failed Outcome if it cannot be."""
-    if not task.module or task.spec.kind in KINDS:
-        return None
+def _importable(task: Task) -> Outcome | None:
+    """A failed Outcome when this fresh process cannot import the step's module (a kind
+    registered in the parent from a module made in memory), else None."""
     try:
-        register(task.spec.kind, importlib.import_module(task.module))
+        importlib.import_module(task.spec.entry)
     except ImportError as exc:
-        return Outcome(False, error=f"the {task.spec.kind} step kind was registered from module {task.module!r}, which a step process cannot import ({exc}); register an importable module or build in-process")
+        return Outcome(False, error=f"the {task.spec.kind} step kind was registered from module {task.spec.entry!r}, which a step process cannot import ({exc}); register an importable module or build in-process")
     return None
 
 
@@ -167,8 +162,7 @@ class ChildStep:
         self.task = task
         self._recv, send = self._context.Pipe(duplex=False)
         ctx = StepContext(**{**task.ctx.__dict__, "log": print})
-        module = "" if task.spec.kind in KINDS else step_module(task.spec.kind).__name__
-        self.process = self._context.Process(target=_entry, args=(send, replace(task, ctx=ctx, module=module)), daemon=True)
+        self.process = self._context.Process(target=_entry, args=(send, replace(task, ctx=ctx)), daemon=True)
         self.process.start()
         send.close()
         self.started = time.perf_counter()

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from onnxbuild.engine.execute import ChildStep, Outcome, Task, run_task
 from onnxbuild.errors import UsageError
-from onnxbuild.steps.base import Resources
+from onnxbuild.spec import Resources
 
 
 class Handle(Protocol):

@@ -7,16 +7,15 @@ step whose inputs are rebuilt identical is still a cache hit (like Bazel, unlike
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from onnxbuild.engine.cache import Cache, EntryRecord, step_key
-from onnxbuild.engine.versions import package_version
+from onnxbuild.environment import package_version
 from onnxbuild.errors import Problem, RecipeError, UsageError
-from onnxbuild.pipeline import steps_for
 from onnxbuild.recipe.model import Recipe
-from onnxbuild.steps import step_module
-from onnxbuild.steps.base import StepSpec
+from onnxbuild.spec import StepSpec
 
 Action = Literal["run", "cached", "outside"]
 """``outside``: a step beyond ``--target`` whose inputs are still to be rebuilt: taken from the
@@ -73,10 +72,9 @@ class Plan:
 
 def ingredients(spec: StepSpec, input_digests: dict[str, str], cache: Cache) -> dict[str, Any]:
     """Everything that can change a step's outputs, and nothing that cannot (no paths, no times)."""
-    module = step_module(spec.kind)
     return {
         "kind": spec.kind,
-        "version": int(module.VERSION),
+        "version": spec.version,
         "params": spec.params,
         # Two steps alike in all else but the files they declare must not share an entry:
         # the entry records output paths, and the second would get the first's.
@@ -84,7 +82,7 @@ def ingredients(spec: StepSpec, input_digests: dict[str, str], cache: Cache) -> 
         "inputs": input_digests,
         "files": {label: file_identity(path, cache) for label, path in sorted(spec.files.items())},
         "identity": spec.identity,
-        "packages": {name: package_version(name) for name in module.PACKAGES},
+        "packages": {name: package_version(name) for name in spec.packages},
     }
 
 
@@ -119,8 +117,11 @@ def select(steps: list[StepSpec], target: str | None, recipe: Recipe) -> list[St
     return [s for s in steps if s.name in needed]
 
 
-def plan(recipes: list[Recipe], cache: Cache, *, force: bool = False, target: str | None = None, single: bool = False) -> Plan:
+def plan(recipes: list[Recipe], cache: Cache, steps_of: Callable[[Recipe], list[StepSpec]], *, force: bool = False, target: str | None = None, single: bool = False) -> Plan:
     """Decide, for every step of every recipe, whether it runs or comes from the cache, and why.
+
+    ``steps_of`` turns a recipe into its step specs (``onnxbuild.pipeline.steps_for``): the
+    planner knows no step kind, only what each spec says of itself.
 
     With ``target``, the steps it needs are planned as usual; every other step whose outputs
     are current comes from the cache too, so the artifact folder keeps them (a targeted build
@@ -137,7 +138,7 @@ def plan(recipes: list[Recipe], cache: Cache, *, force: bool = False, target: st
     for recipe in recipes:
         last = cache.last_build(recipe.name)
         done: dict[str, PlannedStep] = {}
-        every = steps_for(recipe)
+        every = steps_of(recipe)
         needed = {s.name for s in select(every, target, recipe)}
         left_out: set[str] = set()
         for spec in every:

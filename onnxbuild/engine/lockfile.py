@@ -25,6 +25,7 @@ from onnxbuild._util import pretty_json, write_if_changed
 from onnxbuild.engine.cache import Cache, step_key
 from onnxbuild.engine.manifest import StepRecord
 from onnxbuild.recipe.model import Recipe
+from onnxbuild.spec import StepSpec
 
 LOCK_VERSION = 2
 
@@ -33,22 +34,17 @@ def lock_path(recipe: Recipe) -> Path:
     return recipe.directory / f"{Path(recipe.path).stem}.lock.json"
 
 
-def measured(kind: str, resolved: dict[str, Any]) -> bool:
-    """Whether a step's outputs differ run to run or machine to machine by design."""
-    from onnxbuild.verify import hardware_bound
-
-    return bool(hardware_bound({"kind": kind}, {"recipe": {"resolved": resolved}}))
-
-
-def write_lock(recipe: Recipe, steps: list[StepRecord], cache: Cache) -> Path:
-    """Write the lock of a successful build (only if its content changed)."""
+def write_lock(recipe: Recipe, steps: list[StepRecord], cache: Cache, specs: list[StepSpec]) -> Path:
+    """Write the lock of a successful build (only if its content changed). ``specs`` are the
+    recipe's steps: those whose outputs are measured (hardware-bound) are locked without digests."""
+    measured = {s.name for s in specs if s.measured}
     entries: dict[str, Any] = {}
     for s in steps:
         if s["status"] not in ("built", "cached") or s["key"] is None:
             continue
         entry = cache.get(s["key"])
         step: dict[str, Any] = {"key": s["key"], "ingredients": entry["ingredients"] if entry else None}
-        if measured(s["kind"], recipe.resolved):
+        if s["name"] in measured:
             step["measured"] = True
             step["outputs"] = sorted(o["path"] for o in s["outputs"])
         else:
@@ -77,10 +73,9 @@ def expected_outputs(recipe: Recipe, locked: dict[str, Any]) -> dict[str, dict[s
     return {f"{recipe.name}:{name}": dict(step["outputs"]) for name, step in locked.items() if isinstance(step, dict) and isinstance(step.get("outputs"), dict)}
 
 
-def check_lock(recipe: Recipe, cache: Cache) -> list[str]:
-    """What differs between the recipe and its lock, in words; empty when the lock is current."""
+def check_lock(recipe: Recipe, cache: Cache, specs: list[StepSpec]) -> list[str]:
+    """What differs between the recipe (its steps: ``specs``) and its lock, in words; empty when the lock is current."""
     from onnxbuild.engine.graph import explain, ingredients
-    from onnxbuild.pipeline import steps_for
 
     path = lock_path(recipe)
     try:
@@ -90,7 +85,6 @@ def check_lock(recipe: Recipe, cache: Cache) -> list[str]:
     except (OSError, ValueError) as exc:
         return [f"{path} cannot be read ({exc}); rebuild it with `onnxbuild make {recipe.path} --lock`"]
     problems: list[str] = []
-    specs = steps_for(recipe)
     for spec in specs:
         if spec.name not in locked:
             problems.append(f"{recipe.name}:{spec.name}: not in the lock (a new step)")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Literal, TypedDict
 
 from onnxbuild.engine.cache import OutputRecord
-from onnxbuild.engine.versions import platform_info, versions
+from onnxbuild.environment import platform_info, versions
 
 Status = Literal["built", "cached", "failed", "skipped"]
 

@@ -40,8 +40,7 @@ from onnxbuild.engine.locks import FileLock
 from onnxbuild.engine.manifest import StepRecord, make_manifest
 from onnxbuild.errors import BuildFailed, UsageError
 from onnxbuild.recipe.model import Recipe
-from onnxbuild.steps import step_module
-from onnxbuild.steps.base import StepContext
+from onnxbuild.spec import StepContext
 
 LOCK_TIMEOUT_S = 6 * 3600.0
 RETRY_S = 0.1
@@ -254,7 +253,7 @@ def _run_all(
 
 
 def _exclusive(st: _State) -> bool:
-    return bool(getattr(step_module(st.planned.spec.kind), "EXCLUSIVE", False))
+    return st.planned.spec.exclusive
 
 
 def _leave_out(st: _State) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from onnxbuild.errors import StepError
+from onnxbuild.recipe.families import FUSED_DECODERS
 
 # model_type -> what differs from Llama
 FAMILIES = {
@@ -27,6 +28,7 @@ FAMILIES = {
     "gemma": {"gemma": True},
     "gpt2": {"gpt2": True},
 }
+assert tuple(FAMILIES) == FUSED_DECODERS, "name a new family in onnxbuild/recipe/families.py too"
 MS = "com.microsoft"
 
 

@@ -450,14 +450,14 @@ def _semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) ->
             yield problem(("limits", "steps", step), f"no such step or step kind (kinds: {', '.join(sorted(kinds))}; steps such as {', '.join(sorted(named)) or 'validate.int8'})", key=True)
     decoder = (doc.get("optimize") or {}).get("decoder")
     if decoder == "fused":
-        from onnxbuild.fusion.decoder import FAMILIES
+        from onnxbuild.recipe.families import FUSED_DECODERS
 
         hf = (doc.get("source") or {}).get("huggingface")
         model_type = ((hf or {}).get("config") or {}).get("model_type")
         if not hf or hf.get("task") != "text-generation" or not with_past:
             yield problem(("optimize", "decoder"), "fused graphs are for text-generation models exported with export.with_past: true; use decoder: auto or export")
-        elif model_type is not None and model_type not in FAMILIES:
-            yield problem(("optimize", "decoder"), f"no fused graph for model_type {model_type!r} (there is one for {', '.join(FAMILIES)}); use decoder: auto or export")
+        elif model_type is not None and model_type not in FUSED_DECODERS:
+            yield problem(("optimize", "decoder"), f"no fused graph for model_type {model_type!r} (there is one for {', '.join(FUSED_DECODERS)}); use decoder: auto or export")
     for i, q in enumerate(doc.get("quantize", [])):
         earlier = [p["name"] for p in doc["quantize"][:i]]
         if with_past and q.get("method") == "static":

@@ -34,7 +34,7 @@ def source_files(src: dict[str, Any], recipe_dir: Path) -> dict[str, Path]:
 
 def plan_identity() -> dict[str, Any]:
     """The TensorFlow and tf2onnx versions, which change the converted graph (found without importing them)."""
-    from onnxbuild.engine.versions import package_version
+    from onnxbuild.environment import package_version
 
     return {"packages": {name: package_version(name) for name in PACKAGES}}
 

@@ -24,6 +24,11 @@ VERSION = 4
 PACKAGES = ("onnxruntime", "torch", "transformers", "numpy")
 SCHEMA_VERSION = 1
 EXCLUSIVE = True
+
+
+def measured(params: dict[str, Any]) -> str:
+    """Why this kind's outputs differ from run to run (see onnxbuild.steps.describe)."""
+    return "timings differ run to run"
 """The runner starts nothing else while a benchmark runs, and starts it only when idle."""
 
 
@@ -81,7 +86,7 @@ def rss_mb() -> float:
 def machine(threads: int) -> dict[str, Any]:
     import platform
 
-    from onnxbuild.engine.versions import cpu_info
+    from onnxbuild.environment import cpu_info
 
     return {"cpu": cpu_info()[0], "cores": os.cpu_count(), "threads": threads, "system": platform.system()}
 
@@ -89,7 +94,7 @@ def machine(threads: int) -> dict[str, Any]:
 def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     import onnxruntime as ort
 
-    from onnxbuild.engine.versions import versions
+    from onnxbuild.environment import versions
 
     bench = spec.params["benchmark"]
     export = spec.params["export"]

@@ -41,10 +41,16 @@ LEVELS = {"none": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "O
 HARDWARE_BOUND = frozenset({"extended", "layout", "all"})
 
 
+def measured(params: dict[str, Any]) -> str:
+    """Why this step's output differs by machine ("" when it does not): levels from extended up."""
+    level = params["optimize"]["level"]
+    return f"optimize level {level} is fused for this CPU and provider" if level in HARDWARE_BOUND else ""
+
+
 def cpu_fingerprint() -> str:
     """A short digest of the CPU's model and feature flags, read without heavy imports."""
     from onnxbuild._util import sha256_text
-    from onnxbuild.engine.versions import cpu_info
+    from onnxbuild.environment import cpu_info
 
     model, flags = cpu_info()
     return sha256_text(f"{model}\n{' '.join(sorted(flags.split()))}")[:16]

@@ -1,0 +1,110 @@
+"""What a step is: a spec the planner builds, a context the runner gives it, a result it returns.
+
+Plain data at the bottom of the layers: the engine plans and runs these without knowing
+any step kind (a spec carries its kind's version, packages and entry point), and the
+kinds (onnxbuild.steps) read their params from them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class StepInput:
+    """One file a step reads: ``path`` as produced by step ``step``."""
+
+    step: str
+    path: str
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one step needs from the machine it runs on: where it may run, never in its key."""
+
+    cpus: float = 1.0
+    memory_mb: int = 1024
+    gpus: int = 0
+    why_gpu: str = ""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Guards a recipe sets on a step (``limits:``): stopped and failed beyond them."""
+
+    memory_mb: int | None = None
+    seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """Everything the planner knows about one step of one recipe.
+
+    ``params`` holds the resolved recipe sections the step reads, keyed as in the
+    recipe (so a change reads ``export.opset changed 17 -> 18``). ``files`` names
+    local files or folders whose content is part of the step's identity, keyed by a
+    label that carries no absolute path (so keys are equal across checkouts).
+    """
+
+    name: str
+    kind: str
+    params: dict[str, Any]
+    deps: tuple[str, ...] = ()
+    inputs: tuple[StepInput, ...] = ()
+    outputs: tuple[str, ...] = ()
+    files: dict[str, Path] = field(default_factory=dict)
+    identity: dict[str, Any] = field(default_factory=dict)
+    """Extra ingredients computed at plan time (e.g. which revision a Hub id resolves to)."""
+    resources: Resources = field(default_factory=Resources)
+    limits: Limits = field(default_factory=Limits)
+    version: int = 1
+    """The kind's VERSION, part of the key: bumped whenever the kind's outputs can change."""
+    packages: tuple[str, ...] = ()
+    """Packages whose versions are part of the key (the kind's PACKAGES), and nothing else is."""
+    exclusive: bool = False
+    """Runs alone even with -j N (a benchmark must not share its cores)."""
+    entry: str = ""
+    """The importable module whose ``run(ctx, spec) -> StepResult`` does the work."""
+    measured: str = ""
+    """Why the outputs differ run to run or machine to machine by design ("" when they do not):
+    locks list such outputs without digests, verify reports them as hardware-bound."""
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What a running step may touch: its inputs (read-only) and its output folder."""
+
+    recipe_name: str
+    recipe_path: str
+    recipe_dir: Path
+    input_dir: Path
+    output_dir: Path
+    digests: dict[str, str] = field(default_factory=dict)
+    """sha256 of each of the spec's ``files`` (label -> digest), as the planner saw them."""
+    log: Callable[[str], None] = print
+
+    def input(self, rel: str) -> Path:
+        return self.input_dir / rel
+
+    def output(self, rel: str) -> Path:
+        path = self.output_dir / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What a step reports back.
+
+    ``extra_outputs`` lists files written beyond the declared ones (for example an
+    external-data file). ``data`` is small JSON kept in the cache entry and the
+    manifest (weights provenance, validation verdicts). ``summary`` is one line for
+    the terminal.
+    """
+
+    summary: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+    extra_outputs: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
