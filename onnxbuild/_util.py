@@ -96,6 +96,13 @@ def format_ms(ms: float | None) -> str:
     return f"{ms:.2f} ms" if ms < 100 else f"{ms:.0f} ms"
 
 
+def brief(exc: BaseException, *, lines: int | None = 1, limit: int = 300) -> str:
+    """An exception as one line of a user-facing message: its first non-blank ``lines``
+    (all when None) joined by spaces, cut at ``limit``; its type's name when it says nothing."""
+    text = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return " ".join(text[:lines] if lines is not None else text)[:limit] or type(exc).__name__
+
+
 def format_duration(seconds: float) -> str:
     """An estimate for people: "about 40 s", "about 3 min 5 s"."""
     if seconds < 1:

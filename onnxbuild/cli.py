@@ -2,6 +2,10 @@
 
 This is the only module that prints or exits. Library errors become ``Error: ...``
 with exit code 2 (bad recipe or usage) or 1 (failed build), never a traceback.
+
+Its size (one short function per command and option set, ~600 lines) is on purpose:
+the commands read top to bottom in the order of ``onnxbuild --help``, and none holds
+logic a library caller would need (that is in api.py).
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ Examples:
 
 
 class Group(click.Group):
+    """The command group: maps an error to exit 1 when --detailed-exitcode asks for Terraform's codes."""
+
     def invoke(self, ctx: click.Context) -> Any:
         # Terraform's -detailed-exitcode: 0 nothing to do, 2 changes, 1 any error (a
         # recipe error too), so a script can tell "would change" from "cannot tell".

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from onnxbuild._util import brief
+
 # Operators that only exist as fusions (ONNX Runtime's contrib domain): the counts a
 # transformers or onnxruntime bump silently changes.
 FUSED_DOMAIN = "com.microsoft"
@@ -33,6 +35,8 @@ class ModelFacts:
 
 @dataclass(frozen=True)
 class ModelRow:
+    """One line of a model file's diff: what, base value, working-tree value, unit."""
+
     what: str
     base: Any
     now: Any
@@ -129,7 +133,7 @@ def drift(old: Path, new: Path, sizes: dict[str, int], seed: int) -> tuple[dict[
         a = ort.InferenceSession(str(old), options, providers=["CPUExecutionProvider"])
         b = ort.InferenceSession(str(new), options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own types
-        return {}, f"not run: ONNX Runtime cannot load one side ({str(exc).splitlines()[0][:160]})"
+        return {}, f"not run: ONNX Runtime cannot load one side ({brief(exc, limit=160)})"
     ins_a = {i.name: i.type for i in a.get_inputs()}
     ins_b = {i.name: i.type for i in b.get_inputs()}
     if ins_a != ins_b:
@@ -145,7 +149,7 @@ def drift(old: Path, new: Path, sizes: dict[str, int], seed: int) -> tuple[dict[
     try:
         ra, rb = a.run(names, feeds), b.run(names, feeds)
     except Exception as exc:
-        return {}, f"not run: ONNX Runtime refused the inputs ({str(exc).splitlines()[0][:160]})"
+        return {}, f"not run: ONNX Runtime refused the inputs ({brief(exc, limit=160)})"
     out: dict[str, float] = {}
     for name, x, y in zip(names, ra, rb, strict=True):
         x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)

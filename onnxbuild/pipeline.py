@@ -18,10 +18,10 @@ report; ``validate`` compares ONNX Runtime with the source model at several shap
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from onnxbuild.recipe.model import Recipe
+from onnxbuild.sources import source_module
 from onnxbuild.spec import Limits, Resources, StepInput, StepSpec
 from onnxbuild.steps import describe
 
@@ -68,7 +68,7 @@ def steps_for(recipe: Recipe) -> list[StepSpec]:
     torch_source = recipe.torch_source
     steps: list[StepSpec] = []
     if torch_source:
-        files, identity = _torch_source_identity(recipe)
+        files, identity = source_module(kind).identity(src, recipe.directory)
         steps.append(StepSpec(name="source", kind="source", params={"source": r["source"]}, outputs=(SOURCE_RECORD,), files=files, identity=identity))
         steps.append(
             StepSpec(
@@ -82,11 +82,7 @@ def steps_for(recipe: Recipe) -> list[StepSpec]:
         )
         model_step = "export"
     else:
-        files, identity = ({"source.onnx.path": recipe.directory / src["path"]} if kind == "onnx" else {}), {}
-        if kind == "huggingface":
-            from onnxbuild.sources.huggingface import plan_file_identity
-
-            files, identity = plan_file_identity(src, recipe.directory)
+        files, identity = source_module(kind).identity(src, recipe.directory)
         steps.append(StepSpec(name="source", kind="source", params={"source": r["source"]}, outputs=(MODEL,), files=files, identity=identity))
         model_step = "source"
     steps.append(
@@ -253,26 +249,7 @@ def _weight_bytes(recipe: Recipe) -> int:
 
 
 def _estimate_weights(recipe: Recipe) -> int:
-    src = recipe.source
-    if recipe.source_kind == "onnx":
-        path = recipe.directory / src["path"]
-        return path.stat().st_size if path.is_file() else 0
-    if recipe.source_kind == "huggingface":
-        from onnxbuild.sources.huggingface import local_folder
-
-        folder = local_folder(src, recipe.directory)
-        if src.get("file") and folder is not None:
-            path = folder / src["file"]
-            return path.stat().st_size if path.is_file() else 0
-        if folder is not None and folder.is_dir():
-            return sum(f.stat().st_size for f in folder.iterdir() if f.suffix in (".safetensors", ".bin", ".pt"))
-        c = src.get("config") or {}
-        hidden = int(c.get("n_embd") or c.get("hidden_size") or 768)
-        layers = int(c.get("n_layer") or c.get("num_hidden_layers") or 12)
-        vocab = int(c.get("vocab_size") or 30522)
-        positions = int(c.get("n_positions") or c.get("max_position_embeddings") or 512)
-        return 4 * ((vocab + positions) * hidden + 12 * layers * hidden * hidden)
-    return 64 * 1024 * 1024
+    return int(source_module(recipe.source_kind).estimate_weights(recipe.source, recipe.directory))
 
 
 def _tolerances(recipe: Recipe, v: Variant) -> dict[str, Any]:
@@ -304,19 +281,3 @@ def _vocab_size(recipe: Recipe) -> int | None:
     config = recipe.source.get("config") or {}
     size = config.get("vocab_size")
     return int(size) if size else None
-
-
-def _torch_source_identity(recipe: Recipe) -> tuple[dict[str, Path], dict[str, Any]]:
-    """Local files whose contents identify the model, and identity facts found without a network."""
-    src = recipe.source
-    if recipe.source_kind == "pytorch":
-        from onnxbuild.sources.pytorch import factory_files
-
-        return factory_files(src, recipe.directory), {}
-    if recipe.source_kind == "tensorflow":
-        from onnxbuild.sources import tensorflow
-
-        return tensorflow.source_files(src, recipe.directory), tensorflow.plan_identity()
-    from onnxbuild.sources.huggingface import plan_identity
-
-    return plan_identity(src, recipe.directory)

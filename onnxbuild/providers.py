@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from onnxbuild._util import brief
+
 
 @dataclass(frozen=True)
 class ProviderStatus:
+    """An execution provider as tried here: listed, usable, and why not."""
+
     name: str
     listed: bool
     works: bool
@@ -46,7 +50,7 @@ def probe(names: list[str] | None = None) -> list[ProviderStatus]:
                 actual = session.get_providers()[0]
                 session.run(None, {"x": np.ones((1, 4), np.float32)})
         except Exception as exc:
-            out.append(ProviderStatus(name, True, False, f"session failed: {str(exc).splitlines()[0][:200]}"))
+            out.append(ProviderStatus(name, True, False, f"session failed: {brief(exc, limit=200)}"))
             continue
         if actual != name:
             detail = next((line.split("EP Error", 1)[1].strip() for line in printed.getvalue().splitlines() if "EP Error" in line and len(line) > 40), "")

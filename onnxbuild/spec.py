@@ -11,6 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+STEP_KINDS: tuple[str, ...] = ("source", "check", "export", "validate", "optimize", "quantize", "report", "benchmark", "generate")
+"""Every step kind, one module each at ``onnxbuild.steps.<kind>`` (the registry: the loader
+checks ``limits.steps`` against it, ``onnxbuild.steps`` imports from it)."""
+
+MISSING: Any = object()
+"""A key one side of a recipe change does not have (plan reasons and diff lines say "added" or "removed")."""
+
 
 @dataclass(frozen=True)
 class StepInput:

@@ -18,6 +18,8 @@ from onnxbuild.errors import UsageError
 
 @dataclass
 class StepVerdict:
+    """One step's outputs re-checked against the lock: matches, differs (measured or not), or missing."""
+
     step: str
     verdict: str  # identical | differs | hardware-dependent | missing
     detail: str = ""
@@ -25,6 +27,8 @@ class StepVerdict:
 
 @dataclass
 class RecipeVerdict:
+    """A recipe's verdicts, and whether the artifact folder can be trusted."""
+
     recipe: str
     steps: list[StepVerdict] = field(default_factory=list)
 

@@ -43,9 +43,16 @@ def imports(path: Path) -> set[str]:
                 parent = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*parent, base] if base else parent)
             if base.startswith("onnxbuild"):
-                found.add(base)
-                found |= {f"{base}.{a.name}" for a in node.names if (PACKAGE.parent / f"{base}.{a.name}".replace(".", "/")).with_suffix(".py").exists()}
+                modules = {f"{base}.{a.name}" for a in node.names if is_module(f"{base}.{a.name}")}
+                found |= modules
+                if len(modules) < len(node.names):  # ``from pkg import name``: pkg's own code runs
+                    found.add(base)
     return found
+
+
+def is_module(name: str) -> bool:
+    path = PACKAGE.parent / name.replace(".", "/")
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
 
 
 MODULES = {module_name(p): imports(p) for p in sorted(PACKAGE.rglob("*.py"))}
@@ -75,3 +82,58 @@ def test_the_core_imports_nothing_above_it() -> None:
     for module in (m for m in MODULES if within(m, *core)):
         upward = sorted(i for i in MODULES[module] if not within(i, *core, "onnxbuild._version"))
         assert not upward, f"{module} imports {upward}"
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circle() -> None:
+    # importing onnxbuild.a.b runs onnxbuild/a/__init__.py first, so a subpackage's
+    # __init__ counts as imported (the root package only re-exports the API)
+    def parents(name: str) -> set[str]:
+        parts = name.split(".")
+        return {".".join(parts[:i]) for i in range(2, len(parts))}
+
+    graph = {m: {i for d in deps for i in {d, *parents(d)} if i in MODULES and i not in (m, "onnxbuild")} for m, deps in MODULES.items()}
+    found = cycles(graph)
+    shown = "; ".join(" -> ".join(c) + ": " + ", ".join(f"{a} imports {sorted(graph[a] & set(c))}" for a in c) for c in found)
+    assert not found, f"import circles: {shown}"
+
+
+SOURCE_KINDS = ("onnx", "graph", "huggingface", "pytorch", "tensorflow")
+
+
+@pytest.mark.parametrize("kind", SOURCE_KINDS)
+def test_a_source_kind_imports_no_other_source_and_no_step(kind: str) -> None:
+    module = f"onnxbuild.sources.{kind}"
+    upward = sorted(i for i in MODULES[module] if within(i, "onnxbuild.steps", *(f"onnxbuild.sources.{k}" for k in SOURCE_KINDS if k != kind)))
+    assert not upward, f"{module} imports {upward}: a source kind stands alone (shared torch helpers are in sources.torchmodel)"

@@ -217,7 +217,7 @@ def _case(shape: dict[str, int], outputs: dict[str, float], failed: str = "") ->
 
 
 def test_validation_markdown_leads_with_one_verdict_table_and_folds_the_details() -> None:
-    from onnxbuild.steps.validate import markdown
+    from onnxbuild.report.validation import markdown
 
     outputs = {f"present.{i}.key": 1e-7 * (i + 1) for i in range(12)} | {"logits": 2e-7}
     variant = {"provider": "CPUExecutionProvider", "atol": 1e-4, "rtol": 1e-3, "top1": None, "accuracy": None, "embedding_cosine": None, "web": None}

@@ -17,21 +17,18 @@ import pytest
 from onnxbuild._util import pretty_json
 from onnxbuild.errors import RecipeError, StepError
 from onnxbuild.recipe.loader import parse_recipe
+from onnxbuild.report.validation import (
+    AccuracyResult,
+    EmbeddingResult,
+    ShapeResult,
+    failure_message,
+)
 from onnxbuild.sources.torchmodel import (
     labelled_inputs,
     load_tokenizer,
     sentence_inputs,
 )
-from onnxbuild.steps.validate import (
-    AccuracyResult,
-    EmbeddingResult,
-    ShapeResult,
-    compare,
-    cosine_rows,
-    failure_message,
-    json_safe,
-    mean_pool,
-)
+from onnxbuild.steps.validate import compare, cosine_rows, json_safe, mean_pool
 from onnxbuild.usercode import load_function
 
 # ---------------------------------------------------------------- compare

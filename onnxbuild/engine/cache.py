@@ -14,6 +14,10 @@ An entry is written last, atomically, after all its objects are in place: a buil
 killed at any moment leaves either a whole entry or none. An entry that cannot be
 read, whose objects are missing or the wrong size, or which names an output path outside
 its artifact folder, is a miss with a warning.
+
+One module (~520 lines): the layout above, its invariants and every operation that
+must keep them (put, get, gc, clean, verify, the hash memo) belong together; the remote
+cache is remote.py, signatures signing.py.
 """
 
 from __future__ import annotations
@@ -42,12 +46,16 @@ from onnxbuild.errors import CacheError
 
 
 class OutputRecord(TypedDict):
+    """One file a step wrote: its path in the artifact folder, digest and size."""
+
     path: str
     sha256: str
     bytes: int
 
 
 class EntryRecord(TypedDict):
+    """A cache entry (entries/<kk>/<key>.json): what went into a step's key and what it wrote."""
+
     key: str
     step: str
     kind: str
@@ -109,6 +117,10 @@ def step_key(ingredients: dict[str, Any]) -> str:
 
 @dataclass
 class Cache:
+    """The local content-addressed cache: entries by step key, objects by digest, scratch space,
+    and the lock that keeps ``gc`` and ``clean`` from removing what a running build uses.
+    It only ever deletes what it created, never through a link."""
+
     root: Path
     warn: Callable[[str], None] = lambda message: None
 

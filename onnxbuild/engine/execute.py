@@ -15,7 +15,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -25,6 +25,8 @@ from onnxbuild.spec import Limits, StepContext, StepResult, StepSpec
 
 @dataclass(frozen=True)
 class Task:
+    """A step to run: its spec, its context (input and output folders) and where its log goes."""
+
     spec: StepSpec
     ctx: StepContext
     log_path: str
@@ -32,13 +34,14 @@ class Task:
 
 @dataclass(frozen=True)
 class Outcome:
+    """How a step ended: its result, or the error (and detail for the log), time and peak memory."""
+
     ok: bool
     result: StepResult | None = None
     error: str = ""
     detail: str = ""
     seconds: float = 0.0
     peak_rss_mb: float | None = None
-    outputs: tuple[str, ...] = field(default_factory=tuple)
 
 
 def run_task(task: Task) -> Outcome:

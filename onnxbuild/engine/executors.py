@@ -28,17 +28,22 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from onnxbuild._util import brief
 from onnxbuild.engine.execute import ChildStep, Outcome, Task, run_task
 from onnxbuild.errors import UsageError
 from onnxbuild.spec import Resources
 
 
 class Handle(Protocol):
+    """A started step: its outcome when finished, or kill it."""
+
     def outcome(self) -> Outcome: ...
     def kill(self) -> None: ...
 
 
 class Executor(Protocol):
+    """Where steps run (this machine's processes, a Ray cluster): start, wait for any, check resources, close."""
+
     name: str
 
     def start(self, task: Task, resources: Resources, inputs: dict[str, str], outputs: Sequence[str]) -> Handle: ...
@@ -73,6 +78,8 @@ class LocalExecutor:
 
 @dataclass(frozen=True)
 class RaySettings:
+    """How to reach Ray and what a remote step may retry or pull from."""
+
     address: str | None = None
     """None: start a Ray instance in this process (a local cluster); else ``auto`` or ``ray://host:port``."""
     max_retries: int = 2
@@ -153,6 +160,8 @@ def _discard(message: str) -> None:
 
 
 class RayHandle:
+    """A step submitted to Ray as a task."""
+
     def __init__(self, executor: RayExecutor, ref: Any, task: Task) -> None:
         self.executor = executor
         self.ref = ref
@@ -165,7 +174,7 @@ class RayHandle:
             got = ray.get(self.ref)
         except Exception as exc:  # the task failed past its retries, or was cancelled
             name = type(exc).__name__
-            return Outcome(False, error=f"the Ray task failed ({name}: {str(exc).splitlines()[0][:300] if str(exc) else ''}) after {self.executor.settings.max_retries} retries", seconds=time.perf_counter() - self.started)
+            return Outcome(False, error=f"the Ray task failed ({name}: {brief(exc)}) after {self.executor.settings.max_retries} retries", seconds=time.perf_counter() - self.started)
         if isinstance(got, Outcome):
             return got
         outcome, pushed = got
@@ -202,7 +211,7 @@ class RayExecutor:
             try:
                 ray.init(**kwargs)
             except Exception as exc:
-                raise UsageError(f"cannot start or reach Ray ({settings.address or 'local instance'}): {str(exc).splitlines()[0][:300]}") from None
+                raise UsageError(f"cannot start or reach Ray ({settings.address or 'local instance'}): {brief(exc)}") from None
             self._started = True
         # max_calls=1: a fresh worker process per step, as locally (memory returned between
         # steps, an honest peak RSS, a GPU context freed).

@@ -15,7 +15,7 @@ from onnxbuild.engine.cache import Cache, EntryRecord, step_key
 from onnxbuild.environment import package_version
 from onnxbuild.errors import Problem, RecipeError, UsageError
 from onnxbuild.recipe.model import Recipe
-from onnxbuild.spec import StepSpec
+from onnxbuild.spec import MISSING, StepSpec
 
 Action = Literal["run", "cached", "outside"]
 """``outside``: a step beyond ``--target`` whose inputs are still to be rebuilt: taken from the
@@ -27,6 +27,8 @@ OUTSIDE = "outside --target: kept if its inputs are rebuilt identical, else left
 
 @dataclass(frozen=True)
 class PlannedStep:
+    """A step of the plan: what it is, whether it runs (and why) or comes from the cache."""
+
     recipe: Recipe
     spec: StepSpec
     action: Action
@@ -235,14 +237,11 @@ def explain(last: dict[str, Any] | None, now: dict[str, Any], key: str) -> list[
 
 
 def _change_words(old: Any, new: Any) -> str:
-    if old is _MISSING:
+    if old is MISSING:
         return f"added ({_short(new)})"
-    if new is _MISSING:
+    if new is MISSING:
         return f"removed (was {_short(old)})"
     return f"changed {_short(old)} -> {_short(new)}"
-
-
-_MISSING: Any = object()
 
 
 def _short(value: Any) -> str:
@@ -263,7 +262,7 @@ def _changes(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, Any]]
         out: list[tuple[str, Any, Any]] = []
         for k in sorted(set(old) | set(new)):
             path = f"{prefix}.{k}" if prefix else k
-            out.extend(_changes(old.get(k, _MISSING), new.get(k, _MISSING), path))
+            out.extend(_changes(old.get(k, MISSING), new.get(k, MISSING), path))
         return out
     if isinstance(old, list) and isinstance(new, list) and len(old) != len(new) and _named(old) and _named(new):
         # Lists of named items (inputs, quantize variants) that grew or shrank: match by name,
@@ -271,15 +270,15 @@ def _changes(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, Any]]
         before, after = {i["name"]: i for i in old}, {i["name"]: i for i in new}
         out = []
         for name in [*before, *(n for n in after if n not in before)]:
-            out.extend(_changes(before.get(name, _MISSING), after.get(name, _MISSING), f"{prefix}[{name}]"))
+            out.extend(_changes(before.get(name, MISSING), after.get(name, MISSING), f"{prefix}[{name}]"))
         return out
     if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
         out = []
         for i, (a, b) in enumerate(zip(old, new, strict=True)):
             out.extend(_changes(a, b, f"{prefix}[{i}]"))
         return out
-    if old is _MISSING and new is _MISSING:
+    if old is MISSING and new is MISSING:
         return []
-    if old is _MISSING or new is _MISSING or old != new:
+    if old is MISSING or new is MISSING or old != new:
         return [(prefix, old, new)]
     return []

@@ -20,6 +20,8 @@ MANIFEST_SCHEMA_VERSION = 2
 
 
 class StepRecord(TypedDict):
+    """A step as this build reports it: its key, status (built, cached, pulled, failed, skipped) and why."""
+
     name: str
     kind: str
     key: str | None
@@ -44,12 +46,16 @@ def manifest_step(record: StepRecord) -> ManifestStep:
 
 
 class RecipeRecord(TypedDict):
+    """The recipe a manifest was built from: path, digest of its bytes, every resolved key."""
+
     path: str
     digest: str
     resolved: dict[str, Any]
 
 
 class Manifest(TypedDict):
+    """artifacts/<name>/manifest.json: the recipe, each step's key and outputs, package versions, platform."""
+
     schema_version: int
     name: str
     recipe: RecipeRecord

@@ -22,6 +22,10 @@ from onnxbuild.errors import CacheError
 
 
 class RemoteCache:
+    """A shared cache behind an fsspec URL (file://, s3://, gs://, ...): entries and objects as in the
+    local cache, every object checked against its digest (and, with keys configured, its
+    signature) before use; a corrupt remote object is replaced on the next push."""
+
     def __init__(self, url: str, *, read_only: bool = False, signer: Any = None, verifier: Any = None) -> None:
         try:
             import fsspec

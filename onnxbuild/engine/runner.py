@@ -4,16 +4,19 @@ The runner decides nothing about policy: the plan says what to run. It only
 re-derives a step's key when the step's inputs have just been rebuilt, fails a step
 whose declared outputs are missing, skips the dependents of a failure (naming it),
 and writes each recipe's artifacts and manifest under a lock.
+
+One module (~570 lines) because its parts share one state machine (``_State`` per step:
+waiting, running, cached, failed, skipped) that splitting would turn into a protocol;
+placing files in artifact folders and their trust checks are in artifacts.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -21,16 +24,24 @@ from typing import Any, Protocol
 from onnxbuild._util import (
     atomic_write_text,
     pretty_json,
-    read_regular_text,
-    temp_owner,
     write_if_changed,
+)
+from onnxbuild.engine.artifacts import (
+    artifact_folder,
+    check_places,
+    inside,
+    keep_failed_outputs,
+    link_or_copy,
+    materialise,
+    previous_owners,
+    remove_stale_temps,
+    save_log,
 )
 from onnxbuild.engine.cache import (
     Cache,
     EntryRecord,
     OutputRecord,
     pause_for_tests,
-    process_alive,
     step_key,
 )
 from onnxbuild.engine.execute import Outcome, Task, run_task
@@ -38,7 +49,7 @@ from onnxbuild.engine.executors import Executor, Handle, LocalExecutor
 from onnxbuild.engine.graph import FORCED, Plan, PlannedStep, explain, ingredients, input_digests
 from onnxbuild.engine.locks import FileLock
 from onnxbuild.engine.manifest import StepRecord, make_manifest
-from onnxbuild.errors import BuildFailed, UsageError
+from onnxbuild.errors import BuildFailed
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.spec import StepContext
 
@@ -48,12 +59,16 @@ RETRY_S = 0.1
 
 
 class Reporter(Protocol):
+    """What a build tells the user as it goes: a step started, finished, a warning."""
+
     def step_started(self, step: PlannedStep) -> None: ...
     def step_finished(self, step: PlannedStep, record: StepRecord, seconds: float) -> None: ...
     def warning(self, message: str) -> None: ...
 
 
 class NullReporter:
+    """A Reporter that says nothing (the library API's default)."""
+
     def step_started(self, step: PlannedStep) -> None:
         pass
 
@@ -66,6 +81,8 @@ class NullReporter:
 
 @dataclass
 class RecipeOutcome:
+    """One recipe's result: its step records, artifact folder and timings."""
+
     recipe: Recipe
     steps: list[StepRecord]
     artifacts: Path
@@ -78,6 +95,8 @@ class RecipeOutcome:
 
 @dataclass
 class BuildReport:
+    """What ``make`` did for every recipe; ``ok`` when no step failed."""
+
     recipes: list[RecipeOutcome] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -327,7 +346,7 @@ def _start(
         dep = states[f"{p.recipe.name}:{inp.step}"].entry
         assert dep is not None
         sha = {o["path"]: o["sha256"] for o in dep["outputs"]}[inp.path]
-        _link_or_copy(cache.object_path(sha), inputs_dir / inp.path)
+        link_or_copy(cache.object_path(sha), inputs_dir / inp.path)
         placed[inp.path] = sha
     # Companion files (external tensor data) travel with the model that names them.
     for inp in p.spec.inputs:
@@ -337,7 +356,7 @@ def _start(
             continue
         for o in dep["outputs"]:
             if not o["path"].startswith("reports/") and not (inputs_dir / o["path"]).exists():
-                _link_or_copy(cache.object_path(o["sha256"]), inputs_dir / o["path"])
+                link_or_copy(cache.object_path(o["sha256"]), inputs_dir / o["path"])
                 placed[o["path"]] = o["sha256"]
     ctx = StepContext(
         recipe_name=p.recipe.name,
@@ -459,118 +478,15 @@ def _finish(st: _State, outcome: Outcome, workdir: Path, cache: Cache, reporter:
         if not outcome.ok:
             message = outcome.error
             if outcome.detail:
-                saved = _save_log(workdir, artifacts_root, p)
+                saved = save_log(workdir, artifacts_root, p)
                 if saved:
                     message += f" (full log: {saved})"
             st.record = _record(p, p.key, "failed", message, None)
-            _keep_failed_outputs(workdir / "out", artifacts_root, p)
+            keep_failed_outputs(workdir / "out", artifacts_root, p)
         assert st.record is not None
         reporter.step_finished(p, st.record, st.seconds)
     finally:
         _release(st, workdir)
-
-
-def _failed_dir(artifacts_root: Path, p: PlannedStep) -> Path:
-    return artifact_folder(artifacts_root, p.recipe.name) / "failed" / p.spec.name
-
-
-def artifact_folder(artifacts_root: Path, name: str) -> Path:
-    """``artifacts_root/name``, refused if it leads elsewhere.
-
-    A cloned repository (or a pull request built in CI) can hold artifacts/<name> as a
-    symbolic link to any folder; following it would overwrite files there. The artifacts
-    root itself may be a link (say, to a bigger disk): only what lies under it is checked.
-    """
-    folder = artifacts_root / name
-    if not _inside(folder, artifacts_root):
-        raise UsageError(f"{folder} leads to {folder.resolve()}, outside {artifacts_root}/ (a symbolic link?); onnxbuild writes artifacts only inside {artifacts_root}/: remove the link, or pass --artifacts-dir")
-    return folder
-
-
-def check_places(folder: Path, paths: list[str]) -> None:
-    """Refuse, before anything is built, an artifact folder where a file or folder onnxbuild
-    writes is in the way (a folder named model.onnx, a file named reports): it could be the
-    user's, so it is never removed."""
-    if folder.exists() and not folder.is_dir():
-        raise UsageError(f"{folder} is a file where onnxbuild writes the artifact folder; move it away and build again")
-    for rel in paths:
-        target = folder / rel
-        for parent in reversed(target.relative_to(folder).parents):
-            place = folder / parent
-            if parent != Path(".") and place.exists() and not place.is_dir():
-                raise UsageError(f"{place} is a file where onnxbuild needs a folder (for {rel}); move it away and build again")
-        if target.is_dir() and not target.is_symlink():
-            raise UsageError(f"{target} is a folder where onnxbuild writes a file; move it away and build again")
-
-
-def _inside(path: Path, root: Path) -> bool:
-    """Whether ``path``, its symbolic links followed, lies under ``root`` (or is it)."""
-    return path.resolve().is_relative_to(root.resolve())
-
-
-def _checked(dest: Path, folder: Path) -> Path:
-    """``dest``, a file to be written in ``folder``, refused if its parent leads out of it.
-
-    The file itself may be a link: callers replace or unlink it, never write through it.
-    """
-    if not _inside(dest.parent, folder):
-        raise UsageError(f"{dest.parent} leads to {dest.parent.resolve()}, outside {folder}/ (a symbolic link?); onnxbuild writes artifacts only inside it: remove the link")
-    return dest
-
-
-def _save_log(workdir: Path, artifacts_root: Path, p: PlannedStep) -> str | None:
-    src = workdir / "step.log"
-    if not src.exists():
-        return None
-    dest = _checked(_failed_dir(artifacts_root, p) / "step.log", artifacts_root / p.recipe.name)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.unlink(missing_ok=True)  # copyfile writes through a link; a fresh file cannot be one
-    shutil.copyfile(src, dest)
-    return str(dest)
-
-
-def _keep_failed_outputs(out: Path, artifacts_root: Path, p: PlannedStep) -> None:
-    """A failed step's reports (say, a failed validation) are worth reading; keep them apart from good artifacts."""
-    files = [f for f in out.rglob("*") if f.is_file() and f.suffix in (".json", ".md", ".txt")] if out.is_dir() else []
-    for f in files:
-        dest = _checked(_failed_dir(artifacts_root, p) / f.relative_to(out), artifacts_root / p.recipe.name)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.unlink(missing_ok=True)
-        shutil.copyfile(f, dest)
-
-
-def _link_or_copy(src: Path, dest: Path, *, pause: str = "") -> None:
-    """Place ``src`` at ``dest`` atomically: a hard link where possible, else a copy.
-
-    The temporary name carries this process's id, so a later build can tell the leftovers
-    of a killed one (see ``_remove_stale_temps``).
-    """
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    try:
-        os.link(src, tmp)
-    except OSError:
-        shutil.copyfile(src, tmp)
-    if pause:
-        pause_for_tests("materialise", pause)
-    os.replace(tmp, dest)
-
-
-def _remove_stale_temps(folder: Path) -> None:
-    """Delete ``.<file>.<pid>[-<random>].tmp`` left in an artifact folder by a build killed mid-write.
-
-    No reader looks at them, but each is a hard link that keeps a cache object's bytes on
-    disk after ``onnxbuild gc``, and a copied (cross-device) one is a whole model.
-    """
-    if not folder.is_dir():
-        return
-    for tmp in folder.rglob(".*.tmp"):
-        pid = temp_owner(tmp.name)
-        if pid is not None and not process_alive(pid):
-            with contextlib.suppress(OSError):
-                tmp.unlink()
 
 
 def _finish_recipe(recipe: Recipe, states: list[_State], cache: Cache, artifacts_root: Path) -> RecipeOutcome:
@@ -578,27 +494,27 @@ def _finish_recipe(recipe: Recipe, states: list[_State], cache: Cache, artifacts
     folder = artifact_folder(artifacts_root, recipe.name)
     states = [st for st in states if not st.left_out]
     records = [st.record for st in states if st.record is not None]
-    previous = _previous_owners(folder)
-    _remove_stale_temps(folder)
+    previous = previous_owners(folder)
+    remove_stale_temps(folder)
     current: dict[str, OutputRecord] = {}
     for st in states:
         if st.entry is not None:
             for o in st.entry["outputs"]:
                 current[o["path"]] = o
     for rel, o in sorted(current.items()):
-        _materialise(cache, o, folder, rel)
+        materialise(cache, o, folder, rel)
     # Files an earlier build wrote that this one no longer produces (e.g. an external-data file).
     failed_steps = {st.planned.spec.name for st in states if st.record and st.record["status"] != "built" and st.record["status"] != "cached"}
     for rel in sorted(set(previous) - set(current)):
         if previous[rel] in failed_steps:
             continue  # keep what an earlier good build of a now-failing step left
-        if not _inside((folder / rel).parent, folder):
+        if not inside((folder / rel).parent, folder):
             continue  # the manifest is a file in the work tree: "../" or "/" paths in it delete nothing
         with contextlib.suppress(OSError):
             (folder / rel).unlink()
     for st in states:
         failed = folder / "failed" / st.planned.spec.name
-        if st.record and st.record["status"] in ("built", "cached") and _inside(failed, folder):
+        if st.record and st.record["status"] in ("built", "cached") and inside(failed, folder):
             shutil.rmtree(failed, ignore_errors=True)
     with contextlib.suppress(OSError):
         (folder / "failed").rmdir()
@@ -638,37 +554,6 @@ def _finish_recipe(recipe: Recipe, states: list[_State], cache: Cache, artifacts
     return RecipeOutcome(recipe, records, folder, timings)
 
 
-def _previous_owners(folder: Path) -> dict[str, str]:
-    """Each file the last manifest lists, mapped to the step that wrote it."""
-    try:
-        data = json.loads(read_regular_text(folder / "manifest.json", limit=64 << 20))
-        # A manifest is a file in the work tree, not our word: only text paths are taken.
-        return {o["path"]: str(s["name"]) for s in data.get("steps", []) for o in s.get("outputs", []) if isinstance(o["path"], str)}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
-        return {}
-
-
-def _materialise(cache: Cache, o: OutputRecord, folder: Path, rel: str) -> None:
-    dest = _checked(folder / rel, folder)
-    src = cache.object_path(o["sha256"])
-    try:
-        if os.path.samefile(src, dest):
-            return
-    except OSError:
-        pass
-    try:
-        st = dest.stat()
-        if st.st_size == o["bytes"] and cache.file_digest(dest) == o["sha256"]:
-            return
-    except OSError:
-        pass
-    if cache.file_digest(src) != o["sha256"]:
-        from onnxbuild.errors import CacheError
-
-        raise CacheError(f"cache object {o['sha256'][:12]} for {o['path']} is corrupt; run `onnxbuild cache verify`, then build again")
-    _link_or_copy(src, dest, pause=rel)
-
-
 def _display_path(recipe: Recipe) -> str:
     path = Path(recipe.path)
     if path.is_absolute():
@@ -693,5 +578,3 @@ def raise_for_failures(report: BuildReport) -> None:
         lines.append("skipped: " + ", ".join(skipped))
     raise BuildFailed("\n".join(lines))
 
-
-Callback = Callable[[str], None]

@@ -58,6 +58,8 @@ def public_text(key: Any) -> str:
 
 
 class Signer:
+    """Signs remote cache entries with an Ed25519 private key (ONNXBUILD_SIGNING_KEY)."""
+
     def __init__(self, path: Path) -> None:
         from cryptography.hazmat.primitives import serialization
 
@@ -74,6 +76,8 @@ class Signer:
 
 
 class Verifier:
+    """Accepts a remote entry only when one of the trusted Ed25519 public keys signed it."""
+
     def __init__(self, keys: list[str]) -> None:
         ed = _ed25519()
         self.keys = []

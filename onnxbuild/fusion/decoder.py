@@ -34,6 +34,8 @@ MS = "com.microsoft"
 
 @dataclass(frozen=True)
 class Built:
+    """A fused decoder graph and what went into it (fused-op counts for optimize.json)."""
+
     model: Any
     fused_ops: dict[str, int]
     family: str

@@ -10,36 +10,20 @@ import difflib
 import json
 import math
 from collections.abc import Iterable
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 from onnxbuild._util import sha256_bytes
 from onnxbuild.errors import Problem, RecipeError
-from onnxbuild.recipe.model import Recipe, is_torch_source
-from onnxbuild.recipe.tasks import DERIVED_DIMS, TASKS, WITH_PAST_INPUTS
+from onnxbuild.recipe.checks import semantic_problems
+from onnxbuild.recipe.model import Recipe
+from onnxbuild.recipe.resolve import deref, resolve, schema, schema_text
 from onnxbuild.recipe.yamlpos import Path_, Positions, dotted
 
 MAX_RECIPE_BYTES = 1 << 20
 """A recipe is a page of YAML; anything over 1 MiB is a mistake (or an attack) and is refused unread."""
 
-DEFAULT_SAMPLE = {"batch": 2, "sequence": 16, "past_sequence": 4}
-DEFAULT_ATOL = 1e-4
-DEFAULT_RTOL = 1e-3
-DEFAULT_TOP1_MIN = 0.99
-DEFAULT_COSINE_MIN = 0.99
-"""validate.cosine_min when validate.sentences is given: float32 exports of sentence encoders measure above 0.9999."""
-
-
-@cache
-def schema_text() -> str:
-    return (Path(__file__).parent / "schema.json").read_text(encoding="utf-8")
-
-
-@cache
-def schema() -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(schema_text())
-    return data
+__all__ = ["MAX_RECIPE_BYTES", "decode_recipe", "load_recipe", "parse_recipe", "read_recipe_bytes", "remember", "resolve", "schema", "schema_text"]
 
 
 def read_recipe_bytes(path: str | Path) -> bytes:
@@ -158,7 +142,7 @@ def parse_recipe(text: str, shown: str) -> dict[str, Any]:
         raise RecipeError([Problem(shown, 1, 1, "", f"a recipe is a mapping of keys (name, source, ...), not a {_kind(doc)}")])
     problems = list(_non_finite(doc, positions, shown, ())) + list(_schema_problems(doc, positions, shown))
     if not problems:
-        problems = list(_semantic_problems(doc, positions, shown))
+        problems = list(semantic_problems(doc, positions, shown))
     if problems:
         problems.sort(key=lambda p: (p.line or 0, p.column or 0, p.path))
         raise RecipeError(problems)
@@ -263,7 +247,7 @@ def _branches_of_right_type(error: Any) -> list[list[Any]]:
 
 def _wants_string(sch: dict[str, Any]) -> bool:
     if "$ref" in sch:
-        return _wants_string(_deref(sch["$ref"]))
+        return _wants_string(deref(sch["$ref"]))
     return sch.get("type") == "string"
 
 
@@ -272,7 +256,7 @@ def _describe(sch: dict[str, Any]) -> str:
     if "x-expected" in sch:
         return str(sch["x-expected"])
     if "$ref" in sch:
-        return _describe(_deref(sch["$ref"]))
+        return _describe(deref(sch["$ref"]))
     if "enum" in sch:
         return "one of: " + ", ".join(str(v) for v in sch["enum"])
     if "anyOf" in sch:
@@ -305,14 +289,6 @@ def _describe(sch: dict[str, Any]) -> str:
     return "valid"
 
 
-def _deref(ref: str) -> dict[str, Any]:
-    node: Any = schema()
-    for part in ref.removeprefix("#/").split("/"):
-        node = node[part]
-    result: dict[str, Any] = node
-    return result
-
-
 def _kind(value: Any) -> str:
     if isinstance(value, bool):
         return "boolean"
@@ -337,290 +313,3 @@ def _shown(value: Any) -> str:
     return json.dumps(value)
 
 
-# ---------------------------------------------------------------- cross-field checks
-
-
-def _semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> Iterable[Problem]:
-    def problem(path: Path_, message: str, key: bool = False) -> Problem:
-        pos = positions.of(path, key=key)
-        return Problem(shown, pos[0] if pos else None, pos[1] if pos else None, dotted(path), message)
-
-    kind = next(iter(doc["source"]))
-    src = doc["source"][kind]
-    torch_source = is_torch_source(doc["source"])
-    if not torch_source:
-        what = "an ONNX file, huggingface.file" if kind == "huggingface" else kind
-        for section in ("export", "validate"):
-            if section in doc:
-                yield problem((section,), f"applies only to huggingface, pytorch and tensorflow sources (this recipe's source is {what}); remove it", key=True)
-    if kind == "huggingface" and (src.get("model") is not None) == (src.get("package") is not None):
-        got = "it has both" if src.get("model") is not None else "it has neither"
-        yield problem(("source", "huggingface"), f"give exactly one of `model` (Hub id or folder) and `package` (a folder inside an installed package); {got}", key=True)
-    if kind in ("pytorch", "tensorflow") and "inputs" not in doc.get("export", {}):
-        what = "its input signature: " if kind == "tensorflow" else ""
-        yield problem(("export",) if "export" in doc else ("source", kind), f"a {kind} source needs export.inputs ({what}name, dtype and shape of each model input)", key=True)
-    if kind == "tensorflow" and ("factory" in src) == ("keras" in src):
-        got = "it has both" if "factory" in src else "it has neither"
-        yield problem(("source", "tensorflow"), f"give exactly one of `factory` (file.py:function) and `keras` (a .keras file); {got}", key=True)
-    from onnxbuild.usercode import ref_problem
-
-    refs = [(("source", kind, "factory"), src.get("factory")) if kind in ("pytorch", "tensorflow") else ((), None)]
-    accuracy = (doc.get("validate") or {}).get("accuracy")
-    if isinstance(accuracy, dict):
-        refs.append((("validate", "accuracy", "dataset"), accuracy.get("dataset")))
-    for path, ref in refs:
-        wrong = ref_problem(ref) if isinstance(ref, str) else None
-        if wrong:
-            yield problem(path, wrong)
-    if kind == "tensorflow" and doc.get("export", {}).get("exporter", "torchscript") != "torchscript":
-        yield problem(("export", "exporter"), "a tensorflow source is converted with tf2onnx; remove export.exporter")
-    if kind == "graph":
-        yield from _graph_problems(src, problem)
-
-    export = doc.get("export", {})
-    with_past = bool(export.get("with_past"))
-    if with_past and not (kind == "huggingface" and src.get("task") == "text-generation"):
-        what = f"task {src.get('task')}" if kind == "huggingface" else f"a {kind} source"
-        yield problem(("export", "with_past"), f"applies to huggingface text-generation models (this recipe has {what}); remove it")
-        with_past = False
-    if "generate" in doc and doc["generate"] is not None:
-        gen = doc["generate"]
-        if not with_past:
-            yield problem(("generate",), "generates through the KV cache; add export.with_past: true (a huggingface text-generation model)", key=True)
-        if gen.get("prompt") is not None and gen.get("prompt_ids") is not None:
-            yield problem(("generate", "prompt_ids"), "give either prompt (text) or prompt_ids (token ids), not both", key=True)
-    if torch_source:
-        default_inputs = WITH_PAST_INPUTS if with_past else TASKS[src["task"]]["inputs"] if kind == "huggingface" else []
-        inputs = export.get("inputs") or default_inputs
-        export_dims = _symbolic_dims(inputs)
-        dims = validation_dims(kind, inputs)
-        optional = {"past_sequence"} if with_past else set()
-        sample = export.get("sample", {d: DEFAULT_SAMPLE[d] for d in export_dims if d in DEFAULT_SAMPLE})
-        for d in export_dims:
-            if d not in sample:
-                yield problem(("export", "sample") if "sample" in export else ("export",), f"give a sample size for dimension {d!r} (e.g. sample: {{{d}: 2}})", key=True)
-        for i, shape in enumerate(doc.get("validate", {}).get("shapes", [])):
-            for d in dims:
-                if d not in shape:
-                    yield problem(("validate", "shapes", i), f"missing a size for dimension {d!r} (the inputs use: {', '.join(dims)})")
-            for d in shape:
-                if d not in dims and d not in optional:
-                    yield problem(("validate", "shapes", i, d), f"unknown dimension (the inputs use: {', '.join([*dims, *optional]) or 'no symbolic dimensions'})", key=True)
-        config = src.get("config") if kind == "huggingface" and isinstance(src.get("config"), dict) else {}
-        max_positions = next((config[k] for k in ("n_positions", "max_position_embeddings") if isinstance(config.get(k), int)), None)
-        if max_positions:
-            for section in ("validate", "benchmark"):
-                block = doc.get(section) or {}
-                for i, shape in enumerate(block.get("shapes", []) if isinstance(block, dict) else []):
-                    total = sum(v for d, v in shape.items() if d in ("sequence", "past_sequence") and isinstance(v, int))
-                    if total > max_positions:
-                        yield problem((section, "shapes", i), f"sequence + past_sequence is {total}, beyond the model's {max_positions} positions (source.huggingface.config); use at most {max_positions}")
-        bench = doc.get("benchmark") or {}
-        for i, shape in enumerate(bench.get("shapes", []) if isinstance(bench, dict) else []):
-            for d in dims:
-                if d not in shape and d not in optional:
-                    yield problem(("benchmark", "shapes", i), f"missing a size for dimension {d!r} (the inputs use: {', '.join(dims)})")
-            for d in shape:
-                if d not in dims and d not in optional:
-                    yield problem(("benchmark", "shapes", i, d), f"unknown dimension (the inputs use: {', '.join([*dims, *optional]) or 'no symbolic dimensions'})", key=True)
-        names = [t["name"] for t in inputs]
-        for i, name in enumerate(names):
-            if name in names[:i]:
-                yield problem(("export", "inputs", i, "name"), f"input {name!r} is listed twice (first as export.inputs[{names.index(name)}])")
-        validate = doc.get("validate", {})
-        if validate.get("sentences") is not None and kind != "huggingface":
-            yield problem(("validate", "sentences"), f"needs a huggingface source, whose tokenizer turns the sentences into inputs (this recipe's source is {kind})", key=True)
-        if validate.get("cosine_min") is not None and validate.get("sentences") is None:
-            yield problem(("validate", "cosine_min"), "compares sentence embeddings; add validate.sentences (the text to embed)", key=True)
-    variant_names = ["model", *(["optimized"] if doc.get("optimize") else []), *(q.get("name") for q in doc.get("quantize", []))]
-    for i, prov in enumerate(doc.get("providers", [])):
-        wanted = (prov.get("options") or {}).get("variants") if prov.get("name") == "web" else None
-        if wanted is None:
-            continue
-        if not isinstance(wanted, list) or not all(isinstance(w, str) for w in wanted):
-            yield problem(("providers", i, "options", "variants"), f"must be a list of variant names (this recipe has: {', '.join(variant_names)})")
-            continue
-        for j, w in enumerate(wanted):
-            if w not in variant_names:
-                yield problem(("providers", i, "options", "variants", j), f"no variant {w!r} (this recipe has: {', '.join(variant_names)})")
-    kinds = {"source", "export", "check", "validate", "optimize", "quantize", "report", "generate", "benchmark"}
-    named = {f"quantize.{q['name']}" for q in doc.get("quantize", [])} | {f"validate.{q['name']}" for q in doc.get("quantize", [])} | {"validate.optimized"}
-    for step in (doc.get("limits") or {}).get("steps", {}):
-        if step not in kinds and step not in named:
-            yield problem(("limits", "steps", step), f"no such step or step kind (kinds: {', '.join(sorted(kinds))}; steps such as {', '.join(sorted(named)) or 'validate.int8'})", key=True)
-    decoder = (doc.get("optimize") or {}).get("decoder")
-    if decoder == "fused":
-        from onnxbuild.recipe.families import FUSED_DECODERS
-
-        hf = (doc.get("source") or {}).get("huggingface")
-        model_type = ((hf or {}).get("config") or {}).get("model_type")
-        if not hf or hf.get("task") != "text-generation" or not with_past:
-            yield problem(("optimize", "decoder"), "fused graphs are for text-generation models exported with export.with_past: true; use decoder: auto or export")
-        elif model_type is not None and model_type not in FUSED_DECODERS:
-            yield problem(("optimize", "decoder"), f"no fused graph for model_type {model_type!r} (there is one for {', '.join(FUSED_DECODERS)}); use decoder: auto or export")
-    for i, q in enumerate(doc.get("quantize", [])):
-        earlier = [p["name"] for p in doc["quantize"][:i]]
-        if with_past and q.get("method") == "static":
-            yield problem(("quantize", i, "method"), "static calibration of a with-past decoder is not supported; use method: dynamic (or int4)")
-        if q["name"] in ("model", "optimized"):
-            yield problem(("quantize", i, "name"), f"{q['name']!r} names a built-in variant; choose another name (e.g. int8)")
-        if q["name"] in earlier:
-            yield problem(("quantize", i, "name"), f"variant name {q['name']!r} is used twice; names must be unique")
-        if q.get("from") == "optimized" and not doc.get("optimize"):
-            yield problem(("quantize", i, "from"), "quantizes the optimized variant, but the recipe has no optimize section")
-
-
-def _graph_problems(src: dict[str, Any], problem: Any) -> Iterable[Problem]:
-    defined: set[str] = set()
-    for value in src["inputs"]:
-        defined.add(value["name"])
-    for i, init in enumerate(src.get("initializers", [])):
-        has_values, has_random = "values" in init, "random" in init
-        if has_values == has_random:
-            got = "it has both" if has_values else "it has neither"
-            yield problem(("source", "graph", "initializers", i), f"give exactly one of `values` (the numbers) and `random` (a seed); {got}", key=True)
-        if has_values:
-            count = _count_leaves(init["values"])
-            want = 1
-            for d in init["shape"]:
-                want *= d
-            if count != want:
-                yield problem(("source", "graph", "initializers", i, "values"), f"has {count} values but shape {init['shape']} needs {want}")
-        defined.add(init["name"])
-    for i, node in enumerate(src["nodes"]):
-        for j, name in enumerate(node["inputs"]):
-            if name and name not in defined:
-                yield problem(("source", "graph", "nodes", i, "inputs", j), f"{name!r} is not a graph input, an initializer or the output of an earlier node")
-        defined.update(node["outputs"])
-    for i, value in enumerate(src["outputs"]):
-        if value["name"] not in defined:
-            yield problem(("source", "graph", "outputs", i, "name"), f"{value['name']!r} is not produced by any node")
-
-
-def _count_leaves(values: Any) -> int:
-    if isinstance(values, list):
-        return sum(_count_leaves(v) for v in values)
-    return 1
-
-
-def validation_dims(kind: str, inputs: list[dict[str, Any]]) -> list[str]:
-    """The dimensions validation varies: the export's symbolic ones, plus, for a transformers
-    model, batch and sequence whatever the export declared, so an axis fixed by mistake
-    in export.inputs is caught instead of validated at its one fixed size."""
-    dims = _symbolic_dims(inputs)
-    if kind == "huggingface":
-        dims = ["batch", "sequence"] + [d for d in dims if d not in ("batch", "sequence")]
-    return dims
-
-
-def _symbolic_dims(inputs: list[dict[str, Any]]) -> list[str]:
-    dims: list[str] = []
-    for t in inputs:
-        for d in t.get("shape", []):
-            if isinstance(d, str) and d not in dims and d not in DERIVED_DIMS:
-                dims.append(d)
-    return dims
-
-
-# ---------------------------------------------------------------- defaults
-
-
-def resolve(doc: dict[str, Any]) -> dict[str, Any]:
-    """Fill every default so the result says everything the build depends on."""
-    kind = next(iter(doc["source"]))
-    out: dict[str, Any] = {
-        "name": doc["name"],
-        "description": doc.get("description", ""),
-        "source": {kind: _with_defaults(doc["source"][kind], _deref(f"#/$defs/{kind}_source"))},
-    }
-    src = out["source"][kind]
-    if kind == "huggingface":
-        src.setdefault("model", None)
-        src.setdefault("package", None)
-        src.setdefault("config", None)
-        src.setdefault("tokenizer", None)
-    if kind == "graph":
-        src["initializers"] = [_with_defaults(i, _deref("#/$defs/initializer")) for i in src["initializers"]]
-        for init in src["initializers"]:
-            if "random" in init:
-                init["random"] = _with_defaults(init["random"], _deref("#/$defs/initializer")["properties"]["random"])
-        src["nodes"] = [_with_defaults(n, _deref("#/$defs/node")) for n in src["nodes"]]
-    if is_torch_source(out["source"]):
-        task = TASKS[src["task"]] if kind == "huggingface" else None
-        export = _with_defaults(doc.get("export", {}), _deref("#/$defs/export"))
-        default_inputs = WITH_PAST_INPUTS if export["with_past"] else task["inputs"] if task else []
-        export.setdefault("inputs", [dict(t) for t in default_inputs])
-        export["inputs"] = [{"dtype": "float32", "shape": [], **t} for t in export["inputs"]]
-        export.setdefault("outputs", list(task["outputs"]) if task else ["output"])
-        if "sample" not in export:  # not setdefault: its default names only the usual dimensions
-            export["sample"] = {d: DEFAULT_SAMPLE[d] for d in _symbolic_dims(export["inputs"])}
-        if export["with_past"]:
-            export["sample"] = {**export["sample"], "past_sequence": export["sample"].get("past_sequence", DEFAULT_SAMPLE["past_sequence"])}
-        out["export"] = export
-        sample = {**DEFAULT_SAMPLE, **export["sample"]}
-        validate = _with_defaults(doc.get("validate", {}), _deref("#/$defs/validate"))
-        validate.setdefault("shapes", _default_shapes(validation_dims(kind, export["inputs"]), sample))
-        validate.setdefault("atol", DEFAULT_ATOL)
-        validate.setdefault("rtol", DEFAULT_RTOL)
-        validate.setdefault("top1_min", DEFAULT_TOP1_MIN if task and task["language_model"] else None)
-        validate.setdefault("cosine_min", DEFAULT_COSINE_MIN if validate["sentences"] else None)
-        if validate["accuracy"] is not None:
-            validate["accuracy"] = _with_defaults(validate["accuracy"], _deref("#/$defs/validate")["properties"]["accuracy"])
-        out["validate"] = validate
-    opt = doc.get("optimize")
-    out["optimize"] = None if opt is None else _with_defaults(opt, _deref("#/$defs/optimize"))
-    if out["optimize"] is not None:
-        props = _deref("#/$defs/optimize")["properties"]
-        for key in ("transformer", "float16"):
-            value = out["optimize"].get(key)
-            out["optimize"][key] = None if value is None else _with_defaults(value, props[key]["anyOf"][1])
-        out["optimize"].setdefault("validate", {})
-    out["quantize"] = [_with_defaults(q, _deref("#/$defs/quantize")) for q in doc.get("quantize", [])]
-    for q in out["quantize"]:
-        q.setdefault("validate", {})
-        q.setdefault("op_types", None)
-        q["calibration"] = _with_defaults(q.get("calibration", {}), _deref("#/$defs/quantize")["properties"]["calibration"])
-    limits = doc.get("limits") or {}
-    out["limits"] = {"memory_mb": limits.get("memory_mb"), "seconds": limits.get("seconds"), "steps": dict(limits.get("steps", {}))}
-    gen = doc.get("generate")
-    out["generate"] = None if gen is None else _with_defaults(gen, _deref("#/$defs/generate"))
-    if out["generate"] is not None and out["generate"]["sampling"] is not None:
-        out["generate"]["sampling"] = _with_defaults(out["generate"]["sampling"], _deref("#/$defs/generate")["properties"]["sampling"]["anyOf"][1])
-    bench = doc.get("benchmark")
-    out["benchmark"] = None if bench is None else _with_defaults(bench, _deref("#/$defs/benchmark"))
-    if out["benchmark"] is not None and "shapes" not in out["benchmark"]:
-        out["benchmark"]["shapes"] = _default_benchmark_shapes(out)
-    out["providers"] = [_with_defaults(p, _deref("#/$defs/provider")) for p in doc.get("providers", [{"name": "CPUExecutionProvider"}])]
-    return out
-
-
-def _default_benchmark_shapes(resolved: dict[str, Any]) -> list[dict[str, int]]:
-    """Batch 1 at sequence 128 for token models (the figure people quote), else the export sample."""
-    export = resolved.get("export")
-    if export is None:
-        kind, src = next(iter(resolved["source"].items()))
-        dims = _symbolic_dims(src.get("inputs", [])) if kind == "graph" else []
-        return [{d: 1 for d in dims}]
-    dims = _symbolic_dims(export["inputs"])
-    if set(dims) == {"batch", "sequence"}:
-        return [{"batch": 1, "sequence": 128}]
-    return [{d: export["sample"][d] for d in dims}]
-
-
-def _default_shapes(dims: list[str], sample: dict[str, int]) -> list[dict[str, int]]:
-    """Three shapes: all ones, the export sample, and one larger than the sample in every dimension.
-
-    Two of them differ from the sample, so an axis the export fixed by mistake fails validation.
-    """
-    if not dims:
-        return [{}]
-    return [{d: 1 for d in dims}, {d: sample[d] for d in dims}, {d: sample[d] * 2 + 1 for d in dims}]
-
-
-def _with_defaults(section: dict[str, Any], sch: dict[str, Any]) -> dict[str, Any]:
-    out = dict(section)
-    for key, prop in sch.get("properties", {}).items():
-        if key not in out and "default" in prop:
-            default = prop["default"]
-            out[key] = json.loads(json.dumps(default))
-    return out

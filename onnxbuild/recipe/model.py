@@ -49,6 +49,3 @@ class Recipe:
     def source(self) -> dict[str, Any]:
         section: dict[str, Any] = self.resolved["source"][self.source_kind]
         return section
-
-    def section(self, key: str) -> Any:
-        return self.resolved.get(key)

@@ -10,6 +10,8 @@ from typing import Any, TypedDict
 
 
 class TaskInfo(TypedDict):
+    """A Hugging Face task: its model class, default inputs and outputs, whether it is a language model."""
+
     auto_class: str
     inputs: list[dict[str, Any]]
     outputs: list[str]

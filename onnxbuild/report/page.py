@@ -308,7 +308,7 @@ def render_diff(base: str, diffs: list[Any], show: Any) -> str:
         elif d.figures:
             parts.append(f'<p class="note">Figures: {escape(d.figures)}.</p>')
         if d.models:
-            from onnxbuild.diff import model_lines
+            from onnxbuild.report.diffview import model_lines
 
             rows = "".join(
                 f'<tr><td><code>{escape(m.path)}</code></td><td>{escape(r.what)}</td><td class="num">{escape(r.shown(r.base))}</td><td class="num">{escape(r.shown(r.now))}</td></tr>'
@@ -317,7 +317,7 @@ def render_diff(base: str, diffs: list[Any], show: Any) -> str:
             parts.append(f"<h3>Model files</h3><table><tr><th>file</th><th>what</th><th>base</th><th>working tree</th></tr>{rows}</table>")
         sections.append(f'<section class="recipe">{"".join(parts)}</section>')
     if sections:
-        from onnxbuild.diff import summary_line
+        from onnxbuild.report.diffview import summary_line
 
         sections.insert(0, f"<p><b>{escape(summary_line(diffs))}</b></p>")
     body = "\n".join(sections) or "<p>No recipe changed.</p>"

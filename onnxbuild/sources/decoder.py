@@ -23,7 +23,8 @@ from onnxbuild.errors import StepError
 
 PAST = "past_key_values.{i}.{kv}"
 PRESENT = "present.{i}.{kv}"
-TOKEN_INPUTS = ("input_ids", "attention_mask", "position_ids")
+GENAI_INPUTS = ("input_ids", "attention_mask", "position_ids")
+"""The token inputs onnxruntime-genai feeds a decoder by name (it has no token_type_ids)."""
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,8 @@ def greedy(logits: Any) -> Any:
 
 @dataclass(frozen=True)
 class Generation:
+    """Greedy (or seeded sampled) tokens and per-step logits from a decoder run."""
+
     tokens: Any
     """[batch, new tokens] int64."""
     logits: list[Any]
@@ -261,7 +264,7 @@ def genai_config(config: Any, layout: PastLayout, export: dict[str, Any]) -> str
     from onnxbuild._util import pretty_json
 
     names = {t["name"] for t in export["inputs"]}
-    inputs = {n: n for n in TOKEN_INPUTS if n in names}
+    inputs = {n: n for n in GENAI_INPUTS if n in names}
     eos = getattr(config, "eos_token_id", None)
     bos = getattr(config, "bos_token_id", None)
     context = int(getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 0) or 2048)

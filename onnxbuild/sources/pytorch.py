@@ -11,7 +11,6 @@ from typing import Any
 
 from onnxbuild import usercode
 from onnxbuild.errors import StepError
-from onnxbuild.steps.base import StepContext
 
 
 def factory_files(src: dict[str, Any], recipe_dir: Path) -> dict[str, Path]:
@@ -24,16 +23,16 @@ def factory_files(src: dict[str, Any], recipe_dir: Path) -> dict[str, Path]:
     return files
 
 
-def resolve_source(src: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
-    usercode.check_defines(src["factory"], ctx.recipe_dir, "source.pytorch.factory")
-    missing = [label for label, digest in ctx.digests.items() if digest == "missing"]
+def record(src: dict[str, Any], recipe_dir: Path, digests: dict[str, str]) -> dict[str, Any]:
+    usercode.check_defines(src["factory"], recipe_dir, "source.pytorch.factory")
+    missing = [label for label, digest in digests.items() if digest == "missing"]
     if missing:
-        raise StepError(f"{missing[0]}: file not found (paths are relative to the recipe's folder, {ctx.recipe_dir})")
+        raise StepError(f"{missing[0]}: file not found (paths are relative to the recipe's folder, {recipe_dir})")
     return {
         "kind": "pytorch",
         "factory": src["factory"],
         "kwargs": src["kwargs"],
-        "files": dict(ctx.digests),
+        "files": dict(digests),
         "seed": src["seed"],
         "weights": "checkpoint" if src.get("checkpoint") else "factory",
     }
@@ -63,3 +62,12 @@ def load_model(src: dict[str, Any], record: dict[str, Any], recipe_dir: Path) ->
             raise StepError(f"source.pytorch.checkpoint: cannot load {src['checkpoint']}: {type(exc).__name__}: {str(exc)[:300]}") from None
     model.eval()
     return model
+
+
+def identity(src: dict[str, Any], recipe_dir: Path) -> tuple[dict[str, Path], dict[str, Any]]:
+    """The factory's file and the checkpoint: editing either rebuilds."""
+    return factory_files(src, recipe_dir), {}
+
+
+def estimate_weights(src: dict[str, Any], recipe_dir: Path) -> int:
+    return 64 * 1024 * 1024  # unknown before the factory runs

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from onnxbuild import usercode
+from onnxbuild._util import brief
 from onnxbuild.errors import StepError
-from onnxbuild.steps.base import StepContext
 
 PACKAGES = ("tensorflow", "tensorflow-cpu", "tf2onnx", "keras")
 
@@ -32,25 +32,30 @@ def source_files(src: dict[str, Any], recipe_dir: Path) -> dict[str, Path]:
     return {"source.tensorflow.factory": found} if found is not None else {}
 
 
-def plan_identity() -> dict[str, Any]:
-    """The TensorFlow and tf2onnx versions, which change the converted graph (found without importing them)."""
+def identity(src: dict[str, Any], recipe_dir: Path) -> tuple[dict[str, Path], dict[str, Any]]:
+    """The factory's or .keras file, and the TensorFlow and tf2onnx versions, which change
+    the converted graph (found without importing them)."""
     from onnxbuild.environment import package_version
 
-    return {"packages": {name: package_version(name) for name in PACKAGES}}
+    return source_files(src, recipe_dir), {"packages": {name: package_version(name) for name in PACKAGES}}
 
 
-def resolve_source(src: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+def estimate_weights(src: dict[str, Any], recipe_dir: Path) -> int:
+    return 64 * 1024 * 1024
+
+
+def record(src: dict[str, Any], recipe_dir: Path, digests: dict[str, str]) -> dict[str, Any]:
     if src.get("factory"):
-        usercode.check_defines(src["factory"], ctx.recipe_dir, "source.tensorflow.factory")
-    missing = [label for label, digest in ctx.digests.items() if digest == "missing"]
+        usercode.check_defines(src["factory"], recipe_dir, "source.tensorflow.factory")
+    missing = [label for label, digest in digests.items() if digest == "missing"]
     if missing:
-        raise StepError(f"{missing[0]}: file not found (paths are relative to the recipe's folder, {ctx.recipe_dir})")
+        raise StepError(f"{missing[0]}: file not found (paths are relative to the recipe's folder, {recipe_dir})")
     return {
         "kind": "tensorflow",
         "factory": src.get("factory"),
         "keras": src.get("keras"),
         "kwargs": src["kwargs"],
-        "files": dict(ctx.digests),
+        "files": dict(digests),
         "seed": src["seed"],
         "weights": "keras file" if src.get("keras") else "factory",
     }
@@ -112,7 +117,7 @@ def convert(model: Any, export: dict[str, Any], path: Path) -> None:
     try:
         proto, _ = tf2onnx.convert.from_keras(model, input_signature=signature, opset=int(export["opset"]))
     except Exception as exc:
-        raise StepError(f"tf2onnx could not convert the model: {type(exc).__name__}: {str(exc).splitlines()[0][:400]}") from None
+        raise StepError(f"tf2onnx could not convert the model: {type(exc).__name__}: {brief(exc, limit=400)}") from None
     produced = [o.name for o in proto.graph.output]
     wanted = list(export["outputs"])
     if len(produced) != len(wanted):

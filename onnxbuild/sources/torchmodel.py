@@ -8,36 +8,22 @@ step's memory to one model.
 from __future__ import annotations
 
 import inspect
-import json
 from pathlib import Path
 from typing import Any
 
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.tasks import TASKS, TOKEN_INPUTS
-from onnxbuild.steps.base import StepContext
 
 INT_RANGE_DEFAULT = 10
 """Integer inputs of a plain torch model get values in [0, 10) unless the model says otherwise."""
 
 
-def read_source_record(ctx: StepContext) -> dict[str, Any]:
-    record: dict[str, Any] = json.loads(ctx.input("reports/source.json").read_text(encoding="utf-8"))
-    return record
-
-
 def load_source_model(source: dict[str, Any], record: dict[str, Any], recipe_dir: Path) -> Any:
+    """The model a torch-traced source's record describes, from that source kind's module."""
+    from onnxbuild.sources import source_module
+
     (kind, src), = source.items()
-    if kind == "huggingface":
-        from onnxbuild.sources.huggingface import load_model
-
-        return load_model(src, record, recipe_dir)
-    if kind == "tensorflow":
-        from onnxbuild.sources.tensorflow import load_model as load_keras
-
-        return load_keras(src, record, recipe_dir)
-    from onnxbuild.sources.pytorch import load_model as load_torch
-
-    return load_torch(src, record, recipe_dir)
+    return source_module(kind).load_model(src, record, recipe_dir)
 
 
 def full_export(export: dict[str, Any], model: Any) -> dict[str, Any]:

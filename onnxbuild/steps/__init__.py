@@ -15,19 +15,9 @@ import sys
 from dataclasses import replace
 from types import ModuleType
 
-from onnxbuild.spec import StepContext, StepInput, StepResult, StepSpec
+from onnxbuild.spec import STEP_KINDS, StepContext, StepInput, StepResult, StepSpec
 
-KINDS: dict[str, str] = {
-    "source": "onnxbuild.steps.source",
-    "check": "onnxbuild.steps.check",
-    "export": "onnxbuild.steps.export",
-    "validate": "onnxbuild.steps.validate",
-    "optimize": "onnxbuild.steps.optimize",
-    "quantize": "onnxbuild.steps.quantize",
-    "report": "onnxbuild.steps.report",
-    "benchmark": "onnxbuild.steps.benchmark",
-    "generate": "onnxbuild.steps.generate",
-}
+KINDS: dict[str, str] = {kind: f"onnxbuild.steps.{kind}" for kind in STEP_KINDS}
 
 _extra: dict[str, ModuleType] = {}
 

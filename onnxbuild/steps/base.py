@@ -1,5 +1,17 @@
-"""The step types, for the step kinds: defined in onnxbuild.spec (the engine's layer below the kinds)."""
+"""What every step kind shares: the step types (defined in onnxbuild.spec, the layer below
+the kinds) and reading the source step's record."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
 
 from onnxbuild.spec import Limits, Resources, StepContext, StepInput, StepResult, StepSpec
 
-__all__ = ["Limits", "Resources", "StepContext", "StepInput", "StepResult", "StepSpec"]
+__all__ = ["Limits", "Resources", "StepContext", "StepInput", "StepResult", "StepSpec", "read_source_record"]
+
+
+def read_source_record(ctx: StepContext) -> dict[str, Any]:
+    """reports/source.json, which a torch-traced source's steps take as an input."""
+    record: dict[str, Any] = json.loads(ctx.input("reports/source.json").read_text(encoding="utf-8"))
+    return record

@@ -6,6 +6,10 @@ eager attention the export may use, so a speedup is not bought with a slowed bas
 Providers that ONNX Runtime lists but cannot use (onnxruntime-gpu lists CUDA on machines
 without a GPU, then silently falls back to CPU) are detected from the session's actual
 providers and reported as skipped with the reason.
+
+The Markdown and the chart are in report/benchmark.py; what stays (~430 lines) is the
+timing of ONNX Runtime, PyTorch, decode steps and the web target, which share one
+thread setting and one set of inputs per shape.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any, TypedDict
 
 from onnxbuild._util import format_ms, pretty_json
 from onnxbuild.errors import StepError
+from onnxbuild.report.benchmark import chart, markdown
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
 VERSION = 4
@@ -33,6 +38,8 @@ def measured(params: dict[str, Any]) -> str:
 
 
 class Timing(TypedDict):
+    """Latency percentiles and throughput of one timed run."""
+
     warmup: int
     iterations: int
     p50_ms: float
@@ -102,7 +109,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     torch_source = export is not None
     record: dict[str, Any] = {}
     if torch_source:
-        from onnxbuild.sources.torchmodel import read_source_record
+        from onnxbuild.steps.base import read_source_record
 
         record = read_source_record(ctx)
     shapes = bench["shapes"]
@@ -158,21 +165,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
                     base = next((b for b in baseline if b["shape"] == dict(sizes)), None)
                     if layout is not None and not io_binding:
                         decode.append(_ort_decode(session, variant, name, sizes, timing, bench, decode))
-                    results.append(
-                        {
-                            "variant": variant["name"],
-                            "precision": variant["precision"],
-                            "provider": name,
-                            "shape": dict(sizes),
-                            **timing,
-                            "session_create_s": round(created, 4),
-                            "peak_rss_mb": rss_mb(),
-                            "io_binding": io_binding,
-                            "file_bytes": path.stat().st_size,
-                            "speedup_vs_pytorch": round(base["p50_ms"] / timing["p50_ms"], 3) if base and timing["p50_ms"] else None,
-                            "ratio_to_pytorch": round(timing["p50_ms"] / base["p50_ms"], 3) if base and base["p50_ms"] else None,
-                        }
-                    )
+                    results.append(_row(variant, name, sizes, timing, base, created=round(created, 4), peak_rss_mb=rss_mb(), io_binding=io_binding, path=path))
             del session
             gc.collect()
         providers_report.append(status)
@@ -234,23 +227,27 @@ def _web_benchmark(ctx: StepContext, spec: StepSpec, shapes: list[dict[str, int]
                 continue
             timing = summarise(run.times_ms, _batch(sizes), warmup)
             base = next((b for b in baseline if b["shape"] == dict(sizes)), None)
-            results.append(
-                {
-                    "variant": variant["name"],
-                    "precision": variant["precision"],
-                    "provider": "web",
-                    "shape": dict(sizes),
-                    **timing,
-                    "session_create_s": 0.0,
-                    # Node's peak (the largest child this process has waited for), not Python's.
-                    "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1),
-                    "io_binding": False,
-                    "file_bytes": path.stat().st_size,
-                    "speedup_vs_pytorch": round(base["p50_ms"] / timing["p50_ms"], 3) if base and timing["p50_ms"] else None,
-                    "ratio_to_pytorch": round(timing["p50_ms"] / base["p50_ms"], 3) if base and base["p50_ms"] else None,
-                }
-            )
+            # Node's peak (the largest child this process has waited for), not Python's.
+            node_peak = round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1)
+            results.append(_row(variant, "web", sizes, timing, base, created=0.0, peak_rss_mb=node_peak, io_binding=False, path=path))
     return {"name": "web", "status": "used", "reason": f"onnxruntime-web {web.version()} (wasm, 1 thread) under Node.js"}
+
+
+def _row(variant: dict[str, Any], provider: str, sizes: dict[str, int], timing: Timing, base: dict[str, Any] | None, *, created: float, peak_rss_mb: float, io_binding: bool, path: Any) -> dict[str, Any]:
+    """One timed (variant, provider, shape), beside PyTorch's time at the same shape."""
+    return {
+        "variant": variant["name"],
+        "precision": variant["precision"],
+        "provider": provider,
+        "shape": dict(sizes),
+        **timing,
+        "session_create_s": created,
+        "peak_rss_mb": peak_rss_mb,
+        "io_binding": io_binding,
+        "file_bytes": path.stat().st_size,
+        "speedup_vs_pytorch": round(base["p50_ms"] / timing["p50_ms"], 3) if base and timing["p50_ms"] else None,
+        "ratio_to_pytorch": round(timing["p50_ms"] / base["p50_ms"], 3) if base and base["p50_ms"] else None,
+    }
 
 
 def _batch(sizes: dict[str, int]) -> int:
@@ -441,81 +438,3 @@ def _validate_schema(report: dict[str, Any]) -> None:
         jsonschema.validate(report, benchmark_schema())
     except jsonschema.ValidationError as exc:
         raise StepError(f"benchmark.json does not match its schema at {'/'.join(map(str, exc.absolute_path))}: {exc.message} (a bug in the benchmark step)") from None
-
-
-def markdown(report: dict[str, Any]) -> str:
-    m = report["machine"]
-    lines = [
-        f"# {report['recipe']}: benchmark",
-        "",
-        f"{m['cpu']}, {m['cores']} cores, {m['threads']} threads; warmup {report['settings']['warmup']}, "
-        f"at least {report['settings']['iterations']} iterations. PyTorch baseline measured in the same run.",
-        "",
-    ]
-    if report.get("weights") == "random-init":
-        lines += ["> weights: random-init (latency does not depend on weight values)", ""]
-    lines += ["| variant | provider | shape | p50 | p90 | p99 | mean | throughput/s | vs PyTorch p50 |", "|---|---|---|---|---|---|---|---|---|"]
-    for b in report["baseline"]:
-        shape = ", ".join(f"{k}={v}" for k, v in b["shape"].items())
-        lines.append(f"| PyTorch ({b['mode']}{', ' + b['attention'] if b.get('attention') else ''}) | - | {shape} | {format_ms(b['p50_ms'])} | {format_ms(b['p90_ms'])} | {format_ms(b['p99_ms'])} | {format_ms(b['mean_ms'])} | {b['throughput']:.1f} | 1.00x |")
-    for r in report["results"]:
-        if "p50_ms" not in r:
-            lines.append(f"| {r['variant']} | {r['provider']} | {r.get('shape', '-')} | error: {r.get('error')} | | | | | |")
-            continue
-        shape = ", ".join(f"{k}={v}" for k, v in r["shape"].items())
-        ratio = f"{r['ratio_to_pytorch']:.2f}x" if r.get("ratio_to_pytorch") else "-"
-        bound = " (IOBinding)" if r.get("io_binding") else ""
-        lines.append(f"| {r['variant']}{bound} | {r['provider'].replace('ExecutionProvider', '')} | {shape} | {format_ms(r['p50_ms'])} | {format_ms(r['p90_ms'])} | {format_ms(r['p99_ms'])} | {format_ms(r['mean_ms'])} | {r['throughput']:.1f} | {ratio} |")
-    if report.get("decode"):
-        lines += [
-            "",
-            "## Generation (KV cache)",
-            "",
-            "Prefill: the prompt with an empty past. Decode: one new token after a past as long as the prompt. "
-            "Generate: prefill plus all new tokens, end to end (PyTorch: transformers generate()).",
-            "",
-            "| engine | variant | prompt | new tokens | prefill p50 | decode p50 | decode p90 | tokens/s | decode vs PyTorch |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
-        for d in report["decode"]:
-            shape = ", ".join(f"{k}={v}" for k, v in d["shape"].items())
-            ratio = f"{d['decode_ratio_to_pytorch']:.2f}x" if d.get("decode_ratio_to_pytorch") else "-"
-            who = "PyTorch generate()" if d["engine"] == "pytorch" else f"ONNX Runtime ({(d['provider'] or '').replace('ExecutionProvider', '')})"
-            lines.append(f"| {who} | {d['variant'] or '-'} | {shape} | {d['new_tokens']} | {format_ms(d['prefill_p50_ms'])} | {format_ms(d['decode_p50_ms'])} | {format_ms(d['decode_p90_ms'])} | {d['tokens_per_s']:.1f} | {ratio} |")
-    skipped = [p for p in report["providers"] if p["status"] == "skipped"]
-    if skipped:
-        lines += ["", "Providers skipped:"] + [f"- {p['name']}: {p['reason']}" for p in skipped]
-    return "\n".join(lines) + "\n"
-
-
-def chart(report: dict[str, Any], path: Any) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [r for r in report["results"] if "p50_ms" in r]
-    shapes = sorted({json.dumps(r["shape"], sort_keys=True) for r in rows} | {json.dumps(b["shape"], sort_keys=True) for b in report["baseline"]})
-    fig, axes = plt.subplots(1, max(1, len(shapes)), figsize=(5 * max(1, len(shapes)), 3.6), squeeze=False)
-    for ax, shape in zip(axes[0], shapes):
-        labels, values, colours = [], [], []
-        for b in report["baseline"]:
-            if json.dumps(b["shape"], sort_keys=True) == shape:
-                labels.append("PyTorch")
-                values.append(b["p50_ms"])
-                colours.append("#888888")
-        for r in rows:
-            if json.dumps(r["shape"], sort_keys=True) == shape:
-                labels.append(f"{r['variant']}\n{r['provider'].replace('ExecutionProvider', '')}")
-                values.append(r["p50_ms"])
-                colours.append("#2a6fdb")
-        ax.bar(range(len(values)), values, color=colours)
-        ax.set_xticks(range(len(values)), labels, fontsize=8)
-        ax.set_ylabel("p50 latency (ms)")
-        ax.set_title(", ".join(f"{k}={v}" for k, v in json.loads(shape).items()), fontsize=9)
-        for i, v in enumerate(values):
-            ax.annotate(format_ms(v), (i, v), ha="center", va="bottom", fontsize=8)
-    fig.suptitle(f"{report['recipe']}: p50 latency per variant (lower is better)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100, metadata={"Software": None})
-    plt.close(fig)

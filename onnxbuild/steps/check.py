@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, TypedDict
 
-from onnxbuild._util import pretty_json
+from onnxbuild._util import brief, pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
@@ -18,12 +18,16 @@ PACKAGES = ("onnx",)
 
 
 class TensorReport(TypedDict):
+    """An input or output of the checked model: name, element type, shape."""
+
     name: str
     dtype: str
     shape: list[int | str | None]
 
 
 class CheckReport(TypedDict):
+    """reports/check.json: opset, IR version, inputs and outputs, operator counts."""
+
     passed: bool
     ir_version: int
     opsets: dict[str, int]
@@ -46,12 +50,12 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     try:
         onnx.checker.check_model(str(path), full_check=True)
     except Exception as exc:
-        raise StepError(f"the ONNX checker rejected model.onnx: {_first_line(exc)}") from None
+        raise StepError(f"the ONNX checker rejected model.onnx: {brief(exc, lines=3, limit=600)}") from None
     model = onnx.load_model(str(path), load_external_data=False)
     try:
         onnx.shape_inference.infer_shapes_path(str(path), str(ctx.output_dir / "inferred.onnx"), strict_mode=True, check_type=True)
     except Exception as exc:
-        raise StepError(f"strict shape inference failed on model.onnx: {_first_line(exc)}") from None
+        raise StepError(f"strict shape inference failed on model.onnx: {brief(exc, lines=3, limit=600)}") from None
     finally:
         (ctx.output_dir / "inferred.onnx").unlink(missing_ok=True)
     report = inspect(model, path)
@@ -145,9 +149,3 @@ def markdown(r: CheckReport, name: str) -> str:
     lines += ["", "## Operators", "", "| op | count |", "|---|---|"]
     lines += [f"| {op} | {n} |" for op, n in r["op_types"].items()]
     return "\n".join(lines) + "\n"
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    lines = [line for line in text.splitlines() if line.strip()]
-    return " ".join(lines[:3])[:600]

@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from onnxbuild._util import brief
 from onnxbuild.errors import StepError
 from onnxbuild.sources.torchmodel import (
     full_export,
@@ -22,11 +23,10 @@ from onnxbuild.sources.torchmodel import (
     load_source_model,
     make_inputs,
     output_axes,
-    read_source_record,
     vocab_size,
     wrap,
 )
-from onnxbuild.steps.base import StepContext, StepResult, StepSpec
+from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 
 VERSION = 3
 PACKAGES = ("torch", "transformers", "onnx", "onnxscript")
@@ -81,7 +81,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         except StepError:
             raise
         except Exception as exc:
-            raise StepError(f"torch.onnx.export ({export['exporter']}) failed: {type(exc).__name__}: {_first_lines(exc)}") from None
+            raise StepError(f"torch.onnx.export ({export['exporter']}) failed: {type(exc).__name__}: {brief(exc, lines=4, limit=600)}") from None
         params = sum(p.numel() * p.element_size() for p in model.parameters())
         del wrapped
         extra = _finalise(raw, out, export, params)
@@ -204,8 +204,3 @@ def _strip_metadata(model: Any) -> None:
 
 def _describe(inputs: dict[str, Any]) -> str:
     return ", ".join(f"{k} {list(v.shape)} {v.dtype}" for k, v in inputs.items())
-
-
-def _first_lines(exc: BaseException) -> str:
-    lines = [line for line in str(exc).splitlines() if line.strip()]
-    return " ".join(lines[:4])[:600]

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from onnxbuild._util import pretty_json
+from onnxbuild._util import brief, pretty_json
 from onnxbuild.errors import StepError
+from onnxbuild.report.generation import markdown
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
 VERSION = 1
@@ -82,7 +83,8 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     import onnxruntime as ort
 
     from onnxbuild.sources.decoder import OrtDecoder, Sampling, hf_generate, torch_generate
-    from onnxbuild.sources.torchmodel import load_source_model, read_source_record, vocab_size
+    from onnxbuild.sources.torchmodel import load_source_model, vocab_size
+    from onnxbuild.steps.base import read_source_record
 
     gen, source = spec.params["generate"], spec.params["source"]
     record = read_source_record(ctx)
@@ -103,7 +105,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         try:
             session = ort.InferenceSession(str(ctx.input(variant["path"])), options, providers=["CPUExecutionProvider"])
         except Exception as exc:
-            raise StepError(f"ONNX Runtime cannot load {variant['path']}: {str(exc).splitlines()[0][:300]}") from None
+            raise StepError(f"ONNX Runtime cannot load {variant['path']}: {brief(exc)}") from None
         decoder = OrtDecoder(session)
         greedy_cmp = compare_runs(reference, decoder.generate(prompt, n))
         forced = teacher_forced(decoder, prompt, reference.tokens)
@@ -152,30 +154,3 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     if problems:
         raise StepError("generation does not match PyTorch: " + "; ".join(problems) + f". Report: artifacts/{ctx.recipe_name}/failed/{spec.name}/reports/generation.md")
     return StepResult(summary=summary, data={"passed": True, "identical": [k for k, r in results.items() if r["greedy"]["identical"]]})
-
-
-def markdown(report: dict[str, Any], recipe: str) -> str:
-    lines = [f"# {recipe}: generation against PyTorch", ""]
-    if report["weights"] == "random-init":
-        lines += ["> weights: **random-init**: generations repeat tokens; the logits columns carry the comparison", ""]
-    lines += [
-        f"Prompt: {len(report['prompt_ids'])} tokens; {report['max_new_tokens']} new tokens, greedy"
-        + (f" and seeded sampling (seed {report['sampling']['seed']}, temperature {report['sampling']['temperature']}, top-k {report['sampling']['top_k']})" if report["sampling"] else "")
-        + ". PyTorch: transformers generate() (greedy), the same loop with the same draws (sampling).",
-        "",
-        f"Overall: **{'passed' if report['passed'] else 'FAILED'}**",
-        "",
-        "| variant | greedy identical | first divergence | token agreement | teacher-forced agreement | logits max abs diff | sampling identical | rule | result |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for name, r in report["variants"].items():
-        g = r["greedy"]
-        s = r.get("sampling")
-        lines.append(
-            f"| {name} | {'yes' if g['identical'] else 'no'} | {g['first_divergence'] if g['first_divergence'] is not None else '-'} | "
-            f"{g['agreement']:.3f} | {r['teacher_forced_agreement']:.3f} | {g['logits_max_abs_diff']:.2e} | "
-            f"{('yes' if s['identical'] else 'no') if s else '-'} | {r['rule']} | {'pass' if r['passed'] else 'FAIL'} |"
-        )
-    if report["pytorch"]["text"] is not None:
-        lines += ["", "PyTorch: " + repr(report["pytorch"]["text"])] + [f"{name}: {r.get('text')!r}" for name, r in report["variants"].items()]
-    return "\n".join(lines) + "\n"

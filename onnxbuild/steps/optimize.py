@@ -187,7 +187,8 @@ def _fused_decoder(ctx: StepContext, spec: StepSpec, exported: Any) -> Any:
     """The decoder's fused graph from its weights, or None when ``auto`` finds no fused graph
     for its architecture (``fused`` then is an error naming the supported ones)."""
     from onnxbuild.fusion import decoder
-    from onnxbuild.sources.torchmodel import load_source_model, read_source_record
+    from onnxbuild.sources.torchmodel import load_source_model
+    from onnxbuild.steps.base import read_source_record
 
     source = spec.params["source"]
     model = load_source_model(source, read_source_record(ctx), ctx.recipe_dir)

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from onnxbuild._util import pretty_json
+from onnxbuild.report.validation import markdown
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
 VERSION = 2
@@ -13,8 +14,6 @@ PACKAGES: tuple[str, ...] = ()
 
 
 def run(ctx: StepContext, spec: StepSpec) -> StepResult:
-    from onnxbuild.steps.validate import markdown
-
     merged: dict[str, Any] = {"passed": True, "variants": {}}
     for variant in spec.params["variants"]:
         part = json.loads(ctx.input(f"reports/validation/{variant}.json").read_text(encoding="utf-8"))

@@ -8,6 +8,7 @@ from typing import Any
 
 from onnxbuild._util import pretty_json
 from onnxbuild.errors import StepError
+from onnxbuild.sources import source_module
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
 VERSION = 1
@@ -26,18 +27,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         path, where = onnx_file(src, ctx.recipe_dir)  # type: ignore[arg-type]
         result = _onnx_file(ctx, {"path": str(path)}, key="source.huggingface.file", shown=str(src["file"]))
         return StepResult(summary=f"{src['file']} from {where}", extra_outputs=result.extra_outputs)
-    if kind == "tensorflow":
-        from onnxbuild.sources.tensorflow import resolve_source as resolve_tf
-
-        record = resolve_tf(src, ctx)
-    elif kind == "huggingface":
-        from onnxbuild.sources.huggingface import resolve_source
-
-        record = resolve_source(src, ctx)
-    else:
-        from onnxbuild.sources.pytorch import resolve_source as resolve_torch
-
-        record = resolve_torch(src, ctx)
+    record = source_module(kind).record(src, ctx.recipe_dir, ctx.digests)
     ctx.output("reports/source.json").write_text(pretty_json(record), encoding="utf-8")
     weights = str(record["weights"])
     note = f"weights: {weights}" + (f" ({record['why']})" if record.get("why") else "")

@@ -5,6 +5,10 @@ Tolerances follow numpy.allclose: an element mismatches when
 hidden rtol=1e-5 default is how Optimum lets "max diff exceeds atol" through). A
 failure fails the build unless the recipe says ``on_fail: warn``.
 
+The record types and the Markdown are in report/validation.py; what stays here (~420
+lines) is the comparison and the three checks (shapes, accuracy, embeddings), which
+share the loaded source model and session.
+
 Random inputs show the export computes the same function; two optional checks show it
 on real data, in the units a user cares about:
 
@@ -20,10 +24,19 @@ on real data, in the units a user cares about:
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal
 
-from onnxbuild._util import pretty_json
+from onnxbuild._util import brief, pretty_json
 from onnxbuild.errors import StepError
+from onnxbuild.report.validation import (
+    AccuracyResult,
+    EmbeddingResult,
+    OutputComparison,
+    ShapeResult,
+    WebResult,
+    failure_message,
+    markdown,
+)
 from onnxbuild.sources.torchmodel import (
     full_export,
     input_specs,
@@ -32,72 +45,14 @@ from onnxbuild.sources.torchmodel import (
     load_source_model,
     load_tokenizer,
     make_inputs,
-    read_source_record,
     sentence_inputs,
     vocab_size,
     wrap,
 )
-from onnxbuild.steps.base import StepContext, StepResult, StepSpec
+from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 
 VERSION = 6
 PACKAGES = ("torch", "transformers", "tokenizers", "onnxruntime", "numpy")
-
-
-class OutputComparison(TypedDict):
-    shape_expected: list[int]
-    shape_onnx: list[int]
-    max_abs_diff: float | None
-    max_rel_diff: float | None
-    mismatch_fraction: float | None
-    worst_index: list[int] | None
-    worst_onnx: float | None
-    worst_reference: float | None
-    rtol: float
-    atol: float
-    passed: bool
-
-
-class WebResult(TypedDict):
-    passed: bool
-    error: str | None
-    outputs: dict[str, OutputComparison]
-    """onnxruntime-web against the source model, with the variant's tolerances."""
-    max_abs_diff_vs_cpu: float | None
-    """The largest difference from ONNX Runtime's CPU provider on the same inputs."""
-
-
-class ShapeResult(TypedDict, total=False):
-    shape: dict[str, int]
-    passed: bool
-    error: str | None
-    outputs: dict[str, OutputComparison]
-    top1_agreement: float | None
-    web: WebResult
-
-
-class AccuracyResult(TypedDict):
-    dataset: str
-    samples: int
-    pytorch: float
-    onnxruntime: float
-    agreement: float
-    """Fraction of samples on which the two predict the same class."""
-    max_drop: float
-    min: float | None
-    passed: bool
-
-
-class EmbeddingResult(TypedDict):
-    sentences: int
-    sequence: int
-    """Tokens in the padded batch."""
-    pooling: Literal["mean", "none"]
-    min: float
-    mean: float
-    worst_sentence: int
-    max_abs_diff: float
-    cosine_min: float | None
-    passed: bool
 
 
 def compare(ref: Any, got: Any, rtol: float, atol: float) -> OutputComparison:
@@ -174,7 +129,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     try:
         session = ort.InferenceSession(str(ctx.input(spec.params.get("model_path", "model.onnx"))), options, providers=[provider])
     except Exception as exc:
-        raise StepError(f"ONNX Runtime cannot load model.onnx: {_first_line(exc)}") from None
+        raise StepError(f"ONNX Runtime cannot load model.onnx: {brief(exc, lines=None, limit=500)}") from None
 
     rtol, atol = float(validate["rtol"]), float(validate["atol"])
     top1_min = validate.get("top1_min")
@@ -202,7 +157,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         try:
             produced = session.run(export["outputs"], feeds)
         except Exception as exc:
-            shape_result["error"] = f"ONNX Runtime refused the inputs: {_first_line(exc)}{_fixed_axis_hint(export, feeds)}"
+            shape_result["error"] = f"ONNX Runtime refused the inputs: {brief(exc, lines=None, limit=500)}{_fixed_axis_hint(export, feeds)}"
             results.append(shape_result)
             continue
         ok = True
@@ -417,7 +372,7 @@ def _first_output_both(wrapped: Any, session: Any, export: dict[str, Any], feeds
     try:
         got = np.asarray(session.run([export["outputs"][0]], feeds)[0])
     except Exception as exc:
-        raise StepError(f"{refused}: {_first_line(exc)}{_fixed_axis_hint(export, feeds)}") from None
+        raise StepError(f"{refused}: {brief(exc, lines=None, limit=500)}{_fixed_axis_hint(export, feeds)}") from None
     return ref, got
 
 
@@ -451,60 +406,6 @@ def _embeddings(feeds: dict[str, Any], mask: Any, cosine_min: float | None, wrap
     }
 
 
-def failure_message(
-    results: list[ShapeResult],
-    variant: str,
-    *,
-    accuracy: AccuracyResult | None = None,
-    embeddings: EmbeddingResult | None = None,
-    top1: dict[str, Any] | None = None,
-) -> str:
-    """One sentence naming the first check that failed: a shape, then accuracy, then embeddings."""
-    for r in results:
-        if r["passed"]:
-            continue
-        shape = ", ".join(f"{k}={v}" for k, v in r["shape"].items())
-        if r["error"]:
-            return f"validation of {variant} failed at shape {shape}: {r['error']}"
-        web = r.get("web")
-        if web is not None and not web["passed"] and all(c["passed"] for c in r["outputs"].values()):
-            if web["error"]:
-                return f"validation of {variant} in onnxruntime-web (the web target) failed at shape {shape}: {web['error']}"
-            name, c = next((n, c) for n, c in web["outputs"].items() if not c["passed"])
-            return f"validation of {variant} in onnxruntime-web (the web target) failed at shape {shape}: output {name}: max abs diff {c['max_abs_diff']} vs torch (atol {c['atol']:g}, rtol {c['rtol']:g})"
-        for name, c in r["outputs"].items():
-            if c["passed"]:
-                continue
-            if c["max_abs_diff"] is None:
-                return f"validation of {variant} failed at shape {shape}: output {name} has shape {c['shape_onnx']}, expected {c['shape_expected']}"
-            return (
-                f"validation of {variant} failed at shape {shape}: output {name}: {c['mismatch_fraction']:.2%} of elements outside "
-                f"atol={c['atol']:g} + rtol={c['rtol']:g}*|ref|; worst at {c['worst_index']}: onnx {c['worst_onnx']:.6g} vs torch "
-                f"{c['worst_reference']:.6g} (abs diff {c['max_abs_diff']:.3g})"
-            )
-    if top1 is not None and not top1["passed"]:
-        return (
-            f"validation of {variant} failed: top-1 token agreement {top1['agreement']:.3f} over {top1['tokens']} tokens "
-            f"at all shapes is below top1_min {top1['min']:g}"
-        )
-    if accuracy is not None and not accuracy["passed"]:
-        where = f"on {accuracy['samples']} samples from {accuracy['dataset']}"
-        drop = accuracy["pytorch"] - accuracy["onnxruntime"]
-        if drop > accuracy["max_drop"] + 1e-9:
-            return (
-                f"validation of {variant} failed: ONNX Runtime's top-1 accuracy {accuracy['onnxruntime']:.4f} is {drop:.4f} below "
-                f"PyTorch's {accuracy['pytorch']:.4f} {where} (validate.accuracy.max_drop: {accuracy['max_drop']:g})"
-            )
-        return f"validation of {variant} failed: ONNX Runtime's top-1 accuracy {accuracy['onnxruntime']:.4f} {where} is below validate.accuracy.min ({accuracy['min']:g})"
-    if embeddings is not None and not embeddings["passed"]:
-        return (
-            f"validation of {variant} failed: sentence {embeddings['worst_sentence']}'s embedding has cosine similarity "
-            f"{embeddings['min']:.6f} to PyTorch's, below validate.cosine_min ({embeddings['cosine_min']:g}; "
-            f"mean over {embeddings['sentences']} sentences {embeddings['mean']:.6f})"
-        )
-    return f"validation of {variant} failed"
-
-
 def _fixed_axis_hint(export: dict[str, Any], feeds: dict[str, Any]) -> str:
     for t in export["inputs"]:
         fixed = [i for i, d in enumerate(t["shape"]) if isinstance(d, int)]
@@ -515,117 +416,3 @@ def _fixed_axis_hint(export: dict[str, Any], feeds: dict[str, Any]) -> str:
                     "name it, e.g. sequence, to make it dynamic)"
                 )
     return ""
-
-
-def markdown(report: dict[str, Any], name: str) -> str:
-    """The verdict first (one row per variant and shape, its worst output), details after, folded."""
-    lines = [f"# {name}: validation against the source model", ""]
-    if report.get("weights") == "random-init":
-        lines += [f"> weights: **random-init** ({report.get('weights_note') or 'seeded'}): figures compare the export, not a trained model", ""]
-    lines += [f"Overall: **{'passed' if report['passed'] else 'FAILED'}**", ""]
-    lines += ["| variant | shape | worst output | max abs diff | tolerance | top-1 agreement | result |", "|---|---|---|---|---|---|---|"]
-    variants = sorted(report["variants"].items(), key=lambda kv: {"model": 0, "optimized": 1}.get(kv[0], 2))
-    for variant, v in variants:
-        for r in v["shapes"]:
-            shape = ", ".join(f"{k}={n}" for k, n in r["shape"].items())
-            top1 = f"{r['top1_agreement']:.3f}" if r["top1_agreement"] is not None else "-"
-            tol = f"atol {v['atol']:g}, rtol {v['rtol']:g}"
-            if r["error"]:
-                lines.append(f"| {variant} | {shape} | - | - | {tol} | - | **FAIL**: {_cell(r['error'])} |")
-                continue
-            worst = _worst(r["outputs"])
-            diff = _sci(r["outputs"][worst]["max_abs_diff"]) if worst else "-"
-            web = r.get("web") or {}
-            ok = r["passed"] and all(c["passed"] for c in r["outputs"].values()) and not web.get("error") and all(c["passed"] for c in web.get("outputs", {}).values())
-            lines.append(f"| {variant} | {shape} | {worst or '-'} | {diff} | {tol} | {top1} | {'pass' if ok else '**FAIL**'} |")
-    lines.append("")
-    for variant, v in variants:
-        lines += _variant_figures(variant, v, report.get("reference"))
-    lines += ["## Details", ""]
-    for variant, v in variants:
-        n = sum(len(r["outputs"]) for r in v["shapes"])
-        lines += [
-            "<details>",
-            f"<summary>{variant} ({v['provider']}): {n} output comparisons at {len(v['shapes'])} shapes</summary>",
-            "",
-            "| shape | output | max abs diff | max rel diff | mismatched | result |",
-            "|---|---|---|---|---|---|",
-        ]
-        for r in v["shapes"]:
-            shape = ", ".join(f"{k}={n}" for k, n in r["shape"].items())
-            if r["error"]:
-                lines.append(f"| {shape} | - | - | - | - | error: {_cell(r['error'])} |")
-            web = r.get("web") or {}
-            rows = [(out, c, "") for out, c in r["outputs"].items()] + [(out, c, "web: ") for out, c in web.get("outputs", {}).items()]
-            for out, c, where in sorted(rows, key=lambda t: (t[2], natural_key(t[0]))):
-                mism = "-" if c["mismatch_fraction"] is None else f"{c['mismatch_fraction']:.2%}"
-                lines.append(f"| {shape} | {where}{out} | {_sci(c['max_abs_diff'])} | {_sci(c['max_rel_diff'])} | {mism} | {'pass' if c['passed'] else 'FAIL'} |")
-            if web.get("error"):
-                lines.append(f"| {shape} | web | - | - | - | error: {_cell(web['error'])} |")
-        lines += ["", "</details>", ""]
-    return "\n".join(lines)
-
-
-def _variant_figures(variant: str, v: dict[str, Any], reference: str | None) -> list[str]:
-    """The whole-variant gates (top-1 agreement, accuracy, embeddings, the web target), one block each."""
-    lines: list[str] = []
-    if v.get("web"):
-        lines += [f"{variant}: web target: {v['web']}.", ""]
-    if v.get("top1"):
-        t = v["top1"]
-        floor = f" (at least {t['min']:g})" if t["min"] is not None else ""
-        lines += [f"{variant}: top-1 token agreement over all {t['tokens']} tokens: **{t['agreement']:.3f}**{floor}: {'pass' if t['passed'] else 'FAIL'}", ""]
-    if v.get("accuracy"):
-        a = v["accuracy"]
-        floor = "" if a["min"] is None else f", at least {a['min']:g}"
-        lines += [
-            f"### {variant}: top-1 accuracy on {a['samples']} samples from `{a['dataset']}`",
-            "",
-            f"| {'TensorFlow' if reference == 'tensorflow' else 'PyTorch'} | ONNX Runtime | same prediction | allowed | result |",
-            "|---|---|---|---|---|",
-            f"| {a['pytorch']:.4f} | {a['onnxruntime']:.4f} | {a['agreement']:.2%} | drop at most {a['max_drop']:g}{floor} | {'pass' if a['passed'] else 'FAIL'} |",
-            "",
-        ]
-    if v.get("embedding_cosine"):
-        e = v["embedding_cosine"]
-        pooled = "mean-pooled over the attention mask" if e["pooling"] == "mean" else "as output"
-        floor = "-" if e["cosine_min"] is None else f"{e['cosine_min']:g}"
-        lines += [
-            f"### {variant}: sentence embeddings ({e['sentences']} sentences, padded to {e['sequence']} tokens, {pooled})",
-            "",
-            "| cosine min | cosine mean | worst sentence | max abs diff | threshold | result |",
-            "|---|---|---|---|---|---|",
-            f"| {e['min']:.6f} | {e['mean']:.6f} | {e['worst_sentence']} | {e['max_abs_diff']:.2e} | {floor} | {'pass' if e['passed'] else 'FAIL'} |",
-            "",
-        ]
-    return lines
-
-
-def _worst(outputs: dict[str, Any]) -> str | None:
-    """The output to name in the verdict: the first that failed, else the largest difference."""
-    failed = [n for n, c in outputs.items() if not c["passed"]]
-    if failed:
-        return sorted(failed, key=natural_key)[0]
-    diffs = [(c["max_abs_diff"], n) for n, c in outputs.items() if c["max_abs_diff"] is not None]
-    return max(diffs)[1] if diffs else None
-
-
-def natural_key(name: str) -> list[Any]:
-    """Sort present.2 before present.10."""
-    import re
-
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
-
-
-def _cell(text: str) -> str:
-    """Text safe inside a Markdown table cell."""
-    return " ".join(str(text).split()).replace("|", "\\|")
-
-
-def _sci(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2e}"
-
-
-def _first_line(exc: BaseException) -> str:
-    text = " ".join(line.strip() for line in str(exc).strip().splitlines() if line.strip())
-    return text[:500] if text else type(exc).__name__

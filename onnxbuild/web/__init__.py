@@ -33,6 +33,8 @@ NPM_TIMEOUT_S = 600.0
 
 @dataclass(frozen=True)
 class WebRun:
+    """onnxruntime-web under Node.js: outputs and per-iteration timings, or the error."""
+
     outputs: dict[str, Any]
     times_ms: list[float]
     error: str | None

@@ -1,0 +1,178 @@
+"""Cross-field checks of a recipe that passed its schema: what JSON Schema cannot say
+(a dimension the inputs do not use, a step named in limits that does not exist, a
+source that cannot carry an option), each a Problem at the key's position."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from onnxbuild.errors import Problem
+from onnxbuild.recipe.model import is_torch_source
+from onnxbuild.recipe.resolve import DEFAULT_SAMPLE, symbolic_dims, validation_dims
+from onnxbuild.recipe.tasks import TASKS, WITH_PAST_INPUTS
+from onnxbuild.recipe.yamlpos import Path_, Positions, dotted
+from onnxbuild.spec import STEP_KINDS
+
+
+def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> Iterable[Problem]:
+    def problem(path: Path_, message: str, key: bool = False) -> Problem:
+        pos = positions.of(path, key=key)
+        return Problem(shown, pos[0] if pos else None, pos[1] if pos else None, dotted(path), message)
+
+    kind = next(iter(doc["source"]))
+    src = doc["source"][kind]
+    torch_source = is_torch_source(doc["source"])
+    if not torch_source:
+        what = "an ONNX file, huggingface.file" if kind == "huggingface" else kind
+        for section in ("export", "validate"):
+            if section in doc:
+                yield problem((section,), f"applies only to huggingface, pytorch and tensorflow sources (this recipe's source is {what}); remove it", key=True)
+    if kind == "huggingface" and (src.get("model") is not None) == (src.get("package") is not None):
+        got = "it has both" if src.get("model") is not None else "it has neither"
+        yield problem(("source", "huggingface"), f"give exactly one of `model` (Hub id or folder) and `package` (a folder inside an installed package); {got}", key=True)
+    if kind in ("pytorch", "tensorflow") and "inputs" not in doc.get("export", {}):
+        what = "its input signature: " if kind == "tensorflow" else ""
+        yield problem(("export",) if "export" in doc else ("source", kind), f"a {kind} source needs export.inputs ({what}name, dtype and shape of each model input)", key=True)
+    if kind == "tensorflow" and ("factory" in src) == ("keras" in src):
+        got = "it has both" if "factory" in src else "it has neither"
+        yield problem(("source", "tensorflow"), f"give exactly one of `factory` (file.py:function) and `keras` (a .keras file); {got}", key=True)
+    from onnxbuild.usercode import ref_problem
+
+    refs = [(("source", kind, "factory"), src.get("factory")) if kind in ("pytorch", "tensorflow") else ((), None)]
+    accuracy = (doc.get("validate") or {}).get("accuracy")
+    if isinstance(accuracy, dict):
+        refs.append((("validate", "accuracy", "dataset"), accuracy.get("dataset")))
+    for path, ref in refs:
+        wrong = ref_problem(ref) if isinstance(ref, str) else None
+        if wrong:
+            yield problem(path, wrong)
+    if kind == "tensorflow" and doc.get("export", {}).get("exporter", "torchscript") != "torchscript":
+        yield problem(("export", "exporter"), "a tensorflow source is converted with tf2onnx; remove export.exporter")
+    if kind == "graph":
+        yield from _graph_problems(src, problem)
+
+    export = doc.get("export", {})
+    with_past = bool(export.get("with_past"))
+    if with_past and not (kind == "huggingface" and src.get("task") == "text-generation"):
+        what = f"task {src.get('task')}" if kind == "huggingface" else f"a {kind} source"
+        yield problem(("export", "with_past"), f"applies to huggingface text-generation models (this recipe has {what}); remove it")
+        with_past = False
+    if "generate" in doc and doc["generate"] is not None:
+        gen = doc["generate"]
+        if not with_past:
+            yield problem(("generate",), "generates through the KV cache; add export.with_past: true (a huggingface text-generation model)", key=True)
+        if gen.get("prompt") is not None and gen.get("prompt_ids") is not None:
+            yield problem(("generate", "prompt_ids"), "give either prompt (text) or prompt_ids (token ids), not both", key=True)
+    if torch_source:
+        default_inputs = WITH_PAST_INPUTS if with_past else TASKS[src["task"]]["inputs"] if kind == "huggingface" else []
+        inputs = export.get("inputs") or default_inputs
+        export_dims = symbolic_dims(inputs)
+        dims = validation_dims(kind, inputs)
+        optional = {"past_sequence"} if with_past else set()
+        sample = export.get("sample", {d: DEFAULT_SAMPLE[d] for d in export_dims if d in DEFAULT_SAMPLE})
+        for d in export_dims:
+            if d not in sample:
+                yield problem(("export", "sample") if "sample" in export else ("export",), f"give a sample size for dimension {d!r} (e.g. sample: {{{d}: 2}})", key=True)
+        for i, shape in enumerate(doc.get("validate", {}).get("shapes", [])):
+            for d in dims:
+                if d not in shape:
+                    yield problem(("validate", "shapes", i), f"missing a size for dimension {d!r} (the inputs use: {', '.join(dims)})")
+            for d in shape:
+                if d not in dims and d not in optional:
+                    yield problem(("validate", "shapes", i, d), f"unknown dimension (the inputs use: {', '.join([*dims, *optional]) or 'no symbolic dimensions'})", key=True)
+        config = src.get("config") if kind == "huggingface" and isinstance(src.get("config"), dict) else {}
+        max_positions = next((config[k] for k in ("n_positions", "max_position_embeddings") if isinstance(config.get(k), int)), None)
+        if max_positions:
+            for section in ("validate", "benchmark"):
+                block = doc.get(section) or {}
+                for i, shape in enumerate(block.get("shapes", []) if isinstance(block, dict) else []):
+                    total = sum(v for d, v in shape.items() if d in ("sequence", "past_sequence") and isinstance(v, int))
+                    if total > max_positions:
+                        yield problem((section, "shapes", i), f"sequence + past_sequence is {total}, beyond the model's {max_positions} positions (source.huggingface.config); use at most {max_positions}")
+        bench = doc.get("benchmark") or {}
+        for i, shape in enumerate(bench.get("shapes", []) if isinstance(bench, dict) else []):
+            for d in dims:
+                if d not in shape and d not in optional:
+                    yield problem(("benchmark", "shapes", i), f"missing a size for dimension {d!r} (the inputs use: {', '.join(dims)})")
+            for d in shape:
+                if d not in dims and d not in optional:
+                    yield problem(("benchmark", "shapes", i, d), f"unknown dimension (the inputs use: {', '.join([*dims, *optional]) or 'no symbolic dimensions'})", key=True)
+        names = [t["name"] for t in inputs]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                yield problem(("export", "inputs", i, "name"), f"input {name!r} is listed twice (first as export.inputs[{names.index(name)}])")
+        validate = doc.get("validate", {})
+        if validate.get("sentences") is not None and kind != "huggingface":
+            yield problem(("validate", "sentences"), f"needs a huggingface source, whose tokenizer turns the sentences into inputs (this recipe's source is {kind})", key=True)
+        if validate.get("cosine_min") is not None and validate.get("sentences") is None:
+            yield problem(("validate", "cosine_min"), "compares sentence embeddings; add validate.sentences (the text to embed)", key=True)
+    variant_names = ["model", *(["optimized"] if doc.get("optimize") else []), *(q.get("name") for q in doc.get("quantize", []))]
+    for i, prov in enumerate(doc.get("providers", [])):
+        wanted = (prov.get("options") or {}).get("variants") if prov.get("name") == "web" else None
+        if wanted is None:
+            continue
+        if not isinstance(wanted, list) or not all(isinstance(w, str) for w in wanted):
+            yield problem(("providers", i, "options", "variants"), f"must be a list of variant names (this recipe has: {', '.join(variant_names)})")
+            continue
+        for j, w in enumerate(wanted):
+            if w not in variant_names:
+                yield problem(("providers", i, "options", "variants", j), f"no variant {w!r} (this recipe has: {', '.join(variant_names)})")
+    kinds = set(STEP_KINDS)
+    named = {f"quantize.{q['name']}" for q in doc.get("quantize", [])} | {f"validate.{q['name']}" for q in doc.get("quantize", [])} | {"validate.optimized"}
+    for step in (doc.get("limits") or {}).get("steps", {}):
+        if step not in kinds and step not in named:
+            yield problem(("limits", "steps", step), f"no such step or step kind (kinds: {', '.join(sorted(kinds))}; steps such as {', '.join(sorted(named)) or 'validate.int8'})", key=True)
+    decoder = (doc.get("optimize") or {}).get("decoder")
+    if decoder == "fused":
+        from onnxbuild.recipe.families import FUSED_DECODERS
+
+        hf = (doc.get("source") or {}).get("huggingface")
+        model_type = ((hf or {}).get("config") or {}).get("model_type")
+        if not hf or hf.get("task") != "text-generation" or not with_past:
+            yield problem(("optimize", "decoder"), "fused graphs are for text-generation models exported with export.with_past: true; use decoder: auto or export")
+        elif model_type is not None and model_type not in FUSED_DECODERS:
+            yield problem(("optimize", "decoder"), f"no fused graph for model_type {model_type!r} (there is one for {', '.join(FUSED_DECODERS)}); use decoder: auto or export")
+    for i, q in enumerate(doc.get("quantize", [])):
+        earlier = [p["name"] for p in doc["quantize"][:i]]
+        if with_past and q.get("method") == "static":
+            yield problem(("quantize", i, "method"), "static calibration of a with-past decoder is not supported; use method: dynamic (or int4)")
+        if q["name"] in ("model", "optimized"):
+            yield problem(("quantize", i, "name"), f"{q['name']!r} names a built-in variant; choose another name (e.g. int8)")
+        if q["name"] in earlier:
+            yield problem(("quantize", i, "name"), f"variant name {q['name']!r} is used twice; names must be unique")
+        if q.get("from") == "optimized" and not doc.get("optimize"):
+            yield problem(("quantize", i, "from"), "quantizes the optimized variant, but the recipe has no optimize section")
+
+
+def _graph_problems(src: dict[str, Any], problem: Any) -> Iterable[Problem]:
+    defined: set[str] = set()
+    for value in src["inputs"]:
+        defined.add(value["name"])
+    for i, init in enumerate(src.get("initializers", [])):
+        has_values, has_random = "values" in init, "random" in init
+        if has_values == has_random:
+            got = "it has both" if has_values else "it has neither"
+            yield problem(("source", "graph", "initializers", i), f"give exactly one of `values` (the numbers) and `random` (a seed); {got}", key=True)
+        if has_values:
+            count = _count_leaves(init["values"])
+            want = 1
+            for d in init["shape"]:
+                want *= d
+            if count != want:
+                yield problem(("source", "graph", "initializers", i, "values"), f"has {count} values but shape {init['shape']} needs {want}")
+        defined.add(init["name"])
+    for i, node in enumerate(src["nodes"]):
+        for j, name in enumerate(node["inputs"]):
+            if name and name not in defined:
+                yield problem(("source", "graph", "nodes", i, "inputs", j), f"{name!r} is not a graph input, an initializer or the output of an earlier node")
+        defined.update(node["outputs"])
+    for i, value in enumerate(src["outputs"]):
+        if value["name"] not in defined:
+            yield problem(("source", "graph", "outputs", i, "name"), f"{value['name']!r} is not produced by any node")
+
+
+def _count_leaves(values: Any) -> int:
+    if isinstance(values, list):
+        return sum(_count_leaves(v) for v in values)
+    return 1

@@ -1,0 +1,166 @@
+"""A recipe with every default filled in: what the build depends on, and what its keys hash.
+
+Defaults come from the schema (``default`` on each property) and, where they depend on
+other keys (validation shapes from the export's sample sizes, a language model's top-1
+floor), from here. Every section the schema accepts must come out of ``resolve``:
+tests/test_kinds.py fails for one that is dropped (it would never reach a key).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from onnxbuild.recipe.model import is_torch_source
+from onnxbuild.recipe.tasks import DERIVED_DIMS, TASKS, WITH_PAST_INPUTS
+
+DEFAULT_SAMPLE = {"batch": 2, "sequence": 16, "past_sequence": 4}
+DEFAULT_ATOL = 1e-4
+DEFAULT_RTOL = 1e-3
+DEFAULT_TOP1_MIN = 0.99
+DEFAULT_COSINE_MIN = 0.99
+"""validate.cosine_min when validate.sentences is given: float32 exports of sentence encoders measure above 0.9999."""
+
+
+@cache
+def schema_text() -> str:
+    return (Path(__file__).parent / "schema.json").read_text(encoding="utf-8")
+
+
+@cache
+def schema() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(schema_text())
+    return data
+
+
+def deref(ref: str) -> dict[str, Any]:
+    node: Any = schema()
+    for part in ref.removeprefix("#/").split("/"):
+        node = node[part]
+    result: dict[str, Any] = node
+    return result
+
+
+def validation_dims(kind: str, inputs: list[dict[str, Any]]) -> list[str]:
+    """The dimensions validation varies: the export's symbolic ones, plus, for a transformers
+    model, batch and sequence whatever the export declared, so an axis fixed by mistake
+    in export.inputs is caught instead of validated at its one fixed size."""
+    dims = symbolic_dims(inputs)
+    if kind == "huggingface":
+        dims = ["batch", "sequence"] + [d for d in dims if d not in ("batch", "sequence")]
+    return dims
+
+
+def symbolic_dims(inputs: list[dict[str, Any]]) -> list[str]:
+    dims: list[str] = []
+    for t in inputs:
+        for d in t.get("shape", []):
+            if isinstance(d, str) and d not in dims and d not in DERIVED_DIMS:
+                dims.append(d)
+    return dims
+
+
+# ---------------------------------------------------------------- defaults
+
+
+def resolve(doc: dict[str, Any]) -> dict[str, Any]:
+    """Fill every default so the result says everything the build depends on."""
+    kind = next(iter(doc["source"]))
+    out: dict[str, Any] = {
+        "name": doc["name"],
+        "description": doc.get("description", ""),
+        "source": {kind: _with_defaults(doc["source"][kind], deref(f"#/$defs/{kind}_source"))},
+    }
+    src = out["source"][kind]
+    if kind == "huggingface":
+        src.setdefault("model", None)
+        src.setdefault("package", None)
+        src.setdefault("config", None)
+        src.setdefault("tokenizer", None)
+    if kind == "graph":
+        src["initializers"] = [_with_defaults(i, deref("#/$defs/initializer")) for i in src["initializers"]]
+        for init in src["initializers"]:
+            if "random" in init:
+                init["random"] = _with_defaults(init["random"], deref("#/$defs/initializer")["properties"]["random"])
+        src["nodes"] = [_with_defaults(n, deref("#/$defs/node")) for n in src["nodes"]]
+    if is_torch_source(out["source"]):
+        task = TASKS[src["task"]] if kind == "huggingface" else None
+        export = _with_defaults(doc.get("export", {}), deref("#/$defs/export"))
+        default_inputs = WITH_PAST_INPUTS if export["with_past"] else task["inputs"] if task else []
+        export.setdefault("inputs", [dict(t) for t in default_inputs])
+        export["inputs"] = [{"dtype": "float32", "shape": [], **t} for t in export["inputs"]]
+        export.setdefault("outputs", list(task["outputs"]) if task else ["output"])
+        if "sample" not in export:  # not setdefault: its default names only the usual dimensions
+            export["sample"] = {d: DEFAULT_SAMPLE[d] for d in symbolic_dims(export["inputs"])}
+        if export["with_past"]:
+            export["sample"] = {**export["sample"], "past_sequence": export["sample"].get("past_sequence", DEFAULT_SAMPLE["past_sequence"])}
+        out["export"] = export
+        sample = {**DEFAULT_SAMPLE, **export["sample"]}
+        validate = _with_defaults(doc.get("validate", {}), deref("#/$defs/validate"))
+        validate.setdefault("shapes", _default_shapes(validation_dims(kind, export["inputs"]), sample))
+        validate.setdefault("atol", DEFAULT_ATOL)
+        validate.setdefault("rtol", DEFAULT_RTOL)
+        validate.setdefault("top1_min", DEFAULT_TOP1_MIN if task and task["language_model"] else None)
+        validate.setdefault("cosine_min", DEFAULT_COSINE_MIN if validate["sentences"] else None)
+        if validate["accuracy"] is not None:
+            validate["accuracy"] = _with_defaults(validate["accuracy"], deref("#/$defs/validate")["properties"]["accuracy"])
+        out["validate"] = validate
+    opt = doc.get("optimize")
+    out["optimize"] = None if opt is None else _with_defaults(opt, deref("#/$defs/optimize"))
+    if out["optimize"] is not None:
+        props = deref("#/$defs/optimize")["properties"]
+        for key in ("transformer", "float16"):
+            value = out["optimize"].get(key)
+            out["optimize"][key] = None if value is None else _with_defaults(value, props[key]["anyOf"][1])
+        out["optimize"].setdefault("validate", {})
+    out["quantize"] = [_with_defaults(q, deref("#/$defs/quantize")) for q in doc.get("quantize", [])]
+    for q in out["quantize"]:
+        q.setdefault("validate", {})
+        q.setdefault("op_types", None)
+        q["calibration"] = _with_defaults(q.get("calibration", {}), deref("#/$defs/quantize")["properties"]["calibration"])
+    limits = doc.get("limits") or {}
+    out["limits"] = {"memory_mb": limits.get("memory_mb"), "seconds": limits.get("seconds"), "steps": dict(limits.get("steps", {}))}
+    gen = doc.get("generate")
+    out["generate"] = None if gen is None else _with_defaults(gen, deref("#/$defs/generate"))
+    if out["generate"] is not None and out["generate"]["sampling"] is not None:
+        out["generate"]["sampling"] = _with_defaults(out["generate"]["sampling"], deref("#/$defs/generate")["properties"]["sampling"]["anyOf"][1])
+    bench = doc.get("benchmark")
+    out["benchmark"] = None if bench is None else _with_defaults(bench, deref("#/$defs/benchmark"))
+    if out["benchmark"] is not None and "shapes" not in out["benchmark"]:
+        out["benchmark"]["shapes"] = _default_benchmark_shapes(out)
+    out["providers"] = [_with_defaults(p, deref("#/$defs/provider")) for p in doc.get("providers", [{"name": "CPUExecutionProvider"}])]
+    return out
+
+
+def _default_benchmark_shapes(resolved: dict[str, Any]) -> list[dict[str, int]]:
+    """Batch 1 at sequence 128 for token models (the figure people quote), else the export sample."""
+    export = resolved.get("export")
+    if export is None:
+        kind, src = next(iter(resolved["source"].items()))
+        dims = symbolic_dims(src.get("inputs", [])) if kind == "graph" else []
+        return [{d: 1 for d in dims}]
+    dims = symbolic_dims(export["inputs"])
+    if set(dims) == {"batch", "sequence"}:
+        return [{"batch": 1, "sequence": 128}]
+    return [{d: export["sample"][d] for d in dims}]
+
+
+def _default_shapes(dims: list[str], sample: dict[str, int]) -> list[dict[str, int]]:
+    """Three shapes: all ones, the export sample, and one larger than the sample in every dimension.
+
+    Two of them differ from the sample, so an axis the export fixed by mistake fails validation.
+    """
+    if not dims:
+        return [{}]
+    return [{d: 1 for d in dims}, {d: sample[d] for d in dims}, {d: sample[d] * 2 + 1 for d in dims}]
+
+
+def _with_defaults(section: dict[str, Any], sch: dict[str, Any]) -> dict[str, Any]:
+    out = dict(section)
+    for key, prop in sch.get("properties", {}).items():
+        if key not in out and "default" in prop:
+            default = prop["default"]
+            out[key] = json.loads(json.dumps(default))
+    return out

@@ -1,0 +1,16 @@
+"""An ONNX file the repository holds: the source step checks it and copies it as model.onnx."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def identity(src: dict[str, Any], recipe_dir: Path) -> tuple[dict[str, Path], dict[str, Any]]:
+    """The file itself (with its external data, read by the source step)."""
+    return {"source.onnx.path": recipe_dir / src["path"]}, {}
+
+
+def estimate_weights(src: dict[str, Any], recipe_dir: Path) -> int:
+    path = recipe_dir / src["path"]
+    return path.stat().st_size if path.is_file() else 0

@@ -1,0 +1,71 @@
+"""Every kind describes itself, and nothing a recipe may say is dropped on the way to a key (#17).
+
+The silent failure this guards: a section the schema accepts but ``loader.resolve`` does
+not carry into the resolved recipe never reaches a cache key, so changing it rebuilds
+nothing."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from onnxbuild import steps
+from onnxbuild.recipe.loader import parse_recipe
+from onnxbuild.spec import STEP_KINDS
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA = json.loads((ROOT / "onnxbuild" / "recipe" / "schema.json").read_text(encoding="utf-8"))
+RECIPES = sorted([*ROOT.glob("recipes/*.yaml"), *ROOT.glob("tests/data/*.yaml"), *ROOT.glob("tests/data/good/*.yaml"), *ROOT.glob("tests/data/steps/*.yaml")])
+
+
+@pytest.mark.parametrize("kind", STEP_KINDS)
+def test_each_step_kind_describes_itself(kind: str) -> None:
+    module = steps.step_module(kind)
+    assert module.__name__ == f"onnxbuild.steps.{kind}"
+    assert isinstance(module.VERSION, int) and module.VERSION >= 1
+    assert isinstance(module.PACKAGES, tuple) and all(isinstance(p, str) for p in module.PACKAGES)
+    assert callable(module.run)
+    measured = getattr(module, "measured", None)
+    assert measured is None or callable(measured)
+
+
+def test_the_registry_is_the_kind_list() -> None:
+    assert list(steps.KINDS) == list(STEP_KINDS)
+
+
+def test_every_recipe_section_the_schema_accepts_reaches_the_resolved_recipe() -> None:
+    resolved_keys: set[str] = set()
+    set_keys: set[str] = set()
+    for path in RECIPES:
+        text = path.read_text(encoding="utf-8")
+        resolved = parse_recipe(text, str(path))
+        doc = yaml.safe_load(text)
+        set_keys |= set(doc)
+        dropped = set(doc) - set(resolved)
+        assert not dropped, f"{path.relative_to(ROOT)}: loader.resolve drops {sorted(dropped)}; give the section its defaults there"
+        resolved_keys |= set(resolved)
+    unused = set(SCHEMA["properties"]) - set_keys
+    assert not unused - {"description"}, f"no recipe in the repository sets {sorted(unused)}: add one so this test covers it"
+
+
+@pytest.mark.parametrize("kind", [k for k in STEP_KINDS if k in SCHEMA["properties"]])
+def test_a_step_kind_that_owns_a_recipe_section_has_it_in_the_schema(kind: str) -> None:
+    refs = re.findall(r'"\$ref": "#/\$defs/([A-Za-z0-9_]+)"', json.dumps(SCHEMA["properties"][kind]))
+    assert refs, f"recipe section {kind!r} should point at its $defs block(s)"
+    assert all(r in SCHEMA["$defs"] for r in refs)
+
+
+@pytest.mark.parametrize("kind", sorted(SCHEMA["properties"]["source"]["properties"]))
+def test_each_source_kind_the_schema_accepts_is_one_registered_module(kind: str) -> None:
+    from onnxbuild.recipe.model import TORCH_SOURCES
+    from onnxbuild.sources import SOURCES, source_module
+
+    assert kind in SOURCES, f"source kind {kind!r} is in the schema but not in onnxbuild.sources.SOURCES"
+    module = source_module(kind)
+    assert callable(module.identity) and callable(module.estimate_weights)
+    if kind in TORCH_SOURCES:
+        assert callable(module.record) and callable(module.load_model)
