@@ -33,9 +33,6 @@ class Settings:
     cache_read_only: bool = False
 
     def cache(self, reporter: Reporter | None = None) -> Cache:
-        from onnxbuild.environment import use_memo
-
-        use_memo(self.cache_dir / "state" / "versions.json")
         cache = Cache(self.cache_dir)
         if reporter is not None:
             cache.warn = reporter.warning

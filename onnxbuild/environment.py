@@ -18,39 +18,52 @@ _DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
 REPORTED = ("onnx", "onnxruntime", "onnxscript", "torch", "transformers", "numpy")
 
 
-_memo: dict[str, str] = {}
-_memo_file: Path | None = None
-
-
-def use_memo(path: Path) -> None:
-    """Remember versions in ``path`` between runs, keyed by the mtimes of sys.path folders.
+class Versions:
+    """Package versions for cache keys, remembered in a file between runs (the cache's
+    ``state/versions.json``), keyed by the mtimes of the sys.path folders.
 
     Installing, removing or upgrading a distribution adds or removes a ``*.dist-info``
     entry and so changes its folder's mtime; while no mtime changed, the versions
-    cannot have either, and importlib.metadata (25 ms here) is never imported.
+    cannot have either, and importlib.metadata (25 ms here) is never imported. The
+    cache that persists the file owns the object: no module-level state.
     """
-    global _memo_file
-    _memo_file = path
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if data.get("signature") == _signature():
-            _memo.update(data["versions"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        pass
 
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path
+        self._memo: dict[str, str] | None = None
+        self._computed: dict[str, str] = {}
 
-def save_memo() -> None:
-    if _memo_file is None or not _computed:
-        return
-    try:
-        from onnxbuild._util import atomic_write_text, canonical_json
+    def _load(self) -> dict[str, str]:
+        if self._memo is None:
+            self._memo = {}
+            if self.path is not None:
+                try:
+                    data = json.loads(self.path.read_text(encoding="utf-8"))
+                    if data.get("signature") == _signature() and isinstance(data.get("versions"), dict):
+                        self._memo = {str(k): str(v) for k, v in data["versions"].items()}
+                except (OSError, ValueError, TypeError, AttributeError):
+                    pass
+        return self._memo
 
-        atomic_write_text(_memo_file, canonical_json({"signature": _signature(), "versions": {**_memo, **_computed}}))
-    except OSError:
-        pass
+    def get(self, name: str) -> str:
+        """Installed version of ``name``, or ``"not installed"``."""
+        memo = self._load()
+        if name in memo:
+            return memo[name]
+        if name not in self._computed:
+            self._computed[name] = _lookup(name)
+        return self._computed[name]
 
+    def save(self) -> None:
+        """Write what this run had to look up (nothing when the file already knew it all)."""
+        if self.path is None or not self._computed:
+            return
+        try:
+            from onnxbuild._util import atomic_write_text, canonical_json
 
-_computed: dict[str, str] = {}
+            atomic_write_text(self.path, canonical_json({"signature": _signature(), "versions": {**self._load(), **self._computed}}))
+        except OSError:
+            pass
 
 
 def _signature() -> list[Any]:
@@ -64,12 +77,8 @@ def _signature() -> list[Any]:
 
 
 def package_version(name: str) -> str:
-    """Installed version of ``name``, or ``"not installed"``."""
-    if name in _memo:
-        return _memo[name]
-    if name not in _computed:
-        _computed[name] = _lookup(name)
-    return _computed[name]
+    """Installed version of ``name``, or ``"not installed"`` (read from metadata each process)."""
+    return _lookup(name)
 
 
 @cache

@@ -42,6 +42,7 @@ from onnxbuild._util import (
     temp_owner,
 )
 from onnxbuild.engine.locks import FileLock
+from onnxbuild.environment import Versions
 from onnxbuild.errors import CacheError
 
 
@@ -141,6 +142,8 @@ class Cache:
         self.root = Path(self.root)
         self._hashes: dict[str, list[Any]] | None = None
         self._hashes_dirty = False
+        self.versions = Versions(self.root / "state" / "versions.json")
+        """Package versions for keys, remembered in state/versions.json (saved by save_state)."""
 
     # ------------------------------------------------------------ paths
 
@@ -379,9 +382,7 @@ class Cache:
         return self._hashes
 
     def save_state(self) -> None:
-        from onnxbuild.environment import save_memo
-
-        save_memo()
+        self.versions.save()
         if self._hashes_dirty and self._hashes is not None:
             with contextlib.suppress(OSError):  # only a speed-up; losing it costs a re-hash
                 atomic_write_text(self.root / "state" / "hashes.json", canonical_json(self._hashes))

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from onnxbuild.engine.cache import Cache, EntryRecord, step_key
-from onnxbuild.environment import package_version
 from onnxbuild.errors import Problem, RecipeError, UsageError
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.spec import MISSING, StepSpec
@@ -84,7 +83,7 @@ def ingredients(spec: StepSpec, input_digests: dict[str, str], cache: Cache) -> 
         "inputs": input_digests,
         "files": {label: file_identity(path, cache) for label, path in sorted(spec.files.items())},
         "identity": spec.identity,
-        "packages": {name: package_version(name) for name in spec.packages},
+        "packages": {name: cache.versions.get(name) for name in spec.packages},
     }
 
 
