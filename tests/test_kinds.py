@@ -69,3 +69,18 @@ def test_each_source_kind_the_schema_accepts_is_one_registered_module(kind: str)
     assert callable(module.identity) and callable(module.estimate_weights)
     if kind in TORCH_SOURCES:
         assert callable(module.record) and callable(module.load_model)
+
+
+@pytest.mark.parametrize("section", ["export", "validate", "optimize", "quantize", "benchmark", "generate", "limits", "providers"])
+def test_each_section_type_names_exactly_the_schema_keys_and_what_resolve_writes(section: str) -> None:
+    from onnxbuild.recipe.sections import SECTIONS
+
+    typed = SECTIONS[section]
+    keys = set(typed.__required_keys__) | set(typed.__optional_keys__)
+    refs = re.findall(r'"\$ref": "#/\$defs/([A-Za-z0-9_]+)"', json.dumps(SCHEMA["properties"][section]))
+    schema_keys = set(SCHEMA["$defs"][refs[0]]["properties"])
+    assert keys == schema_keys, f"recipe/sections.py {typed.__name__}: missing {sorted(schema_keys - keys)}, extra {sorted(keys - schema_keys)}"
+    for path in RECIPES:
+        value = parse_recipe(path.read_text(encoding="utf-8"), str(path)).get(section)
+        for item in value if isinstance(value, list) else [value] if value else []:
+            assert set(item) <= keys, f"{path.name}: resolve writes {sorted(set(item) - keys)} into {section}, which {typed.__name__} does not name"

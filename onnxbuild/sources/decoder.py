@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from onnxbuild.errors import StepError
+from onnxbuild.recipe.sections import ExportSection
 
 PAST = "past_key_values.{i}.{kv}"
 PRESENT = "present.{i}.{kv}"
@@ -66,7 +67,7 @@ def layout_from_session(session: Any) -> PastLayout:
     return PastLayout(layers=len(past) // 2, kv_heads=int(shape[1]), head_dim=int(shape[3]), dtype=dtype)
 
 
-def io_names(export: dict[str, Any], layout: PastLayout) -> tuple[list[dict[str, Any]], list[str]]:
+def io_names(export: ExportSection, layout: PastLayout) -> tuple[list[dict[str, Any]], list[str]]:
     """The full input specs and output names of a with-past export."""
     return [dict(t) for t in export["inputs"]] + layout.past_specs(), list(export["outputs"]) + layout.present_names
 
@@ -253,7 +254,7 @@ def hf_generate(model: Any, prompt: Any, max_new_tokens: int) -> Generation:
     return Generation(tokens, [t.float().numpy() for t in out.logits])
 
 
-def genai_config(config: Any, layout: PastLayout, export: dict[str, Any]) -> str:
+def genai_config(config: Any, layout: PastLayout, export: ExportSection) -> str:
     """genai_config.json for onnxruntime-genai: where the decoder's inputs and outputs are and
     how big its cache is (greedy search by default; the caller's generator params override).
 

@@ -16,6 +16,7 @@ from typing import Any
 from onnxbuild import usercode
 from onnxbuild._util import brief
 from onnxbuild.errors import StepError
+from onnxbuild.recipe.sections import ExportSection
 
 PACKAGES = ("tensorflow", "tensorflow-cpu", "tf2onnx", "keras")
 
@@ -105,7 +106,7 @@ class KerasAdapter:
         return self
 
 
-def convert(model: Any, export: dict[str, Any], path: Path) -> None:
+def convert(model: Any, export: ExportSection, path: Path) -> None:
     """tf2onnx at the recipe's opset; graph outputs renamed to export.outputs, in order."""
     _quiet()
     import tensorflow as tf

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxbuild.errors import StepError
+from onnxbuild.recipe.sections import ExportSection
 from onnxbuild.recipe.tasks import TASKS, TOKEN_INPUTS
 
 INT_RANGE_DEFAULT = 10
@@ -26,7 +27,7 @@ def load_source_model(source: dict[str, Any], record: dict[str, Any], recipe_dir
     return source_module(kind).load_model(src, record, recipe_dir)
 
 
-def full_export(export: dict[str, Any], model: Any) -> dict[str, Any]:
+def full_export(export: ExportSection, model: Any) -> ExportSection:
     """The export section with a decoder's past inputs and present outputs spelled out.
 
     ``export.with_past`` adds ``past_key_values.{i}.key/.value`` inputs and
@@ -84,7 +85,7 @@ def wrap(model: Any, source: dict[str, Any], input_names: list[str], output_name
     return Wrapped().eval()
 
 
-def output_axes(source: dict[str, Any], export: dict[str, Any]) -> dict[str, dict[int, str]]:
+def output_axes(source: dict[str, Any], export: ExportSection) -> dict[str, dict[int, str]]:
     """Symbolic axes of the outputs, so they read batch/sequence instead of generated names."""
     (kind, src), = source.items()
     first = export["inputs"][0]["shape"] if export["inputs"] else []
@@ -111,7 +112,7 @@ def vocab_size(model: Any) -> int | None:
     return int(size) if size else None
 
 
-def input_specs(source: dict[str, Any], export: dict[str, Any], *, natural: bool) -> list[dict[str, Any]]:
+def input_specs(source: dict[str, Any], export: ExportSection, *, natural: bool) -> list[dict[str, Any]]:
     """The inputs to feed. ``natural`` gives a transformers model its task's shapes
     (batch, sequence) even where the export fixed an axis, so validation sees the mistake."""
     (kind, _), = source.items()

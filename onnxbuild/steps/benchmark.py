@@ -18,10 +18,11 @@ import gc
 import json
 import os
 import time
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 from onnxbuild._util import format_ms, pretty_json
 from onnxbuild.errors import StepError
+from onnxbuild.recipe.sections import BenchmarkSection, ExportSection
 from onnxbuild.report.benchmark import chart, markdown
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
@@ -103,8 +104,8 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
 
     from onnxbuild.environment import versions
 
-    bench = spec.params["benchmark"]
-    export = spec.params["export"]
+    bench = cast(BenchmarkSection, spec.params["benchmark"])
+    export = cast(ExportSection, spec.params["export"])
     threads = bench["threads"] or (os.cpu_count() or 1)
     torch_source = export is not None
     record: dict[str, Any] = {}
@@ -211,7 +212,7 @@ def _web_benchmark(ctx: StepContext, spec: StepSpec, shapes: list[dict[str, int]
     why = web.unavailable()
     if why:
         return {"name": "web", "status": "skipped", "reason": why}
-    bench = spec.params["benchmark"]
+    bench = cast(BenchmarkSection, spec.params["benchmark"])
     options = next(p["options"] for p in spec.params["providers"] if p["name"] == "web")
     wanted = set(options.get("variants") or ["model"])
     iterations = int(options.get("iterations", bench["iterations"]))
@@ -268,7 +269,7 @@ def _feeds(spec: StepSpec, ctx: StepContext, sizes: dict[str, int], index: int, 
     """Inputs for one benchmark shape; for a with-past decoder, a prefill (empty past)."""
     from onnxbuild.sources.torchmodel import make_inputs
 
-    export = spec.params["export"]
+    export = cast(ExportSection, spec.params["export"])
     if export is not None:
         specs = export["inputs"] + (layout.past_specs() if layout is not None else [])
         return make_inputs(specs, {**sizes, "past_sequence": 0} if layout is not None else sizes, seed=500 + index, vocab=_vocab(spec))
@@ -325,12 +326,12 @@ def _pytorch_baseline(
         attention = "sdpa"
     torch.set_num_threads(threads)
     model = load_source_model(source, record, ctx.recipe_dir)
-    export = spec.params["export"]
+    export = cast(ExportSection, spec.params["export"])
     names = [t["name"] for t in export["inputs"]] + (layout.past_names if layout is not None else [])
     wrapped = wrap(model, source, names, export["outputs"] + (layout.present_names if layout is not None else []))
     out = []
     decode: list[dict[str, Any]] = []
-    bench = spec.params["benchmark"]
+    bench = cast(BenchmarkSection, spec.params["benchmark"])
     for sizes, feeds in zip(shapes, feeds_by_shape):
         args = tuple(torch.from_numpy(feeds[n]) for n in names)
 
@@ -369,7 +370,7 @@ def _timed(fn: Any) -> float:
     return time.perf_counter() - t0
 
 
-def _pytorch_decode(model: Any, wrapped: Any, names: list[str], layout: Any, sizes: dict[str, int], prefill: Timing, bench: dict[str, Any]) -> dict[str, Any]:
+def _pytorch_decode(model: Any, wrapped: Any, names: list[str], layout: Any, sizes: dict[str, int], prefill: Timing, bench: BenchmarkSection) -> dict[str, Any]:
     """PyTorch's prefill and per-token decode, and transformers' generate() end to end."""
     import torch
 
@@ -411,7 +412,7 @@ def feeds_prompt(sizes: dict[str, int], vocab: int) -> Any:
     return np.random.default_rng(901).integers(0, vocab, size=(_batch(sizes), sizes["sequence"]), dtype=np.int64)
 
 
-def _ort_decode(session: Any, variant: dict[str, Any], provider: str, sizes: dict[str, int], prefill: Timing, bench: dict[str, Any], decode: list[dict[str, Any]]) -> dict[str, Any]:
+def _ort_decode(session: Any, variant: dict[str, Any], provider: str, sizes: dict[str, int], prefill: Timing, bench: BenchmarkSection, decode: list[dict[str, Any]]) -> dict[str, Any]:
     """The same figures for one variant: its prefill (measured above), one decode step, a whole generation."""
     from onnxbuild.sources.decoder import OrtDecoder
 

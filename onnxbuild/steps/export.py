@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from onnxbuild._util import brief
 from onnxbuild.errors import StepError
+from onnxbuild.recipe.sections import ExportSection
 from onnxbuild.sources.torchmodel import (
     full_export,
     input_specs,
@@ -36,7 +37,7 @@ DATA_NAME = "model.onnx.data"
 
 
 def run(ctx: StepContext, spec: StepSpec) -> StepResult:
-    source, export = spec.params["source"], spec.params["export"]
+    source, export = spec.params["source"], cast(ExportSection, spec.params["export"])
     if "tensorflow" in source:
         return _tensorflow(ctx, source, export)
     import torch
@@ -91,7 +92,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     return StepResult(summary=summary, data={"exporter": export["exporter"], "opset": export["opset"]}, extra_outputs=extra)
 
 
-def _tensorflow(ctx: StepContext, source: dict[str, Any], export: dict[str, Any]) -> StepResult:
+def _tensorflow(ctx: StepContext, source: dict[str, Any], export: ExportSection) -> StepResult:
     """tf2onnx instead of torch.onnx: the recipe's inputs are the model's input signature."""
     from onnxbuild.sources.tensorflow import convert, load_model
 
@@ -102,7 +103,7 @@ def _tensorflow(ctx: StepContext, source: dict[str, Any], export: dict[str, Any]
     return StepResult(summary=f"tf2onnx, opset {export['opset']}, {out.stat().st_size / 1e6:.1f} MB", data={"exporter": "tf2onnx", "opset": export["opset"]})
 
 
-def companion_files(ctx: StepContext, model: Any, source: dict[str, Any], record: dict[str, Any], export: dict[str, Any]) -> tuple[str, ...]:
+def companion_files(ctx: StepContext, model: Any, source: dict[str, Any], record: dict[str, Any], export: ExportSection) -> tuple[str, ...]:
     """config.json, generation_config.json and the tokenizer beside model.onnx, so Optimum's
     ORTModel classes can load the folder; for a with-past decoder, genai_config.json for
     onnxruntime-genai as well."""
@@ -133,7 +134,7 @@ def companion_files(ctx: StepContext, model: Any, source: dict[str, Any], record
     return tuple(written[1:])
 
 
-def _export_dynamo(wrapped: Any, args: tuple[Any, ...], raw: Path, names: list[str], export: dict[str, Any]) -> None:
+def _export_dynamo(wrapped: Any, args: tuple[Any, ...], raw: Path, names: list[str], export: ExportSection) -> None:
     import torch
 
     dims: dict[str, Any] = {}
@@ -161,7 +162,7 @@ def _export_dynamo(wrapped: Any, args: tuple[Any, ...], raw: Path, names: list[s
     program.save(str(raw), external_data=False)
 
 
-def _finalise(raw: Path, out: Path, export: dict[str, Any], param_bytes: int) -> tuple[str, ...]:
+def _finalise(raw: Path, out: Path, export: ExportSection, param_bytes: int) -> tuple[str, ...]:
     """Strip run-specific metadata, then write inline or with one external-data file of a fixed name."""
     import onnx
 

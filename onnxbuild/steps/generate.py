@@ -11,10 +11,11 @@ comparison in which both engines draw with the same random numbers.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from onnxbuild._util import brief, pretty_json
 from onnxbuild.errors import StepError
+from onnxbuild.recipe.sections import GenerateSection
 from onnxbuild.report.generation import markdown
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
@@ -22,7 +23,7 @@ VERSION = 1
 PACKAGES = ("torch", "transformers", "tokenizers", "onnxruntime", "numpy")
 
 
-def prompt_ids(gen: dict[str, Any], source: dict[str, Any], record: dict[str, Any], recipe_dir: Any, vocab: int) -> tuple[Any, Any]:
+def prompt_ids(gen: GenerateSection, source: dict[str, Any], record: dict[str, Any], recipe_dir: Any, vocab: int) -> tuple[Any, Any]:
     """The prompt as a [1, n] int64 array, and the tokenizer when one was needed or found."""
     import numpy as np
 
@@ -86,7 +87,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     from onnxbuild.sources.torchmodel import load_source_model, vocab_size
     from onnxbuild.steps.base import read_source_record
 
-    gen, source = spec.params["generate"], spec.params["source"]
+    gen, source = cast(GenerateSection, spec.params["generate"]), spec.params["source"]
     record = read_source_record(ctx)
     model = load_source_model(source, record, ctx.recipe_dir)
     vocab = vocab_size(model) or 0
@@ -144,7 +145,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
             "text": tokenizer.decode(reference.tokens[0].tolist()) if tokenizer is not None else None,
             "sampling_tokens": sampled_ref.tokens[0].tolist() if sampled_ref else None,
         },
-        "sampling": {"seed": gen["seed"], **gen["sampling"]} if sampling else None,
+        "sampling": {"seed": gen["seed"], **gen["sampling"]} if sampling and gen["sampling"] is not None else None,
         "variants": results,
     }
     ctx.output("reports/generation.json").write_text(pretty_json(report), encoding="utf-8")

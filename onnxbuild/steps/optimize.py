@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from onnxbuild._util import pretty_json
 from onnxbuild.errors import StepError
+from onnxbuild.recipe.sections import OptimizeSection
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
 VERSION = 3
@@ -87,7 +88,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     import onnx
     import onnxruntime as ort
 
-    opt = spec.params["optimize"]
+    opt = cast(OptimizeSection, spec.params["optimize"])
     source = spec.params.get("source")
     src_path = ctx.input(spec.params["input"])
     out = ctx.output("optimized/model.onnx")

@@ -9,9 +9,10 @@ weights, no reduce_range.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from onnxbuild.errors import StepError
+from onnxbuild.recipe.sections import QuantizeSection
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
 VERSION = 3
@@ -30,7 +31,7 @@ METHOD_KEYS = {
 def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     import onnx
 
-    q = spec.params["quantize"]
+    q = cast(QuantizeSection, spec.params["quantize"])
     src = ctx.input(spec.params["input"])
     out = ctx.output(f"{q['name']}/model.onnx")
     try:
@@ -61,7 +62,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     return StepResult(summary=summary, data={"bytes_in": size_in, "bytes_out": size_out, "quantized_nodes": quantized}, extra_outputs=beside)
 
 
-def _dynamic(src: Path, out: Path, q: dict[str, Any]) -> None:
+def _dynamic(src: Path, out: Path, q: QuantizeSection) -> None:
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -78,7 +79,7 @@ def _dynamic(src: Path, out: Path, q: dict[str, Any]) -> None:
     )
 
 
-def excluded(model: Any, q: dict[str, Any]) -> list[str]:
+def excluded(model: Any, q: QuantizeSection) -> list[str]:
     """Node names left in full precision: ``exclude_nodes`` as given, and every MatMul/Gemm
     whose name holds one of ``keep`` (``lm_head`` matches ``/lm_head/MatMul``)."""
     import onnx
@@ -95,7 +96,7 @@ def excluded(model: Any, q: dict[str, Any]) -> list[str]:
     return names
 
 
-def _int4(src: Path, out: Path, q: dict[str, Any]) -> None:
+def _int4(src: Path, out: Path, q: QuantizeSection) -> None:
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
@@ -136,7 +137,7 @@ def _bias_into_nbits(model: Any) -> None:
         model.graph.node.remove(add)
 
 
-def _static(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: dict[str, Any]) -> None:
+def _static(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: QuantizeSection) -> None:
     import numpy as np
     import onnxruntime as ort
     from onnxruntime.quantization import (

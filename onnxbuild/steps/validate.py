@@ -24,10 +24,11 @@ on real data, in the units a user cares about:
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from onnxbuild._util import brief, pretty_json
 from onnxbuild.errors import StepError
+from onnxbuild.recipe.sections import AccuracyCheck, ExportSection, ValidateSection
 from onnxbuild.report.validation import (
     AccuracyResult,
     EmbeddingResult,
@@ -112,7 +113,8 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     import onnxruntime as ort
     import torch
 
-    source, export, validate = spec.params["source"], spec.params["export"], spec.params["validate"]
+    source, export = spec.params["source"], cast(ExportSection, spec.params["export"])
+    validate = cast(ValidateSection, spec.params["validate"])
     variant = spec.params.get("variant", "model")
     record = read_source_record(ctx)
     model = load_source_model(source, record, ctx.recipe_dir)
@@ -178,9 +180,9 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         shape_result["passed"] = ok
         results.append(shape_result)
 
-    accuracy = _accuracy(validate["accuracy"], wrapped, session, export, ctx.recipe_dir) if validate.get("accuracy") else None
+    accuracy = _accuracy(validate["accuracy"], wrapped, session, export, ctx.recipe_dir) if validate["accuracy"] is not None else None
     embeddings = None
-    if validate.get("sentences"):
+    if validate["sentences"]:
         tokenizer = load_tokenizer(source, record, ctx.recipe_dir)
         feeds, mask = sentence_inputs(tokenizer, validate["sentences"], specs, validate["shapes"][0])
         embeddings = _embeddings(feeds, mask, validate.get("cosine_min"), wrapped, session, export)
@@ -315,7 +317,7 @@ def cosine_rows(a: Any, b: Any) -> Any:
     return np.clip(cos, -1.0, 1.0)
 
 
-def _accuracy(cfg: dict[str, Any], wrapped: Any, session: Any, export: dict[str, Any], recipe_dir: Any) -> AccuracyResult:
+def _accuracy(cfg: AccuracyCheck, wrapped: Any, session: Any, export: ExportSection, recipe_dir: Any) -> AccuracyResult:
     """Top-1 accuracy of the first output through PyTorch and ONNX Runtime, in batches."""
     import numpy as np
 
@@ -361,7 +363,7 @@ def _accuracy(cfg: dict[str, Any], wrapped: Any, session: Any, export: dict[str,
     }
 
 
-def _first_output_both(wrapped: Any, session: Any, export: dict[str, Any], feeds: dict[str, Any], refused: str) -> tuple[Any, Any]:
+def _first_output_both(wrapped: Any, session: Any, export: ExportSection, feeds: dict[str, Any], refused: str) -> tuple[Any, Any]:
     """The first output from PyTorch and from ONNX Runtime on the same inputs (numpy arrays)."""
     import numpy as np
     import torch
@@ -376,7 +378,7 @@ def _first_output_both(wrapped: Any, session: Any, export: dict[str, Any], feeds
     return ref, got
 
 
-def _embeddings(feeds: dict[str, Any], mask: Any, cosine_min: float | None, wrapped: Any, session: Any, export: dict[str, Any]) -> EmbeddingResult:
+def _embeddings(feeds: dict[str, Any], mask: Any, cosine_min: float | None, wrapped: Any, session: Any, export: ExportSection) -> EmbeddingResult:
     """Sentence embeddings from the first output, ONNX Runtime against PyTorch by cosine similarity."""
     import numpy as np
 
@@ -406,7 +408,7 @@ def _embeddings(feeds: dict[str, Any], mask: Any, cosine_min: float | None, wrap
     }
 
 
-def _fixed_axis_hint(export: dict[str, Any], feeds: dict[str, Any]) -> str:
+def _fixed_axis_hint(export: ExportSection, feeds: dict[str, Any]) -> str:
     for t in export["inputs"]:
         fixed = [i for i, d in enumerate(t["shape"]) if isinstance(d, int)]
         for i in fixed:

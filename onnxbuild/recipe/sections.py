@@ -1,0 +1,186 @@
+"""The resolved recipe's sections as types, so mypy sees every key a step reads.
+
+``loader.resolve`` fills every default, so each key below is present in a resolved
+recipe (``export`` and ``validate`` only where the source is traced). A step turns its
+``spec.params`` section into one of these with ``typing.cast`` at its entry point; a
+misspelt key is then a type error, not a KeyError in a user's build. The JSON Schema
+(recipe/schema.json) stays the source of truth for what a user may write;
+tests/test_kinds.py checks that these types name exactly the schema's keys.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypedDict
+
+Shape = dict[str, int]
+"""Sizes of the symbolic dimensions, e.g. {"batch": 1, "sequence": 128}."""
+
+
+class Tensor(TypedDict):
+    name: str
+    dtype: str
+    shape: list[int | str]
+
+
+class ExportSection(TypedDict):
+    exporter: Literal["torchscript", "dynamo"]
+    opset: int
+    inputs: list[dict[str, Any]]
+    """Each a Tensor; kept as plain dicts since the steps extend them (past inputs, natural shapes)."""
+    outputs: list[str]
+    sample: Shape
+    constant_folding: bool
+    external_data: Literal["auto", "always", "never"]
+    device: Literal["cpu", "cuda"]
+    with_past: bool
+
+
+class AccuracyCheck(TypedDict):
+    dataset: str
+    batch_size: int
+    max_drop: float
+    min: float | None
+
+
+class ValidateSection(TypedDict):
+    shapes: list[Shape]
+    atol: float
+    rtol: float
+    top1_min: float | None
+    seed: int
+    on_fail: Literal["error", "warn"]
+    accuracy: AccuracyCheck | None
+    sentences: list[str] | None
+    cosine_min: float | None
+
+
+class VariantValidate(TypedDict, total=False):
+    """A variant's own tolerances; absent keys take the precision's defaults."""
+
+    atol: float
+    rtol: float
+    top1_min: float
+    cosine_min: float
+
+
+class TransformerOptions(TypedDict):
+    model_type: str
+    num_heads: int
+    hidden_size: int
+    opt_level: int
+    only_onnxruntime: bool
+    fusion_options: dict[str, Any]
+
+
+class Float16Options(TypedDict):
+    keep_io_types: bool
+
+
+class OptimizeSection(TypedDict):
+    level: Literal["none", "basic", "extended", "layout", "all"]
+    decoder: Literal["auto", "fused", "export"]
+    transformer: TransformerOptions | None
+    float16: Float16Options | None
+    validate: VariantValidate
+
+
+class Calibration(TypedDict):
+    method: Literal["minmax", "entropy", "percentile"]
+    samples: int
+    npz: str | None
+
+
+QuantizeSection = TypedDict(
+    "QuantizeSection",
+    {
+        "name": str,
+        "method": Literal["dynamic", "static", "int4"],
+        "from": Literal["model", "optimized"],  # a keyword: hence the functional form
+        "per_channel": bool,
+        "reduce_range": bool,
+        "weight_type": Literal["int8", "uint8"],
+        "op_types": list[str] | None,
+        "exclude_nodes": list[str],
+        "calibration": Calibration,
+        "block_size": int,
+        "symmetric": bool,
+        "accuracy_level": Literal[0, 1, 2, 3, 4],
+        "keep": list[str],
+        "validate": VariantValidate,
+    },
+)
+
+
+class BenchmarkSection(TypedDict):
+    iterations: int
+    warmup: int
+    min_time_s: float
+    shapes: list[Shape]
+    baseline: Literal["pytorch", "none"]
+    threads: int | None
+    decode_tokens: int
+
+
+class Sampling(TypedDict):
+    temperature: float
+    top_k: int
+
+
+class GenerateSection(TypedDict):
+    max_new_tokens: int
+    prompt: str | None
+    prompt_ids: list[int] | None
+    prompt_length: int
+    seed: int
+    sampling: Sampling | None
+    agreement_min: float | None
+
+
+class Provider(TypedDict):
+    name: str
+    options: dict[str, Any]
+
+
+class Limit(TypedDict):
+    memory_mb: int | None
+    seconds: float | None
+
+
+class LimitsSection(TypedDict):
+    memory_mb: int | None
+    seconds: float | None
+    steps: dict[str, Limit]
+
+
+class _TracedSections(TypedDict, total=False):
+    """Only a source traced through torch (or TensorFlow) has an export and a validate section."""
+
+    export: ExportSection
+    validate: ValidateSection
+
+
+class Resolved(_TracedSections):
+    """A whole resolved recipe (``Recipe.resolved``)."""
+
+    name: str
+    description: str
+    source: dict[str, dict[str, Any]]
+    optimize: OptimizeSection | None
+    quantize: list[QuantizeSection]
+    benchmark: BenchmarkSection | None
+    generate: GenerateSection | None
+    limits: LimitsSection
+    providers: list[Provider]
+
+
+SECTIONS: dict[str, Any] = {
+    "export": ExportSection,
+    "validate": ValidateSection,
+    "optimize": OptimizeSection,
+    "quantize": QuantizeSection,
+    "benchmark": BenchmarkSection,
+    "generate": GenerateSection,
+    "limits": LimitsSection,
+    "providers": Provider,
+}
+"""Each recipe section's type, by its key (checked against the schema by tests/test_kinds.py)."""
