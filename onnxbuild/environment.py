@@ -115,5 +115,13 @@ def cpu_info() -> tuple[str, str]:
     return field("model name") or platform.processor() or platform.machine(), field("flags", "Features")
 
 
+def cpu_fingerprint() -> str:
+    """A short digest of the CPU's model and feature flags, read without heavy imports."""
+    from onnxbuild._util import sha256_text
+
+    model, flags = cpu_info()
+    return sha256_text(f"{model}\n{' '.join(sorted(flags.split()))}")[:16]
+
+
 def platform_info() -> dict[str, str]:
     return {"system": platform.system(), "machine": platform.machine(), "python_implementation": sys.implementation.name}

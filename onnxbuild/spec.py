@@ -9,11 +9,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-STEP_KINDS: tuple[str, ...] = ("source", "check", "export", "validate", "optimize", "quantize", "report", "benchmark", "generate")
-"""Every step kind, one module each at ``onnxbuild.steps.<kind>`` (the registry: the loader
-checks ``limits.steps`` against it, ``onnxbuild.steps`` imports from it)."""
+if TYPE_CHECKING:
+    from onnxbuild.recipe.model import Recipe
+    from onnxbuild.recipe.variants import Variant
+
+STEP_KINDS: tuple[str, ...] = ("source", "export", "check", "optimize", "quantize", "validate", "report", "generate", "benchmark")
+"""Every step kind, in pipeline order, one module each at ``onnxbuild.steps.<kind>``: the
+registry. ``pipeline.steps_for`` asks each in this order for its steps, the loader checks
+``limits.steps`` against it."""
 
 MISSING: Any = object()
 """A key one side of a recipe change does not have (plan reasons and diff lines say "added" or "removed")."""
@@ -115,3 +120,13 @@ class StepResult:
     data: dict[str, Any] = field(default_factory=dict)
     extra_outputs: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Planning:
+    """What a step kind's ``plan(p) -> list[StepSpec]`` reads: the recipe, the variants it
+    builds and which step writes model.onnx (``export`` for a traced source, else ``source``)."""
+
+    recipe: Recipe
+    variants: tuple[Variant, ...]
+    model_step: str

@@ -29,6 +29,9 @@ def test_each_step_kind_describes_itself(kind: str) -> None:
     assert isinstance(module.VERSION, int) and module.VERSION >= 1
     assert isinstance(module.PACKAGES, tuple) and all(isinstance(p, str) for p in module.PACKAGES)
     assert callable(module.run)
+    assert callable(module.plan), f"{module.__name__} should say which steps a recipe gets: plan(Planning) -> list[StepSpec]"
+    factor, base = module.MEMORY
+    assert factor >= 0 and base > 0
     measured = getattr(module, "measured", None)
     assert measured is None or callable(measured)
 
@@ -84,3 +87,58 @@ def test_each_section_type_names_exactly_the_schema_keys_and_what_resolve_writes
         value = parse_recipe(path.read_text(encoding="utf-8"), str(path)).get(section)
         for item in value if isinstance(value, list) else [value] if value else []:
             assert set(item) <= keys, f"{path.name}: resolve writes {sorted(set(item) - keys)} into {section}, which {typed.__name__} does not name"
+
+
+def test_a_new_step_kind_is_one_module_one_registry_line_and_one_schema_block(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's worked example, built for real: a ``checksums`` kind added with a module,
+    a registry entry and a schema block (patched in here), and nothing else."""
+    import hashlib
+    import sys
+    import types
+
+    import onnxbuild
+    from onnxbuild import pipeline
+    from onnxbuild.recipe import resolve as resolve_module
+    from onnxbuild.spec import Planning, StepContext, StepInput, StepResult, StepSpec
+
+    module = types.ModuleType("onnxbuild_test_checksums")
+    module.VERSION = 1  # type: ignore[attr-defined]
+    module.PACKAGES = ()  # type: ignore[attr-defined]
+    module.MEMORY = (0, 200)  # type: ignore[attr-defined]
+
+    def plan(p: Planning) -> list[StepSpec]:
+        section = p.recipe.resolved.get("checksums")
+        if not section:
+            return []
+        return [StepSpec(name="checksums", kind="checksums", params={"checksums": section}, deps=tuple(v.step for v in p.variants),
+                         inputs=tuple(StepInput(v.step, v.path) for v in p.variants), outputs=("checksums.txt",))]
+
+    def run(ctx: StepContext, spec: StepSpec) -> StepResult:
+        algorithm = spec.params["checksums"]["algorithm"]
+        lines = [f"{hashlib.new(algorithm, ctx.input(i.path).read_bytes()).hexdigest()}  {i.path}" for i in spec.inputs]
+        ctx.output("checksums.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        return StepResult(summary=f"{len(lines)} {algorithm} sums")
+
+    module.plan, module.run = plan, run  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setitem(steps._extra, "checksums", module)  # the registry line (spec.STEP_KINDS) ...
+    monkeypatch.setattr(pipeline, "STEP_KINDS", (*pipeline.STEP_KINDS, "checksums"))
+    schema = json.loads(json.dumps(resolve_module.schema()))  # ... and the schema block
+    schema["properties"]["checksums"] = {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/checksums"}]}
+    schema["$defs"]["checksums"] = {"type": "object", "additionalProperties": False, "properties": {"algorithm": {"enum": ["sha256", "sha1"], "default": "sha256"}}}
+    monkeypatch.setattr(resolve_module, "schema", lambda: schema)
+    monkeypatch.setattr("onnxbuild.recipe.loader.schema", lambda: schema)
+
+    recipe = tmp_path / "lr.yaml"
+    recipe.write_text((ROOT / "recipes" / "linear-regression.yaml").read_text(encoding="utf-8") + "checksums: {}\n", encoding="utf-8")
+    settings = onnxbuild.Settings(cache_dir=tmp_path / "cache", artifacts_dir=tmp_path / "artifacts")
+    report = onnxbuild.build([str(recipe)], settings, in_process=True)
+    assert report.ok
+    written = (tmp_path / "artifacts" / "linear-regression" / "checksums.txt").read_text(encoding="utf-8")
+    model = (tmp_path / "artifacts" / "linear-regression" / "model.onnx").read_bytes()
+    assert written == f"{hashlib.sha256(model).hexdigest()}  model.onnx\n"
+    # the section's default reached the key: changing it reruns the step, and says why
+    recipe.write_text(recipe.read_text(encoding="utf-8").replace("checksums: {}", "checksums: {algorithm: sha1}"), encoding="utf-8")
+    planned = onnxbuild.plan([str(recipe)], settings)
+    reasons = {s.spec.name: s.reasons for s in planned.steps if s.action == "run"}
+    assert reasons == {"checksums": ('checksums.algorithm changed "sha256" -> "sha1"',)}

@@ -131,6 +131,12 @@ def resolve(doc: dict[str, Any]) -> dict[str, Any]:
     if out["benchmark"] is not None and "shapes" not in out["benchmark"]:
         out["benchmark"]["shapes"] = _default_benchmark_shapes(out)
     out["providers"] = [_with_defaults(p, deref("#/$defs/provider")) for p in doc.get("providers", [{"name": "CPUExecutionProvider"}])]
+    # A section a new step kind adds (its schema block and nothing here) keeps its schema
+    # defaults and so reaches that kind's key; the sections above need more than defaults.
+    for key, value in doc.items():
+        if key not in out:
+            ref = schema()["properties"][key].get("$ref") or next((a["$ref"] for a in schema()["properties"][key].get("anyOf", []) if "$ref" in a), None)
+            out[key] = _with_defaults(value, deref(ref)) if isinstance(value, dict) and ref else value
     return out
 
 

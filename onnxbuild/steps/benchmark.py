@@ -20,16 +20,63 @@ import os
 import time
 from typing import Any, TypedDict, cast
 
+from onnxbuild import environment
 from onnxbuild._util import format_ms, pretty_json
 from onnxbuild.errors import StepError
+from onnxbuild.recipe.model import Recipe
 from onnxbuild.recipe.sections import BenchmarkSection, ExportSection
+from onnxbuild.recipe.variants import SOURCE_RECORD
 from onnxbuild.report.benchmark import chart, markdown
+from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
 VERSION = 4
 PACKAGES = ("onnxruntime", "torch", "transformers", "numpy")
 SCHEMA_VERSION = 1
 EXCLUSIVE = True
+
+
+MEMORY = (5, 600)
+
+
+def plan(p: Planning) -> list[StepSpec]:
+    """Every variant timed on every provider, beside PyTorch."""
+    r = p.recipe.resolved
+    if not r.get("benchmark"):
+        return []
+    inputs = [StepInput(v.step, v.path) for v in p.variants]
+    if p.recipe.torch_source:
+        inputs.insert(0, StepInput("source", SOURCE_RECORD))
+    if r.get("export") and r["export"]["with_past"]:
+        inputs.append(StepInput("export", "config.json"))
+    return [
+        StepSpec(
+            name="benchmark",
+            kind="benchmark",
+            params={
+                "benchmark": r["benchmark"],
+                "providers": r["providers"],
+                "source": r["source"],
+                "export": r.get("export"),
+                "variants": [{"name": v.name, "path": v.path, "precision": v.precision} for v in p.variants],
+            },
+            deps=tuple(dict.fromkeys(i.step for i in inputs)),
+            inputs=tuple(inputs),
+            outputs=("benchmark.json", "benchmark.md", "benchmark.png"),
+            # latencies belong to the machine that measured them: a runner of another
+            # kind never pulls them from a shared cache as if they were its own
+            identity={"machine": {"cpu": environment.cpu_info()[0], "features": environment.cpu_fingerprint(), "threads": os.cpu_count()}},
+        )
+    ]
+
+
+def placement(recipe: Recipe) -> tuple[float, int, str]:
+    """(CPUs, GPUs, why a GPU): the threads it times with, a GPU for the CUDA provider."""
+    r = recipe.resolved
+    cpus = float(r["benchmark"]["threads"] or 2)
+    if any(q["name"] == "CUDAExecutionProvider" for q in r["providers"]):
+        return cpus, 1, "benchmark on CUDAExecutionProvider"
+    return cpus, 0, ""
 
 
 def measured(params: dict[str, Any]) -> str:

@@ -11,6 +11,8 @@ from typing import Any, TypedDict
 
 from onnxbuild._util import brief, pretty_json
 from onnxbuild.errors import StepError
+from onnxbuild.recipe.variants import MODEL
+from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
 VERSION = 1
@@ -41,6 +43,22 @@ class CheckReport(TypedDict):
     parameter_bytes: int
     file_bytes: int
     external_data_bytes: int
+
+
+MEMORY = (2, 300)
+
+
+def plan(p: Planning) -> list[StepSpec]:
+    return [
+        StepSpec(
+            name="check",
+            kind="check",
+            params={},
+            deps=(p.model_step,),
+            inputs=(StepInput(p.model_step, MODEL),),
+            outputs=("reports/check.json", "reports/check.md"),
+        )
+    ]
 
 
 def run(ctx: StepContext, spec: StepSpec) -> StepResult:

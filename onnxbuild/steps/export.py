@@ -17,7 +17,9 @@ from typing import Any, cast
 
 from onnxbuild._util import brief
 from onnxbuild.errors import StepError
+from onnxbuild.recipe.model import Recipe
 from onnxbuild.recipe.sections import ExportSection
+from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD
 from onnxbuild.sources.torchmodel import (
     full_export,
     input_specs,
@@ -27,6 +29,7 @@ from onnxbuild.sources.torchmodel import (
     vocab_size,
     wrap,
 )
+from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 
 VERSION = 3
@@ -34,6 +37,31 @@ PACKAGES = ("torch", "transformers", "onnx", "onnxscript")
 
 PROTOBUF_LIMIT = 2_000_000_000
 DATA_NAME = "model.onnx.data"
+
+
+MEMORY = (5, 600)
+
+
+def plan(p: Planning) -> list[StepSpec]:
+    """A traced source's model.onnx (and a transformers model's config.json beside it)."""
+    r = p.recipe.resolved
+    if not p.recipe.torch_source:
+        return []
+    return [
+        StepSpec(
+            name="export",
+            kind="export",
+            params={"source": r["source"], "export": r["export"]},
+            deps=("source",),
+            inputs=(StepInput("source", SOURCE_RECORD),),
+            outputs=(MODEL, "config.json") if p.recipe.source_kind == "huggingface" else (MODEL,),
+        )
+    ]
+
+
+def placement(recipe: Recipe) -> tuple[float, int, str]:
+    """(CPUs, GPUs, why a GPU) for a cluster: ``export.device: cuda`` needs one."""
+    return (1.0, 1, "export.device: cuda") if recipe.resolved["export"]["device"] == "cuda" else (1.0, 0, "")
 
 
 def run(ctx: StepContext, spec: StepSpec) -> StepResult:

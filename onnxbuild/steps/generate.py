@@ -16,11 +16,37 @@ from typing import Any, cast
 from onnxbuild._util import brief, pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import GenerateSection
+from onnxbuild.recipe.variants import SOURCE_RECORD
 from onnxbuild.report.generation import markdown
+from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
 VERSION = 1
 PACKAGES = ("torch", "transformers", "tokenizers", "onnxruntime", "numpy")
+
+
+MEMORY = (4, 600)
+
+
+def plan(p: Planning) -> list[StepSpec]:
+    """Every variant's greedy tokens against transformers' generate()."""
+    r = p.recipe.resolved
+    if not r.get("generate"):
+        return []
+    return [
+        StepSpec(
+            name="generate",
+            kind="generate",
+            params={
+                "generate": r["generate"],
+                "source": r["source"],
+                "variants": [{"name": v.name, "path": v.path, "precision": v.precision} for v in p.variants],
+            },
+            deps=tuple(dict.fromkeys(["source", *(v.step for v in p.variants)])),
+            inputs=(StepInput("source", SOURCE_RECORD), *(StepInput(v.step, v.path) for v in p.variants)),
+            outputs=("reports/generation.json", "reports/generation.md"),
+        )
+    ]
 
 
 def prompt_ids(gen: GenerateSection, source: dict[str, Any], record: dict[str, Any], recipe_dir: Any, vocab: int) -> tuple[Any, Any]:

@@ -13,9 +13,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, cast
 
+from onnxbuild import environment
 from onnxbuild._util import pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import OptimizeSection
+from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD
+from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
 VERSION = 3
@@ -42,19 +45,44 @@ LEVELS = {"none": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "O
 HARDWARE_BOUND = frozenset({"extended", "layout", "all"})
 
 
+MEMORY = (4, 400)
+
+
+def plan(p: Planning) -> list[StepSpec]:
+    """The ``optimized`` variant: ONNX Runtime's graph optimizations (keyed by this CPU at the
+    hardware-bound levels), or a fused decoder written from the weights."""
+    r = p.recipe.resolved
+    if not r.get("optimize"):
+        return []
+    src = p.recipe.source
+    # The first ONNX Runtime provider (web is onnxruntime-web, not a provider of this ORT).
+    provider = next((q["name"] for q in r["providers"] if q["name"] != "web"), "CPUExecutionProvider")
+    hardware = r["optimize"]["level"] in HARDWARE_BOUND
+    # A decoder with a KV cache may get its graph written from the weights (fusion/decoder.py):
+    # then the step reads the model as the source step recorded it.
+    kind = p.recipe.source_kind
+    fuse = kind == "huggingface" and src.get("task") == "text-generation" and bool(r["export"].get("with_past")) and r["optimize"]["decoder"] != "export"
+    model_step = p.model_step
+    return [
+        StepSpec(
+            name="optimize",
+            kind="optimize",
+            params={
+                "optimize": r["optimize"], "source": r["source"] if p.recipe.torch_source or kind == "huggingface" else None, "input": MODEL,
+                "provider": provider if hardware else None, **({"fuse_decoder": True} if fuse else {}),
+            },
+            deps=(model_step, "source") if fuse else (model_step,),
+            inputs=(StepInput(model_step, MODEL), StepInput("source", SOURCE_RECORD)) if fuse else (StepInput(model_step, MODEL),),
+            outputs=("optimized/model.onnx", "reports/optimize.json"),
+            identity={"cpu": environment.cpu_fingerprint()} if hardware else {},
+        )
+    ]
+
+
 def measured(params: dict[str, Any]) -> str:
     """Why this step's output differs by machine ("" when it does not): levels from extended up."""
     level = params["optimize"]["level"]
     return f"optimize level {level} is fused for this CPU and provider" if level in HARDWARE_BOUND else ""
-
-
-def cpu_fingerprint() -> str:
-    """A short digest of the CPU's model and feature flags, read without heavy imports."""
-    from onnxbuild._util import sha256_text
-    from onnxbuild.environment import cpu_info
-
-    model, flags = cpu_info()
-    return sha256_text(f"{model}\n{' '.join(sorted(flags.split()))}")[:16]
 
 
 def model_dims(source: dict[str, Any] | None, recipe_dir: Path) -> tuple[int, int]:

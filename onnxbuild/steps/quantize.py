@@ -13,6 +13,8 @@ from typing import Any, cast
 
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import QuantizeSection
+from onnxbuild.recipe.variants import vocab_size
+from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
 VERSION = 3
@@ -26,6 +28,35 @@ METHOD_KEYS = {
     "static": (*COMMON_KEYS, "per_channel", "reduce_range", "weight_type", "op_types", "calibration"),
     "int4": (*COMMON_KEYS, "block_size", "symmetric", "accuracy_level"),
 }
+
+
+MEMORY = (3, 400)
+
+
+def plan(p: Planning) -> list[StepSpec]:
+    """One step per ``quantize`` entry, from the variant it names."""
+    r = p.recipe.resolved
+    by_name = {v.name: v for v in p.variants}
+    steps = []
+    for q in r.get("quantize", []):
+        base = by_name["optimized"] if q["from"] == "optimized" else by_name["model"]
+        steps.append(
+            StepSpec(
+                name=f"quantize.{q['name']}",
+                kind="quantize",
+                params={
+                    "quantize": q,
+                    "input": base.path,
+                    "inputs": r["export"]["inputs"] if p.recipe.torch_source else [],
+                    "shapes": r["validate"]["shapes"] if p.recipe.torch_source else [],
+                    "vocab_size": vocab_size(p.recipe),
+                },
+                deps=(base.step,),
+                inputs=(StepInput(base.step, base.path),),
+                outputs=(f"{q['name']}/model.onnx",),
+            )
+        )
+    return steps
 
 
 def run(ctx: StepContext, spec: StepSpec) -> StepResult:

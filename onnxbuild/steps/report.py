@@ -7,10 +7,31 @@ from typing import Any
 
 from onnxbuild._util import pretty_json
 from onnxbuild.report.validation import markdown
+from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
 VERSION = 2
 PACKAGES: tuple[str, ...] = ()
+
+
+MEMORY = (0, 200)
+
+
+def plan(p: Planning) -> list[StepSpec]:
+    """Every variant's validation merged into reports/validation.json and .md."""
+    if not p.recipe.torch_source:
+        return []
+    reports = [("validate" if v.name == "model" else f"validate.{v.name}", v.name) for v in p.variants]
+    return [
+        StepSpec(
+            name="report",
+            kind="report",
+            params={"variants": [v for _, v in reports]},
+            deps=tuple(n for n, _ in reports),
+            inputs=tuple(StepInput(n, f"reports/validation/{v}.json") for n, v in reports),
+            outputs=("reports/validation.json", "reports/validation.md"),
+        )
+    ]
 
 
 def run(ctx: StepContext, spec: StepSpec) -> StepResult:

@@ -8,11 +8,26 @@ from typing import Any
 
 from onnxbuild._util import pretty_json
 from onnxbuild.errors import StepError
+from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD
 from onnxbuild.sources import source_module
+from onnxbuild.spec import Planning
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
 VERSION = 1
 PACKAGES = ("onnx",)
+
+
+MEMORY = (0, 300)
+"""Peak memory: (multiple of the model's weights, MB on top); see pipeline._resources."""
+
+
+def plan(p: Planning) -> list[StepSpec]:
+    """One step: a traced source's record (which weights, the digests of the files it
+    names), or model.onnx for an onnx or graph source."""
+    recipe = p.recipe
+    files, identity = source_module(recipe.source_kind).identity(recipe.source, recipe.directory)
+    outputs = (SOURCE_RECORD,) if recipe.torch_source else (MODEL,)
+    return [StepSpec(name="source", kind="source", params={"source": recipe.resolved["source"]}, outputs=outputs, files=files, identity=identity)]
 
 
 def run(ctx: StepContext, spec: StepSpec) -> StepResult:

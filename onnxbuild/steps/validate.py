@@ -29,6 +29,7 @@ from typing import Any, Literal, cast
 from onnxbuild._util import brief, pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import AccuracyCheck, ExportSection, ValidateSection
+from onnxbuild.recipe.variants import SOURCE_RECORD, tolerances
 from onnxbuild.report.validation import (
     AccuracyResult,
     EmbeddingResult,
@@ -50,10 +51,41 @@ from onnxbuild.sources.torchmodel import (
     vocab_size,
     wrap,
 )
+from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 
 VERSION = 6
 PACKAGES = ("torch", "transformers", "tokenizers", "onnxruntime", "numpy")
+
+
+MEMORY = (4, 600)
+
+
+def plan(p: Planning) -> list[StepSpec]:
+    """One step per variant of a traced source, against the source model (onnx and graph
+    sources have no model to compare with: check is their gate)."""
+    r = p.recipe.resolved
+    if not p.recipe.torch_source:
+        return []
+    web = next((q for q in r["providers"] if q["name"] == "web"), None)
+    web_variants = set(web["options"].get("variants") or ["model"]) if web else set()
+    steps = []
+    for v in p.variants:
+        name = "validate" if v.name == "model" else f"validate.{v.name}"
+        params = {"source": r["source"], "export": r["export"], "validate": {**r["validate"], **tolerances(p.recipe, v)}, "variant": v.name, "model_path": v.path}
+        if v.name in web_variants:
+            params["web"] = True  # meant for the browser: validated in onnxruntime-web too
+        steps.append(
+            StepSpec(
+                name=name,
+                kind="validate",
+                params=params,
+                deps=tuple(dict.fromkeys(("source", v.step))),
+                inputs=(StepInput("source", SOURCE_RECORD), StepInput(v.step, v.path)),
+                outputs=(f"reports/validation/{v.name}.json", f"reports/validation/{v.name}.md"),
+            )
+        )
+    return steps
 
 
 def compare(ref: Any, got: Any, rtol: float, atol: float) -> OutputComparison:
