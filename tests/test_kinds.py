@@ -63,15 +63,17 @@ def test_a_step_kind_that_owns_a_recipe_section_has_it_in_the_schema(kind: str) 
 
 
 @pytest.mark.parametrize("kind", sorted(SCHEMA["properties"]["source"]["properties"]))
-def test_each_source_kind_the_schema_accepts_is_one_registered_module(kind: str) -> None:
-    from onnxbuild.recipe.model import TORCH_SOURCES
-    from onnxbuild.sources import SOURCES, source_module
+def test_each_source_kind_the_schema_accepts_is_one_module_that_describes_itself(kind: str) -> None:
+    from onnxbuild.sources import kinds, source_module
 
-    assert kind in SOURCES, f"source kind {kind!r} is in the schema but not in onnxbuild.sources.SOURCES"
+    assert kind in kinds()
     module = source_module(kind)
+    assert module.__name__ == f"onnxbuild.sources.{kind}"
+    assert isinstance(module.TRACED, bool)
     assert callable(module.identity) and callable(module.estimate_weights)
-    if kind in TORCH_SOURCES:
+    if module.TRACED:
         assert callable(module.record) and callable(module.load_model)
+    assert f"{kind}_source" in SCHEMA["$defs"], f"source kind {kind!r} needs its $defs/{kind}_source block"
 
 
 @pytest.mark.parametrize("section", ["export", "validate", "optimize", "quantize", "benchmark", "generate", "limits", "providers"])

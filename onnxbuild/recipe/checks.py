@@ -10,8 +10,9 @@ from typing import Any
 from onnxbuild.errors import Problem
 from onnxbuild.recipe.model import is_torch_source
 from onnxbuild.recipe.resolve import DEFAULT_SAMPLE, symbolic_dims, validation_dims
-from onnxbuild.recipe.tasks import TASKS, WITH_PAST_INPUTS
+from onnxbuild.recipe.tasks import WITH_PAST_INPUTS
 from onnxbuild.recipe.yamlpos import Path_, Positions, dotted
+from onnxbuild.sources import source_module, traced_kinds
 from onnxbuild.spec import STEP_KINDS
 
 
@@ -23,38 +24,28 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
     kind = next(iter(doc["source"]))
     src = doc["source"][kind]
     torch_source = is_torch_source(doc["source"])
+    module = source_module(kind)
     if not torch_source:
-        what = "an ONNX file, huggingface.file" if kind == "huggingface" else kind
+        what = "an ONNX file, huggingface.file" if "file" in src else kind
+        *others, last = traced_kinds()
+        traced = f"{', '.join(others)} and {last}" if others else last
         for section in ("export", "validate"):
             if section in doc:
-                yield problem((section,), f"applies only to huggingface, pytorch and tensorflow sources (this recipe's source is {what}); remove it", key=True)
-    if kind == "huggingface" and (src.get("model") is not None) == (src.get("package") is not None):
-        got = "it has both" if src.get("model") is not None else "it has neither"
-        yield problem(("source", "huggingface"), f"give exactly one of `model` (Hub id or folder) and `package` (a folder inside an installed package); {got}", key=True)
-    if kind in ("pytorch", "tensorflow") and "inputs" not in doc.get("export", {}):
-        what = "its input signature: " if kind == "tensorflow" else ""
-        yield problem(("export",) if "export" in doc else ("source", kind), f"a {kind} source needs export.inputs ({what}name, dtype and shape of each model input)", key=True)
-    if kind == "tensorflow" and ("factory" in src) == ("keras" in src):
-        got = "it has both" if "factory" in src else "it has neither"
-        yield problem(("source", "tensorflow"), f"give exactly one of `factory` (file.py:function) and `keras` (a .keras file); {got}", key=True)
+                yield problem((section,), f"applies only to {traced} sources (this recipe's source is {what}); remove it", key=True)
+    if hasattr(module, "check"):
+        for path, message, at_key in module.check(src, doc):
+            yield problem(path, message, key=at_key)
     from onnxbuild.usercode import ref_problem
 
-    refs = [(("source", kind, "factory"), src.get("factory")) if kind in ("pytorch", "tensorflow") else ((), None)]
     accuracy = (doc.get("validate") or {}).get("accuracy")
-    if isinstance(accuracy, dict):
-        refs.append((("validate", "accuracy", "dataset"), accuracy.get("dataset")))
-    for path, ref in refs:
-        wrong = ref_problem(ref) if isinstance(ref, str) else None
+    if isinstance(accuracy, dict) and isinstance(accuracy.get("dataset"), str):
+        wrong = ref_problem(accuracy["dataset"])
         if wrong:
-            yield problem(path, wrong)
-    if kind == "tensorflow" and doc.get("export", {}).get("exporter", "torchscript") != "torchscript":
-        yield problem(("export", "exporter"), "a tensorflow source is converted with tf2onnx; remove export.exporter")
-    if kind == "graph":
-        yield from _graph_problems(src, problem)
+            yield problem(("validate", "accuracy", "dataset"), wrong)
 
     export = doc.get("export", {})
     with_past = bool(export.get("with_past"))
-    if with_past and not (kind == "huggingface" and src.get("task") == "text-generation"):
+    if with_past and not getattr(module, "decoder", lambda _: False)(src):
         what = f"task {src.get('task')}" if kind == "huggingface" else f"a {kind} source"
         yield problem(("export", "with_past"), f"applies to huggingface text-generation models (this recipe has {what}); remove it")
         with_past = False
@@ -65,7 +56,7 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
         if gen.get("prompt") is not None and gen.get("prompt_ids") is not None:
             yield problem(("generate", "prompt_ids"), "give either prompt (text) or prompt_ids (token ids), not both", key=True)
     if torch_source:
-        default_inputs = WITH_PAST_INPUTS if with_past else TASKS[src["task"]]["inputs"] if kind == "huggingface" else []
+        default_inputs = WITH_PAST_INPUTS if with_past else module.default_io(src)[0] if hasattr(module, "default_io") else []
         inputs = export.get("inputs") or default_inputs
         export_dims = symbolic_dims(inputs)
         dims = validation_dims(kind, inputs)
@@ -143,36 +134,3 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
             yield problem(("quantize", i, "name"), f"variant name {q['name']!r} is used twice; names must be unique")
         if q.get("from") == "optimized" and not doc.get("optimize"):
             yield problem(("quantize", i, "from"), "quantizes the optimized variant, but the recipe has no optimize section")
-
-
-def _graph_problems(src: dict[str, Any], problem: Any) -> Iterable[Problem]:
-    defined: set[str] = set()
-    for value in src["inputs"]:
-        defined.add(value["name"])
-    for i, init in enumerate(src.get("initializers", [])):
-        has_values, has_random = "values" in init, "random" in init
-        if has_values == has_random:
-            got = "it has both" if has_values else "it has neither"
-            yield problem(("source", "graph", "initializers", i), f"give exactly one of `values` (the numbers) and `random` (a seed); {got}", key=True)
-        if has_values:
-            count = _count_leaves(init["values"])
-            want = 1
-            for d in init["shape"]:
-                want *= d
-            if count != want:
-                yield problem(("source", "graph", "initializers", i, "values"), f"has {count} values but shape {init['shape']} needs {want}")
-        defined.add(init["name"])
-    for i, node in enumerate(src["nodes"]):
-        for j, name in enumerate(node["inputs"]):
-            if name and name not in defined:
-                yield problem(("source", "graph", "nodes", i, "inputs", j), f"{name!r} is not a graph input, an initializer or the output of an earlier node")
-        defined.update(node["outputs"])
-    for i, value in enumerate(src["outputs"]):
-        if value["name"] not in defined:
-            yield problem(("source", "graph", "outputs", i, "name"), f"{value['name']!r} is not produced by any node")
-
-
-def _count_leaves(values: Any) -> int:
-    if isinstance(values, list):
-        return sum(_count_leaves(v) for v in values)
-    return 1

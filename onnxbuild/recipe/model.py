@@ -4,18 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
-
-SourceKind = Literal["onnx", "graph", "huggingface", "pytorch", "tensorflow"]
-TORCH_SOURCES: frozenset[str] = frozenset({"huggingface", "pytorch", "tensorflow"})
-"""Sources that are a framework model to export (the name predates TensorFlow's arrival)."""
+from typing import Any
 
 
 def is_torch_source(source: dict[str, Any]) -> bool:
-    """Whether the model comes as a torch module to export; a ``huggingface.file`` source is
-    an ONNX file already (a Hub repository's onnx/model.onnx), like an onnx source."""
-    (kind, src), = source.items()
-    return kind in TORCH_SOURCES and not (kind == "huggingface" and src.get("file"))
+    """Whether the model is a framework model to export (the source kind says: its module's
+    ``TRACED``); a ``huggingface.file`` source is an ONNX file already, like an onnx source."""
+    from onnxbuild.sources import traced
+
+    return traced(source)
 
 
 @dataclass(frozen=True)
@@ -37,8 +34,8 @@ class Recipe:
     resolved: dict[str, Any]
 
     @property
-    def source_kind(self) -> SourceKind:
-        kind: SourceKind = next(iter(self.resolved["source"]))
+    def source_kind(self) -> str:
+        kind: str = next(iter(self.resolved["source"]))
         return kind
 
     @property

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from onnxbuild.recipe.model import is_torch_source
-from onnxbuild.recipe.tasks import DERIVED_DIMS, TASKS, WITH_PAST_INPUTS
+from onnxbuild.recipe.tasks import DERIVED_DIMS, WITH_PAST_INPUTS
+from onnxbuild.sources import source_module
 
 DEFAULT_SAMPLE = {"batch": 2, "sequence": 16, "past_sequence": 4}
 DEFAULT_ATOL = 1e-4
@@ -44,13 +45,13 @@ def deref(ref: str) -> dict[str, Any]:
 
 
 def validation_dims(kind: str, inputs: list[dict[str, Any]]) -> list[str]:
-    """The dimensions validation varies: the export's symbolic ones, plus, for a transformers
-    model, batch and sequence whatever the export declared, so an axis fixed by mistake
-    in export.inputs is caught instead of validated at its one fixed size."""
+    """The dimensions validation varies: the export's symbolic ones, plus those the source
+    kind always varies (a transformers model's batch and sequence) whatever the export
+    declared, so an axis fixed by mistake in export.inputs is caught instead of validated
+    at its one fixed size."""
     dims = symbolic_dims(inputs)
-    if kind == "huggingface":
-        dims = ["batch", "sequence"] + [d for d in dims if d not in ("batch", "sequence")]
-    return dims
+    always = tuple(getattr(source_module(kind), "VARIED_DIMS", ()))
+    return [*always, *(d for d in dims if d not in always)]
 
 
 def symbolic_dims(inputs: list[dict[str, Any]]) -> list[str]:
@@ -74,24 +75,16 @@ def resolve(doc: dict[str, Any]) -> dict[str, Any]:
         "source": {kind: _with_defaults(doc["source"][kind], deref(f"#/$defs/{kind}_source"))},
     }
     src = out["source"][kind]
-    if kind == "huggingface":
-        src.setdefault("model", None)
-        src.setdefault("package", None)
-        src.setdefault("config", None)
-        src.setdefault("tokenizer", None)
-    if kind == "graph":
-        src["initializers"] = [_with_defaults(i, deref("#/$defs/initializer")) for i in src["initializers"]]
-        for init in src["initializers"]:
-            if "random" in init:
-                init["random"] = _with_defaults(init["random"], deref("#/$defs/initializer")["properties"]["random"])
-        src["nodes"] = [_with_defaults(n, deref("#/$defs/node")) for n in src["nodes"]]
+    kind_module = source_module(kind)
+    if hasattr(kind_module, "resolve"):
+        kind_module.resolve(src, lambda section, ref: _with_defaults(section, deref(ref)))
     if is_torch_source(out["source"]):
-        task = TASKS[src["task"]] if kind == "huggingface" else None
+        task_inputs, task_outputs = kind_module.default_io(src) if hasattr(kind_module, "default_io") else ([], ["output"])
         export = _with_defaults(doc.get("export", {}), deref("#/$defs/export"))
-        default_inputs = WITH_PAST_INPUTS if export["with_past"] else task["inputs"] if task else []
+        default_inputs = WITH_PAST_INPUTS if export["with_past"] else task_inputs
         export.setdefault("inputs", [dict(t) for t in default_inputs])
         export["inputs"] = [{"dtype": "float32", "shape": [], **t} for t in export["inputs"]]
-        export.setdefault("outputs", list(task["outputs"]) if task else ["output"])
+        export.setdefault("outputs", list(task_outputs))
         if "sample" not in export:  # not setdefault: its default names only the usual dimensions
             export["sample"] = {d: DEFAULT_SAMPLE[d] for d in symbolic_dims(export["inputs"])}
         if export["with_past"]:
@@ -102,7 +95,7 @@ def resolve(doc: dict[str, Any]) -> dict[str, Any]:
         validate.setdefault("shapes", _default_shapes(validation_dims(kind, export["inputs"]), sample))
         validate.setdefault("atol", DEFAULT_ATOL)
         validate.setdefault("rtol", DEFAULT_RTOL)
-        validate.setdefault("top1_min", DEFAULT_TOP1_MIN if task and task["language_model"] else None)
+        validate.setdefault("top1_min", DEFAULT_TOP1_MIN if getattr(kind_module, "language_model", lambda _: False)(src) else None)
         validate.setdefault("cosine_min", DEFAULT_COSINE_MIN if validate["sentences"] else None)
         if validate["accuracy"] is not None:
             validate["accuracy"] = _with_defaults(validate["accuracy"], deref("#/$defs/validate")["properties"]["accuracy"])
@@ -145,7 +138,8 @@ def _default_benchmark_shapes(resolved: dict[str, Any]) -> list[dict[str, int]]:
     export = resolved.get("export")
     if export is None:
         kind, src = next(iter(resolved["source"].items()))
-        dims = symbolic_dims(src.get("inputs", [])) if kind == "graph" else []
+        module = source_module(kind)
+        dims = symbolic_dims(module.benchmark_inputs(src)) if hasattr(module, "benchmark_inputs") else []
         return [{d: 1 for d in dims}]
     dims = symbolic_dims(export["inputs"])
     if set(dims) == {"batch", "sequence"}:

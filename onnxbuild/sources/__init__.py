@@ -15,18 +15,55 @@ and, for a source traced through torch (``huggingface``, ``pytorch``, ``tensorfl
 - ``load_model(src, record, recipe_dir)``: the model that record describes (torch,
   transformers or TensorFlow imported here).
 
-``onnx`` and ``graph`` sources write model.onnx in the source step instead. A source
-module imports no other source module and no step or engine module.
+``onnx`` and ``graph`` sources write model.onnx in the source step instead.
+
+What the recipe layer asks of a kind (the loader imports these modules, so they import
+only core modules, and heavy packages only inside functions):
+
+- ``TRACED``: whether the model is exported (it then has ``export`` and ``validate``
+  sections); ``traced(src)`` where it depends on the section (``huggingface.file``);
+- ``resolve(src, defaults)``: defaults the schema cannot express (nested lists);
+- ``check(src, doc)``: cross-field problems as ``(key path, message, at the key)``;
+- ``default_io(src)``: export inputs and outputs when the recipe gives none (a task's);
+- ``VARIED_DIMS``: dimensions validation always varies; ``language_model(src)``: a top-1
+  floor applies; ``decoder(src)``: ``export.with_past`` applies; ``benchmark_inputs(src)``: inputs an untraced source is benchmarked by.
+
+Adding a source kind is this module and its ``$defs/<kind>_source`` block in
+recipe/schema.json (the kinds are the schema's ``source`` keys). A source module imports
+no other source module and no step or engine module.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
+from functools import cache
+from pathlib import Path
 from types import ModuleType
+from typing import Any
 
-SOURCES: dict[str, str] = {kind: f"onnxbuild.sources.{kind}" for kind in ("onnx", "graph", "huggingface", "pytorch", "tensorflow")}
+
+@cache
+def kinds() -> tuple[str, ...]:
+    """The source kinds: the keys the schema allows under ``source``."""
+    schema = json.loads((Path(__file__).parent.parent / "recipe" / "schema.json").read_text(encoding="utf-8"))
+    return tuple(schema["properties"]["source"]["properties"])
 
 
 def source_module(kind: str) -> ModuleType:
     """The module of a source kind (imported on first use)."""
-    return importlib.import_module(SOURCES[kind])
+    if kind not in kinds():
+        raise KeyError(f"no source kind {kind!r} (kinds: {', '.join(kinds())})")
+    return importlib.import_module(f"onnxbuild.sources.{kind}")
+
+
+def traced(source: dict[str, Any]) -> bool:
+    """Whether a recipe's ``source`` section is a framework model to export."""
+    (kind, src), = source.items()
+    module = source_module(kind)
+    check = getattr(module, "traced", None)
+    return bool(module.TRACED) and (check is None or bool(check(src)))
+
+
+def traced_kinds() -> list[str]:
+    return [k for k in kinds() if source_module(k).TRACED]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -89,3 +90,56 @@ def identity(src: dict[str, Any], recipe_dir: Path) -> tuple[dict[str, Path], di
 
 def estimate_weights(src: dict[str, Any], recipe_dir: Path) -> int:
     return 64 * 1024 * 1024
+
+
+TRACED = False
+
+
+def resolve(src: dict[str, Any], defaults: Callable[[dict[str, Any], str], dict[str, Any]]) -> None:
+    """Each initializer and node with its schema defaults (the schema's own defaults stop
+    at the first level of a list)."""
+    src["initializers"] = [defaults(i, "#/$defs/initializer") for i in src["initializers"]]
+    for init in src["initializers"]:
+        if "random" in init:
+            init["random"] = defaults(init["random"], "#/$defs/initializer/properties/random")
+    src["nodes"] = [defaults(n, "#/$defs/node") for n in src["nodes"]]
+
+
+def check(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[tuple[Any, ...], str, bool]]:
+    """Every name a node reads is defined earlier; values fill their shapes; outputs are produced."""
+    defined: set[str] = set()
+    for value in src["inputs"]:
+        defined.add(value["name"])
+    for i, init in enumerate(src.get("initializers", [])):
+        has_values, has_random = "values" in init, "random" in init
+        if has_values == has_random:
+            got = "it has both" if has_values else "it has neither"
+            yield ("source", "graph", "initializers", i), f"give exactly one of `values` (the numbers) and `random` (a seed); {got}", True
+        if has_values:
+            count = _count_leaves(init["values"])
+            want = 1
+            for d in init["shape"]:
+                want *= d
+            if count != want:
+                yield ("source", "graph", "initializers", i, "values"), f"has {count} values but shape {init['shape']} needs {want}", False
+        defined.add(init["name"])
+    for i, node in enumerate(src["nodes"]):
+        for j, name in enumerate(node["inputs"]):
+            if name and name not in defined:
+                yield ("source", "graph", "nodes", i, "inputs", j), f"{name!r} is not a graph input, an initializer or the output of an earlier node", False
+        defined.update(node["outputs"])
+    for i, value in enumerate(src["outputs"]):
+        if value["name"] not in defined:
+            yield ("source", "graph", "outputs", i, "name"), f"{value['name']!r} is not produced by any node", False
+
+
+def benchmark_inputs(src: dict[str, Any]) -> list[dict[str, Any]]:
+    """The inputs whose symbolic dimensions a benchmark sizes (at 1 unless the recipe says)."""
+    inputs: list[dict[str, Any]] = src.get("inputs", [])
+    return inputs
+
+
+def _count_leaves(values: Any) -> int:
+    if isinstance(values, list):
+        return sum(_count_leaves(v) for v in values)
+    return 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -237,3 +238,44 @@ def load_model(src: dict[str, Any], record: dict[str, Any], recipe_dir: Path) ->
     model = model.to(dtype)
     model.eval()
     return model
+
+
+TRACED = True
+VARIED_DIMS = ("batch", "sequence")
+"""Validated at several sizes whatever export.inputs declares, so an axis fixed by mistake is caught."""
+
+
+def traced(src: dict[str, Any]) -> bool:
+    """``huggingface.file`` is an ONNX file already (a Hub repository's onnx/model.onnx)."""
+    return not src.get("file")
+
+
+def resolve(src: dict[str, Any], defaults: Callable[[dict[str, Any], str], dict[str, Any]]) -> None:
+    for key in ("model", "package", "config", "tokenizer"):
+        src.setdefault(key, None)
+
+
+def check(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[tuple[Any, ...], str, bool]]:
+    if (src.get("model") is not None) == (src.get("package") is not None):
+        got = "it has both" if src.get("model") is not None else "it has neither"
+        yield ("source", "huggingface"), f"give exactly one of `model` (Hub id or folder) and `package` (a folder inside an installed package); {got}", True
+
+
+def default_io(src: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The task's inputs and outputs (recipe/tasks.py)."""
+    from onnxbuild.recipe.tasks import TASKS
+
+    task = TASKS[src["task"]]
+    return [dict(t) for t in task["inputs"]], list(task["outputs"])
+
+
+def language_model(src: dict[str, Any]) -> bool:
+    """Its first output is next-token logits: validation gets a top-1 agreement floor."""
+    from onnxbuild.recipe.tasks import TASKS
+
+    return bool(TASKS[src["task"]]["language_model"])
+
+
+def decoder(src: dict[str, Any]) -> bool:
+    """A text-generation model: ``export.with_past`` and ``generate`` apply."""
+    return src.get("task") == "text-generation"

@@ -14,3 +14,7 @@ def identity(src: dict[str, Any], recipe_dir: Path) -> tuple[dict[str, Path], di
 def estimate_weights(src: dict[str, Any], recipe_dir: Path) -> int:
     path = recipe_dir / src["path"]
     return path.stat().st_size if path.is_file() else 0
+
+
+TRACED = False
+"""An ONNX file already: no export, no validate section (check is its gate)."""

@@ -6,6 +6,7 @@ The factory file's content digest is part of the identity, so editing it rebuild
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -71,3 +72,15 @@ def identity(src: dict[str, Any], recipe_dir: Path) -> tuple[dict[str, Path], di
 
 def estimate_weights(src: dict[str, Any], recipe_dir: Path) -> int:
     return 64 * 1024 * 1024  # unknown before the factory runs
+
+
+TRACED = True
+
+
+def check(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[tuple[Any, ...], str, bool]]:
+    """export.inputs is required (nothing else knows the model's signature); the factory reference is well formed."""
+    if "inputs" not in doc.get("export", {}):
+        yield ("export",) if "export" in doc else ("source", "pytorch"), "a pytorch source needs export.inputs (name, dtype and shape of each model input)", True
+    wrong = usercode.ref_problem(src["factory"]) if isinstance(src.get("factory"), str) else None
+    if wrong:
+        yield ("source", "pytorch", "factory"), wrong, False

@@ -10,6 +10,7 @@ compares it with ONNX Runtime exactly as it does a torch model.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -135,3 +136,20 @@ def convert(model: Any, export: ExportSection, path: Path) -> None:
             if isinstance(d, str):
                 dim.dim_param = d
     path.write_bytes(proto.SerializeToString())
+
+
+TRACED = True
+
+
+def check(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[tuple[Any, ...], str, bool]]:
+    """export.inputs is required (nothing else knows the model's signature); the factory reference is well formed."""
+    if "inputs" not in doc.get("export", {}):
+        yield ("export",) if "export" in doc else ("source", "tensorflow"), "a tensorflow source needs export.inputs (its input signature: name, dtype and shape of each model input)", True
+    if ("factory" in src) == ("keras" in src):
+        got = "it has both" if "factory" in src else "it has neither"
+        yield ("source", "tensorflow"), f"give exactly one of `factory` (file.py:function) and `keras` (a .keras file); {got}", True
+    if doc.get("export", {}).get("exporter", "torchscript") != "torchscript":
+        yield ("export", "exporter"), "a tensorflow source is converted with tf2onnx; remove export.exporter", False
+    wrong = usercode.ref_problem(src["factory"]) if isinstance(src.get("factory"), str) else None
+    if wrong:
+        yield ("source", "tensorflow", "factory"), wrong, False
