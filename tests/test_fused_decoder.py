@@ -142,8 +142,11 @@ def test_the_fused_graph_has_the_exports_signature_and_passes_validation_and_gen
     assert 0.0 <= gen["variants"]["int4"]["teacher_forced_agreement"] <= 1.0  # 4-bit agreement reported
 
 
-def test_int4_multiplies_in_int8_and_keeps_lm_head_in_full_precision(built: Path) -> None:
+def test_int4_multiplies_in_int8_keeps_lm_head_in_full_precision_and_packs_the_embedding(built: Path) -> None:
     model = onnx.load_model(str(built / "int4" / "model.onnx"), load_external_data=False)
+    (embed,) = [n for n in model.graph.node if n.op_type == "GatherBlockQuantized"]  # quantize.embedding: true
+    assert {a.name: helper.get_attribute_value(a) for a in embed.attribute}["block_size"] == 32
+    assert not [n for n in model.graph.node if n.op_type == "Gather" and n.input[0] in {i.name for i in model.graph.initializer}]
     nbits = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
     assert len(nbits) == 2 * 4  # every layer's four MatMuls
     for n in nbits:

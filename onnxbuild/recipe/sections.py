@@ -105,6 +105,7 @@ QuantizeSection = TypedDict(
         "block_size": int,
         "symmetric": bool,
         "accuracy_level": Literal[0, 1, 2, 3, 4],
+        "embedding": bool,
         "keep": list[str],
         "validate": VariantValidate,
     },

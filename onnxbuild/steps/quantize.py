@@ -26,7 +26,7 @@ COMMON_KEYS = ("name", "method", "from", "exclude_nodes", "keep", "validate")
 METHOD_KEYS = {
     "dynamic": (*COMMON_KEYS, "per_channel", "reduce_range", "weight_type", "op_types"),
     "static": (*COMMON_KEYS, "per_channel", "reduce_range", "weight_type", "op_types", "calibration"),
-    "int4": (*COMMON_KEYS, "block_size", "symmetric", "accuracy_level"),
+    "int4": (*COMMON_KEYS, "block_size", "symmetric", "accuracy_level", "embedding"),
 }
 
 
@@ -132,8 +132,11 @@ def _int4(src: Path, out: Path, q: QuantizeSection) -> None:
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     model = onnx.load_model(str(src))
+    # GatherBlockQuantized wants the embedding blocked along the hidden axis (1), the
+    # MatMuls' weights along their input axis (0)
+    ops = {"op_types_to_quantize": ("MatMul", "Gather"), "quant_axes": (("MatMul", 0), ("Gather", 1))} if q["embedding"] else {}
     quant = MatMulNBitsQuantizer(
-        model, bits=4, block_size=q["block_size"], is_symmetric=q["symmetric"], accuracy_level=q["accuracy_level"] or None, nodes_to_exclude=excluded(model, q) or None,
+        model, bits=4, block_size=q["block_size"], is_symmetric=q["symmetric"], accuracy_level=q["accuracy_level"] or None, nodes_to_exclude=excluded(model, q) or None, **ops,
     )
     quant.process()
     _bias_into_nbits(quant.model.model)
