@@ -8,7 +8,8 @@ file per process, alternating, best of three rounds:
 
   prefill: 128 tokens with an empty past;  decode: one token after a past of 128.
 
-    python bench/decoders.py [RECIPE ...]      # GENAI_PYTHON=/path/to/venv/bin/python to reuse a venv
+    python bench/decoders.py [RECIPE ...]      # GENAI_PYTHON=/path/to/venv/bin/python to reuse a venv,
+                                               # BENCH_ROUNDS=5 for more alternating rounds
 
 Figures depend on the machine: compare rows of one run only.
 """
@@ -23,6 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out" / "decoders"
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 
 TIME_ONE = r'''
 import json, sys, time
@@ -123,7 +125,7 @@ def main(recipes: list[str]) -> None:
                 else:
                     print(f"  model builder {precision} failed: {done.stderr.strip()[-500:]}")
         best: dict[str, dict[str, float]] = {}
-        for _ in range(3):  # alternate, so a noisy minute hits every row
+        for _ in range(ROUNDS):  # alternate, so a noisy minute hits every row
             for label, path in files.items():
                 done = subprocess.run([sys.executable, "-c", TIME_ONE, str(path), str(dims["layers"]), str(dims["kv"]), str(dims["head_dim"]), str(dims["vocab"])], capture_output=True, text=True)
                 if done.returncode != 0:
@@ -132,7 +134,7 @@ def main(recipes: list[str]) -> None:
                 t = json.loads(done.stdout)
                 b = best.setdefault(label, t)
                 best[label] = {k: min(b[k], t[k]) for k in t}
-        print(f"{name} (batch 1; best of 3 rounds of p50; one process per file):")
+        print(f"{name} (batch 1; best of {ROUNDS} rounds of p50; one process per file):")
         print(f"  {'file':<24} {'prefill 128':>12} {'decode after 128':>17}")
         for label, t in best.items():
             print(f"  {label:<24} {t['prefill_ms']:>9.1f} ms {t['decode_ms']:>14.2f} ms")
