@@ -14,7 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
+from helpers_cli import built_once, files_under, run
 
 from onnxbuild.cli import cli
 
@@ -38,25 +38,12 @@ BAD_PROBLEMS = [
 ]
 
 
-def run(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args))
-
-
-def files_under(folder: Path) -> set[str]:
-    return {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
 
 
 @pytest.fixture(scope="module")
 def first_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A project folder in which linear-regression was built once (shared: copy, don't change)."""
-    root = tmp_path_factory.mktemp("first-build")
-    shutil.copytree(RECIPES, root / "recipes")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.chdir(root)
-        mp.delenv("ONNXBUILD_CACHE_DIR", raising=False)
-        result = run("make", LR)
-    assert result.exit_code == 0, result.output
-    return root
+    return built_once(tmp_path_factory.mktemp("first-build"), RECIPES, "recipes", LR)
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers_cli import files_under, run
+from helpers_cli import built_once, files_under, run
 
 from onnxbuild._util import format_ms
 
@@ -29,14 +29,7 @@ STEPS = "steps/steps.yaml"
 @pytest.fixture(scope="module")
 def steps_built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A project where the two-input, two-output `steps` model was built once (copy it to change it)."""
-    root = tmp_path_factory.mktemp("steps")
-    shutil.copytree(DATA / "steps", root / "steps")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.chdir(root)
-        mp.delenv("ONNXBUILD_CACHE_DIR", raising=False)
-        result = run("make", STEPS)
-    assert result.exit_code == 0, result.output
-    return root
+    return built_once(tmp_path_factory.mktemp("steps"), DATA / "steps", "steps", STEPS)
 
 
 @pytest.fixture
