@@ -339,5 +339,5 @@ def render(base: str, diffs: list[RecipeDiff], fmt: str) -> str:
     if fmt == "html":
         from onnxbuild.report.page import render_diff
 
-        return render_diff(base, diffs, diffview.show)
+        return render_diff(base, diffs)
     return diffview.render(base, diffs, fmt)

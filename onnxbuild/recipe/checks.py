@@ -12,7 +12,7 @@ from onnxbuild.recipe.model import is_torch_source
 from onnxbuild.recipe.resolve import DEFAULT_SAMPLE, symbolic_dims, validation_dims
 from onnxbuild.recipe.tasks import WITH_PAST_INPUTS
 from onnxbuild.recipe.yamlpos import Path_, Positions, dotted
-from onnxbuild.sources import source_module, traced_kinds
+from onnxbuild.sources import is_decoder, source_module, traced_kinds
 from onnxbuild.spec import STEP_KINDS
 
 
@@ -45,7 +45,7 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
 
     export = doc.get("export", {})
     with_past = bool(export.get("with_past"))
-    if with_past and not getattr(module, "decoder", lambda _: False)(src):
+    if with_past and not is_decoder(doc["source"]):
         what = f"task {src.get('task')}" if kind == "huggingface" else f"a {kind} source"
         yield problem(("export", "with_past"), f"applies to huggingface text-generation models (this recipe has {what}); remove it")
         with_past = False

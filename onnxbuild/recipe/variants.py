@@ -31,6 +31,15 @@ class Variant:
     path: str
     precision: str
 
+    @property
+    def validate_step(self) -> str:
+        """The step that validates it: ``validate`` for the exported model, ``validate.<name>`` else."""
+        return "validate" if self.name == "model" else f"validate.{self.name}"
+
+    def as_param(self) -> dict[str, str]:
+        """How a step's params name it (generate, benchmark)."""
+        return {"name": self.name, "path": self.path, "precision": self.precision}
+
 
 def variants(recipe: Recipe) -> list[Variant]:
     r = recipe.resolved

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxbuild._util import atomic_write_text, format_ms
+from onnxbuild.report.diffview import RecipeDiff, model_lines, show, summary_line
 
 CSS = """
 :root { --ok: #1a7f37; --bad: #cf222e; --warn: #9a6700; --muted: #57606a; --line: #d0d7de; --bg: #f6f8fa; }
@@ -289,7 +290,7 @@ def _digests(manifest: Any) -> str:
     )
 
 
-def render_diff(base: str, diffs: list[Any], show: Any) -> str:
+def render_diff(base: str, diffs: list[RecipeDiff]) -> str:
     """``onnxbuild diff --format html``: the same look, one section per changed recipe."""
     sections = []
     for d in diffs:
@@ -308,8 +309,6 @@ def render_diff(base: str, diffs: list[Any], show: Any) -> str:
         elif d.figures:
             parts.append(f'<p class="note">Figures: {escape(d.figures)}.</p>')
         if d.models:
-            from onnxbuild.report.diffview import model_lines
-
             rows = "".join(
                 f'<tr><td><code>{escape(m.path)}</code></td><td>{escape(r.what)}</td><td class="num">{escape(r.shown(r.base))}</td><td class="num">{escape(r.shown(r.now))}</td></tr>'
                 for m in d.models for r in model_lines(m)
@@ -317,8 +316,6 @@ def render_diff(base: str, diffs: list[Any], show: Any) -> str:
             parts.append(f"<h3>Model files</h3><table><tr><th>file</th><th>what</th><th>base</th><th>working tree</th></tr>{rows}</table>")
         sections.append(f'<section class="recipe">{"".join(parts)}</section>')
     if sections:
-        from onnxbuild.report.diffview import summary_line
-
         sections.insert(0, f"<p><b>{escape(summary_line(diffs))}</b></p>")
     body = "\n".join(sections) or "<p>No recipe changed.</p>"
     return (

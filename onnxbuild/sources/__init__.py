@@ -1,4 +1,4 @@
-"""Where models come from: one module per source kind, named in ``SOURCES``.
+"""Where models come from: one module per source kind, ``onnxbuild.sources.<kind>``.
 
 Every source module says, without heavy imports at plan time:
 
@@ -51,9 +51,8 @@ def kinds() -> tuple[str, ...]:
 
 
 def source_module(kind: str) -> ModuleType:
-    """The module of a source kind (imported on first use)."""
-    if kind not in kinds():
-        raise KeyError(f"no source kind {kind!r} (kinds: {', '.join(kinds())})")
+    """The module of a source kind (imported on first use; the recipe's schema has already
+    refused a kind it does not list, so the schema is not read again here)."""
     return importlib.import_module(f"onnxbuild.sources.{kind}")
 
 
@@ -67,3 +66,11 @@ def traced(source: dict[str, Any]) -> bool:
 
 def traced_kinds() -> list[str]:
     return [k for k in kinds() if source_module(k).TRACED]
+
+
+def is_decoder(source: dict[str, Any]) -> bool:
+    """Whether a recipe's ``source`` is a text decoder, which ``export.with_past`` and the
+    fused decoder graphs apply to (the kind's ``decoder(src)``; none has it by default)."""
+    (kind, src), = source.items()
+    check = getattr(source_module(kind), "decoder", None)
+    return bool(check(src)) if check is not None else False

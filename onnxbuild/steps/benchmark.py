@@ -28,7 +28,7 @@ from onnxbuild.recipe.sections import BenchmarkSection, ExportSection
 from onnxbuild.recipe.variants import SOURCE_RECORD
 from onnxbuild.report.benchmark import chart, markdown
 from onnxbuild.spec import Planning, StepInput
-from onnxbuild.steps.base import StepContext, StepResult, StepSpec
+from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 
 VERSION = 4
 PACKAGES = ("onnxruntime", "torch", "transformers", "numpy")
@@ -58,7 +58,7 @@ def plan(p: Planning) -> list[StepSpec]:
                 "providers": r["providers"],
                 "source": r["source"],
                 "export": r.get("export"),
-                "variants": [{"name": v.name, "path": v.path, "precision": v.precision} for v in p.variants],
+                "variants": [v.as_param() for v in p.variants],
             },
             deps=tuple(dict.fromkeys(i.step for i in inputs)),
             inputs=tuple(inputs),
@@ -157,7 +157,6 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     torch_source = export is not None
     record: dict[str, Any] = {}
     if torch_source:
-        from onnxbuild.steps.base import read_source_record
 
         record = read_source_record(ctx)
     shapes = bench["shapes"]

@@ -19,7 +19,7 @@ from onnxbuild.recipe.sections import GenerateSection
 from onnxbuild.recipe.variants import SOURCE_RECORD
 from onnxbuild.report.generation import markdown
 from onnxbuild.spec import Planning, StepInput
-from onnxbuild.steps.base import StepContext, StepResult, StepSpec
+from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 
 VERSION = 1
 PACKAGES = ("torch", "transformers", "tokenizers", "onnxruntime", "numpy")
@@ -40,7 +40,7 @@ def plan(p: Planning) -> list[StepSpec]:
             params={
                 "generate": r["generate"],
                 "source": r["source"],
-                "variants": [{"name": v.name, "path": v.path, "precision": v.precision} for v in p.variants],
+                "variants": [v.as_param() for v in p.variants],
             },
             deps=tuple(dict.fromkeys(["source", *(v.step for v in p.variants)])),
             inputs=(StepInput("source", SOURCE_RECORD), *(StepInput(v.step, v.path) for v in p.variants)),
@@ -111,7 +111,6 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
 
     from onnxbuild.sources.decoder import OrtDecoder, Sampling, hf_generate, torch_generate
     from onnxbuild.sources.torchmodel import load_source_model, vocab_size
-    from onnxbuild.steps.base import read_source_record
 
     gen, source = cast(GenerateSection, spec.params["generate"]), spec.params["source"]
     record = read_source_record(ctx)

@@ -18,8 +18,9 @@ from onnxbuild._util import pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import OptimizeSection
 from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD
+from onnxbuild.sources import is_decoder
 from onnxbuild.spec import Planning, StepInput
-from onnxbuild.steps.base import StepContext, StepResult, StepSpec
+from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 
 VERSION = 3
 PACKAGES = ("onnxruntime", "onnx", "torch", "transformers")
@@ -54,14 +55,13 @@ def plan(p: Planning) -> list[StepSpec]:
     r = p.recipe.resolved
     if not r.get("optimize"):
         return []
-    src = p.recipe.source
     # The first ONNX Runtime provider (web is onnxruntime-web, not a provider of this ORT).
     provider = next((q["name"] for q in r["providers"] if q["name"] != "web"), "CPUExecutionProvider")
     hardware = r["optimize"]["level"] in HARDWARE_BOUND
     # A decoder with a KV cache may get its graph written from the weights (fusion/decoder.py):
     # then the step reads the model as the source step recorded it.
     kind = p.recipe.source_kind
-    fuse = kind == "huggingface" and src.get("task") == "text-generation" and bool(r["export"].get("with_past")) and r["optimize"]["decoder"] != "export"
+    fuse = is_decoder(r["source"]) and bool(r["export"].get("with_past")) and r["optimize"]["decoder"] != "export"
     model_step = p.model_step
     return [
         StepSpec(
@@ -217,7 +217,6 @@ def _fused_decoder(ctx: StepContext, spec: StepSpec, exported: Any) -> Any:
     for its architecture (``fused`` then is an error naming the supported ones)."""
     from onnxbuild.fusion import decoder
     from onnxbuild.sources.torchmodel import load_source_model
-    from onnxbuild.steps.base import read_source_record
 
     source = spec.params["source"]
     model = load_source_model(source, read_source_record(ctx), ctx.recipe_dir)

@@ -21,7 +21,7 @@ def plan(p: Planning) -> list[StepSpec]:
     """Every variant's validation merged into reports/validation.json and .md."""
     if not p.recipe.torch_source:
         return []
-    reports = [("validate" if v.name == "model" else f"validate.{v.name}", v.name) for v in p.variants]
+    reports = [(v.validate_step, v.name) for v in p.variants]
     return [
         StepSpec(
             name="report",

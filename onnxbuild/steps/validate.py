@@ -71,7 +71,7 @@ def plan(p: Planning) -> list[StepSpec]:
     web_variants = set(web["options"].get("variants") or ["model"]) if web else set()
     steps = []
     for v in p.variants:
-        name = "validate" if v.name == "model" else f"validate.{v.name}"
+        name = v.validate_step
         params = {"source": r["source"], "export": r["export"], "validate": {**r["validate"], **tolerances(p.recipe, v)}, "variant": v.name, "model_path": v.path}
         if v.name in web_variants:
             params["web"] = True  # meant for the browser: validated in onnxruntime-web too
