@@ -9,17 +9,41 @@ Example:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from onnxbuild._version import __version__
-from onnxbuild.api import Settings, build, clean, dag, gc, load_recipes, plan, schema_text, show
-from onnxbuild.errors import (
-    BuildFailed,
-    CacheError,
-    OnnxbuildError,
-    RecipeError,
-    StepError,
-    UsageError,
-)
-from onnxbuild.recipe.loader import load_recipe
+
+if TYPE_CHECKING:
+    from onnxbuild.api import Settings, build, clean, dag, gc, load_recipes, plan, schema_text, show
+    from onnxbuild.errors import (
+        BuildFailed,
+        CacheError,
+        OnnxbuildError,
+        RecipeError,
+        StepError,
+        UsageError,
+    )
+    from onnxbuild.recipe.loader import load_recipe
+
+# Names load on first use (PEP 562): `python -m onnxbuild` and the console script must be able
+# to install their signal handlers before anything slow is imported, so a Ctrl-C or SIGTERM
+# that lands during start-up still ends with exit 130 and no traceback.
+_HOME = {
+    **dict.fromkeys(("Settings", "build", "clean", "dag", "gc", "load_recipes", "plan", "schema_text", "show"), "onnxbuild.api"),
+    **dict.fromkeys(("BuildFailed", "CacheError", "OnnxbuildError", "RecipeError", "StepError", "UsageError"), "onnxbuild.errors"),
+    "load_recipe": "onnxbuild.recipe.loader",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module 'onnxbuild' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_HOME[name]), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "BuildFailed",

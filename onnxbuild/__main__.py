@@ -1,3 +1,3 @@
-from onnxbuild.cli import main
+from onnxbuild.entry import main
 
 main()

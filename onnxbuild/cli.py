@@ -607,19 +607,3 @@ def _human(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GB"
-
-
-def main() -> None:
-    import signal
-
-    def terminated(signum: int, frame: Any) -> None:
-        # CI cancels and `docker stop` send SIGTERM: unwind like Ctrl-C, so running step
-        # processes are stopped with their process groups and nothing partial is kept.
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, terminated)
-    cli(prog_name="onnxbuild")
-
-
-if __name__ == "__main__":
-    main()

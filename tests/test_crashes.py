@@ -27,7 +27,7 @@ import pytest
 from helpers_engine import entry_files, leftovers, read_json, scratch_dirs, whole_entries
 
 import onnxbuild
-from onnxbuild.engine.cache import TEST_PAUSE_ENV
+from onnxbuild.testhooks import TEST_PAUSE_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 LR = "recipes/linear-regression.yaml"
@@ -163,7 +163,7 @@ def test_killed_while_materialising_artifacts(project: Path, reference: Path, fi
 
 
 def test_the_pause_hook_does_nothing_unless_asked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from onnxbuild.engine.cache import pause_for_tests
+    from onnxbuild.testhooks import pause_for_tests
 
     marker = tmp_path / "marker"
     monkeypatch.setenv(TEST_PAUSE_ENV, f"materialise:model.onnx:0:{marker}")
@@ -182,6 +182,34 @@ def test_killed_while_writing_the_manifest(project: Path, reference: Path) -> No
     assert not list(folder.glob(".*.tmp"))
 
 
+def signal_at(point: str, sig: signal.Signals, project: Path) -> tuple[int, str]:
+    """Run ``onnxbuild make`` until it pauses at ``point``, send ``sig`` to it (as Ctrl-C or
+    `docker stop` would), and return its exit code and what it wrote to stderr."""
+    marker = project / "paused"
+    marker.unlink(missing_ok=True)
+    env = {**os.environ, TEST_PAUSE_ENV: f"{point}::5:{marker}"}
+    proc = subprocess.Popen(MAKE, cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not marker.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "the command never reached the pause"
+        time.sleep(0.01)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    return proc.returncode, err.decode("utf-8", "replace")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
+def test_a_signal_during_start_up_or_shut_down_is_an_exit_code_not_a_death(project: Path, sig: signal.Signals) -> None:
+    """Before the command's modules have loaded, an interrupt ends it with 130 and the
+    interrupt's message; once the command has finished, its result stands (0 here): the
+    process never dies of the signal (a negative return code), and prints no traceback."""
+    code, err = signal_at("startup", sig, project)
+    assert (code, err) == (130, "Interrupted; nothing partial was kept (completed steps stay cached).\n")
+    code, err = signal_at("exit", sig, project)
+    assert code == 0 and "Traceback" not in err, err
+    assert (project / "artifacts" / "linear-regression" / "model.onnx").is_file()
+
+
 def test_a_kill_loop_resumes_byte_identical_and_leaves_no_temp_files(project: Path, reference: Path) -> None:
     """21 builds, each stopped by a random signal (KILL to the whole group, TERM or INT to the
     build) at a random moment, some forced so there is always work to cut short; then one
@@ -195,7 +223,9 @@ def test_a_kill_loop_resumes_byte_identical_and_leaves_no_temp_files(project: Pa
         sig = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)[i % 3]
         args = MAKE + (["--force"] if i % 2 else [])
         proc = subprocess.Popen(args, cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-        time.sleep(rng.uniform(0.05, 2.5))
+        # From 0.3 s: before that the interpreter itself is starting, where no program can
+        # catch a signal; the test above covers the moments right after.
+        time.sleep(rng.uniform(0.3, 2.5))
         if sig == signal.SIGKILL:
             os.killpg(proc.pid, sig)
         else:

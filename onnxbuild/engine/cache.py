@@ -27,7 +27,6 @@ import json
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -44,6 +43,7 @@ from onnxbuild._util import (
 from onnxbuild.engine.locks import FileLock
 from onnxbuild.environment import Versions
 from onnxbuild.errors import CacheError
+from onnxbuild.testhooks import pause_for_tests
 
 
 class OutputRecord(TypedDict):
@@ -496,31 +496,6 @@ def _plain_relative(path: object) -> bool:
         return False
     parts = PurePosixPath(path).parts
     return bool(parts) and not PurePosixPath(path).is_absolute() and ".." not in parts
-
-
-TEST_PAUSE_ENV = "ONNXBUILD_TEST_PAUSE"
-
-
-def pause_for_tests(point: str, detail: str) -> None:
-    """Test hook: with ONNXBUILD_TEST_PAUSE="<point>:<detail>:<seconds>:<marker file>", sleep
-    at that point of a write, after creating the marker file, so a test can SIGKILL a build
-    exactly there (tests/test_crashes.py). An empty detail matches any. Not for users.
-
-    Points: ``cache-write`` (detail: the step) in ``Cache.commit`` once the step's first
-    output is in objects/ and before its entry exists; ``materialise`` (detail: the
-    artifact's path) once an artifact is linked under its temporary name, before the rename;
-    ``manifest-write`` (detail: the recipe) once the new manifest is written under its
-    temporary name, before the rename.
-    """
-    value = os.environ.get(TEST_PAUSE_ENV)
-    if not value:
-        return
-    want_point, want_detail, seconds, marker = [*value.split(":", 3), "", "", ""][:4]
-    if want_point != point or want_detail not in ("", detail):
-        return
-    if marker:
-        Path(marker).write_text(f"{point}:{detail}:{os.getpid()}\n", encoding="utf-8")
-    time.sleep(float(seconds or 0))
 
 
 def process_alive(pid: int) -> bool:

@@ -41,7 +41,6 @@ from onnxbuild.engine.cache import (
     Cache,
     EntryRecord,
     OutputRecord,
-    pause_for_tests,
     step_key,
 )
 from onnxbuild.engine.execute import Outcome, Task, run_task
@@ -52,6 +51,7 @@ from onnxbuild.engine.manifest import StepRecord, make_manifest
 from onnxbuild.errors import BuildFailed
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.spec import StepContext
+from onnxbuild.testhooks import pause_for_tests
 
 LOCK_TIMEOUT_S = 6 * 3600.0
 RETRY_S = 0.1
