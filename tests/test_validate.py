@@ -214,7 +214,7 @@ MESSAGES = [
     pytest.param(
         [PASSING],
         {"top1": {"agreement": 0.8125, "tokens": 16, "min": 0.85, "passed": False}},
-        "validation of int8 failed: top-1 token agreement 0.812 over 16 tokens at all shapes is below top1_min 0.85",
+        "validation of int8 failed: top-1 agreement 0.812 over 16 predictions at all shapes is below top1_min 0.85",
         id="top1",
     ),
     pytest.param(

@@ -9,7 +9,7 @@ from typing import Any
 
 from onnxbuild.errors import Problem
 from onnxbuild.recipe.model import is_torch_source
-from onnxbuild.recipe.resolve import DEFAULT_SAMPLE, symbolic_dims, validation_dims
+from onnxbuild.recipe.resolve import default_sample, symbolic_dims, validation_dims
 from onnxbuild.recipe.tasks import WITH_PAST_INPUTS
 from onnxbuild.recipe.yamlpos import Path_, Positions, dotted
 from onnxbuild.sources import is_decoder, source_module, traced_kinds
@@ -59,12 +59,18 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
         default_inputs = WITH_PAST_INPUTS if with_past else module.default_io(src)[0] if hasattr(module, "default_io") else []
         inputs = export.get("inputs") or default_inputs
         export_dims = symbolic_dims(inputs)
-        dims = validation_dims(kind, inputs)
+        dims = validation_dims(kind, src, inputs)
         optional = {"past_sequence"} if with_past else set()
-        sample = export.get("sample", {d: DEFAULT_SAMPLE[d] for d in export_dims if d in DEFAULT_SAMPLE})
-        for d in export_dims:
-            if d not in sample:
-                yield problem(("export", "sample") if "sample" in export else ("export",), f"give a sample size for dimension {d!r} (e.g. sample: {{{d}: 2}})", key=True)
+        defaults = default_sample(kind, src) if isinstance(src, dict) else {}
+        sample = export.get("sample", {d: defaults[d] for d in export_dims if d in defaults})
+        missing = [d for d in export_dims if d not in sample]
+        where = ("export", "sample") if "sample" in export else ("export",) if "export" in doc else ("source", kind)
+        fixed = getattr(module, "fixed_image_size", lambda _: False)(src)  # its own check asks for config.image_size
+        if {"height", "width"} & set(missing) and not fixed:
+            yield problem(where, "an image model is exported at one sample size: give export.sample: {batch: 2, height: 224, width: 224} (or config.image_size)", key=True)
+        for d in missing:
+            if d not in ("height", "width"):
+                yield problem(where, f"give a sample size for dimension {d!r} (e.g. sample: {{{d}: 2}})", key=True)
         for i, shape in enumerate(doc.get("validate", {}).get("shapes", [])):
             for d in dims:
                 if d not in shape:

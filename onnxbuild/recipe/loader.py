@@ -102,10 +102,12 @@ def remember(recipe: Recipe, memo_dir: Path) -> None:
 def _memo_path(memo_dir: Path, digest: str) -> Path:
     from onnxbuild._version import __version__
 
-    # The resolved form depends on this code as much as on the schema: salt with both,
-    # so an edited default never serves a stale memo (a few KB read, no parsing).
+    # The resolved form depends on this code as much as on the schema: salt with the recipe
+    # package and the source kinds (they give defaults), so an edited default never serves
+    # a stale memo (some 100 KB read, no parsing).
     here = Path(__file__).parent
-    code = b"".join((here / name).read_bytes() for name in ("loader.py", "tasks.py", "schema.json"))
+    files = [here / "schema.json", *sorted(here.glob("*.py")), *sorted((here.parent / "sources").glob("*.py"))]
+    code = b"".join(f.read_bytes() for f in files)
     salt = sha256_bytes(__version__.encode() + b"\0" + code)[:16]
     return memo_dir / f"{digest}-{salt}.json"
 

@@ -18,6 +18,7 @@ from onnxbuild.recipe.tasks import DERIVED_DIMS, WITH_PAST_INPUTS
 from onnxbuild.sources import source_module
 
 DEFAULT_SAMPLE = {"batch": 2, "sequence": 16, "past_sequence": 4}
+IMAGE_DIMS = frozenset({"height", "width"})
 DEFAULT_ATOL = 1e-4
 DEFAULT_RTOL = 1e-3
 DEFAULT_TOP1_MIN = 0.99
@@ -44,14 +45,22 @@ def deref(ref: str) -> dict[str, Any]:
     return result
 
 
-def validation_dims(kind: str, inputs: list[dict[str, Any]]) -> list[str]:
+def validation_dims(kind: str, src: dict[str, Any], inputs: list[dict[str, Any]]) -> list[str]:
     """The dimensions validation varies: the export's symbolic ones, plus those the source
     kind always varies (a transformers model's batch and sequence) whatever the export
     declared, so an axis fixed by mistake in export.inputs is caught instead of validated
     at its one fixed size."""
     dims = symbolic_dims(inputs)
-    always = tuple(getattr(source_module(kind), "VARIED_DIMS", ()))
+    varied = getattr(source_module(kind), "varied_dims", None)
+    always = tuple(varied(src)) if varied is not None else ()
     return [*always, *(d for d in dims if d not in always)]
+
+
+def default_sample(kind: str, src: dict[str, Any]) -> dict[str, int]:
+    """Export sample sizes when the recipe gives none: the usual ones, and what the source
+    kind knows from its config (an image model's image_size)."""
+    known = getattr(source_module(kind), "sample_defaults", None)
+    return {**DEFAULT_SAMPLE, **(known(src) if known is not None else {})}
 
 
 def symbolic_dims(inputs: list[dict[str, Any]]) -> list[str]:
@@ -85,17 +94,18 @@ def resolve(doc: dict[str, Any]) -> dict[str, Any]:
         export.setdefault("inputs", [dict(t) for t in default_inputs])
         export["inputs"] = [{"dtype": "float32", "shape": [], **t} for t in export["inputs"]]
         export.setdefault("outputs", list(task_outputs))
+        defaults = default_sample(kind, src)
         if "sample" not in export:  # not setdefault: its default names only the usual dimensions
-            export["sample"] = {d: DEFAULT_SAMPLE[d] for d in symbolic_dims(export["inputs"])}
+            export["sample"] = {d: defaults[d] for d in symbolic_dims(export["inputs"])}
         if export["with_past"]:
             export["sample"] = {**export["sample"], "past_sequence": export["sample"].get("past_sequence", DEFAULT_SAMPLE["past_sequence"])}
         out["export"] = export
-        sample = {**DEFAULT_SAMPLE, **export["sample"]}
+        sample = {**defaults, **export["sample"]}
         validate = _with_defaults(doc.get("validate", {}), deref("#/$defs/validate"))
-        validate.setdefault("shapes", _default_shapes(validation_dims(kind, export["inputs"]), sample))
+        validate.setdefault("shapes", _default_shapes(validation_dims(kind, src, export["inputs"]), sample))
         validate.setdefault("atol", DEFAULT_ATOL)
         validate.setdefault("rtol", DEFAULT_RTOL)
-        validate.setdefault("top1_min", DEFAULT_TOP1_MIN if getattr(kind_module, "language_model", lambda _: False)(src) else None)
+        validate.setdefault("top1_min", DEFAULT_TOP1_MIN if getattr(kind_module, "top1", lambda _: False)(src) else None)
         validate.setdefault("cosine_min", DEFAULT_COSINE_MIN if validate["sentences"] else None)
         if validate["accuracy"] is not None:
             validate["accuracy"] = _with_defaults(validate["accuracy"], deref("#/$defs/validate")["properties"]["accuracy"])
@@ -144,6 +154,8 @@ def _default_benchmark_shapes(resolved: dict[str, Any]) -> list[dict[str, int]]:
     dims = symbolic_dims(export["inputs"])
     if set(dims) == {"batch", "sequence"}:
         return [{"batch": 1, "sequence": 128}]
+    if any(t["name"] == "pixel_values" for t in export["inputs"]):  # one image at the sample's size
+        return [{d: 1 if d == "batch" else export["sample"][d] for d in dims}]
     return [{d: export["sample"][d] for d in dims}]
 
 
@@ -151,10 +163,13 @@ def _default_shapes(dims: list[str], sample: dict[str, int]) -> list[dict[str, i
     """Three shapes: all ones, the export sample, and one larger than the sample in every dimension.
 
     Two of them differ from the sample, so an axis the export fixed by mistake fails validation.
+    An image is never one pixel (a convolution's kernel is larger): the first shape keeps the
+    sample's image size.
     """
     if not dims:
         return [{}]
-    return [{d: 1 for d in dims}, {d: sample[d] for d in dims}, {d: sample[d] * 2 + 1 for d in dims}]
+    smallest = {d: sample[d] if d in IMAGE_DIMS else 1 for d in dims}
+    return [smallest, {d: sample[d] for d in dims}, {d: sample[d] * 2 + 1 for d in dims}]
 
 
 def _with_defaults(section: dict[str, Any], sch: dict[str, Any]) -> dict[str, Any]:

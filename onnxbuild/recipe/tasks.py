@@ -10,53 +10,59 @@ from typing import Any, TypedDict
 
 
 class TaskInfo(TypedDict):
-    """A Hugging Face task: its model class, default inputs and outputs, whether it is a language model."""
+    """A Hugging Face task: its model class, default inputs and outputs, and how validation reads them."""
 
     auto_class: str
     inputs: list[dict[str, Any]]
     outputs: list[str]
-    language_model: bool
+    top1: bool
+    """The first output's last axis scores classes or tokens: validation gates the top-1
+    agreement with PyTorch (``validate.top1_min``)."""
+    per_token: bool
+    """Every output has the input's sequence axis second (batch, sequence, ...)."""
 
 
 _TOKENS = ["batch", "sequence"]
+_TEXT = [
+    {"name": "input_ids", "dtype": "int64", "shape": _TOKENS},
+    {"name": "attention_mask", "dtype": "int64", "shape": _TOKENS},
+]
+CHANNELS = "channels"
+"""Stands for the config's num_channels in an image task's input; replaced when the recipe resolves."""
+_IMAGE = [{"name": "pixel_values", "dtype": "float32", "shape": ["batch", CHANNELS, "height", "width"]}]
 
 TASKS: dict[str, TaskInfo] = {
-    "feature-extraction": {
-        "auto_class": "AutoModel",
-        "inputs": [
-            {"name": "input_ids", "dtype": "int64", "shape": _TOKENS},
-            {"name": "attention_mask", "dtype": "int64", "shape": _TOKENS},
-        ],
-        "outputs": ["last_hidden_state"],
-        "language_model": False,
-    },
-    "text-classification": {
-        "auto_class": "AutoModelForSequenceClassification",
-        "inputs": [
-            {"name": "input_ids", "dtype": "int64", "shape": _TOKENS},
-            {"name": "attention_mask", "dtype": "int64", "shape": _TOKENS},
-        ],
-        "outputs": ["logits"],
-        "language_model": False,
-    },
-    "fill-mask": {
-        "auto_class": "AutoModelForMaskedLM",
-        "inputs": [
-            {"name": "input_ids", "dtype": "int64", "shape": _TOKENS},
-            {"name": "attention_mask", "dtype": "int64", "shape": _TOKENS},
-        ],
-        "outputs": ["logits"],
-        "language_model": True,
-    },
+    "feature-extraction": {"auto_class": "AutoModel", "inputs": _TEXT, "outputs": ["last_hidden_state"], "top1": False, "per_token": True},
+    "text-classification": {"auto_class": "AutoModelForSequenceClassification", "inputs": _TEXT, "outputs": ["logits"], "top1": True, "per_token": False},
+    "token-classification": {"auto_class": "AutoModelForTokenClassification", "inputs": _TEXT, "outputs": ["logits"], "top1": True, "per_token": True},
+    # The answer span's start: argmax over the tokens is the prediction, so top-1 applies.
+    "question-answering": {"auto_class": "AutoModelForQuestionAnswering", "inputs": _TEXT, "outputs": ["start_logits", "end_logits"], "top1": True, "per_token": True},
+    "fill-mask": {"auto_class": "AutoModelForMaskedLM", "inputs": _TEXT, "outputs": ["logits"], "top1": True, "per_token": True},
     # GPT-2's attention mask is all ones for a single unpadded prompt; the seeds leave it out,
     # and so do we by default (the export wrapper supplies it so TorchScript can trace).
     "text-generation": {
         "auto_class": "AutoModelForCausalLM",
         "inputs": [{"name": "input_ids", "dtype": "int64", "shape": _TOKENS}],
         "outputs": ["logits"],
-        "language_model": True,
+        "top1": True,
+        "per_token": True,
     },
+    "image-classification": {"auto_class": "AutoModelForImageClassification", "inputs": _IMAGE, "outputs": ["logits"], "top1": True, "per_token": False},
+    # A vision tower (ViT, CLIP's vision model, ConvNeXt...): its hidden states; add
+    # pooler_output to export.outputs for the pooled embedding.
+    "image-feature-extraction": {"auto_class": "AutoModel", "inputs": _IMAGE, "outputs": ["last_hidden_state"], "top1": False, "per_token": False},
 }
+
+IMAGE_TASKS = frozenset(t for t, info in TASKS.items() if info["inputs"] is _IMAGE)
+
+FIXED_SIZE_IMAGES = frozenset({
+    "vit", "deit", "beit", "data2vec-vision", "vit_msn", "vit_mae", "clip_vision_model", "siglip_vision_model", "levit",
+    # Swin pads to whole windows with Python conditionals, which tracing fixes at the export size.
+    "swin", "swinv2", "donut-swin",
+})
+"""Model types whose absolute position embeddings fix the image size (config.image_size):
+their export takes that size only, and validation varies the batch. Convolutional models
+(ResNet, ConvNeXt, EfficientNet, RegNet) take any size."""
 
 TOKEN_INPUTS = frozenset({"input_ids", "attention_mask", "token_type_ids", "position_ids"})
 

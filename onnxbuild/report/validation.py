@@ -110,7 +110,7 @@ def failure_message(
             )
     if top1 is not None and not top1["passed"]:
         return (
-            f"validation of {variant} failed: top-1 token agreement {top1['agreement']:.3f} over {top1['tokens']} tokens "
+            f"validation of {variant} failed: top-1 agreement {top1['agreement']:.3f} over {top1['tokens']} predictions "
             f"at all shapes is below top1_min {top1['min']:g}"
         )
     if accuracy is not None and not accuracy["passed"]:
@@ -188,7 +188,7 @@ def _variant_figures(variant: str, v: dict[str, Any], reference: str | None) -> 
     if v.get("top1"):
         t = v["top1"]
         floor = f" (at least {t['min']:g})" if t["min"] is not None else ""
-        lines += [f"{variant}: top-1 token agreement over all {t['tokens']} tokens: **{t['agreement']:.3f}**{floor}: {'pass' if t['passed'] else 'FAIL'}", ""]
+        lines += [f"{variant}: top-1 agreement over all {t['tokens']} predictions (tokens or classes): **{t['agreement']:.3f}**{floor}: {'pass' if t['passed'] else 'FAIL'}", ""]
     if v.get("accuracy"):
         a = v["accuracy"]
         floor = "" if a["min"] is None else f", at least {a['min']:g}"

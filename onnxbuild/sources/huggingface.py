@@ -235,14 +235,51 @@ def load_model(src: dict[str, Any], record: dict[str, Any], recipe_dir: Path) ->
         raise
     except (OSError, ValueError, KeyError) as exc:
         raise StepError(f"source.huggingface: cannot build the model: {brief(exc)}") from None
+    except (IndexError, TypeError, AttributeError) as exc:
+        # a config whose lists disagree (hidden_sizes shorter than num_stages, say)
+        where = "source.huggingface.config" if record["weights"] == "random-init" else "source.huggingface"
+        raise StepError(f"{where}: transformers cannot build a {src['task']} model from it ({type(exc).__name__}: {brief(exc)}); check the config's sizes against the model type's") from None
     model = model.to(dtype)
     model.eval()
     return model
 
 
 TRACED = True
-VARIED_DIMS = ("batch", "sequence")
-"""Validated at several sizes whatever export.inputs declares, so an axis fixed by mistake is caught."""
+
+
+def varied_dims(src: dict[str, Any]) -> tuple[str, ...]:
+    """Validated at several sizes whatever export.inputs declares, so an axis fixed by
+    mistake is caught: batch and sequence for text, batch and the image size (where the
+    model takes any) for images."""
+    dims = [d for t in default_io(src)[0] for d in t["shape"] if isinstance(d, str)]
+    return tuple(dict.fromkeys(dims))
+
+
+def _config(src: dict[str, Any]) -> dict[str, Any]:
+    config = src.get("config")
+    return config if isinstance(config, dict) else {}
+
+
+def image_size(src: dict[str, Any]) -> tuple[int, int] | None:
+    """(height, width) from the recipe's config.image_size (an int or a pair), if it says."""
+    size = _config(src).get("image_size")
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        return size, size
+    if isinstance(size, list) and len(size) == 2 and all(isinstance(v, int) and v > 0 for v in size):
+        return size[0], size[1]
+    return None
+
+
+def fixed_image_size(src: dict[str, Any]) -> bool:
+    from onnxbuild.recipe.tasks import FIXED_SIZE_IMAGES
+
+    return _config(src).get("model_type") in FIXED_SIZE_IMAGES
+
+
+def sample_defaults(src: dict[str, Any]) -> dict[str, int]:
+    """Export sample sizes the config gives: an image model's config.image_size."""
+    size = image_size(src)
+    return {"height": size[0], "width": size[1]} if size and not fixed_image_size(src) else {}
 
 
 def traced(src: dict[str, Any]) -> bool:
@@ -259,21 +296,42 @@ def check(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[tuple[Any,
     if (src.get("model") is not None) == (src.get("package") is not None):
         got = "it has both" if src.get("model") is not None else "it has neither"
         yield ("source", "huggingface"), f"give exactly one of `model` (Hub id or folder) and `package` (a folder inside an installed package); {got}", True
+    from onnxbuild.recipe.tasks import IMAGE_TASKS
+
+    if src.get("task") not in IMAGE_TASKS:
+        return
+    config = _config(src)
+    if "image_size" in config and image_size(src) is None:
+        yield ("source", "huggingface", "config", "image_size"), "must be a positive integer or a [height, width] pair of them (e.g. 224)", False
+    elif fixed_image_size(src) and image_size(src) is None and config:
+        yield ("source", "huggingface", "config"), (
+            f"a {config['model_type']} model takes images of the one size its position embeddings were made for; "
+            "give config.image_size (224 for the base models)"
+        ), False
+    if (doc.get("validate") or {}).get("sentences") is not None:
+        yield ("validate", "sentences"), f"task {src['task']} takes images (pixel_values), not text; remove validate.sentences", True
 
 
 def default_io(src: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
-    """The task's inputs and outputs (recipe/tasks.py)."""
-    from onnxbuild.recipe.tasks import TASKS
+    """The task's inputs and outputs (recipe/tasks.py). An image takes the config's
+    num_channels, and a model with absolute position embeddings (ViT) its one image size."""
+    from onnxbuild.recipe.tasks import CHANNELS, TASKS
 
     task = TASKS[src["task"]]
-    return [dict(t) for t in task["inputs"]], list(task["outputs"])
+    inputs = [dict(t) for t in task["inputs"]]
+    size = image_size(src) if fixed_image_size(src) else None
+    for t in inputs:
+        if CHANNELS in t["shape"]:
+            channels = _config(src).get("num_channels", 3)
+            t["shape"] = ["batch", channels, *(size or ("height", "width"))]
+    return inputs, list(task["outputs"])
 
 
-def language_model(src: dict[str, Any]) -> bool:
-    """Its first output is next-token logits: validation gets a top-1 agreement floor."""
+def top1(src: dict[str, Any]) -> bool:
+    """Its first output scores tokens or classes: validation gets a top-1 agreement floor."""
     from onnxbuild.recipe.tasks import TASKS
 
-    return bool(TASKS[src["task"]]["language_model"])
+    return bool(TASKS[src["task"]]["top1"])
 
 
 def decoder(src: dict[str, Any]) -> bool:

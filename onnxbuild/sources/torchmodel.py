@@ -15,6 +15,9 @@ from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import ExportSection
 from onnxbuild.recipe.tasks import TASKS, TOKEN_INPUTS
 
+POOLED_OUTPUTS = frozenset({"pooler_output", "text_embeds", "image_embeds"})
+"""One vector per input, whatever the task's other outputs hold per token."""
+
 INT_RANGE_DEFAULT = 10
 """Integer inputs of a plain torch model get values in [0, 10) unless the model says otherwise."""
 
@@ -75,7 +78,7 @@ def wrap(model: Any, source: dict[str, Any], input_names: list[str], output_name
                 out = self.model(*args)
                 return tuple(out) if isinstance(out, (tuple, list)) else (out,)
             kwargs = dict(zip(input_names, args, strict=True))
-            if "attention_mask" in params and "attention_mask" not in kwargs:
+            if "attention_mask" in params and "attention_mask" not in kwargs and "input_ids" in kwargs:
                 kwargs["attention_mask"] = torch.ones_like(kwargs["input_ids"])
             if "use_cache" in params:
                 kwargs["use_cache"] = False
@@ -99,7 +102,7 @@ def output_axes(source: dict[str, Any], export: ExportSection) -> dict[str, dict
         if name.startswith("present."):
             axes[name] = {**ax, 2: "total_sequence"}
             continue
-        per_token = kind == "huggingface" and src["task"] != "text-classification"
+        per_token = kind == "huggingface" and TASKS[src["task"]]["per_token"] and name not in POOLED_OUTPUTS
         if per_token and seq:
             ax[1] = seq
         axes[name] = ax
@@ -142,6 +145,11 @@ def make_inputs(specs: list[dict[str, Any]], sizes: dict[str, int], seed: int, v
             out[name] = np.ones(shape, dtype=dtype)
         elif name == "token_type_ids":
             out[name] = np.zeros(shape, dtype=dtype)
+        elif name == "pixel_values":
+            # An image as a processor gives it: 8-bit pixels scaled to [0, 1], normalised
+            # with mean and std 0.5 (ViT's), so values lie in [-1, 1] as real inputs do.
+            pixels = rng.integers(0, 256, size=shape).astype(dtype) / 255.0
+            out[name] = ((pixels - 0.5) / 0.5).astype(dtype)
         elif name == "position_ids":
             out[name] = np.broadcast_to(np.arange(past, past + shape[-1], dtype=dtype), shape).copy()
         elif dtype.kind in "iu":
@@ -154,9 +162,10 @@ def make_inputs(specs: list[dict[str, Any]], sizes: dict[str, int], seed: int, v
     return out
 
 
-def is_language_model(source: dict[str, Any]) -> bool:
+def gates_top1(source: dict[str, Any]) -> bool:
+    """Whether the first output scores tokens or classes (top-1 agreement is measured)."""
     (kind, src), = source.items()
-    return kind == "huggingface" and TASKS[src["task"]]["language_model"]
+    return kind == "huggingface" and TASKS[src["task"]]["top1"]
 
 
 def labelled_inputs(got: Any, specs: list[dict[str, Any]], key: str) -> tuple[dict[str, Any], Any]:

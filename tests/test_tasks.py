@@ -1,0 +1,115 @@
+"""The Hugging Face tasks beyond text (#18): image classification (ViT, ResNet, ConvNeXt,
+Swin), vision and text towers (CLIP), token classification and question answering, each
+built from a tiny random-init config, exported, checked and validated against PyTorch at
+three shapes, one of which differs from the export sample in every dynamic axis."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import onnx
+import pytest
+
+import onnxbuild
+
+TASKS = Path(__file__).resolve().parent / "data" / "tasks"
+RECIPES = sorted(p.stem for p in TASKS.glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One build of every tiny task recipe (shared: read, don't change)."""
+    root = tmp_path_factory.mktemp("tasks")
+    shutil.copytree(TASKS, root / "recipes")
+    settings = onnxbuild.Settings(cache_dir=root / "cache", artifacts_dir=root / "artifacts")
+    report = onnxbuild.build(sorted((root / "recipes").glob("*.yaml")), settings, jobs=2)
+    assert report.ok, report.failures()
+    return root / "artifacts"
+
+
+def read(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def signature(path: Path) -> dict[str, list[int | str]]:
+    """Each graph input's and output's dims: symbolic names or fixed sizes."""
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in [*graph.input, *graph.output]}
+
+
+# recipe -> the exported inputs' and outputs' dims (what a user's runtime sees)
+SIGNATURES: dict[str, dict[str, list[int | str]]] = {
+    "tiny-vit": {"pixel_values": ["batch", 3, 32, 32], "logits": ["batch", 10]},
+    "tiny-swin": {"pixel_values": ["batch", 3, 32, 32], "logits": ["batch", 10]},
+    "tiny-resnet": {"pixel_values": ["batch", 3, "height", "width"], "logits": ["batch", 10]},
+    "tiny-convnext": {"pixel_values": ["batch", 3, "height", "width"], "logits": ["batch", 10]},
+    "tiny-token-classification": {"input_ids": ["batch", "sequence"], "attention_mask": ["batch", "sequence"], "logits": ["batch", "sequence", 9]},
+    "tiny-question-answering": {"input_ids": ["batch", "sequence"], "attention_mask": ["batch", "sequence"], "start_logits": ["batch", "sequence"], "end_logits": ["batch", "sequence"]},
+}
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_each_task_is_validated_at_three_shapes_one_off_the_sample_in_every_axis(built: Path, recipe: str) -> None:
+    folder = built / recipe
+    validation = read(folder / "reports" / "validation.json")
+    assert validation["passed"] and validation["weights"] == "random-init"
+    model = validation["variants"]["model"]
+    shapes = [case["shape"] for case in model["shapes"]]
+    assert len(shapes) >= 3 and all(case["passed"] for case in model["shapes"])
+    assert max(c["max_abs_diff"] for case in model["shapes"] for c in case["outputs"].values()) < 1e-4
+    dims = {d for name, ax in signature(folder / "model.onnx").items() for d in ax if isinstance(d, str)}
+    sample = onnxbuild.load_recipe(TASKS / f"{recipe}.yaml").resolved["export"]["sample"]
+    inputs = dims & set(sample)
+    assert inputs >= {"batch"}
+    assert any(all(shape[d] != sample[d] for d in inputs) for shape in shapes), (shapes, sample)
+
+
+@pytest.mark.parametrize("recipe", sorted(SIGNATURES))
+def test_the_exported_signature_names_the_dynamic_axes(built: Path, recipe: str) -> None:
+    got = signature(built / recipe / "model.onnx")
+    assert {name: got[name] for name in SIGNATURES[recipe]} == SIGNATURES[recipe]
+
+
+def test_classifiers_gate_top1_agreement_over_every_prediction(built: Path) -> None:
+    vit = read(built / "tiny-vit" / "reports" / "validation.json")["variants"]
+    # one prediction per image: batches 1, 2 and 5
+    assert vit["model"]["top1"] == {"agreement": 1.0, "tokens": 8, "min": 0.99, "passed": True}
+    assert vit["int8"]["passed"] and vit["int8"]["top1"]["min"] == 0.85
+    ner = read(built / "tiny-token-classification" / "reports" / "validation.json")["variants"]
+    # one prediction per token: 1x1, 2x16 and 5x33
+    assert ner["model"]["top1"]["tokens"] == 1 + 32 + 165 and ner["int8"]["passed"]
+    features = read(built / "tiny-clip-vision" / "reports" / "validation.json")["variants"]["model"]
+    assert features["top1"] is None and features["top1_min"] is None
+
+
+def test_an_image_model_at_any_size_is_validated_at_other_sizes(built: Path) -> None:
+    shapes = [c["shape"] for c in read(built / "tiny-resnet" / "reports" / "validation.json")["variants"]["model"]["shapes"]]
+    assert shapes == [{"batch": 1, "height": 32, "width": 48}, {"batch": 2, "height": 32, "width": 48}, {"batch": 5, "height": 65, "width": 97}]
+
+
+def test_pooled_outputs_keep_their_hidden_axis(built: Path) -> None:
+    for recipe in ("tiny-clip-vision", "tiny-clip-text"):
+        sig = signature(built / recipe / "model.onnx")
+        # one vector per input: the hidden axis is not the sequence (the exporter may name it)
+        assert sig["pooler_output"][0] == "batch" and sig["pooler_output"][1] != "sequence", recipe
+
+
+def test_an_image_classifier_is_benchmarked_on_one_image_beside_pytorch(built: Path) -> None:
+    bench = read(built / "tiny-vit" / "benchmark.json")
+    assert [(r["variant"], r["precision"], r["shape"]) for r in bench["results"]] == [("model", "fp32", {"batch": 1}), ("int8", "int8", {"batch": 1})]
+    [baseline] = bench["baseline"]
+    assert baseline["engine"] == "pytorch" and baseline["shape"] == {"batch": 1}
+    assert all(r["speedup_vs_pytorch"] > 0 for r in bench["results"])
+
+
+def test_a_config_transformers_cannot_build_is_a_step_error_naming_the_config(tmp_path: Path) -> None:
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text((TASKS / "tiny-convnext.yaml").read_text(encoding="utf-8").replace("num_stages: 2, ", ""), encoding="utf-8")
+    settings = onnxbuild.Settings(cache_dir=tmp_path / "cache", artifacts_dir=tmp_path / "artifacts")
+    report = onnxbuild.build([recipe], settings)
+    assert not report.ok
+    [failure] = report.failures()
+    assert "source.huggingface.config: transformers cannot build a image-classification model from it (IndexError: list index out of range)" in str(failure)
