@@ -1,5 +1,6 @@
 """The Hugging Face tasks beyond text (#18): image classification (ViT, ResNet, ConvNeXt,
-Swin), vision and text towers (CLIP), token classification and question answering, each
+Swin), vision and text towers (CLIP), token classification, question answering and
+text2text generation (T5, BART, Marian as an encoder and a decoder file), each
 built from a tiny random-init config, exported, checked and validated against PyTorch at
 three shapes, one of which differs from the export sample in every dynamic axis."""
 
@@ -60,7 +61,8 @@ def test_each_task_is_validated_at_three_shapes_one_off_the_sample_in_every_axis
     shapes = [case["shape"] for case in model["shapes"]]
     assert len(shapes) >= 3 and all(case["passed"] for case in model["shapes"])
     assert max(c["max_abs_diff"] for case in model["shapes"] for c in case["outputs"].values()) < 1e-4
-    dims = {d for name, ax in signature(folder / "model.onnx").items() for d in ax if isinstance(d, str)}
+    first = folder / ("encoder_model.onnx" if (folder / "encoder_model.onnx").exists() else "model.onnx")
+    dims = {d for name, ax in signature(first).items() for d in ax if isinstance(d, str)}
     sample = onnxbuild.load_recipe(TASKS / f"{recipe}.yaml").resolved["export"]["sample"]
     inputs = dims & set(sample)
     assert inputs >= {"batch"}
@@ -113,3 +115,43 @@ def test_a_config_transformers_cannot_build_is_a_step_error_naming_the_config(tm
     assert not report.ok
     [failure] = report.failures()
     assert "source.huggingface.config: transformers cannot build a image-classification model from it (IndexError: list index out of range)" in str(failure)
+
+
+SEQ2SEQ = ("tiny-t5", "tiny-bart", "tiny-marian")
+
+
+@pytest.mark.parametrize("recipe", SEQ2SEQ)
+def test_an_encoder_decoder_is_two_files_and_generates_as_transformers_does(built: Path, recipe: str) -> None:
+    folder = built / recipe
+    encoder, decoder = signature(folder / "encoder_model.onnx"), signature(folder / "decoder_model.onnx")
+    assert not (folder / "model.onnx").exists()
+    assert encoder == {"input_ids": ["batch", "sequence"], "attention_mask": ["batch", "sequence"], "last_hidden_state": ["batch", "sequence", 64]}
+    assert decoder["input_ids"] == ["batch", "decoder_sequence"] and decoder["encoder_hidden_states"] == ["batch", "sequence", 64]
+    assert decoder["past_key_values.1.value"] == ["batch", 4, "past_sequence", 16] and decoder["present.0.key"][2] == "total_sequence"
+    assert (folder / "reports" / "check.encoder_model.json").is_file()
+    # validation runs both files end to end: encoder states, the decoder's first call and one step through its cache
+    shapes = read(folder / "reports" / "validation.json")["variants"]["model"]["shapes"]
+    assert [s["shape"] for s in shapes] == [{"batch": 1, "sequence": 1, "decoder_sequence": 1}, {"batch": 2, "sequence": 16, "decoder_sequence": 4}, {"batch": 5, "sequence": 33, "decoder_sequence": 9}]
+    assert {"encoder.last_hidden_state", "decoder.logits", "decoder.present.1.value", "decoder.next_step.logits"} <= set(shapes[2]["outputs"])
+    generation = read(folder / "reports" / "generation.json")
+    model = generation["variants"]["model"]
+    assert generation["passed"] and model["greedy"]["identical"] and model["greedy"]["tokens"] == generation["pytorch"]["greedy_tokens"]
+    assert model["greedy"]["logits_max_abs_diff"] < 1e-4 and model["teacher_forced_agreement"] == 1.0
+
+
+def test_random_weights_generate_text_that_is_not_one_repeated_token(built: Path) -> None:
+    """So the identical-tokens check above compares something: BART's and Marian's untied
+    random heads give eight tokens with several values."""
+    for recipe in ("tiny-bart", "tiny-marian"):
+        tokens = read(built / recipe / "reports" / "generation.json")["pytorch"]["greedy_tokens"]
+        assert len(tokens) == 8 and len(set(tokens)) >= 3, (recipe, tokens)
+
+
+def test_each_file_of_an_encoder_decoder_is_quantized_and_validated_together(built: Path) -> None:
+    folder = built / "tiny-bart"
+    for name in ("encoder_model.onnx", "decoder_model.onnx"):
+        ops = {n.op_type for n in onnx.load(str(folder / "int8" / name)).graph.node}
+        assert "DynamicQuantizeLinear" in ops or "MatMulInteger" in ops, name
+    int8 = read(folder / "reports" / "validation.json")["variants"]["int8"]
+    assert int8["passed"] and len(int8["shapes"]) == 3 and int8["top1"]["min"] == 0.85
+    assert read(folder / "reports" / "generation.json")["variants"]["int8"]["rule"] == "reported only (set generate.agreement_min to gate)"

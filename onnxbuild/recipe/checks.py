@@ -45,13 +45,15 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
 
     export = doc.get("export", {})
     with_past = bool(export.get("with_past"))
-    if with_past and not is_decoder(doc["source"]):
+    two_files = getattr(module, "seq2seq", lambda _: False)(src)  # its own check speaks of with_past
+    if with_past and not is_decoder(doc["source"]) and not two_files:
         what = f"task {src.get('task')}" if kind == "huggingface" else f"a {kind} source"
         yield problem(("export", "with_past"), f"applies to huggingface text-generation models (this recipe has {what}); remove it")
+    if with_past and not is_decoder(doc["source"]):
         with_past = False
     if "generate" in doc and doc["generate"] is not None:
         gen = doc["generate"]
-        if not with_past:
+        if not with_past and not two_files:
             yield problem(("generate",), "generates through the KV cache; add export.with_past: true (a huggingface text-generation model)", key=True)
         if gen.get("prompt") is not None and gen.get("prompt_ids") is not None:
             yield problem(("generate", "prompt_ids"), "give either prompt (text) or prompt_ids (token ids), not both", key=True)

@@ -47,12 +47,16 @@ TASKS: dict[str, TaskInfo] = {
         "top1": True,
         "per_token": True,
     },
+    # Encoder and decoder in two files (onnxbuild/sources/seq2seq.py); export.inputs are the
+    # encoder's, and validation also varies the decoder's new tokens (decoder_sequence).
+    "text2text-generation": {"auto_class": "AutoModelForSeq2SeqLM", "inputs": _TEXT, "outputs": ["logits"], "top1": True, "per_token": True},
     "image-classification": {"auto_class": "AutoModelForImageClassification", "inputs": _IMAGE, "outputs": ["logits"], "top1": True, "per_token": False},
     # A vision tower (ViT, CLIP's vision model, ConvNeXt...): its hidden states; add
     # pooler_output to export.outputs for the pooled embedding.
     "image-feature-extraction": {"auto_class": "AutoModel", "inputs": _IMAGE, "outputs": ["last_hidden_state"], "top1": False, "per_token": False},
 }
 
+SEQ2SEQ_TASKS = frozenset({"text2text-generation"})
 IMAGE_TASKS = frozenset(t for t, info in TASKS.items() if info["inputs"] is _IMAGE)
 
 FIXED_SIZE_IMAGES = frozenset({

@@ -30,25 +30,46 @@ class Variant:
     step: str
     path: str
     precision: str
+    files: tuple[str, ...] = ()
+    """Every ONNX file of the variant when it is more than one (an encoder-decoder's
+    encoder_model.onnx and decoder_model.onnx); ``path`` is then the decoder's."""
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return self.files or (self.path,)
 
     @property
     def validate_step(self) -> str:
         """The step that validates it: ``validate`` for the exported model, ``validate.<name>`` else."""
         return "validate" if self.name == "model" else f"validate.{self.name}"
 
-    def as_param(self) -> dict[str, str]:
+    def as_param(self) -> dict[str, Any]:
         """How a step's params name it (generate, benchmark)."""
-        return {"name": self.name, "path": self.path, "precision": self.precision}
+        return {"name": self.name, "path": self.path, "precision": self.precision, **({"files": list(self.files)} if self.files else {})}
+
+
+def model_files(recipe: Recipe) -> tuple[str, ...]:
+    """The ONNX files of the exported model: model.onnx, or the source kind's several files."""
+    from onnxbuild.sources import source_module
+
+    kind_files = getattr(source_module(recipe.source_kind), "files", None)
+    return tuple(kind_files(recipe.source)) if kind_files is not None and recipe.torch_source else (MODEL,)
 
 
 def variants(recipe: Recipe) -> list[Variant]:
     r = recipe.resolved
     base = "export" if recipe.torch_source else "source"
-    out = [Variant("model", base, MODEL, "fp32")]
+    names = model_files(recipe)
+
+    def variant(name: str, step: str, folder: str, precision: str) -> Variant:
+        files = tuple(f"{folder}{n}" for n in names)
+        return Variant(name, step, files[-1], precision, files if len(files) > 1 else ())
+
+    out = [variant("model", base, "", "fp32")]
     if r.get("optimize"):
-        out.append(Variant("optimized", "optimize", "optimized/model.onnx", "fp16" if r["optimize"]["float16"] else "fp32"))
+        out.append(variant("optimized", "optimize", "optimized/", "fp16" if r["optimize"]["float16"] else "fp32"))
     for q in r.get("quantize", []):
-        out.append(Variant(q["name"], f"quantize.{q['name']}", f"{q['name']}/model.onnx", "int4" if q["method"] == "int4" else "int8"))
+        out.append(variant(q["name"], f"quantize.{q['name']}", f"{q['name']}/", "int4" if q["method"] == "int4" else "int8"))
     return out
 
 

@@ -252,6 +252,8 @@ def varied_dims(src: dict[str, Any]) -> tuple[str, ...]:
     mistake is caught: batch and sequence for text, batch and the image size (where the
     model takes any) for images."""
     dims = [d for t in default_io(src)[0] for d in t["shape"] if isinstance(d, str)]
+    if seq2seq(src):
+        dims.append("decoder_sequence")
     return tuple(dict.fromkeys(dims))
 
 
@@ -277,7 +279,10 @@ def fixed_image_size(src: dict[str, Any]) -> bool:
 
 
 def sample_defaults(src: dict[str, Any]) -> dict[str, int]:
-    """Export sample sizes the config gives: an image model's config.image_size."""
+    """Export sample sizes the config gives: an image model's config.image_size; and the
+    decoder's new tokens of an encoder-decoder model."""
+    if seq2seq(src):
+        return {"decoder_sequence": 4}
     size = image_size(src)
     return {"height": size[0], "width": size[1]} if size and not fixed_image_size(src) else {}
 
@@ -298,6 +303,8 @@ def check(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[tuple[Any,
         yield ("source", "huggingface"), f"give exactly one of `model` (Hub id or folder) and `package` (a folder inside an installed package); {got}", True
     from onnxbuild.recipe.tasks import IMAGE_TASKS
 
+    if seq2seq(src):
+        yield from _check_seq2seq(doc)
     if src.get("task") not in IMAGE_TASKS:
         return
     config = _config(src)
@@ -310,6 +317,29 @@ def check(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[tuple[Any,
         ), False
     if (doc.get("validate") or {}).get("sentences") is not None:
         yield ("validate", "sentences"), f"task {src['task']} takes images (pixel_values), not text; remove validate.sentences", True
+
+
+def _check_seq2seq(doc: dict[str, Any]) -> Iterable[tuple[tuple[Any, ...], str, bool]]:
+    """What an encoder-decoder's two files do not support (yet), said at the recipe."""
+    export = doc.get("export") or {}
+    if export.get("with_past"):
+        yield ("export", "with_past"), (
+            "an encoder-decoder's decoder_model.onnx always takes its cache (past_key_values.*) and the encoder has none; remove with_past"
+        ), True
+    if export.get("exporter") == "dynamo":
+        yield ("export", "exporter"), "text2text-generation exports with torchscript (the decoder's cache is traced from flat tensors); remove exporter: dynamo", False
+    for section in ("optimize", "benchmark"):
+        if doc.get(section) is not None:
+            yield (section,), f"not yet supported for a text2text-generation model's two files; remove {section} (validate, quantize and generate are)", True
+    for i, q in enumerate(doc.get("quantize") or []):
+        if isinstance(q, dict) and q.get("method") == "static":
+            yield ("quantize", i, "method"), "static calibration of an encoder-decoder is not supported; use method: dynamic (or int4)", False
+    validate = doc.get("validate") or {}
+    for key in ("sentences", "accuracy"):
+        if validate.get(key) is not None:
+            yield ("validate", key), f"not available for text2text-generation (validation compares encoder states and decoder logits); remove validate.{key}", True
+    if isinstance(doc.get("generate"), dict) and doc["generate"].get("sampling") is not None:
+        yield ("generate", "sampling"), "text2text-generation compares greedy decoding only; remove generate.sampling", True
 
 
 def default_io(src: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
@@ -332,6 +362,18 @@ def top1(src: dict[str, Any]) -> bool:
     from onnxbuild.recipe.tasks import TASKS
 
     return bool(TASKS[src["task"]]["top1"])
+
+
+def seq2seq(src: dict[str, Any]) -> bool:
+    """An encoder-decoder model: two files (encoder_model.onnx, decoder_model.onnx)."""
+    from onnxbuild.recipe.tasks import SEQ2SEQ_TASKS
+
+    return src.get("task") in SEQ2SEQ_TASKS
+
+
+def files(src: dict[str, Any]) -> tuple[str, ...]:
+    """The ONNX files one variant of this model is made of."""
+    return ("encoder_model.onnx", "decoder_model.onnx") if seq2seq(src) else ("model.onnx",)
 
 
 def decoder(src: dict[str, Any]) -> bool:

@@ -7,6 +7,7 @@ goes in and out (with symbolic dimensions), which ops, how many parameters.
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from onnxbuild._util import brief, pretty_json
@@ -24,40 +25,56 @@ MEMORY = (2, 300)
 
 
 def plan(p: Planning) -> list[StepSpec]:
+    """The exported model's file, or each of its files (an encoder-decoder's two)."""
+    files = p.variants[0].paths if p.variants else (MODEL,)
+    extra = [f"reports/check.{Path(f).stem}.{ext}" for f in files[:-1] for ext in ("json", "md")]
     return [
         StepSpec(
             name="check",
             kind="check",
-            params={},
+            params={"files": list(files)} if len(files) > 1 else {},
             deps=(p.model_step,),
-            inputs=(StepInput(p.model_step, MODEL),),
-            outputs=("reports/check.json", "reports/check.md"),
+            inputs=tuple(StepInput(p.model_step, f) for f in files),
+            outputs=("reports/check.json", "reports/check.md", *extra),
         )
     ]
 
 
 def run(ctx: StepContext, spec: StepSpec) -> StepResult:
+    """reports/check.json describes the last file (the decoder of two); the others get
+    reports/check.<name>.json beside it."""
+    files = spec.params.get("files", [MODEL])
+    summaries = []
+    report: CheckReport | None = None
+    for i, name in enumerate(files):
+        report = _check(ctx.input(name), name, ctx.output_dir)
+        stem = "check" if i == len(files) - 1 else f"check.{Path(name).stem}"
+        ctx.output(f"reports/{stem}.json").write_text(pretty_json(report), encoding="utf-8")
+        ctx.output(f"reports/{stem}.md").write_text(markdown(report, ctx.recipe_name), encoding="utf-8")
+        summaries.append(f"{report['nodes']} nodes, {report['parameters']:,} parameters" + (f" ({name})" if len(files) > 1 else ""))
+    assert report is not None
+    return StepResult(
+        summary=f"ok: {'; '.join(summaries)}, opset {report['opsets'].get('', '?')}",
+        data={"parameters": report["parameters"], "nodes": report["nodes"]},
+    )
+
+
+def _check(path: Path, name: str, scratch: Path) -> CheckReport:
     import onnx
 
-    path = ctx.input("model.onnx")
     try:
         onnx.checker.check_model(str(path), full_check=True)
     except Exception as exc:
-        raise StepError(f"the ONNX checker rejected model.onnx: {brief(exc, lines=3, limit=600)}") from None
+        raise StepError(f"the ONNX checker rejected {name}: {brief(exc, lines=3, limit=600)}") from None
     model = onnx.load_model(str(path), load_external_data=False)
+    inferred = scratch / "inferred.onnx"
     try:
-        onnx.shape_inference.infer_shapes_path(str(path), str(ctx.output_dir / "inferred.onnx"), strict_mode=True, check_type=True)
+        onnx.shape_inference.infer_shapes_path(str(path), str(inferred), strict_mode=True, check_type=True)
     except Exception as exc:
-        raise StepError(f"strict shape inference failed on model.onnx: {brief(exc, lines=3, limit=600)}") from None
+        raise StepError(f"strict shape inference failed on {name}: {brief(exc, lines=3, limit=600)}") from None
     finally:
-        (ctx.output_dir / "inferred.onnx").unlink(missing_ok=True)
-    report = inspect(model, path)
-    ctx.output("reports/check.json").write_text(pretty_json(report), encoding="utf-8")
-    ctx.output("reports/check.md").write_text(markdown(report, ctx.recipe_name), encoding="utf-8")
-    return StepResult(
-        summary=f"ok: {report['nodes']} nodes, {report['parameters']:,} parameters, opset {report['opsets'].get('', '?')}",
-        data={"parameters": report["parameters"], "nodes": report["nodes"]},
-    )
+        inferred.unlink(missing_ok=True)
+    return inspect(model, path)
 
 
 def inspect(model: Any, path: Any) -> CheckReport:

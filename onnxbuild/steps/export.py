@@ -19,7 +19,8 @@ from onnxbuild._util import brief
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.recipe.sections import ExportSection
-from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD
+from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD, model_files
+from onnxbuild.sources import source_module
 from onnxbuild.sources.torchmodel import (
     full_export,
     input_specs,
@@ -36,7 +37,6 @@ VERSION = 3
 PACKAGES = ("torch", "transformers", "onnx", "onnxscript")
 
 PROTOBUF_LIMIT = 2_000_000_000
-DATA_NAME = "model.onnx.data"
 
 
 MEMORY = (5, 600)
@@ -54,7 +54,7 @@ def plan(p: Planning) -> list[StepSpec]:
             params={"source": r["source"], "export": r["export"]},
             deps=("source",),
             inputs=(StepInput("source", SOURCE_RECORD),),
-            outputs=(MODEL, "config.json") if p.recipe.source_kind == "huggingface" else (MODEL,),
+            outputs=(*model_files(p.recipe), "config.json") if p.recipe.source_kind == "huggingface" else (MODEL,),
         )
     ]
 
@@ -75,6 +75,8 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     device = torch.device(export["device"])
     record = read_source_record(ctx)
     model = load_source_model(source, record, ctx.recipe_dir).to(device)
+    if "huggingface" in source and source_module("huggingface").seq2seq(source["huggingface"]):
+        return _seq2seq(ctx, model, source, record, export)
     export = full_export(export, model)
     names = [t["name"] for t in export["inputs"]]
     wrapped = wrap(model, source, names, export["outputs"])
@@ -118,6 +120,55 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         extra += companion_files(ctx, model, source, record, export)
     summary = f"{export['exporter']} exporter, opset {export['opset']}, {out.stat().st_size / 1e6:.1f} MB"
     return StepResult(summary=summary, data={"exporter": export["exporter"], "opset": export["opset"]}, extra_outputs=extra)
+
+
+def _seq2seq(ctx: StepContext, model: Any, source: dict[str, Any], record: dict[str, Any], export: ExportSection) -> StepResult:
+    """An encoder-decoder model as encoder_model.onnx and decoder_model.onnx (TorchScript:
+    the decoder's cache is rebuilt from flat tensors, which it traces faithfully)."""
+    import torch
+
+    from onnxbuild.sources import seq2seq
+
+    layout = seq2seq.layout_of(model.config)
+    sample = make_inputs(input_specs(source, export, natural=False), export["sample"], seed=0, vocab=vocab_size(model))
+    ids, mask = torch.from_numpy(sample["input_ids"]), torch.from_numpy(sample["attention_mask"])
+    encoder, decoder = seq2seq.encoder_module(model), seq2seq.decoder_module(model, layout)
+    batch = ids.shape[0]
+    steps = int(export["sample"].get("decoder_sequence", seq2seq.DEFAULT_DECODER_SEQUENCE))
+    past_len = int(export["sample"].get("past_sequence", 4))
+    generator = torch.Generator().manual_seed(0)
+    decoder_ids = torch.randint(0, int(model.config.vocab_size), (batch, steps), generator=generator)
+    past = tuple(torch.randn((batch, layout.kv_heads, past_len, layout.head_dim), generator=generator) for _ in layout.past_names)
+    with torch.no_grad():
+        try:
+            (hidden,) = encoder(ids, mask)
+            decoder(decoder_ids, hidden, mask, *past)
+        except Exception as exc:
+            raise StepError(f"the model failed on the export sample ({_describe(sample)}): {type(exc).__name__}: {brief(exc, limit=400)}") from None
+    dec_inputs, dec_outputs, dec_axes = seq2seq.decoder_io(layout, int(hidden.shape[-1]))
+    token_axes = {0: "batch", 1: "sequence"}
+    jobs = [
+        (seq2seq.ENCODER, encoder, (ids, mask), ["input_ids", "attention_mask"], [seq2seq.ENCODER_OUTPUT], {"input_ids": token_axes, "attention_mask": token_axes, seq2seq.ENCODER_OUTPUT: token_axes}),
+        (seq2seq.DECODER, decoder, (decoder_ids, hidden, mask, *past), [t["name"] for t in dec_inputs], dec_outputs, dec_axes),
+    ]
+    extra: tuple[str, ...] = ()
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    for name, module, args, inputs, outputs, axes in jobs:
+        out = ctx.output(name)
+        with tempfile.TemporaryDirectory(dir=ctx.output_dir) as tmp:
+            raw = Path(tmp) / name
+            try:
+                torch.onnx.export(
+                    module, args, str(raw), dynamo=False, input_names=inputs, output_names=outputs, dynamic_axes=axes,
+                    opset_version=export["opset"], do_constant_folding=export["constant_folding"],
+                )
+            except Exception as exc:
+                raise StepError(f"torch.onnx.export of {name} failed: {type(exc).__name__}: {brief(exc, lines=4, limit=600)}") from None
+            extra += _finalise(raw, out, export, params)
+    extra += companion_files(ctx, model, source, record, export)
+    sizes = ", ".join(f"{name} {ctx.output(name).stat().st_size / 1e6:.1f} MB" for name, *_ in jobs)
+    summary = f"torchscript exporter, opset {export['opset']}: {sizes}; decoder cache {layout.layers} layers x {layout.kv_heads} heads x {layout.head_dim}"
+    return StepResult(summary=summary, data={"exporter": "torchscript", "opset": export["opset"]}, extra_outputs=extra)
 
 
 def _tensorflow(ctx: StepContext, source: dict[str, Any], export: ExportSection) -> StepResult:
@@ -203,8 +254,9 @@ def _finalise(raw: Path, out: Path, export: ExportSection, param_bytes: int) -> 
     model = onnx.load_model(str(raw), load_external_data=True)
     _strip_metadata(model)
     if external:
-        onnx.save_model(model, str(out), save_as_external_data=True, all_tensors_to_one_file=True, location=DATA_NAME, size_threshold=1024)
-        return (DATA_NAME,)
+        location = f"{out.name}.data"  # model.onnx.data: a fixed name, so the bytes are reproducible
+        onnx.save_model(model, str(out), save_as_external_data=True, all_tensors_to_one_file=True, location=location, size_threshold=1024)
+        return (location,)
     onnx.save_model(model, str(out))
     return ()
 

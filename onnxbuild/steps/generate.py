@@ -43,7 +43,7 @@ def plan(p: Planning) -> list[StepSpec]:
                 "variants": [v.as_param() for v in p.variants],
             },
             deps=tuple(dict.fromkeys(["source", *(v.step for v in p.variants)])),
-            inputs=(StepInput("source", SOURCE_RECORD), *(StepInput(v.step, v.path) for v in p.variants)),
+            inputs=(StepInput("source", SOURCE_RECORD), *(StepInput(v.step, f) for v in p.variants for f in v.paths)),
             outputs=("reports/generation.json", "reports/generation.md"),
         )
     ]
@@ -106,6 +106,83 @@ def teacher_forced(decoder: Any, prompt: Any, ref_tokens: Any) -> float:
     return float((predicted == ref_tokens).mean())
 
 
+def _aligned(ref: Any, got: Any) -> dict[str, Any]:
+    """compare_runs for generations that may stop at end-of-text at different steps: compared
+    over the shorter, and a different length is a divergence where the shorter stopped."""
+    from onnxbuild.sources.decoder import Generation
+
+    length = min(ref.tokens.shape[1], got.tokens.shape[1])
+    cut = compare_runs(Generation(ref.tokens[:, :length], ref.logits[:length]), Generation(got.tokens[:, :length], got.logits[:length]))
+    if cut["identical"] and ref.tokens.shape[1] != got.tokens.shape[1]:
+        cut = {**cut, "identical": False, "first_divergence": length}
+    return {**cut, "tokens": got.tokens[0].tolist()}
+
+
+def _seq2seq(ctx: StepContext, spec: StepSpec, gen: GenerateSection, model: Any, prompt: Any, tokenizer: Any, record: dict[str, Any]) -> StepResult:
+    """An encoder-decoder: greedy decoding over encoder_model.onnx and decoder_model.onnx
+    against transformers' generate() (stopping at end-of-text, as both do), per-step logits
+    compared, and a teacher-forced pass over PyTorch's tokens for quantized variants."""
+    import numpy as np
+
+    from onnxbuild.sources.seq2seq import OrtSeq2Seq, hf_generate, start_token
+
+    n = int(gen["max_new_tokens"])
+    mask = np.ones_like(prompt)
+    reference = hf_generate(model, prompt, mask, n)
+    start, eos = start_token(model.config), getattr(model.config, "eos_token_id", None)
+    del model
+    results: dict[str, Any] = {}
+    problems: list[str] = []
+    for variant in spec.params["variants"]:
+        runner = OrtSeq2Seq.load(*(ctx.input(f) for f in variant["files"]))
+        got = runner.generate(prompt, mask, start, n, eos)
+        greedy_cmp = _aligned(reference, got)
+        forced_ids = np.concatenate([np.full((1, 1), start, dtype=np.int64), reference.tokens[:, :-1]], axis=1)
+        logits, _ = runner.step(forced_ids, runner.encode(prompt, mask), mask, runner.empty_past(1))
+        forced = float((np.asarray(logits).argmax(-1) == reference.tokens).mean())
+        entry: dict[str, Any] = {"precision": variant["precision"], "greedy": greedy_cmp, "teacher_forced_agreement": forced}
+        exact = variant["precision"] == "fp32"
+        if exact:
+            entry["passed"] = greedy_cmp["identical"]
+            if not greedy_cmp["identical"]:
+                i = greedy_cmp["first_divergence"]
+                theirs = int(reference.tokens[0, i]) if i < reference.tokens.shape[1] else "end"
+                ours = greedy_cmp["tokens"][i] if i < len(greedy_cmp["tokens"]) else "end"
+                problems.append(f"{variant['name']}: greedy tokens diverge from PyTorch's at new token {i} (ONNX Runtime {ours}, PyTorch {theirs})")
+        else:
+            floor = gen["agreement_min"]
+            entry["passed"] = floor is None or forced >= floor
+            if not entry["passed"]:
+                problems.append(f"{variant['name']}: teacher-forced token agreement {forced:.3f} is below generate.agreement_min {floor}")
+        entry["rule"] = "greedy tokens identical to PyTorch" if exact else (f"teacher-forced agreement >= {gen['agreement_min']}" if gen["agreement_min"] is not None else "reported only (set generate.agreement_min to gate)")
+        if tokenizer is not None:
+            entry["text"] = tokenizer.decode(greedy_cmp["tokens"], skip_special_tokens=True)
+        results[variant["name"]] = entry
+    report = {
+        "passed": not problems,
+        "weights": record.get("weights"),
+        "prompt_ids": prompt[0].tolist(),
+        "prompt": gen["prompt"],
+        "max_new_tokens": n,
+        "pytorch": {
+            "greedy_tokens": reference.tokens[0].tolist(),
+            "text": tokenizer.decode(reference.tokens[0].tolist(), skip_special_tokens=True) if tokenizer is not None else None,
+            "sampling_tokens": None,
+        },
+        "sampling": None,
+        "variants": results,
+    }
+    ctx.output("reports/generation.json").write_text(pretty_json(report), encoding="utf-8")
+    ctx.output("reports/generation.md").write_text(markdown(report, ctx.recipe_name), encoding="utf-8")
+    verdicts = ", ".join(f"{name} " + ("identical" if r["greedy"]["identical"] else f"agreement {r['teacher_forced_agreement']:.2f}") for name, r in results.items())
+    if problems:
+        raise StepError("generation does not match PyTorch: " + "; ".join(problems) + f". Report: artifacts/{ctx.recipe_name}/failed/{spec.name}/reports/generation.md")
+    return StepResult(
+        summary=f"{reference.tokens.shape[1]} new tokens (encoder-decoder) vs PyTorch generate: {verdicts}",
+        data={"passed": True, "identical": [k for k, r in results.items() if r["greedy"]["identical"]]},
+    )
+
+
 def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     import onnxruntime as ort
 
@@ -118,6 +195,8 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     vocab = vocab_size(model) or 0
     prompt, tokenizer = prompt_ids(gen, source, record, ctx.recipe_dir, vocab)
     n = int(gen["max_new_tokens"])
+    if any(v.get("files") for v in spec.params["variants"]):
+        return _seq2seq(ctx, spec, gen, model, prompt, tokenizer, record)
     reference = hf_generate(model, prompt, n)
     sampling = Sampling(gen["seed"], float(gen["sampling"]["temperature"]), int(gen["sampling"]["top_k"])) if gen["sampling"] is not None else None
     sampled_ref = torch_generate(model, prompt, n, sampling.chooser()) if sampling else None

@@ -47,13 +47,14 @@ def plan(p: Planning) -> list[StepSpec]:
                 params={
                     "quantize": q,
                     "input": base.path,
+                    **({"files": list(base.files)} if base.files else {}),
                     "inputs": r["export"]["inputs"] if p.recipe.torch_source else [],
                     "shapes": r["validate"]["shapes"] if p.recipe.torch_source else [],
                     "vocab_size": vocab_size(p.recipe),
                 },
                 deps=(base.step,),
-                inputs=(StepInput(base.step, base.path),),
-                outputs=(f"{q['name']}/model.onnx",),
+                inputs=tuple(StepInput(base.step, f) for f in base.paths),
+                outputs=tuple(f"{q['name']}/{Path(f).name}" for f in base.paths),
             )
         )
     return steps
@@ -63,6 +64,8 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     import onnx
 
     q = cast(QuantizeSection, spec.params["quantize"])
+    if spec.params.get("files"):
+        return _each_file(ctx, spec, q)
     src = ctx.input(spec.params["input"])
     out = ctx.output(f"{q['name']}/model.onnx")
     try:
@@ -91,6 +94,26 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         summary += f", kept in full precision: {', '.join(kept)}"
     beside = genai_beside(ctx, spec.params["input"], q["name"])
     return StepResult(summary=summary, data={"bytes_in": size_in, "bytes_out": size_out, "quantized_nodes": quantized}, extra_outputs=beside)
+
+
+def _each_file(ctx: StepContext, spec: StepSpec, q: QuantizeSection) -> StepResult:
+    """A multi-file model (an encoder and a decoder): each file quantized the same way."""
+    parts = []
+    size_in = size_out = 0
+    for name in spec.params["files"]:
+        src, out = ctx.input(name), ctx.output(f"{q['name']}/{Path(name).name}")
+        try:
+            if q["method"] == "dynamic":
+                _dynamic(src, out, q)
+            else:
+                _int4(src, out, q)
+        except Exception as exc:
+            raise StepError(f"quantize.{q['name']} ({q['method']}) failed on {Path(name).name}: {type(exc).__name__}: {str(exc)[:500]}") from None
+        size_in, size_out = size_in + src.stat().st_size, size_out + out.stat().st_size
+        parts.append(f"{Path(name).name} {src.stat().st_size / 1e6:.1f} -> {out.stat().st_size / 1e6:.1f} MB")
+    for extra in ctx.output(q["name"]).glob("*.onnx.data"):
+        extra.unlink()
+    return StepResult(summary=f"{q['method']}: {'; '.join(parts)} ({size_out / size_in:.0%})", data={"bytes_in": size_in, "bytes_out": size_out})
 
 
 def _dynamic(src: Path, out: Path, q: QuantizeSection) -> None:

@@ -73,6 +73,8 @@ def plan(p: Planning) -> list[StepSpec]:
     for v in p.variants:
         name = v.validate_step
         params = {"source": r["source"], "export": r["export"], "validate": {**r["validate"], **tolerances(p.recipe, v)}, "variant": v.name, "model_path": v.path}
+        if v.files:
+            params["files"] = list(v.files)
         if v.name in web_variants:
             params["web"] = True  # meant for the browser: validated in onnxruntime-web too
         steps.append(
@@ -81,7 +83,7 @@ def plan(p: Planning) -> list[StepSpec]:
                 kind="validate",
                 params=params,
                 deps=tuple(dict.fromkeys(("source", v.step))),
-                inputs=(StepInput("source", SOURCE_RECORD), StepInput(v.step, v.path)),
+                inputs=(StepInput("source", SOURCE_RECORD), *(StepInput(v.step, f) for f in v.paths)),
                 outputs=(f"reports/validation/{v.name}.json", f"reports/validation/{v.name}.md"),
             )
         )
@@ -147,9 +149,14 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
 
     source, export = spec.params["source"], cast(ExportSection, spec.params["export"])
     validate = cast(ValidateSection, spec.params["validate"])
-    variant = spec.params.get("variant", "model")
     record = read_source_record(ctx)
     model = load_source_model(source, record, ctx.recipe_dir)
+    if spec.params.get("files"):
+        from onnxbuild.sources.seq2seq import validate_files
+
+        checked = validate_files(model, export, validate, [ctx.input(f) for f in spec.params["files"]], compare)
+        shape_results = [cast(ShapeResult, c) for c in checked.results]
+        return _finish(ctx, spec, record, source, validate, shape_results, checked.top1_hits, checked.top1_total, None, None, "")
     export = full_export(export, model)
     names = [t["name"] for t in export["inputs"]]
     wrapped = wrap(model, source, names, export["outputs"])
@@ -166,7 +173,6 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         raise StepError(f"ONNX Runtime cannot load model.onnx: {brief(exc, lines=None, limit=500)}") from None
 
     rtol, atol = float(validate["rtol"]), float(validate["atol"])
-    top1_min = validate.get("top1_min")
     results: list[ShapeResult] = []
     model_file = ctx.input(spec.params.get("model_path", "model.onnx"))
     web_target = bool(spec.params.get("web"))
@@ -226,6 +232,27 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         feeds, mask = sentence_inputs(tokenizer, validate["sentences"], specs, validate["shapes"][0])
         embeddings = _embeddings(feeds, mask, validate.get("cosine_min"), wrapped, session, export)
 
+    return _finish(ctx, spec, record, source, validate, results, top1_hits, top1_total, accuracy, embeddings, web_note, provider)
+
+
+def _finish(
+    ctx: StepContext,
+    spec: StepSpec,
+    record: dict[str, Any],
+    source: dict[str, Any],
+    validate: ValidateSection,
+    results: list[ShapeResult],
+    top1_hits: int,
+    top1_total: int,
+    accuracy: Any,
+    embeddings: Any,
+    web_note: str,
+    provider: str = "CPUExecutionProvider",
+) -> StepResult:
+    """The verdict, the report files and the step's summary."""
+    variant = spec.params.get("variant", "model")
+    rtol, atol = float(validate["rtol"]), float(validate["atol"])
+    top1_min = validate.get("top1_min")
     top1 = {"agreement": top1_hits / top1_total, "tokens": top1_total, "min": top1_min, "passed": top1_min is None or top1_hits / top1_total >= float(top1_min)} if top1_total else None
     passed = all(r["passed"] for r in results) and all(c is None or c["passed"] for c in (accuracy, embeddings, top1))
     report = {
