@@ -58,6 +58,9 @@ def run(artifact: str | Path, prompt: str, *, max_new_tokens: int = 32, variant:
 
     from onnxbuild.sources.decoder import OrtDecoder, greedy
 
+    pair = encoder_decoder(artifact, variant)
+    if pair is not None:
+        return _run_seq2seq(*pair, prompt, max_new_tokens)
     path = model_path(artifact, variant)
     folder = path.parent if (path.parent / "config.json").is_file() or variant == "model" else path.parent.parent
     options = ort.SessionOptions()
@@ -105,6 +108,66 @@ def run(artifact: str | Path, prompt: str, *, max_new_tokens: int = 32, variant:
     new = [int(t) for t in out.tokens[0]]
     text = tokenizer.decode(new, skip_special_tokens=True) if tokenizer is not None else None
     return RunResult(path, list(map(int, ids)), new, text, used_template, seconds, bool(isinstance(eos, int) and new and new[-1] == eos))
+
+
+def encoder_decoder(artifact: str | Path, variant: str) -> tuple[Path, Path, Path] | None:
+    """(encoder file, decoder file, folder with config.json) when ``artifact`` is an
+    encoder-decoder's artifact folder (encoder_model.onnx and decoder_model.onnx)."""
+    folder = Path(artifact)
+    where = folder if variant == "model" else folder / variant
+    if not (folder.is_dir() and (where / "encoder_model.onnx").is_file() and (where / "decoder_model.onnx").is_file()):
+        return None
+    return where / "encoder_model.onnx", where / "decoder_model.onnx", folder
+
+
+def _run_seq2seq(encoder: Path, decoder: Path, folder: Path, prompt: str, max_new_tokens: int) -> RunResult:
+    """Text (or token ids) in for T5/BART/Marian; a .npy file of log-mel features for Whisper."""
+    import numpy as np
+
+    from onnxbuild.sources.seq2seq import OrtSeq2Seq
+
+    try:
+        runner = OrtSeq2Seq.load(encoder, decoder)
+    except Exception as exc:
+        raise UsageError(f"{folder}: ONNX Runtime cannot load its encoder and decoder: {brief(exc)}") from None
+    config = _json(folder / "config.json")
+    generation = _json(folder / "generation_config.json")
+    wants = {i.name: i.shape for i in runner.encoder.get_inputs()}
+    tokenizer = _tokenizer(folder)
+    ids: list[int] = []
+    if "input_features" in wants:
+        shape = [d for d in wants["input_features"]]
+        try:
+            features = np.load(prompt).astype(np.float32)
+        except (OSError, ValueError):
+            raise UsageError(f"--prompt: a speech model takes log-mel features: give a .npy file of shape {shape[1:]} (got {prompt!r})") from None
+        features = features[None] if features.ndim == 2 else features
+        if list(features.shape[1:]) != list(shape[1:]):
+            raise UsageError(f"--prompt: {prompt} holds features of shape {list(features.shape[1:])}; this model takes {shape[1:]} (mel bins x frames)")
+        feeds = {"input_features": features}
+    else:
+        if tokenizer is not None:
+            ids = list(tokenizer.encode(prompt))
+        else:
+            try:
+                ids = [int(t) for t in prompt.replace(",", " ").split()]
+            except ValueError:
+                raise UsageError(f"{folder} has no tokenizer files, so --prompt must be token ids (e.g. --prompt '13 8774 55')") from None
+        if not ids:
+            raise UsageError("--prompt: no tokens to start from; give some text or token ids")
+        vocab = int(config.get("vocab_size") or 0)
+        if vocab and max(ids) >= vocab:
+            raise UsageError(f"--prompt: token id {max(ids)} is outside the vocabulary (size {vocab})")
+        feeds = {"input_ids": np.asarray([ids], dtype=np.int64), "attention_mask": np.ones((1, len(ids)), dtype=np.int64)}
+    start = generation.get("decoder_start_token_id", config.get("decoder_start_token_id", config.get("pad_token_id", 0)))
+    eos = generation.get("eos_token_id", config.get("eos_token_id"))
+    eos = eos[0] if isinstance(eos, list) and eos else eos
+    t0 = time.perf_counter()
+    out = runner.generate(feeds, int(start or 0), max_new_tokens, eos if isinstance(eos, int) else None)
+    seconds = time.perf_counter() - t0
+    new = [int(t) for t in out.tokens[0]]
+    text = tokenizer.decode(new, skip_special_tokens=True) if tokenizer is not None else None
+    return RunResult(decoder, ids, new, text, False, seconds, bool(isinstance(eos, int) and new and new[-1] == eos))
 
 
 def _json(path: Path) -> dict[str, Any]:

@@ -92,7 +92,7 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
     "enum-dtype": ("7:26", 'source.graph.inputs[0].dtype: must be one of: float32, float16, bfloat16, float64, int8, uint8, int16, int32, int64, bool (got "float33")'),
     "enum-quantize-method": ("17:24", 'quantize[0].method: must be one of: dynamic, static, int4 (got "int3")'),
     "enum-optimize-level": ("16:19", 'optimize.level: must be one of: none, basic, extended, layout, all (got "max")'),
-    "enum-task": ("6:11", 'source.huggingface.task: must be one of: feature-extraction, text-classification, token-classification, question-answering, fill-mask, text-generation, text2text-generation, image-classification, image-feature-extraction (got "translation")'),
+    "enum-task": ("6:11", 'source.huggingface.task: must be one of: feature-extraction, text-classification, token-classification, question-answering, fill-mask, text-generation, text2text-generation, automatic-speech-recognition, image-classification, image-feature-extraction (got "translation")'),
     "enum-exporter": ("9:20", 'export.exporter: must be one of: torchscript, dynamo (got "onnx")'),
     "enum-on-fail": ("9:21", 'validate.on_fail: must be one of: error, warn (got "ignore")'),
     # tolerances, opsets and other numbers
@@ -130,7 +130,8 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
     "token-classification-with-past": ("10:14", "export.with_past: applies to huggingface text-generation models (this recipe has task token-classification); remove it"),
     "question-answering-image-size": ("10:36", "validate.shapes[0].height: unknown dimension (the inputs use: batch, sequence)"),
     "seq2seq-with-past": ("10:3", "export.with_past: an encoder-decoder's decoder_model.onnx always takes its cache (past_key_values.*) and the encoder has none; remove with_past"),
-    "seq2seq-benchmark": ("9:1", "benchmark: not yet supported for a text2text-generation model's two files; remove benchmark (validate, quantize and generate are)"),
+    "seq2seq-optimize": ("9:1", "optimize: not yet supported for an encoder-decoder model's two files; remove optimize (validate, quantize, generate and benchmark are)"),
+    "speech-sequence-shape": ("10:23", "validate.shapes[0].sequence: unknown dimension (the inputs use: batch, decoder_sequence)"),
     "cosine-without-sentences": ("9:12", "validate.cosine_min: compares sentence embeddings; add validate.sentences (the text to embed)"),
     "pytorch-factory-no-function": ("4:22", 'source.pytorch.factory: must be "path/to/file.py:function" or "package.module:function" (got "mlp.py")'),
     # names that would lead out of artifacts/

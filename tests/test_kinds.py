@@ -19,7 +19,7 @@ from onnxbuild.spec import STEP_KINDS
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = json.loads((ROOT / "onnxbuild" / "recipe" / "schema.json").read_text(encoding="utf-8"))
-RECIPES = sorted([*ROOT.glob("recipes/*.yaml"), *ROOT.glob("tests/data/*.yaml"), *ROOT.glob("tests/data/good/*.yaml"), *ROOT.glob("tests/data/steps/*.yaml")])
+RECIPES = sorted([*ROOT.glob("recipes/*.yaml"), *ROOT.glob("tests/data/*.yaml"), *ROOT.glob("tests/data/tasks/*.yaml"), *ROOT.glob("tests/data/good/*.yaml"), *ROOT.glob("tests/data/steps/*.yaml")])
 
 
 @pytest.mark.parametrize("kind", STEP_KINDS)

@@ -250,7 +250,7 @@ BAD: list[Any] = [
     ),
     pytest.param(
         HF.replace("text-generation", "generation"),
-        ['r.yaml:5:11: source.huggingface.task: must be one of: feature-extraction, text-classification, token-classification, question-answering, fill-mask, text-generation, text2text-generation, image-classification, image-feature-extraction (got "generation")'],
+        ['r.yaml:5:11: source.huggingface.task: must be one of: feature-extraction, text-classification, token-classification, question-answering, fill-mask, text-generation, text2text-generation, automatic-speech-recognition, image-classification, image-feature-extraction (got "generation")'],
         id="task-enum",
     ),
     pytest.param(

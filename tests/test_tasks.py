@@ -117,7 +117,7 @@ def test_a_config_transformers_cannot_build_is_a_step_error_naming_the_config(tm
     assert "source.huggingface.config: transformers cannot build a image-classification model from it (IndexError: list index out of range)" in str(failure)
 
 
-SEQ2SEQ = ("tiny-t5", "tiny-bart", "tiny-marian")
+SEQ2SEQ = ("tiny-t5", "tiny-bart", "tiny-marian", "tiny-whisper")
 
 
 @pytest.mark.parametrize("recipe", SEQ2SEQ)
@@ -125,24 +125,36 @@ def test_an_encoder_decoder_is_two_files_and_generates_as_transformers_does(buil
     folder = built / recipe
     encoder, decoder = signature(folder / "encoder_model.onnx"), signature(folder / "decoder_model.onnx")
     assert not (folder / "model.onnx").exists()
-    assert encoder == {"input_ids": ["batch", "sequence"], "attention_mask": ["batch", "sequence"], "last_hidden_state": ["batch", "sequence", 64]}
-    assert decoder["input_ids"] == ["batch", "decoder_sequence"] and decoder["encoder_hidden_states"] == ["batch", "sequence", 64]
+    if recipe == "tiny-whisper":  # 64 frames of 16 mel bins in, 32 positions out (a stride-2 convolution)
+        assert encoder == {"input_features": ["batch", 16, 64], "last_hidden_state": ["batch", 32, 64]}
+        assert decoder["encoder_hidden_states"] == ["batch", 32, 64] and "encoder_attention_mask" not in decoder
+    else:
+        assert encoder == {"input_ids": ["batch", "sequence"], "attention_mask": ["batch", "sequence"], "last_hidden_state": ["batch", "sequence", 64]}
+        assert decoder["encoder_hidden_states"] == ["batch", "sequence", 64] and decoder["encoder_attention_mask"] == ["batch", "sequence"]
+    assert decoder["input_ids"] == ["batch", "decoder_sequence"]
     assert decoder["past_key_values.1.value"] == ["batch", 4, "past_sequence", 16] and decoder["present.0.key"][2] == "total_sequence"
     assert (folder / "reports" / "check.encoder_model.json").is_file()
+    page = (folder / "report.html").read_text(encoding="utf-8")
+    assert "Build OK" in page and "<code>encoder_model.onnx</code>" in page and "<code>decoder_model.onnx</code>" in page and "decoder_model.onnx:" in page
     # validation runs both files end to end: encoder states, the decoder's first call and one step through its cache
     shapes = read(folder / "reports" / "validation.json")["variants"]["model"]["shapes"]
-    assert [s["shape"] for s in shapes] == [{"batch": 1, "sequence": 1, "decoder_sequence": 1}, {"batch": 2, "sequence": 16, "decoder_sequence": 4}, {"batch": 5, "sequence": 33, "decoder_sequence": 9}]
+    want = [{"batch": 1, "decoder_sequence": 1}, {"batch": 2, "decoder_sequence": 4}, {"batch": 5, "decoder_sequence": 9}]
+    if recipe != "tiny-whisper":  # text in: the encoder's sequence varies too (Whisper's frames are fixed)
+        want = [{**w, "sequence": s} for w, s in zip(want, (1, 16, 33), strict=True)]
+    assert [s["shape"] for s in shapes] == want
     assert {"encoder.last_hidden_state", "decoder.logits", "decoder.present.1.value", "decoder.next_step.logits"} <= set(shapes[2]["outputs"])
     generation = read(folder / "reports" / "generation.json")
     model = generation["variants"]["model"]
     assert generation["passed"] and model["greedy"]["identical"] and model["greedy"]["tokens"] == generation["pytorch"]["greedy_tokens"]
     assert model["greedy"]["logits_max_abs_diff"] < 1e-4 and model["teacher_forced_agreement"] == 1.0
+    # seeded sampling (on by default): both engines draw with the same random numbers
+    assert model["sampling"]["identical"] and len(generation["pytorch"]["sampling_tokens"]) == 8
 
 
 def test_random_weights_generate_text_that_is_not_one_repeated_token(built: Path) -> None:
-    """So the identical-tokens check above compares something: BART's and Marian's untied
-    random heads give eight tokens with several values."""
-    for recipe in ("tiny-bart", "tiny-marian"):
+    """So the identical-tokens check above compares something: BART's, Marian's and
+    Whisper's untied random heads give eight tokens with several values."""
+    for recipe in ("tiny-bart", "tiny-marian", "tiny-whisper"):
         tokens = read(built / recipe / "reports" / "generation.json")["pytorch"]["greedy_tokens"]
         assert len(tokens) == 8 and len(set(tokens)) >= 3, (recipe, tokens)
 
@@ -155,3 +167,52 @@ def test_each_file_of_an_encoder_decoder_is_quantized_and_validated_together(bui
     int8 = read(folder / "reports" / "validation.json")["variants"]["int8"]
     assert int8["passed"] and len(int8["shapes"]) == 3 and int8["top1"]["min"] == 0.85
     assert read(folder / "reports" / "generation.json")["variants"]["int8"]["rule"] == "reported only (set generate.agreement_min to gate)"
+
+
+def test_onnxbuild_run_decodes_an_encoder_decoder_folder_as_the_build_did(built: Path, tmp_path: Path) -> None:
+    import numpy as np
+
+    from onnxbuild.errors import UsageError
+    from onnxbuild.generation import run
+
+    generation = read(built / "tiny-bart" / "reports" / "generation.json")
+    prompt = " ".join(map(str, generation["prompt_ids"]))
+    for variant in ("model", "int8"):
+        got = run(built / "tiny-bart", prompt, max_new_tokens=8, variant=variant)
+        assert got.new_ids == generation["variants"][variant]["greedy"]["tokens"], variant
+    # speech in: a .npy file of log-mel features of the model's one shape
+    features = tmp_path / "features.npy"
+    np.save(features, np.zeros((16, 64), dtype=np.float32))
+    assert len(run(built / "tiny-whisper", str(features), max_new_tokens=3).new_ids) >= 1
+    np.save(features, np.zeros((16, 10), dtype=np.float32))
+    with pytest.raises(UsageError, match=r"holds features of shape \[16, 10\]; this model takes \[16, 64\] \(mel bins x frames\)"):
+        run(built / "tiny-whisper", str(features))
+
+
+def test_an_encoder_decoder_is_benchmarked_first_token_decode_step_and_generation_beside_pytorch(built: Path) -> None:
+    bench = read(built / "tiny-bart" / "benchmark.json")
+    assert [(r["variant"], r["shape"]) for r in bench["results"]] == [("model", {"batch": 1, "sequence": 128}), ("int8", {"batch": 1, "sequence": 128})]
+    assert bench["baseline"][0]["engine"] == "pytorch" and bench["encoder_decoder"] == {"cached_tokens": 16}
+    engines = [(d["engine"], d["variant"], d["new_tokens"]) for d in bench["decode"]]
+    assert engines == [("pytorch", None, 4), ("onnxruntime", "model", 4), ("onnxruntime", "int8", 4)]
+    assert all(d["decode_p50_ms"] > 0 and d["tokens_per_s"] > 0 for d in bench["decode"])
+    files = sum((built / "tiny-bart" / "int8" / f).stat().st_size for f in ("encoder_model.onnx", "decoder_model.onnx"))
+    assert bench["results"][1]["file_bytes"] == files
+    assert "decoder step through a cache of 16 tokens" in (built / "tiny-bart" / "benchmark.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    ("task", "config"),
+    [
+        ("image-classification", "{model_type: [], image_size: 32}"),  # found by test_fuzz: an unhashable model_type
+        ("image-classification", "{model_type: resnet, num_channels: many, image_size: 32}"),
+        ("automatic-speech-recognition", "{model_type: whisper, num_mel_bins: -1, max_source_positions: [1]}"),
+    ],
+)
+def test_odd_config_values_resolve_to_the_defaults_transformers_would_use(tmp_path: Path, task: str, config: str) -> None:
+    """The config is transformers' to judge (when it builds the model); resolving the recipe
+    must not crash on it."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"name: odd\nsource:\n  huggingface:\n    model: x/y\n    task: {task}\n    offline: random-init\n    config: {config}\n", encoding="utf-8")
+    [pixels] = onnxbuild.load_recipe(recipe).resolved["export"]["inputs"]
+    assert pixels["shape"][:2] == ["batch", 80 if task == "automatic-speech-recognition" else 3]

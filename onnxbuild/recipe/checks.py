@@ -91,7 +91,7 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
                         yield problem((section, "shapes", i), f"sequence + past_sequence is {total}, beyond the model's {max_positions} positions (source.huggingface.config); use at most {max_positions}")
         bench = doc.get("benchmark") or {}
         for i, shape in enumerate(bench.get("shapes", []) if isinstance(bench, dict) else []):
-            for d in dims:
+            for d in export_dims:  # what the inputs need (validation's decoder_sequence is not one)
                 if d not in shape and d not in optional:
                     yield problem(("benchmark", "shapes", i), f"missing a size for dimension {d!r} (the inputs use: {', '.join(dims)})")
             for d in shape:

@@ -29,6 +29,9 @@ _TEXT = [
 ]
 CHANNELS = "channels"
 """Stands for the config's num_channels in an image task's input; replaced when the recipe resolves."""
+MEL_BINS, FRAMES = "mel_bins", "frames"
+"""Stand for the config's num_mel_bins and 2 x max_source_positions in a speech task's input."""
+_AUDIO = [{"name": "input_features", "dtype": "float32", "shape": ["batch", MEL_BINS, FRAMES]}]
 _IMAGE = [{"name": "pixel_values", "dtype": "float32", "shape": ["batch", CHANNELS, "height", "width"]}]
 
 TASKS: dict[str, TaskInfo] = {
@@ -50,13 +53,16 @@ TASKS: dict[str, TaskInfo] = {
     # Encoder and decoder in two files (onnxbuild/sources/seq2seq.py); export.inputs are the
     # encoder's, and validation also varies the decoder's new tokens (decoder_sequence).
     "text2text-generation": {"auto_class": "AutoModelForSeq2SeqLM", "inputs": _TEXT, "outputs": ["logits"], "top1": True, "per_token": True},
+    # Whisper: log-mel features of 30 s of audio in (the encoder takes exactly that many
+    # frames), tokens out; encoder and decoder files as for text2text-generation.
+    "automatic-speech-recognition": {"auto_class": "AutoModelForSpeechSeq2Seq", "inputs": _AUDIO, "outputs": ["logits"], "top1": True, "per_token": True},
     "image-classification": {"auto_class": "AutoModelForImageClassification", "inputs": _IMAGE, "outputs": ["logits"], "top1": True, "per_token": False},
     # A vision tower (ViT, CLIP's vision model, ConvNeXt...): its hidden states; add
     # pooler_output to export.outputs for the pooled embedding.
     "image-feature-extraction": {"auto_class": "AutoModel", "inputs": _IMAGE, "outputs": ["last_hidden_state"], "top1": False, "per_token": False},
 }
 
-SEQ2SEQ_TASKS = frozenset({"text2text-generation"})
+SEQ2SEQ_TASKS = frozenset({"text2text-generation", "automatic-speech-recognition"})
 IMAGE_TASKS = frozenset(t for t, info in TASKS.items() if info["inputs"] is _IMAGE)
 
 FIXED_SIZE_IMAGES = frozenset({

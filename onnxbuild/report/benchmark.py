@@ -37,8 +37,13 @@ def markdown(report: dict[str, Any]) -> str:
             "",
             "## Generation (KV cache)",
             "",
-            "Prefill: the prompt with an empty past. Decode: one new token after a past as long as the prompt. "
-            "Generate: prefill plus all new tokens, end to end (PyTorch: transformers generate()).",
+            (
+                "Encoder-decoder: prefill is the first token (the encoder, then the decoder's first step); decode is one "
+                f"decoder step through a cache of {report['encoder_decoder']['cached_tokens']} tokens. "
+                if report.get("encoder_decoder")
+                else "Prefill: the prompt with an empty past. Decode: one new token after a past as long as the prompt. "
+            )
+            + "Generate: prefill plus all new tokens, end to end (PyTorch: transformers generate()).",
             "",
             "| engine | variant | prompt | new tokens | prefill p50 | decode p50 | decode p90 | tokens/s | decode vs PyTorch |",
             "|---|---|---|---|---|---|---|---|---|",

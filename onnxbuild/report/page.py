@@ -239,12 +239,13 @@ def _variants(folder: Path, manifest: Any) -> str:
         for o in step.get("outputs", []) if isinstance(step.get("outputs"), list) else []:
             if isinstance(o, dict) and str(o.get("path", "")).endswith(".onnx"):
                 path = str(o["path"])
-                variant = "model" if path == "model.onnx" else path.split("/")[0]
+                variant = "model" if "/" not in path else path.split("/")[0]  # an encoder-decoder's two files are both "model"
                 report = _read(folder / "reports" / "optimize.json") if variant == "optimized" else None
                 fused = ", ".join(f"{k} x{v}" for k, v in sorted((report or {}).get("fused_ops", {}).items())) if isinstance(report, dict) else ""
                 rows.append(f'<tr data-variant="{escape(variant)}"><td>{escape(variant)}</td><td><code>{escape(path)}</code></td><td class="num">{_size(o.get("bytes"))}</td><td>{escape(fused or "-")}</td></tr>')
     check = _read(folder / "reports" / "check.json")
-    about = f"<div class=\"note\">model.onnx: {escape(str(check.get('nodes')))} nodes, {check.get('parameters', 0):,} parameters, IR {escape(str(check.get('ir_version')))}</div>" if isinstance(check, dict) and isinstance(check.get("parameters"), int) else ""
+    described = "model.onnx" if (folder / "model.onnx").is_file() or not (folder / "decoder_model.onnx").is_file() else "decoder_model.onnx"
+    about = f"<div class=\"note\">{described}: {escape(str(check.get('nodes')))} nodes, {check.get('parameters', 0):,} parameters, IR {escape(str(check.get('ir_version')))}</div>" if isinstance(check, dict) and isinstance(check.get("parameters"), int) else ""
     if not rows:
         return ""
     return f'<section id="variants"><h2>Variants</h2>{about}<table><tr><th>variant</th><th>file</th><th>size</th><th>fused ops</th></tr>{"".join(rows)}</table></section>'

@@ -262,6 +262,13 @@ def _config(src: dict[str, Any]) -> dict[str, Any]:
     return config if isinstance(config, dict) else {}
 
 
+def _positive(config: dict[str, Any], key: str, default: int) -> int:
+    """A size from the config, or transformers' default where it is missing or not a size
+    (transformers then refuses the config itself, with its own message, when the model is built)."""
+    value = config.get(key, default)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
+
+
 def image_size(src: dict[str, Any]) -> tuple[int, int] | None:
     """(height, width) from the recipe's config.image_size (an int or a pair), if it says."""
     size = _config(src).get("image_size")
@@ -275,7 +282,8 @@ def image_size(src: dict[str, Any]) -> tuple[int, int] | None:
 def fixed_image_size(src: dict[str, Any]) -> bool:
     from onnxbuild.recipe.tasks import FIXED_SIZE_IMAGES
 
-    return _config(src).get("model_type") in FIXED_SIZE_IMAGES
+    model_type = _config(src).get("model_type")
+    return isinstance(model_type, str) and model_type in FIXED_SIZE_IMAGES
 
 
 def sample_defaults(src: dict[str, Any]) -> dict[str, int]:
@@ -327,33 +335,34 @@ def _check_seq2seq(doc: dict[str, Any]) -> Iterable[tuple[tuple[Any, ...], str, 
             "an encoder-decoder's decoder_model.onnx always takes its cache (past_key_values.*) and the encoder has none; remove with_past"
         ), True
     if export.get("exporter") == "dynamo":
-        yield ("export", "exporter"), "text2text-generation exports with torchscript (the decoder's cache is traced from flat tensors); remove exporter: dynamo", False
-    for section in ("optimize", "benchmark"):
+        yield ("export", "exporter"), "an encoder-decoder exports with torchscript (the decoder's cache is traced from flat tensors); remove exporter: dynamo", False
+    for section in ("optimize",):
         if doc.get(section) is not None:
-            yield (section,), f"not yet supported for a text2text-generation model's two files; remove {section} (validate, quantize and generate are)", True
+            yield (section,), f"not yet supported for an encoder-decoder model's two files; remove {section} (validate, quantize, generate and benchmark are)", True
     for i, q in enumerate(doc.get("quantize") or []):
         if isinstance(q, dict) and q.get("method") == "static":
             yield ("quantize", i, "method"), "static calibration of an encoder-decoder is not supported; use method: dynamic (or int4)", False
     validate = doc.get("validate") or {}
     for key in ("sentences", "accuracy"):
         if validate.get(key) is not None:
-            yield ("validate", key), f"not available for text2text-generation (validation compares encoder states and decoder logits); remove validate.{key}", True
-    if isinstance(doc.get("generate"), dict) and doc["generate"].get("sampling") is not None:
-        yield ("generate", "sampling"), "text2text-generation compares greedy decoding only; remove generate.sampling", True
+            yield ("validate", key), f"not available for an encoder-decoder (validation compares encoder states and decoder logits); remove validate.{key}", True
 
 
 def default_io(src: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
     """The task's inputs and outputs (recipe/tasks.py). An image takes the config's
     num_channels, and a model with absolute position embeddings (ViT) its one image size."""
-    from onnxbuild.recipe.tasks import CHANNELS, TASKS
+    from onnxbuild.recipe.tasks import CHANNELS, FRAMES, TASKS
 
     task = TASKS[src["task"]]
     inputs = [dict(t) for t in task["inputs"]]
     size = image_size(src) if fixed_image_size(src) else None
+    config = _config(src)
     for t in inputs:
         if CHANNELS in t["shape"]:
-            channels = _config(src).get("num_channels", 3)
-            t["shape"] = ["batch", channels, *(size or ("height", "width"))]
+            t["shape"] = ["batch", _positive(config, "num_channels", 3), *(size or ("height", "width"))]
+        if FRAMES in t["shape"]:
+            # WhisperConfig's defaults (80 bins, 1500 positions) when the recipe's config is silent
+            t["shape"] = ["batch", _positive(config, "num_mel_bins", 80), 2 * _positive(config, "max_source_positions", 1500)]
     return inputs, list(task["outputs"])
 
 
@@ -365,7 +374,7 @@ def top1(src: dict[str, Any]) -> bool:
 
 
 def seq2seq(src: dict[str, Any]) -> bool:
-    """An encoder-decoder model: two files (encoder_model.onnx, decoder_model.onnx)."""
+    """An encoder-decoder model (text or speech in): two files, encoder_model.onnx and decoder_model.onnx."""
     from onnxbuild.recipe.tasks import SEQ2SEQ_TASKS
 
     return src.get("task") in SEQ2SEQ_TASKS

@@ -44,7 +44,8 @@ def _cache_arg(model: Any) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def encoder_module(model: Any) -> Any:
+def encoder_module(model: Any, names: list[str]) -> Any:
+    """(the export's inputs: input_ids and attention_mask, or Whisper's input_features) -> (hidden states,)."""
     import torch
 
     class Encoder(torch.nn.Module):  # type: ignore[misc]
@@ -52,14 +53,15 @@ def encoder_module(model: Any) -> Any:
             super().__init__()
             self.encoder = model.get_encoder()
 
-        def forward(self, input_ids: Any, attention_mask: Any) -> Any:
-            return (self.encoder(input_ids=input_ids, attention_mask=attention_mask, return_dict=True).last_hidden_state,)
+        def forward(self, *args: Any) -> Any:
+            return (self.encoder(**dict(zip(names, args, strict=True)), return_dict=True).last_hidden_state,)
 
     return Encoder().eval()
 
 
-def decoder_module(model: Any, layout: PastLayout) -> Any:
-    """(input_ids, encoder_hidden_states, encoder_attention_mask, past...) -> (logits, presents...)."""
+def decoder_module(model: Any, layout: PastLayout, masked: bool) -> Any:
+    """(input_ids, encoder_hidden_states, [encoder_attention_mask,] past...) -> (logits, presents...).
+    Whisper's encoder states have no padding, so its decoder takes no mask (``masked`` false)."""
     import torch
     from transformers import DynamicCache, EncoderDecoderCache
 
@@ -70,15 +72,16 @@ def decoder_module(model: Any, layout: PastLayout) -> Any:
             super().__init__()
             self.model = model
 
-        def forward(self, input_ids: Any, encoder_hidden_states: Any, encoder_attention_mask: Any, *past: Any) -> Any:
+        def forward(self, input_ids: Any, encoder_hidden_states: Any, *rest: Any) -> Any:
             config = self.model.config
+            mask, past = (rest[0], rest[1:]) if masked else (None, rest)
             own = DynamicCache(ddp_cache_data=[(past[2 * i], past[2 * i + 1]) for i in range(layout.layers)], config=config)
             cache = EncoderDecoderCache(own, DynamicCache(config=config))
             out = self.model(
                 decoder_input_ids=input_ids,
                 encoder_outputs=(encoder_hidden_states,),
-                attention_mask=encoder_attention_mask,
                 use_cache=True,
+                **({"attention_mask": mask} if masked else {}),
                 return_dict=True,
                 **{cache_arg: cache},
             )
@@ -91,12 +94,12 @@ def decoder_module(model: Any, layout: PastLayout) -> Any:
     return Decoder().eval()
 
 
-def decoder_io(layout: PastLayout, hidden: int) -> tuple[list[dict[str, Any]], list[str], dict[str, dict[int, str]]]:
+def decoder_io(layout: PastLayout, hidden: int, encoder_length: int | str, masked: bool) -> tuple[list[dict[str, Any]], list[str], dict[str, dict[int, str]]]:
     """The decoder file's input specs, output names and dynamic axes."""
     inputs: list[dict[str, Any]] = [
         {"name": "input_ids", "dtype": "int64", "shape": ["batch", "decoder_sequence"]},
-        {"name": "encoder_hidden_states", "dtype": "float32", "shape": ["batch", "sequence", hidden]},
-        {"name": "encoder_attention_mask", "dtype": "int64", "shape": ["batch", "sequence"]},
+        {"name": "encoder_hidden_states", "dtype": "float32", "shape": ["batch", encoder_length, hidden]},
+        *([{"name": "encoder_attention_mask", "dtype": "int64", "shape": ["batch", "sequence"]}] if masked else []),
         *layout.past_specs(),
     ]
     outputs = ["logits", *layout.present_names]
@@ -125,19 +128,24 @@ class OrtSeq2Seq:
     layout: PastLayout
 
     @classmethod
-    def load(cls, encoder_path: Any, decoder_path: Any) -> OrtSeq2Seq:
+    def load(cls, encoder_path: Any, decoder_path: Any, threads: int = 0) -> OrtSeq2Seq:
         import onnxruntime as ort
 
         from onnxbuild.sources.decoder import layout_from_session
 
         options = ort.SessionOptions()
         options.log_severity_level = 3
+        options.intra_op_num_threads = threads
         enc = ort.InferenceSession(str(encoder_path), options, providers=["CPUExecutionProvider"])
         dec = ort.InferenceSession(str(decoder_path), options, providers=["CPUExecutionProvider"])
         return cls(enc, dec, layout_from_session(dec))
 
-    def encode(self, ids: Any, mask: Any) -> Any:
-        return self.encoder.run([ENCODER_OUTPUT], {"input_ids": ids, "attention_mask": mask})[0]
+    def encode(self, feeds: dict[str, Any]) -> Any:
+        return self.encoder.run([ENCODER_OUTPUT], feeds)[0]
+
+    @property
+    def masked(self) -> bool:
+        return any(i.name == "encoder_attention_mask" for i in self.decoder.get_inputs())
 
     def empty_past(self, batch: int) -> list[Any]:
         import numpy as np
@@ -145,26 +153,31 @@ class OrtSeq2Seq:
         return [np.zeros((batch, self.layout.kv_heads, 0, self.layout.head_dim), dtype=np.float32) for _ in self.layout.past_names]
 
     def step(self, ids: Any, hidden: Any, mask: Any, past: list[Any]) -> tuple[Any, list[Any]]:
-        feeds = {"input_ids": ids, "encoder_hidden_states": hidden, "encoder_attention_mask": mask, **dict(zip(self.layout.past_names, past, strict=True))}
+        feeds = {"input_ids": ids, "encoder_hidden_states": hidden, **({"encoder_attention_mask": mask} if self.masked else {}), **dict(zip(self.layout.past_names, past, strict=True))}
         out = self.decoder.run(None, feeds)
         return out[0], list(out[1:])
 
-    def generate(self, ids: Any, mask: Any, start: int, max_new_tokens: int, eos: int | None) -> Generation:
-        """Greedy decoding from the start token, stopping once every row has produced ``eos``."""
+    def generate(self, feeds: dict[str, Any], start: int, max_new_tokens: int, eos: int | None, choose: Any = None) -> Generation:
+        """Greedy (or ``choose``'s) decoding from the start token, stopping once every row
+        has produced ``eos``."""
         import numpy as np
 
         from onnxbuild.sources.decoder import greedy
 
-        hidden = self.encode(ids, mask)
-        past = self.empty_past(ids.shape[0])
-        cur = np.full((ids.shape[0], 1), start, dtype=np.int64)
+        choose = choose or greedy
+
+        hidden = self.encode(feeds)
+        mask = feeds.get("attention_mask")
+        batch = hidden.shape[0]
+        past = self.empty_past(batch)
+        cur = np.full((batch, 1), start, dtype=np.int64)
         tokens, steps = [], []
-        finished = np.zeros(ids.shape[0], dtype=bool)
+        finished = np.zeros(batch, dtype=bool)
         for _ in range(max_new_tokens):
             logits, past = self.step(cur, hidden, mask, past)
             last = np.asarray(logits[:, -1, :], dtype=np.float32)
             steps.append(last)
-            nxt = np.where(finished, eos if eos is not None else 0, greedy(last))
+            nxt = np.where(finished, eos if eos is not None else 0, choose(last))
             tokens.append(nxt)
             if eos is not None:
                 finished |= nxt == eos
@@ -174,13 +187,40 @@ class OrtSeq2Seq:
         return Generation(np.stack(tokens, axis=1), steps)
 
 
-def hf_generate(model: Any, ids: Any, mask: Any, max_new_tokens: int) -> Generation:
+def torch_generate(model: Any, feeds: dict[str, Any], max_new_tokens: int, choose: Any) -> Generation:
+    """The same loop on the PyTorch model through the export's own wrappers, for the seeded
+    sampling comparison (no end-of-text stop, so both make as many tokens)."""
+    import numpy as np
+    import torch
+
+    layout = layout_of(model.config)
+    names = list(feeds)
+    masked = "attention_mask" in names
+    encoder, decoder = encoder_module(model, names), decoder_module(model, layout, masked)
+    mask = (torch.from_numpy(feeds["attention_mask"]),) if masked else ()
+    tokens, steps = [], []
+    with torch.inference_mode():
+        (hidden,) = encoder(*(torch.from_numpy(feeds[n]) for n in names))
+        batch = hidden.shape[0]
+        past: list[Any] = [torch.zeros((batch, layout.kv_heads, 0, layout.head_dim)) for _ in layout.past_names]
+        cur = torch.full((batch, 1), start_token(model.config), dtype=torch.long)
+        for _ in range(max_new_tokens):
+            logits, *past = decoder(cur, hidden, *mask, *past)
+            last = logits[:, -1, :].float().numpy()
+            steps.append(last)
+            nxt = choose(last)
+            tokens.append(nxt)
+            cur = torch.from_numpy(nxt[:, None])
+    return Generation(np.stack(tokens, axis=1), steps)
+
+
+def hf_generate(model: Any, feeds: dict[str, Any], max_new_tokens: int, stop_at_eos: bool = True) -> Generation:
     """transformers' own greedy generate(), with none of the generation config's extra rules
     (forced first or last tokens, minimum lengths, n-gram bans): what a greedy decoder over
     the exported files computes, stopping at end-of-text as they do."""
     import numpy as np
     import torch
-    from transformers import GenerationConfig
+    from transformers import GenerationConfig, GenerationMixin
 
     config = model.config
     plain = GenerationConfig(  # type: ignore[no-untyped-call]
@@ -188,20 +228,19 @@ def hf_generate(model: Any, ids: Any, mask: Any, max_new_tokens: int) -> Generat
         num_beams=1,
         max_new_tokens=max_new_tokens,
         decoder_start_token_id=start_token(config),
-        eos_token_id=getattr(config, "eos_token_id", None),
+        eos_token_id=getattr(config, "eos_token_id", None) if stop_at_eos else None,
         pad_token_id=getattr(config, "pad_token_id", None) if getattr(config, "pad_token_id", None) is not None else 0,
     )
     # In place of the model's own: generate() fills fields left unset in a passed config from
     # the model's (Marian's forced_eos_token_id, say), which would add rules back.
     saved, model.generation_config = model.generation_config, plain
     try:
+        main, *rest = feeds
+        extra = {name: torch.from_numpy(feeds[name]) for name in rest}
         with torch.inference_mode():
-            out = model.generate(
-                input_ids=torch.from_numpy(ids),
-                attention_mask=torch.from_numpy(mask),
-                output_logits=True,
-                return_dict_in_generate=True,
-            )
+            # GenerationMixin's own: Whisper overrides generate() with language detection,
+            # timestamps and prompts, none of which a greedy loop over the files does.
+            out = GenerationMixin.generate(model, inputs=torch.from_numpy(feeds[main]), **extra, output_logits=True, return_dict_in_generate=True)
     finally:
         model.generation_config = saved
     tokens = out.sequences[:, 1:].numpy().astype(np.int64)  # the start token is not generated
@@ -232,7 +271,9 @@ def validate_files(model: Any, export: Any, validate: Any, paths: list[Any], com
 
     ort_model = OrtSeq2Seq.load(paths[0], paths[1])
     layout = layout_of(model.config)
-    encoder, decoder = encoder_module(model), decoder_module(model, layout)
+    names = [t["name"] for t in export["inputs"]]
+    masked = "attention_mask" in names
+    encoder, decoder = encoder_module(model, names), decoder_module(model, layout, masked)
     vocab = int(model.config.vocab_size)
     specs = input_specs({"huggingface": {}}, export, natural=True)
     rtol, atol = float(validate["rtol"]), float(validate["atol"])
@@ -240,24 +281,25 @@ def validate_files(model: Any, export: Any, validate: Any, paths: list[Any], com
     hits = total = 0
     for i, sizes in enumerate(validate["shapes"]):
         feeds = make_inputs(specs, sizes, seed=int(validate["seed"]) + i, vocab=vocab)
-        ids, mask = feeds["input_ids"], feeds["attention_mask"]
+        batch = next(iter(feeds.values())).shape[0]
+        mask = feeds.get("attention_mask")
         steps = int(sizes.get("decoder_sequence", DEFAULT_DECODER_SEQUENCE))
-        decoder_ids = np.random.default_rng(int(validate["seed"]) + 1000 + i).integers(0, vocab, size=(ids.shape[0], steps), dtype=np.int64)
+        decoder_ids = np.random.default_rng(int(validate["seed"]) + 1000 + i).integers(0, vocab, size=(batch, steps), dtype=np.int64)
         result: dict[str, Any] = {"shape": dict(sizes), "passed": False, "error": None, "outputs": {}, "top1_agreement": None}
         with torch.no_grad():
-            t_ids, t_mask = torch.from_numpy(ids), torch.from_numpy(mask)
+            t_mask = (torch.from_numpy(mask),) if mask is not None else ()
             try:
-                (t_hidden,) = encoder(t_ids, t_mask)
-                empty = [torch.zeros((ids.shape[0], layout.kv_heads, 0, layout.head_dim)) for _ in layout.past_names]
-                t_first = decoder(torch.from_numpy(decoder_ids), t_hidden, t_mask, *empty)
+                (t_hidden,) = encoder(*(torch.from_numpy(feeds[n]) for n in names))
+                empty = [torch.zeros((batch, layout.kv_heads, 0, layout.head_dim)) for _ in layout.past_names]
+                t_first = decoder(torch.from_numpy(decoder_ids), t_hidden, *t_mask, *empty)
                 t_next_id = t_first[0][:, -1:].argmax(-1)
-                t_second = decoder(t_next_id, t_hidden, t_mask, *t_first[1:])
+                t_second = decoder(t_next_id, t_hidden, *t_mask, *t_first[1:])
             except Exception as exc:
                 shown = ", ".join(f"{d}={v}" for d, v in sizes.items())
                 raise StepError(f"validate.shapes: PyTorch itself fails on the source model at {shown} ({type(exc).__name__}: {str(exc)[:300]})") from None
         try:
-            hidden = ort_model.encode(ids, mask)
-            first_logits, first_past = ort_model.step(decoder_ids, hidden, mask, ort_model.empty_past(ids.shape[0]))
+            hidden = ort_model.encode(feeds)
+            first_logits, first_past = ort_model.step(decoder_ids, hidden, mask, ort_model.empty_past(batch))
             second_logits, _ = ort_model.step(t_next_id.numpy(), hidden, mask, first_past)
         except Exception as exc:
             result["error"] = f"ONNX Runtime refused the inputs: {str(exc)[:500]}"

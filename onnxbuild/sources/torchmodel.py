@@ -150,6 +150,9 @@ def make_inputs(specs: list[dict[str, Any]], sizes: dict[str, int], seed: int, v
             # with mean and std 0.5 (ViT's), so values lie in [-1, 1] as real inputs do.
             pixels = rng.integers(0, 256, size=shape).astype(dtype) / 255.0
             out[name] = ((pixels - 0.5) / 0.5).astype(dtype)
+        elif name == "input_features":
+            # Log-mel features as Whisper's extractor scales them: (log10 + 4) / 4, about [-1, 1].
+            out[name] = rng.uniform(-1.0, 1.0, size=shape).astype(dtype)
         elif name == "position_ids":
             out[name] = np.broadcast_to(np.arange(past, past + shape[-1], dtype=dtype), shape).copy()
         elif dtype.kind in "iu":

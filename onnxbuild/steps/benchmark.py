@@ -37,6 +37,8 @@ EXCLUSIVE = True
 
 
 MEMORY = (5, 600)
+CACHED_TOKENS = 16
+"""An encoder-decoder's decode step is timed with this many decoder tokens already cached."""
 
 
 def plan(p: Planning) -> list[StepSpec]:
@@ -44,7 +46,7 @@ def plan(p: Planning) -> list[StepSpec]:
     r = p.recipe.resolved
     if not r.get("benchmark"):
         return []
-    inputs = [StepInput(v.step, v.path) for v in p.variants]
+    inputs = [StepInput(v.step, f) for v in p.variants for f in v.paths]
     if p.recipe.torch_source:
         inputs.insert(0, StepInput("source", SOURCE_RECORD))
     if r.get("export") and r["export"]["with_past"]:
@@ -149,8 +151,6 @@ def machine(threads: int) -> dict[str, Any]:
 def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     import onnxruntime as ort
 
-    from onnxbuild.environment import versions
-
     bench = cast(BenchmarkSection, spec.params["benchmark"])
     export = cast(ExportSection, spec.params["export"])
     threads = bench["threads"] or (os.cpu_count() or 1)
@@ -160,6 +160,8 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
 
         record = read_source_record(ctx)
     shapes = bench["shapes"]
+    if any(v.get("files") for v in spec.params["variants"]):
+        return _finish(ctx, record, bench, threads, *_seq2seq_benchmark(ctx, spec, record, shapes, threads), extra={"encoder_decoder": {"cached_tokens": CACHED_TOKENS}})
     layout = _past_layout(ctx) if export is not None and export.get("with_past") else None
     feeds_by_shape = [_feeds(spec, ctx, sizes, i, layout) for i, sizes in enumerate(shapes)]
 
@@ -217,7 +219,24 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
             gc.collect()
         providers_report.append(status)
 
-    report = {
+    return _finish(ctx, record, bench, threads, baseline, providers_report, results, decode if layout is not None else None)
+
+
+def _finish(
+    ctx: StepContext,
+    record: dict[str, Any],
+    bench: BenchmarkSection,
+    threads: int,
+    baseline: list[dict[str, Any]],
+    providers_report: list[dict[str, Any]],
+    results: list[dict[str, Any]],
+    decode: list[dict[str, Any]] | None,
+    extra: dict[str, Any] | None = None,
+) -> StepResult:
+    """benchmark.json (checked against its schema), the Markdown and the chart."""
+    from onnxbuild.environment import versions
+
+    report: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "recipe": ctx.recipe_name,
         "machine": machine(threads),
@@ -228,8 +247,9 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         "providers": providers_report,
         "results": results,
     }
-    if layout is not None:
+    if decode is not None:
         report["decode"] = decode
+    report.update(extra or {})
     _validate_schema(report)
     ctx.output("benchmark.json").write_text(pretty_json(report), encoding="utf-8")
     ctx.output("benchmark.md").write_text(markdown(report), encoding="utf-8")
@@ -241,6 +261,114 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         if best.get("speedup_vs_pytorch"):
             summary += f" ({best['speedup_vs_pytorch']:.1f}x PyTorch)"
     return StepResult(summary=summary, data={"results": len(results)})
+
+
+def _seq2seq_benchmark(
+    ctx: StepContext, spec: StepSpec, record: dict[str, Any], shapes: list[dict[str, int]], threads: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """An encoder-decoder on the CPU provider: the first token (encoder plus the decoder's
+    first step, the row in ``results``), one decoder step through a cache of 16 tokens, and
+    a whole greedy generation of ``decode_tokens`` tokens, each beside PyTorch's (sdpa
+    attention, transformers' generate() with end-of-text ignored so both make as many)."""
+    import numpy as np
+    import torch
+
+    from onnxbuild.sources import seq2seq
+    from onnxbuild.sources.torchmodel import load_source_model, make_inputs
+
+    bench = cast(BenchmarkSection, spec.params["benchmark"])
+    export = cast(ExportSection, spec.params["export"])
+    n = int(bench["decode_tokens"])
+    source = json.loads(json.dumps(spec.params["source"]))
+    source["huggingface"]["attn_implementation"] = "sdpa"
+    torch.set_num_threads(threads)
+    model = load_source_model(source, record, ctx.recipe_dir)
+    layout = seq2seq.layout_of(model.config)
+    names = [t["name"] for t in export["inputs"]]
+    start = seq2seq.start_token(model.config)
+    vocab = int(model.config.vocab_size)
+    cached = CACHED_TOKENS
+    feeds_by_shape = [make_inputs(export["inputs"], sizes, seed=500 + i, vocab=vocab) for i, sizes in enumerate(shapes)]
+
+    def timed(fn: Any, sizes: dict[str, int]) -> Timing:
+        return measure(fn, _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
+
+    baseline, decode = _seq2seq_pytorch(model, names, shapes, feeds_by_shape, bench, cached)
+    del model
+    gc.collect()
+
+    results: list[dict[str, Any]] = []
+    for variant in spec.params["variants"]:
+        paths = [ctx.input(f) for f in variant["files"]]
+        t0 = time.perf_counter()
+        runner = seq2seq.OrtSeq2Seq.load(paths[0], paths[1], threads=threads)
+        created = time.perf_counter() - t0
+        for sizes, feeds in zip(shapes, feeds_by_shape, strict=True):
+            mask_np = feeds.get("attention_mask")
+            hidden_np = runner.encode(feeds)
+            batch = hidden_np.shape[0]
+            ids = np.full((batch, 1), start, dtype=np.int64)
+            rng = np.random.default_rng(7)
+            past_np = [rng.standard_normal((batch, layout.kv_heads, cached, layout.head_dim)).astype(np.float32) for _ in layout.past_names]
+            prefill = timed(lambda f=feeds, m=mask_np, b=batch, i=ids, r=runner: r.step(i, r.encode(f), m, r.empty_past(b)), sizes)
+            one = timed(lambda h=hidden_np, m=mask_np, pk=past_np, i=ids, r=runner: r.step(i, h, m, pk), sizes)
+            total = _generation_time(lambda f=feeds, r=runner: r.generate(f, start, n, None))
+            base = next((b for b in baseline if b["shape"] == dict(sizes)), None)
+            row = _row(variant, "CPUExecutionProvider", sizes, prefill, base, created=round(created, 4), peak_rss_mb=rss_mb(), io_binding=False, path=paths[-1])
+            results.append({**row, "file_bytes": sum(p.stat().st_size for p in paths)})
+            torch_decode = next((d for d in decode if d["engine"] == "pytorch" and d["shape"] == dict(sizes)), None)
+            decode.append({
+                "engine": "onnxruntime", "variant": variant["name"], "precision": variant["precision"], "provider": "CPUExecutionProvider",
+                **_decode_row(sizes, prefill, one, n, total, torch_decode["decode_p50_ms"] if torch_decode else None),
+            })
+        del runner
+        gc.collect()
+    providers = [{"name": "CPUExecutionProvider", "status": "used", "reason": "encoder-decoder models are timed on the CPU provider"}]
+    return baseline, providers, results, decode
+
+
+def _seq2seq_pytorch(
+    model: Any, names: list[str], shapes: list[dict[str, int]], feeds_by_shape: list[dict[str, Any]], bench: BenchmarkSection, cached: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """PyTorch's first token, one decoder step and whole generation (see _seq2seq_benchmark)."""
+    import torch
+
+    from onnxbuild.sources import seq2seq
+
+    layout = seq2seq.layout_of(model.config)
+    masked = "attention_mask" in names
+    encoder, decoder = seq2seq.encoder_module(model, names), seq2seq.decoder_module(model, layout, masked)
+    start = seq2seq.start_token(model.config)
+    n = int(bench["decode_tokens"])
+
+    def timed(fn: Any, sizes: dict[str, int]) -> Timing:
+        return measure(fn, _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
+
+    baseline: list[dict[str, Any]] = []
+    decode: list[dict[str, Any]] = []
+    for sizes, feeds in zip(shapes, feeds_by_shape, strict=True):
+        args = tuple(torch.from_numpy(feeds[k]) for k in names)
+        mask = (torch.from_numpy(feeds["attention_mask"]),) if masked else ()
+        batch = args[0].shape[0]
+        first_ids = torch.full((batch, 1), start, dtype=torch.long)
+        with torch.inference_mode():
+            (hidden,) = encoder(*args)
+            empty = [torch.zeros((batch, layout.kv_heads, 0, layout.head_dim)) for _ in layout.past_names]
+            past = [torch.randn((batch, layout.kv_heads, cached, layout.head_dim)) for _ in layout.past_names]
+
+            def first(a: tuple[Any, ...] = args, m: tuple[Any, ...] = mask, e: list[Any] = empty, ids: Any = first_ids) -> None:
+                (h,) = encoder(*a)
+                decoder(ids, h, *m, *e)
+
+            def step(h: Any = hidden, m: tuple[Any, ...] = mask, pk: list[Any] = past, ids: Any = first_ids) -> None:
+                decoder(ids, h, *m, *pk)
+
+            prefill, one = timed(first, sizes), timed(step, sizes)
+        total = _generation_time(lambda f=feeds: seq2seq.hf_generate(model, f, n, stop_at_eos=False))
+        baseline.append({"engine": "pytorch", "mode": "eager", "attention": "sdpa", "device": "cpu", "shape": dict(sizes), **prefill, "peak_rss_mb": rss_mb()})
+        decode.append({"engine": "pytorch", "variant": None, "provider": None, **_decode_row(sizes, prefill, one, n, total, one["p50_ms"])})
+    return baseline, decode
+
 
 
 def _web_benchmark(ctx: StepContext, spec: StepSpec, shapes: list[dict[str, int]], feeds_by_shape: list[dict[str, Any]], baseline: list[dict[str, Any]], results: list[dict[str, Any]]) -> dict[str, Any]:

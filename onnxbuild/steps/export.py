@@ -130,26 +130,32 @@ def _seq2seq(ctx: StepContext, model: Any, source: dict[str, Any], record: dict[
     from onnxbuild.sources import seq2seq
 
     layout = seq2seq.layout_of(model.config)
+    names = [t["name"] for t in export["inputs"]]
+    masked = "attention_mask" in names
     sample = make_inputs(input_specs(source, export, natural=False), export["sample"], seed=0, vocab=vocab_size(model))
-    ids, mask = torch.from_numpy(sample["input_ids"]), torch.from_numpy(sample["attention_mask"])
-    encoder, decoder = seq2seq.encoder_module(model), seq2seq.decoder_module(model, layout)
-    batch = ids.shape[0]
+    args = tuple(torch.from_numpy(sample[n]) for n in names)
+    encoder, decoder = seq2seq.encoder_module(model, names), seq2seq.decoder_module(model, layout, masked)
+    batch = args[0].shape[0]
     steps = int(export["sample"].get("decoder_sequence", seq2seq.DEFAULT_DECODER_SEQUENCE))
     past_len = int(export["sample"].get("past_sequence", 4))
     generator = torch.Generator().manual_seed(0)
     decoder_ids = torch.randint(0, int(model.config.vocab_size), (batch, steps), generator=generator)
     past = tuple(torch.randn((batch, layout.kv_heads, past_len, layout.head_dim), generator=generator) for _ in layout.past_names)
+    mask = (torch.from_numpy(sample["attention_mask"]),) if masked else ()
     with torch.no_grad():
         try:
-            (hidden,) = encoder(ids, mask)
-            decoder(decoder_ids, hidden, mask, *past)
+            (hidden,) = encoder(*args)
+            decoder(decoder_ids, hidden, *mask, *past)
         except Exception as exc:
             raise StepError(f"the model failed on the export sample ({_describe(sample)}): {type(exc).__name__}: {brief(exc, limit=400)}") from None
-    dec_inputs, dec_outputs, dec_axes = seq2seq.decoder_io(layout, int(hidden.shape[-1]))
-    token_axes = {0: "batch", 1: "sequence"}
+    # the encoder's output length: its input's sequence axis, or fixed (Whisper's 30 s of frames)
+    length: int | str = "sequence" if masked else int(hidden.shape[1])
+    dec_inputs, dec_outputs, dec_axes = seq2seq.decoder_io(layout, int(hidden.shape[-1]), length, masked)
+    in_axes = {t["name"]: {i: d for i, d in enumerate(t["shape"]) if isinstance(d, str)} for t in export["inputs"]}
+    out_axes = {0: "batch", **({1: "sequence"} if masked else {})}
     jobs = [
-        (seq2seq.ENCODER, encoder, (ids, mask), ["input_ids", "attention_mask"], [seq2seq.ENCODER_OUTPUT], {"input_ids": token_axes, "attention_mask": token_axes, seq2seq.ENCODER_OUTPUT: token_axes}),
-        (seq2seq.DECODER, decoder, (decoder_ids, hidden, mask, *past), [t["name"] for t in dec_inputs], dec_outputs, dec_axes),
+        (seq2seq.ENCODER, encoder, args, names, [seq2seq.ENCODER_OUTPUT], {**in_axes, seq2seq.ENCODER_OUTPUT: out_axes}),
+        (seq2seq.DECODER, decoder, (decoder_ids, hidden, *mask, *past), [t["name"] for t in dec_inputs], dec_outputs, dec_axes),
     ]
     extra: tuple[str, ...] = ()
     params = sum(p.numel() * p.element_size() for p in model.parameters())

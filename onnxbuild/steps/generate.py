@@ -41,12 +41,18 @@ def plan(p: Planning) -> list[StepSpec]:
                 "generate": r["generate"],
                 "source": r["source"],
                 "variants": [v.as_param() for v in p.variants],
+                # speech in: the prompt is seeded features of the export's shape
+                **({"audio": True, "export": r["export"]} if _audio(r["source"]) else {}),
             },
             deps=tuple(dict.fromkeys(["source", *(v.step for v in p.variants)])),
             inputs=(StepInput("source", SOURCE_RECORD), *(StepInput(v.step, f) for v in p.variants for f in v.paths)),
             outputs=("reports/generation.json", "reports/generation.md"),
         )
     ]
+
+
+def _audio(source: dict[str, Any]) -> bool:
+    return (source.get("huggingface") or {}).get("task") == "automatic-speech-recognition"
 
 
 def prompt_ids(gen: GenerateSection, source: dict[str, Any], record: dict[str, Any], recipe_dir: Any, vocab: int) -> tuple[Any, Any]:
@@ -118,29 +124,44 @@ def _aligned(ref: Any, got: Any) -> dict[str, Any]:
     return {**cut, "tokens": got.tokens[0].tolist()}
 
 
+def encoder_feeds(spec: StepSpec, model: Any) -> dict[str, Any]:
+    """One seeded input (Whisper's audio features) at the export's sample size, batch 1."""
+    from onnxbuild.sources.torchmodel import make_inputs
+
+    export = spec.params["export"]
+    sizes = {**export["sample"], "batch": 1}
+    return make_inputs(export["inputs"], sizes, seed=int(spec.params["generate"]["seed"]), vocab=None)
+
+
 def _seq2seq(ctx: StepContext, spec: StepSpec, gen: GenerateSection, model: Any, prompt: Any, tokenizer: Any, record: dict[str, Any]) -> StepResult:
     """An encoder-decoder: greedy decoding over encoder_model.onnx and decoder_model.onnx
     against transformers' generate() (stopping at end-of-text, as both do), per-step logits
     compared, and a teacher-forced pass over PyTorch's tokens for quantized variants."""
     import numpy as np
 
-    from onnxbuild.sources.seq2seq import OrtSeq2Seq, hf_generate, start_token
+    from onnxbuild.sources.decoder import Sampling
+    from onnxbuild.sources.seq2seq import OrtSeq2Seq, hf_generate, start_token, torch_generate
 
     n = int(gen["max_new_tokens"])
-    mask = np.ones_like(prompt)
-    reference = hf_generate(model, prompt, mask, n)
+    feeds = {"input_ids": prompt, "attention_mask": np.ones_like(prompt)} if prompt is not None else encoder_feeds(spec, model)
+    reference = hf_generate(model, feeds, n)
+    sampling = Sampling(gen["seed"], float(gen["sampling"]["temperature"]), int(gen["sampling"]["top_k"])) if gen["sampling"] is not None else None
+    sampled_ref = torch_generate(model, feeds, n, sampling.chooser()) if sampling else None
     start, eos = start_token(model.config), getattr(model.config, "eos_token_id", None)
     del model
     results: dict[str, Any] = {}
     problems: list[str] = []
     for variant in spec.params["variants"]:
-        runner = OrtSeq2Seq.load(*(ctx.input(f) for f in variant["files"]))
-        got = runner.generate(prompt, mask, start, n, eos)
+        encoder_path, decoder_path = (ctx.input(f) for f in variant["files"])
+        runner = OrtSeq2Seq.load(encoder_path, decoder_path)
+        got = runner.generate(feeds, start, n, eos)
         greedy_cmp = _aligned(reference, got)
         forced_ids = np.concatenate([np.full((1, 1), start, dtype=np.int64), reference.tokens[:, :-1]], axis=1)
-        logits, _ = runner.step(forced_ids, runner.encode(prompt, mask), mask, runner.empty_past(1))
+        logits, _ = runner.step(forced_ids, runner.encode(feeds), feeds.get("attention_mask"), runner.empty_past(1))
         forced = float((np.asarray(logits).argmax(-1) == reference.tokens).mean())
         entry: dict[str, Any] = {"precision": variant["precision"], "greedy": greedy_cmp, "teacher_forced_agreement": forced}
+        if sampling and sampled_ref is not None:
+            entry["sampling"] = compare_runs(sampled_ref, runner.generate(feeds, start, n, None, sampling.chooser()))
         exact = variant["precision"] == "fp32"
         if exact:
             entry["passed"] = greedy_cmp["identical"]
@@ -161,15 +182,15 @@ def _seq2seq(ctx: StepContext, spec: StepSpec, gen: GenerateSection, model: Any,
     report = {
         "passed": not problems,
         "weights": record.get("weights"),
-        "prompt_ids": prompt[0].tolist(),
+        "prompt_ids": prompt[0].tolist() if prompt is not None else [],
         "prompt": gen["prompt"],
         "max_new_tokens": n,
         "pytorch": {
             "greedy_tokens": reference.tokens[0].tolist(),
             "text": tokenizer.decode(reference.tokens[0].tolist(), skip_special_tokens=True) if tokenizer is not None else None,
-            "sampling_tokens": None,
+            "sampling_tokens": sampled_ref.tokens[0].tolist() if sampled_ref else None,
         },
-        "sampling": None,
+        "sampling": {"seed": gen["seed"], **gen["sampling"]} if sampling and gen["sampling"] is not None else None,
         "variants": results,
     }
     ctx.output("reports/generation.json").write_text(pretty_json(report), encoding="utf-8")
@@ -193,6 +214,8 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     record = read_source_record(ctx)
     model = load_source_model(source, record, ctx.recipe_dir)
     vocab = vocab_size(model) or 0
+    if spec.params.get("audio"):  # the prompt is seeded audio features; the tokenizer only reads the output
+        return _seq2seq(ctx, spec, gen, model, None, None, record)
     prompt, tokenizer = prompt_ids(gen, source, record, ctx.recipe_dir, vocab)
     n = int(gen["max_new_tokens"])
     if any(v.get("files") for v in spec.params["variants"]):

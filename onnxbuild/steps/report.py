@@ -10,7 +10,7 @@ from onnxbuild.report.validation import markdown
 from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
-VERSION = 2
+VERSION = 3
 PACKAGES: tuple[str, ...] = ()
 
 

@@ -54,7 +54,7 @@ from onnxbuild.sources.torchmodel import (
 from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 
-VERSION = 6
+VERSION = 7
 PACKAGES = ("torch", "transformers", "tokenizers", "onnxruntime", "numpy")
 
 
