@@ -1,8 +1,10 @@
-"""``onnxbuild run``: a quick generation from a built decoder, for trying an artifact by hand.
+"""``onnxbuild run``: a quick generation from a built decoder or encoder-decoder, for trying
+an artifact by hand.
 
-It reads only the artifact folder (model.onnx with past inputs, config.json,
-generation_config.json and tokenizer files when the build wrote them), so it works on
-a folder copied to another machine, without the recipe or the cache.
+It reads only the artifact folder (model.onnx with past inputs, or encoder_model.onnx and
+decoder_model.onnx; config.json, generation_config.json and tokenizer files when the build
+wrote them), so it works on a folder copied to another machine, without the recipe or the
+cache.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def run(artifact: str | Path, prompt: str, *, max_new_tokens: int = 32, variant:
 
     pair = encoder_decoder(artifact, variant)
     if pair is not None:
-        return _run_seq2seq(*pair, prompt, max_new_tokens)
+        return _run_seq2seq(*pair, prompt, max_new_tokens, sampling)
     path = model_path(artifact, variant)
     folder = path.parent if (path.parent / "config.json").is_file() or variant == "model" else path.parent.parent
     options = ort.SessionOptions()
@@ -114,29 +116,33 @@ def encoder_decoder(artifact: str | Path, variant: str) -> tuple[Path, Path, Pat
     """(encoder file, decoder file, folder with config.json) when ``artifact`` is an
     encoder-decoder's artifact folder (encoder_model.onnx and decoder_model.onnx)."""
     folder = Path(artifact)
-    where = folder if variant == "model" else folder / variant
-    if not (folder.is_dir() and (where / "encoder_model.onnx").is_file() and (where / "decoder_model.onnx").is_file()):
+    if not (folder.is_dir() and (folder / "encoder_model.onnx").is_file()):
         return None
+    where = folder if variant == "model" else folder / variant
+    if not ((where / "encoder_model.onnx").is_file() and (where / "decoder_model.onnx").is_file()):
+        found = ["model", *sorted(p.parent.name for p in folder.glob("*/decoder_model.onnx"))]
+        raise UsageError(f"{folder} has no variant {variant!r} (an encoder and a decoder file under {where}); variants here: {', '.join(found)}")
     return where / "encoder_model.onnx", where / "decoder_model.onnx", folder
 
 
-def _run_seq2seq(encoder: Path, decoder: Path, folder: Path, prompt: str, max_new_tokens: int) -> RunResult:
+def _run_seq2seq(encoder: Path, decoder: Path, folder: Path, prompt: str, max_new_tokens: int, sampling: Any) -> RunResult:
     """Text (or token ids) in for T5/BART/Marian; a .npy file of log-mel features for Whisper."""
     import numpy as np
 
+    from onnxbuild.errors import StepError
     from onnxbuild.sources.seq2seq import OrtSeq2Seq
 
     try:
         runner = OrtSeq2Seq.load(encoder, decoder)
-    except Exception as exc:
-        raise UsageError(f"{folder}: ONNX Runtime cannot load its encoder and decoder: {brief(exc)}") from None
+    except StepError as exc:
+        raise UsageError(str(exc)) from None
     config = _json(folder / "config.json")
     generation = _json(folder / "generation_config.json")
     wants = {i.name: i.shape for i in runner.encoder.get_inputs()}
     tokenizer = _tokenizer(folder)
     ids: list[int] = []
     if "input_features" in wants:
-        shape = [d for d in wants["input_features"]]
+        shape = list(wants["input_features"])
         try:
             features = np.load(prompt).astype(np.float32)
         except (OSError, ValueError):
@@ -163,7 +169,7 @@ def _run_seq2seq(encoder: Path, decoder: Path, folder: Path, prompt: str, max_ne
     eos = generation.get("eos_token_id", config.get("eos_token_id"))
     eos = eos[0] if isinstance(eos, list) and eos else eos
     t0 = time.perf_counter()
-    out = runner.generate(feeds, int(start or 0), max_new_tokens, eos if isinstance(eos, int) else None)
+    out = runner.generate(feeds, int(start or 0), max_new_tokens, eos if isinstance(eos, int) else None, sampling.chooser() if sampling is not None else None)
     seconds = time.perf_counter() - t0
     new = [int(t) for t in out.tokens[0]]
     text = tokenizer.decode(new, skip_special_tokens=True) if tokenizer is not None else None

@@ -132,6 +132,8 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
     "seq2seq-with-past": ("10:3", "export.with_past: an encoder-decoder's decoder_model.onnx always takes its cache (past_key_values.*) and the encoder has none; remove with_past"),
     "seq2seq-optimize": ("9:1", "optimize: not yet supported for an encoder-decoder model's two files; remove optimize (validate, quantize, generate and benchmark are)"),
     "speech-sequence-shape": ("10:23", "validate.shapes[0].sequence: unknown dimension (the inputs use: batch, decoder_sequence)"),
+    "seq2seq-one-input": ("10:11", "export.inputs: an encoder-decoder's encoder takes input_ids and attention_mask, both [batch, sequence] (got input_ids); remove export.inputs for the defaults"),
+    "speech-text-prompt": ("11:3", "generate.prompt: a speech model's prompt is audio: generation starts from seeded features of the export's shape; remove it"),
     "cosine-without-sentences": ("9:12", "validate.cosine_min: compares sentence embeddings; add validate.sentences (the text to embed)"),
     "pytorch-factory-no-function": ("4:22", 'source.pytorch.factory: must be "path/to/file.py:function" or "package.module:function" (got "mlp.py")'),
     # names that would lead out of artifacts/

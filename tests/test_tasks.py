@@ -216,3 +216,12 @@ def test_odd_config_values_resolve_to_the_defaults_transformers_would_use(tmp_pa
     recipe.write_text(f"name: odd\nsource:\n  huggingface:\n    model: x/y\n    task: {task}\n    offline: random-init\n    config: {config}\n", encoding="utf-8")
     [pixels] = onnxbuild.load_recipe(recipe).resolved["export"]["inputs"]
     assert pixels["shape"][:2] == ["batch", 80 if task == "automatic-speech-recognition" else 3]
+
+
+def test_an_image_model_of_unknown_type_is_validated_at_its_sample_size_only(tmp_path: Path) -> None:
+    """Without `config:` (a Hub id or a folder) the recipe cannot tell a ViT, which takes one
+    image size, from a ResNet: the default shapes vary the batch and hold the image size."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: hub-vit\nsource:\n  huggingface:\n    model: google/vit-base-patch16-224\n    task: image-classification\nexport:\n  sample: {batch: 2, height: 224, width: 224}\n", encoding="utf-8")
+    shapes = onnxbuild.load_recipe(recipe).resolved["validate"]["shapes"]
+    assert shapes == [{"batch": b, "height": 224, "width": 224} for b in (1, 2, 5)]

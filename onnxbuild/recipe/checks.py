@@ -68,10 +68,11 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
         missing = [d for d in export_dims if d not in sample]
         where = ("export", "sample") if "sample" in export else ("export",) if "export" in doc else ("source", kind)
         fixed = getattr(module, "fixed_image_size", lambda _: False)(src)  # its own check asks for config.image_size
-        if {"height", "width"} & set(missing) and not fixed:
+        images = {"height", "width"} if any(isinstance(t, dict) and t.get("name") == "pixel_values" for t in inputs) else set()
+        if images & set(missing) and not fixed:
             yield problem(where, "an image model is exported at one sample size: give export.sample: {batch: 2, height: 224, width: 224} (or config.image_size)", key=True)
         for d in missing:
-            if d not in ("height", "width"):
+            if d not in images:
                 yield problem(where, f"give a sample size for dimension {d!r} (e.g. sample: {{{d}: 2}})", key=True)
         for i, shape in enumerate(doc.get("validate", {}).get("shapes", [])):
             for d in dims:
@@ -93,10 +94,10 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
         for i, shape in enumerate(bench.get("shapes", []) if isinstance(bench, dict) else []):
             for d in export_dims:  # what the inputs need (validation's decoder_sequence is not one)
                 if d not in shape and d not in optional:
-                    yield problem(("benchmark", "shapes", i), f"missing a size for dimension {d!r} (the inputs use: {', '.join(dims)})")
+                    yield problem(("benchmark", "shapes", i), f"missing a size for dimension {d!r} (the inputs use: {', '.join(export_dims)})")
             for d in shape:
                 if d not in dims and d not in optional:
-                    yield problem(("benchmark", "shapes", i, d), f"unknown dimension (the inputs use: {', '.join([*dims, *optional]) or 'no symbolic dimensions'})", key=True)
+                    yield problem(("benchmark", "shapes", i, d), f"unknown dimension (the inputs use: {', '.join([*export_dims, *optional]) or 'no symbolic dimensions'})", key=True)
         names = [t["name"] for t in inputs]
         for i, name in enumerate(names):
             if name in names[:i]:

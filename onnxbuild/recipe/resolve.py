@@ -102,7 +102,8 @@ def resolve(doc: dict[str, Any]) -> dict[str, Any]:
         out["export"] = export
         sample = {**defaults, **export["sample"]}
         validate = _with_defaults(doc.get("validate", {}), deref("#/$defs/validate"))
-        validate.setdefault("shapes", _default_shapes(validation_dims(kind, src, export["inputs"]), sample))
+        held = set(getattr(kind_module, "held_dims", lambda _: ())(src))
+        validate.setdefault("shapes", _default_shapes(validation_dims(kind, src, export["inputs"]), sample, held))
         validate.setdefault("atol", DEFAULT_ATOL)
         validate.setdefault("rtol", DEFAULT_RTOL)
         validate.setdefault("top1_min", DEFAULT_TOP1_MIN if getattr(kind_module, "top1", lambda _: False)(src) else None)
@@ -159,17 +160,18 @@ def _default_benchmark_shapes(resolved: dict[str, Any]) -> list[dict[str, int]]:
     return [{d: export["sample"][d] for d in dims}]
 
 
-def _default_shapes(dims: list[str], sample: dict[str, int]) -> list[dict[str, int]]:
+def _default_shapes(dims: list[str], sample: dict[str, int], held: frozenset[str] | set[str] = frozenset()) -> list[dict[str, int]]:
     """Three shapes: all ones, the export sample, and one larger than the sample in every dimension.
 
     Two of them differ from the sample, so an axis the export fixed by mistake fails validation.
     An image is never one pixel (a convolution's kernel is larger): the first shape keeps the
-    sample's image size.
+    sample's image size. ``held`` dimensions (the source kind's ``held_dims``) stay at the
+    sample size in all three.
     """
     if not dims:
         return [{}]
-    smallest = {d: sample[d] if d in IMAGE_DIMS else 1 for d in dims}
-    return [smallest, {d: sample[d] for d in dims}, {d: sample[d] * 2 + 1 for d in dims}]
+    smallest = {d: sample[d] if d in IMAGE_DIMS or d in held else 1 for d in dims}
+    return [smallest, {d: sample[d] for d in dims}, {d: sample[d] if d in held else sample[d] * 2 + 1 for d in dims}]
 
 
 def _with_defaults(section: dict[str, Any], sch: dict[str, Any]) -> dict[str, Any]:

@@ -25,8 +25,12 @@ only core modules, and heavy packages only inside functions):
 - ``resolve(src, defaults)``: defaults the schema cannot express (nested lists);
 - ``check(src, doc)``: cross-field problems as ``(key path, message, at the key)``;
 - ``default_io(src)``: export inputs and outputs when the recipe gives none (a task's);
-- ``varied_dims(src)``: dimensions validation always varies; ``sample_defaults(src)``:
-  export sample sizes its config gives; ``top1(src)``: a top-1 floor applies; ``decoder(src)``: ``export.with_past`` applies; ``benchmark_inputs(src)``: inputs an untraced source is benchmarked by.
+- ``varied_dims(src)``: dimensions validation always varies; ``held_dims(src)``: those
+  its default shapes keep at the sample size; ``sample_defaults(src)``: export sample
+  sizes its config gives; ``fixed_image_size(src)``: an image model of one size (its own
+  check asks for it); ``files(src)``: the ONNX files of one variant when more than
+  model.onnx, and ``seq2seq(src)``: those are an encoder and a decoder;
+  ``top1(src)``: a top-1 floor applies; ``decoder(src)``: ``export.with_past`` applies; ``benchmark_inputs(src)``: inputs an untraced source is benchmarked by.
 
 Adding a source kind is this module and its ``$defs/<kind>_source`` block in
 recipe/schema.json (the kinds are the schema's ``source`` keys). A source module imports

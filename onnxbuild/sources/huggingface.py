@@ -286,11 +286,23 @@ def fixed_image_size(src: dict[str, Any]) -> bool:
     return isinstance(model_type, str) and model_type in FIXED_SIZE_IMAGES
 
 
+def held_dims(src: dict[str, Any]) -> tuple[str, ...]:
+    """Dimensions validation keeps at the sample size unless the recipe's shapes say
+    otherwise: an image model whose type the recipe does not give (a Hub id or a folder
+    without `config:`) may take one image size only (ViT), so only its batch varies."""
+    from onnxbuild.recipe.tasks import IMAGE_TASKS
+
+    known = isinstance(_config(src).get("model_type"), str)
+    return ("height", "width") if src.get("task") in IMAGE_TASKS and not known else ()
+
+
 def sample_defaults(src: dict[str, Any]) -> dict[str, int]:
     """Export sample sizes the config gives: an image model's config.image_size; and the
     decoder's new tokens of an encoder-decoder model."""
     if seq2seq(src):
-        return {"decoder_sequence": 4}
+        from onnxbuild.recipe.tasks import DEFAULT_DECODER_SEQUENCE
+
+        return {"decoder_sequence": DEFAULT_DECODER_SEQUENCE}
     size = image_size(src)
     return {"height": size[0], "width": size[1]} if size and not fixed_image_size(src) else {}
 
@@ -312,7 +324,7 @@ def check(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[tuple[Any,
     from onnxbuild.recipe.tasks import IMAGE_TASKS
 
     if seq2seq(src):
-        yield from _check_seq2seq(doc)
+        yield from _check_seq2seq(src, doc)
     if src.get("task") not in IMAGE_TASKS:
         return
     config = _config(src)
@@ -327,18 +339,29 @@ def check(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[tuple[Any,
         yield ("validate", "sentences"), f"task {src['task']} takes images (pixel_values), not text; remove validate.sentences", True
 
 
-def _check_seq2seq(doc: dict[str, Any]) -> Iterable[tuple[tuple[Any, ...], str, bool]]:
+def _check_seq2seq(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[tuple[Any, ...], str, bool]]:
     """What an encoder-decoder's two files do not support (yet), said at the recipe."""
     export = doc.get("export") or {}
+    inputs = export.get("inputs")
+    if src.get("task") == "text2text-generation" and isinstance(inputs, list):
+        names = sorted(str(t.get("name")) for t in inputs if isinstance(t, dict))
+        if names != ["attention_mask", "input_ids"]:
+            yield ("export", "inputs"), f"an encoder-decoder's encoder takes input_ids and attention_mask, both [batch, sequence] (got {', '.join(names) or 'none'}); remove export.inputs for the defaults", False
+    if src.get("dtype", "float32") != "float32":
+        yield ("source", "huggingface", "dtype"), "encoder-decoder models export in float32 (their decoder cache is float32); remove dtype", False
+    gen = doc.get("generate")
+    if src.get("task") == "automatic-speech-recognition" and isinstance(gen, dict):
+        for key in ("prompt", "prompt_ids"):
+            if gen.get(key) is not None:
+                yield ("generate", key), "a speech model's prompt is audio: generation starts from seeded features of the export's shape; remove it", True
     if export.get("with_past"):
         yield ("export", "with_past"), (
             "an encoder-decoder's decoder_model.onnx always takes its cache (past_key_values.*) and the encoder has none; remove with_past"
         ), True
     if export.get("exporter") == "dynamo":
         yield ("export", "exporter"), "an encoder-decoder exports with torchscript (the decoder's cache is traced from flat tensors); remove exporter: dynamo", False
-    for section in ("optimize",):
-        if doc.get(section) is not None:
-            yield (section,), f"not yet supported for an encoder-decoder model's two files; remove {section} (validate, quantize, generate and benchmark are)", True
+    if doc.get("optimize") is not None:
+        yield ("optimize",), "not yet supported for an encoder-decoder model's two files; remove optimize (validate, quantize, generate and benchmark are)", True
     for i, q in enumerate(doc.get("quantize") or []):
         if isinstance(q, dict) and q.get("method") == "static":
             yield ("quantize", i, "method"), "static calibration of an encoder-decoder is not supported; use method: dynamic (or int4)", False

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from onnxbuild.errors import StepError
+from onnxbuild.recipe.tasks import DEFAULT_DECODER_SEQUENCE
 from onnxbuild.sources.decoder import Generation, PastLayout
 
 ENCODER = "encoder_model.onnx"
@@ -27,7 +28,6 @@ DECODER = "decoder_model.onnx"
 FILES = (ENCODER, DECODER)
 ENCODER_OUTPUT = "last_hidden_state"
 DECODER_INPUTS = ("input_ids", "encoder_hidden_states", "encoder_attention_mask")
-DEFAULT_DECODER_SEQUENCE = 4
 
 
 def layout_of(config: Any) -> PastLayout:
@@ -136,9 +136,13 @@ class OrtSeq2Seq:
         options = ort.SessionOptions()
         options.log_severity_level = 3
         options.intra_op_num_threads = threads
-        enc = ort.InferenceSession(str(encoder_path), options, providers=["CPUExecutionProvider"])
-        dec = ort.InferenceSession(str(decoder_path), options, providers=["CPUExecutionProvider"])
-        return cls(enc, dec, layout_from_session(dec))
+        sessions = []
+        for path in (encoder_path, decoder_path):
+            try:
+                sessions.append(ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]))
+            except Exception as exc:
+                raise StepError(f"ONNX Runtime cannot load {path}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__}") from None
+        return cls(sessions[0], sessions[1], layout_from_session(sessions[1]))
 
     def encode(self, feeds: dict[str, Any]) -> Any:
         return self.encoder.run([ENCODER_OUTPUT], feeds)[0]
@@ -260,7 +264,7 @@ class Checked:
     top1_total: int
 
 
-def validate_files(model: Any, export: Any, validate: Any, paths: list[Any], compare: Any) -> Checked:
+def validate_files(model: Any, source: dict[str, Any], export: Any, validate: Any, paths: list[Any], compare: Any) -> Checked:
     """Each shape end to end, ONNX Runtime against PyTorch: the encoder's hidden states; the
     decoder's first call (``decoder_sequence`` tokens, empty cache) on each engine's own
     hidden states, logits and grown cache; then one more token through that cache."""
@@ -275,7 +279,7 @@ def validate_files(model: Any, export: Any, validate: Any, paths: list[Any], com
     masked = "attention_mask" in names
     encoder, decoder = encoder_module(model, names), decoder_module(model, layout, masked)
     vocab = int(model.config.vocab_size)
-    specs = input_specs({"huggingface": {}}, export, natural=True)
+    specs = input_specs(source, export, natural=True)
     rtol, atol = float(validate["rtol"]), float(validate["atol"])
     results: list[dict[str, Any]] = []
     hits = total = 0

@@ -46,8 +46,10 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     files = spec.params.get("files", [MODEL])
     summaries = []
     report: CheckReport | None = None
+    parameters = nodes = 0
     for i, name in enumerate(files):
         report = _check(ctx.input(name), name, ctx.output_dir)
+        parameters, nodes = parameters + report["parameters"], nodes + report["nodes"]
         stem = "check" if i == len(files) - 1 else f"check.{Path(name).stem}"
         ctx.output(f"reports/{stem}.json").write_text(pretty_json(report), encoding="utf-8")
         ctx.output(f"reports/{stem}.md").write_text(markdown(report, ctx.recipe_name), encoding="utf-8")
@@ -55,7 +57,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     assert report is not None
     return StepResult(
         summary=f"ok: {'; '.join(summaries)}, opset {report['opsets'].get('', '?')}",
-        data={"parameters": report["parameters"], "nodes": report["nodes"]},
+        data={"parameters": parameters, "nodes": nodes},  # every file's
     )
 
 

@@ -18,7 +18,9 @@ from typing import Any, cast
 from onnxbuild._util import brief
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.model import Recipe
+from onnxbuild.recipe.resolve import DEFAULT_SAMPLE
 from onnxbuild.recipe.sections import ExportSection
+from onnxbuild.recipe.tasks import DEFAULT_DECODER_SEQUENCE
 from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD, model_files
 from onnxbuild.sources import source_module
 from onnxbuild.sources.torchmodel import (
@@ -33,7 +35,7 @@ from onnxbuild.sources.torchmodel import (
 from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 
-VERSION = 3
+VERSION = 4
 PACKAGES = ("torch", "transformers", "onnx", "onnxscript")
 
 PROTOBUF_LIMIT = 2_000_000_000
@@ -136,8 +138,10 @@ def _seq2seq(ctx: StepContext, model: Any, source: dict[str, Any], record: dict[
     args = tuple(torch.from_numpy(sample[n]) for n in names)
     encoder, decoder = seq2seq.encoder_module(model, names), seq2seq.decoder_module(model, layout, masked)
     batch = args[0].shape[0]
-    steps = int(export["sample"].get("decoder_sequence", seq2seq.DEFAULT_DECODER_SEQUENCE))
-    past_len = int(export["sample"].get("past_sequence", 4))
+    # export.sample sizes the encoder's inputs; the decoder is traced with a non-empty cache
+    # so its past axis is not constant-folded as zero
+    steps = int(export["sample"].get("decoder_sequence", DEFAULT_DECODER_SEQUENCE))
+    past_len = DEFAULT_SAMPLE["past_sequence"]
     generator = torch.Generator().manual_seed(0)
     decoder_ids = torch.randint(0, int(model.config.vocab_size), (batch, steps), generator=generator)
     past = tuple(torch.randn((batch, layout.kv_heads, past_len, layout.head_dim), generator=generator) for _ in layout.past_names)
@@ -159,13 +163,13 @@ def _seq2seq(ctx: StepContext, model: Any, source: dict[str, Any], record: dict[
     ]
     extra: tuple[str, ...] = ()
     params = sum(p.numel() * p.element_size() for p in model.parameters())
-    for name, module, args, inputs, outputs, axes in jobs:
+    for name, module, traced, inputs, outputs, axes in jobs:
         out = ctx.output(name)
         with tempfile.TemporaryDirectory(dir=ctx.output_dir) as tmp:
             raw = Path(tmp) / name
             try:
                 torch.onnx.export(
-                    module, args, str(raw), dynamo=False, input_names=inputs, output_names=outputs, dynamic_axes=axes,
+                    module, traced, str(raw), dynamo=False, input_names=inputs, output_names=outputs, dynamic_axes=axes,
                     opset_version=export["opset"], do_constant_folding=export["constant_folding"],
                 )
             except Exception as exc:

@@ -214,7 +214,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     record = read_source_record(ctx)
     model = load_source_model(source, record, ctx.recipe_dir)
     vocab = vocab_size(model) or 0
-    if spec.params.get("audio"):  # the prompt is seeded audio features; the tokenizer only reads the output
+    if spec.params.get("audio"):  # the prompt is seeded audio features (no tokenizer is loaded for speech yet)
         return _seq2seq(ctx, spec, gen, model, None, None, record)
     prompt, tokenizer = prompt_ids(gen, source, record, ctx.recipe_dir, vocab)
     n = int(gen["max_new_tokens"])

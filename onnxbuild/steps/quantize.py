@@ -100,13 +100,21 @@ def _each_file(ctx: StepContext, spec: StepSpec, q: QuantizeSection) -> StepResu
     """A multi-file model (an encoder and a decoder): each file quantized the same way."""
     parts = []
     size_in = size_out = 0
-    for name in spec.params["files"]:
+    files = spec.params["files"]
+    kept = {name: excluded(ctx.input(name), q, each_must_match=False) for name in files}
+    for k in q["keep"]:
+        if not any(k in node for names in kept.values() for node in names):
+            raise StepError(f"quantize.{q['name']}.keep: {k!r} is in no MatMul, Gemm or Gather node's name in {', '.join(Path(f).name for f in files)}; fix the name or drop it")
+    for name in files:
         src, out = ctx.input(name), ctx.output(f"{q['name']}/{Path(name).name}")
+        one: QuantizeSection = {**q, "keep": [], "exclude_nodes": kept[name]}
         try:
             if q["method"] == "dynamic":
-                _dynamic(src, out, q)
+                _dynamic(src, out, one)
             else:
-                _int4(src, out, q)
+                _int4(src, out, one)
+        except StepError:
+            raise
         except Exception as exc:
             raise StepError(f"quantize.{q['name']} ({q['method']}) failed on {Path(name).name}: {type(exc).__name__}: {str(exc)[:500]}") from None
         size_in, size_out = size_in + src.stat().st_size, size_out + out.stat().st_size
@@ -133,9 +141,11 @@ def _dynamic(src: Path, out: Path, q: QuantizeSection) -> None:
     )
 
 
-def excluded(model: Any, q: QuantizeSection) -> list[str]:
+def excluded(model: Any, q: QuantizeSection, *, each_must_match: bool = True) -> list[str]:
     """Node names left in full precision: ``exclude_nodes`` as given, and every MatMul/Gemm
-    whose name holds one of ``keep`` (``lm_head`` matches ``/lm_head/MatMul``)."""
+    whose name holds one of ``keep`` (``lm_head`` matches ``/lm_head/MatMul``). A name that
+    matches nothing is an error, except file by file in a multi-file model (the decoder's
+    lm_head is in no encoder): :func:`_each_file` checks that each matches some file."""
     import onnx
 
     names = list(q["exclude_nodes"])
@@ -144,7 +154,7 @@ def excluded(model: Any, q: QuantizeSection) -> list[str]:
         weighted = [n.name for n in proto.graph.node if n.op_type in ("MatMul", "Gemm", "Gather")]
         for k in q["keep"]:
             hits = [n for n in weighted if k in n]
-            if not hits:
+            if not hits and each_must_match:
                 raise StepError(f"quantize.{q['name']}.keep: {k!r} is in no MatMul, Gemm or Gather node's name (names look like {', '.join(weighted[-3:])}); fix the name or drop it")
             names += [n for n in hits if n not in names]
     return names

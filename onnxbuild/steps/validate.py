@@ -154,7 +154,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     if spec.params.get("files"):
         from onnxbuild.sources.seq2seq import validate_files
 
-        checked = validate_files(model, export, validate, [ctx.input(f) for f in spec.params["files"]], compare)
+        checked = validate_files(model, source, export, validate, [ctx.input(f) for f in spec.params["files"]], compare)
         shape_results = [cast(ShapeResult, c) for c in checked.results]
         return _finish(ctx, spec, record, source, validate, shape_results, checked.top1_hits, checked.top1_total, None, None, "")
     export = full_export(export, model)
