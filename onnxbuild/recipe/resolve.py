@@ -155,7 +155,7 @@ def _default_benchmark_shapes(resolved: dict[str, Any]) -> list[dict[str, int]]:
     dims = symbolic_dims(export["inputs"])
     if set(dims) == {"batch", "sequence"}:
         return [{"batch": 1, "sequence": 128}]
-    if any(t["name"] == "pixel_values" for t in export["inputs"]):  # one image at the sample's size
+    if any(t["name"] in ("pixel_values", "input_features") for t in export["inputs"]):  # one image or clip at the sample's size
         return [{d: 1 if d == "batch" else export["sample"][d] for d in dims}]
     return [{d: export["sample"][d] for d in dims}]
 
