@@ -71,6 +71,21 @@ def test_digits_mlp_trains_exports_and_scores_the_held_out_split(project: Path, 
     assert {s["status"] for s in again.recipes[0].steps} == {"cached"}
 
 
+def test_digits_cnn_is_the_image_path_with_real_weights(project: Path, settings: onnxbuild.Settings) -> None:
+    """scikit-learn's digits as [batch, 1, height, width] images: a CNN trained at build time,
+    validated at three image sizes and scored on the held-out split, its int8 variant too."""
+    folder = build_ok("recipes/digits-cnn.yaml", settings)
+    validation = read(folder / "reports" / "validation.json")
+    model, int8 = validation["variants"]["model"], validation["variants"]["int8"]
+    assert_shapes_pass(model, "logits", 1e-5)
+    assert [(s["shape"]["height"], s["shape"]["width"]) for s in model["shapes"]] == [(8, 8), (16, 12), (17, 17)]
+    assert model["accuracy"]["samples"] == 360 and model["accuracy"]["pytorch"] > 0.9
+    assert model["accuracy"]["onnxruntime"] == model["accuracy"]["pytorch"]
+    assert int8["passed"] and int8["accuracy"]["onnxruntime"] > 0.9
+    check = read(folder / "reports" / "check.json")
+    assert check["inputs"] == [{"name": "pixel_values", "dtype": "float32", "shape": ["batch", 1, "height", "width"]}]
+
+
 # ---------------------------------------------------------------- keras-mlp
 
 

@@ -162,35 +162,58 @@ def _seq2seq(ctx: StepContext, spec: StepSpec, gen: GenerateSection, model: Any,
         entry: dict[str, Any] = {"precision": variant["precision"], "greedy": greedy_cmp, "teacher_forced_agreement": forced}
         if sampling and sampled_ref is not None:
             entry["sampling"] = compare_runs(sampled_ref, runner.generate(feeds, start, n, None, sampling.chooser()))
-        exact = variant["precision"] == "fp32"
-        if exact:
-            entry["passed"] = greedy_cmp["identical"]
-            if not greedy_cmp["identical"]:
-                i = greedy_cmp["first_divergence"]
-                theirs = int(reference.tokens[0, i]) if i < reference.tokens.shape[1] else "end"
-                ours = greedy_cmp["tokens"][i] if i < len(greedy_cmp["tokens"]) else "end"
-                problems.append(f"{variant['name']}: greedy tokens diverge from PyTorch's at new token {i} (ONNX Runtime {ours}, PyTorch {theirs})")
-        else:
-            floor = gen["agreement_min"]
-            entry["passed"] = floor is None or forced >= floor
-            if not entry["passed"]:
-                problems.append(f"{variant['name']}: teacher-forced token agreement {forced:.3f} is below generate.agreement_min {floor}")
-        entry["rule"] = "greedy tokens identical to PyTorch" if exact else (f"teacher-forced agreement >= {gen['agreement_min']}" if gen["agreement_min"] is not None else "reported only (set generate.agreement_min to gate)")
-        if tokenizer is not None:
-            entry["text"] = tokenizer.decode(greedy_cmp["tokens"], skip_special_tokens=True)
+        problem = _judge(entry, variant, gen, reference, tokenizer, skip_special=True)
+        if problem:
+            problems.append(problem)
         results[variant["name"]] = entry
+    prompt_list = prompt[0].tolist() if prompt is not None else []
+    return _finish(ctx, spec, record, gen, prompt_list, reference, sampled_ref, tokenizer, results, problems, f"{reference.tokens.shape[1]} new tokens (encoder-decoder)", skip_special=True)
+
+
+def _judge(entry: dict[str, Any], variant: dict[str, Any], gen: GenerateSection, reference: Any, tokenizer: Any, *, skip_special: bool) -> str | None:
+    """The variant's verdict into ``entry`` (its rule, pass, text), and the problem if it fails:
+    fp32 must give PyTorch's greedy tokens, other precisions meet generate.agreement_min."""
+    greedy_cmp, forced = entry["greedy"], entry["teacher_forced_agreement"]
+    exact = variant["precision"] == "fp32"
+    problem = None
+    if exact:
+        entry["passed"] = greedy_cmp["identical"]
+        if not greedy_cmp["identical"]:
+            i = greedy_cmp["first_divergence"]
+            theirs = int(reference.tokens[0, i]) if i < reference.tokens.shape[1] else "end"
+            ours = greedy_cmp["tokens"][i] if i < len(greedy_cmp["tokens"]) else "end"
+            problem = (
+                f"{variant['name']}: greedy tokens diverge from PyTorch's at new token {i} (ONNX Runtime {ours}, PyTorch {theirs}; "
+                f"logits max abs diff up to there {greedy_cmp['logits_max_abs_diff']:.2e})"
+            )
+    else:
+        floor = gen["agreement_min"]
+        entry["passed"] = floor is None or forced >= floor
+        if not entry["passed"]:
+            problem = f"{variant['name']}: teacher-forced token agreement {forced:.3f} is below generate.agreement_min {floor}"
+    entry["rule"] = "greedy tokens identical to PyTorch" if exact else (f"teacher-forced agreement >= {gen['agreement_min']}" if gen["agreement_min"] is not None else "reported only (set generate.agreement_min to gate)")
+    if tokenizer is not None:
+        entry["text"] = tokenizer.decode(greedy_cmp["tokens"], skip_special_tokens=skip_special)
+    return problem
+
+
+def _finish(
+    ctx: StepContext, spec: StepSpec, record: dict[str, Any], gen: GenerateSection, prompt: list[int], reference: Any, sampled_ref: Any,
+    tokenizer: Any, results: dict[str, Any], problems: list[str], what: str, *, skip_special: bool,
+) -> StepResult:
+    """reports/generation.json and .md, and the step's verdict."""
     report = {
         "passed": not problems,
         "weights": record.get("weights"),
-        "prompt_ids": prompt[0].tolist() if prompt is not None else [],
+        "prompt_ids": prompt,
         "prompt": gen["prompt"],
-        "max_new_tokens": n,
+        "max_new_tokens": int(gen["max_new_tokens"]),
         "pytorch": {
             "greedy_tokens": reference.tokens[0].tolist(),
-            "text": tokenizer.decode(reference.tokens[0].tolist(), skip_special_tokens=True) if tokenizer is not None else None,
+            "text": tokenizer.decode(reference.tokens[0].tolist(), skip_special_tokens=skip_special) if tokenizer is not None else None,
             "sampling_tokens": sampled_ref.tokens[0].tolist() if sampled_ref else None,
         },
-        "sampling": {"seed": gen["seed"], **gen["sampling"]} if sampling and gen["sampling"] is not None else None,
+        "sampling": {"seed": gen["seed"], **gen["sampling"]} if sampled_ref is not None and gen["sampling"] is not None else None,
         "variants": results,
     }
     ctx.output("reports/generation.json").write_text(pretty_json(report), encoding="utf-8")
@@ -198,10 +221,7 @@ def _seq2seq(ctx: StepContext, spec: StepSpec, gen: GenerateSection, model: Any,
     verdicts = ", ".join(f"{name} " + ("identical" if r["greedy"]["identical"] else f"agreement {r['teacher_forced_agreement']:.2f}") for name, r in results.items())
     if problems:
         raise StepError("generation does not match PyTorch: " + "; ".join(problems) + f". Report: artifacts/{ctx.recipe_name}/failed/{spec.name}/reports/generation.md")
-    return StepResult(
-        summary=f"{reference.tokens.shape[1]} new tokens (encoder-decoder) vs PyTorch generate: {verdicts}",
-        data={"passed": True, "identical": [k for k, r in results.items() if r["greedy"]["identical"]]},
-    )
+    return StepResult(summary=f"{what} vs PyTorch generate: {verdicts}", data={"passed": True, "identical": [k for k, r in results.items() if r["greedy"]["identical"]]})
 
 
 def run(ctx: StepContext, spec: StepSpec) -> StepResult:
@@ -240,45 +260,11 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         entry: dict[str, Any] = {"precision": variant["precision"], "greedy": greedy_cmp, "teacher_forced_agreement": forced}
         if sampling and sampled_ref is not None:
             entry["sampling"] = compare_runs(sampled_ref, decoder.generate(prompt, n, sampling.chooser()))
-        exact = variant["precision"] == "fp32"
-        if exact:
-            entry["passed"] = greedy_cmp["identical"]
-            if not greedy_cmp["identical"]:
-                i = greedy_cmp["first_divergence"]
-                problems.append(
-                    f"{variant['name']}: greedy tokens diverge from PyTorch's at new token {i} "
-                    f"(ONNX Runtime {greedy_cmp['tokens'][i]}, PyTorch {int(reference.tokens[0, i])}; "
-                    f"logits max abs diff up to there {greedy_cmp['logits_max_abs_diff']:.2e})"
-                )
-        else:
-            floor = gen["agreement_min"]
-            entry["passed"] = floor is None or forced >= floor
-            if not entry["passed"]:
-                problems.append(f"{variant['name']}: teacher-forced token agreement {forced:.3f} is below generate.agreement_min {floor}")
-        entry["rule"] = "greedy tokens identical to PyTorch" if exact else (f"teacher-forced agreement >= {gen['agreement_min']}" if gen["agreement_min"] is not None else "reported only (set generate.agreement_min to gate)")
-        if tokenizer is not None:
-            entry["text"] = tokenizer.decode(greedy_cmp["tokens"])
+        problem = _judge(entry, variant, gen, reference, tokenizer, skip_special=False)
+        if problem:
+            problems.append(problem)
         results[variant["name"]] = entry
         del session
 
-    report = {
-        "passed": not problems,
-        "weights": record.get("weights"),
-        "prompt_ids": prompt[0].tolist(),
-        "prompt": gen["prompt"],
-        "max_new_tokens": n,
-        "pytorch": {
-            "greedy_tokens": reference.tokens[0].tolist(),
-            "text": tokenizer.decode(reference.tokens[0].tolist()) if tokenizer is not None else None,
-            "sampling_tokens": sampled_ref.tokens[0].tolist() if sampled_ref else None,
-        },
-        "sampling": {"seed": gen["seed"], **gen["sampling"]} if sampling and gen["sampling"] is not None else None,
-        "variants": results,
-    }
-    ctx.output("reports/generation.json").write_text(pretty_json(report), encoding="utf-8")
-    ctx.output("reports/generation.md").write_text(markdown(report, ctx.recipe_name), encoding="utf-8")
-    verdicts = ", ".join(f"{name} " + ("identical" if r["greedy"]["identical"] else f"agreement {r['teacher_forced_agreement']:.2f}") for name, r in results.items())
-    summary = f"{n} new tokens vs PyTorch generate: {verdicts}"
-    if problems:
-        raise StepError("generation does not match PyTorch: " + "; ".join(problems) + f". Report: artifacts/{ctx.recipe_name}/failed/{spec.name}/reports/generation.md")
-    return StepResult(summary=summary, data={"passed": True, "identical": [k for k, r in results.items() if r["greedy"]["identical"]]})
+    return _finish(ctx, spec, record, gen, prompt[0].tolist(), reference, sampled_ref, tokenizer, results, problems, f"{n} new tokens", skip_special=False)
+

@@ -68,17 +68,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         return _each_file(ctx, spec, q)
     src = ctx.input(spec.params["input"])
     out = ctx.output(f"{q['name']}/model.onnx")
-    try:
-        if q["method"] == "dynamic":
-            _dynamic(src, out, q)
-        elif q["method"] == "static":
-            _static(ctx, spec, src, out, q)
-        else:
-            _int4(src, out, q)
-    except StepError:
-        raise
-    except Exception as exc:
-        raise StepError(f"quantize.{q['name']} ({q['method']}) failed: {type(exc).__name__}: {str(exc)[:500]}") from None
+    _quantize(ctx, spec, src, out, q, "")
     for extra in out.parent.glob("*.onnx.data"):
         extra.unlink()
     size_in, size_out = src.stat().st_size, out.stat().st_size
@@ -96,6 +86,20 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     return StepResult(summary=summary, data={"bytes_in": size_in, "bytes_out": size_out, "quantized_nodes": quantized}, extra_outputs=beside)
 
 
+def _quantize(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: QuantizeSection, where: str) -> None:
+    try:
+        if q["method"] == "dynamic":
+            _dynamic(src, out, q)
+        elif q["method"] == "static":
+            _static(ctx, spec, src, out, q)
+        else:
+            _int4(src, out, q)
+    except StepError:
+        raise
+    except Exception as exc:
+        raise StepError(f"quantize.{q['name']} ({q['method']}) failed{where}: {type(exc).__name__}: {str(exc)[:500]}") from None
+
+
 def _each_file(ctx: StepContext, spec: StepSpec, q: QuantizeSection) -> StepResult:
     """A multi-file model (an encoder and a decoder): each file quantized the same way."""
     parts = []
@@ -107,16 +111,7 @@ def _each_file(ctx: StepContext, spec: StepSpec, q: QuantizeSection) -> StepResu
             raise StepError(f"quantize.{q['name']}.keep: {k!r} is in no MatMul, Gemm or Gather node's name in {', '.join(Path(f).name for f in files)}; fix the name or drop it")
     for name in files:
         src, out = ctx.input(name), ctx.output(f"{q['name']}/{Path(name).name}")
-        one: QuantizeSection = {**q, "keep": [], "exclude_nodes": kept[name]}
-        try:
-            if q["method"] == "dynamic":
-                _dynamic(src, out, one)
-            else:
-                _int4(src, out, one)
-        except StepError:
-            raise
-        except Exception as exc:
-            raise StepError(f"quantize.{q['name']} ({q['method']}) failed on {Path(name).name}: {type(exc).__name__}: {str(exc)[:500]}") from None
+        _quantize(ctx, spec, src, out, {**q, "keep": [], "exclude_nodes": kept[name]}, f" on {Path(name).name}")
         size_in, size_out = size_in + src.stat().st_size, size_out + out.stat().st_size
         parts.append(f"{Path(name).name} {src.stat().st_size / 1e6:.1f} -> {out.stat().st_size / 1e6:.1f} MB")
     for extra in ctx.output(q["name"]).glob("*.onnx.data"):
