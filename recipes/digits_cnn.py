@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from digits_mlp import _split
+from digits_mlp import _split, train
 
 
 def build(channels: int = 16, epochs: int = 15, lr: float = 0.01, batch_size: int = 64, seed: int = 0) -> Any:
@@ -17,27 +17,13 @@ def build(channels: int = 16, epochs: int = 15, lr: float = 0.01, batch_size: in
     import torch
 
     x_train, _, y_train, _ = _split()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # one thread: the same float sums, so the same weights, in every process
-    try:
-        torch.manual_seed(seed)
-        model = torch.nn.Sequential(
-            torch.nn.Conv2d(1, channels, 3, padding=1), torch.nn.ReLU(),
-            torch.nn.Conv2d(channels, 2 * channels, 3, stride=2, padding=1), torch.nn.ReLU(),
-            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(2 * channels, 10),
-        )
-        optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-        x, y = torch.from_numpy(x_train.reshape(-1, 1, 8, 8)), torch.from_numpy(y_train)
-        order = torch.Generator().manual_seed(seed)
-        model.train()
-        for _ in range(epochs):
-            for idx in torch.randperm(len(x), generator=order).split(batch_size):
-                optimizer.zero_grad()
-                torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
-                optimizer.step()
-    finally:
-        torch.set_num_threads(threads)
-    return model.eval()
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(1, channels, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(channels, 2 * channels, 3, stride=2, padding=1), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(2 * channels, 10),
+    )
+    return train(model, x_train.reshape(-1, 1, 8, 8), y_train, epochs=epochs, lr=lr, batch_size=batch_size, seed=seed)
 
 
 def test_set() -> tuple[dict[str, Any], Any]:

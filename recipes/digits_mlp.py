@@ -38,11 +38,18 @@ def build(hidden: int = 64, epochs: int = 20, lr: float = 0.01, batch_size: int 
     import torch
 
     x_train, _, y_train, _ = _split()
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10))
+    return train(model, x_train, y_train, epochs=epochs, lr=lr, batch_size=batch_size, seed=seed)
+
+
+def train(model: Any, x_train: Any, y_train: Any, *, epochs: int, lr: float, batch_size: int, seed: int) -> Any:
+    """Adam on cross-entropy in seeded mini-batches; the model in eval mode."""
+    import torch
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one thread: the same float sums, so the same weights, in every process
     try:
-        torch.manual_seed(seed)
-        model = torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10))
         optimizer = torch.optim.Adam(model.parameters(), lr=lr)
         x, y = torch.from_numpy(x_train), torch.from_numpy(y_train)
         order = torch.Generator().manual_seed(seed)

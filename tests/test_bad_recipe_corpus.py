@@ -130,7 +130,7 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
     "token-classification-with-past": ("10:14", "export.with_past: applies to huggingface text-generation models (this recipe has task token-classification); remove it"),
     "question-answering-image-size": ("10:36", "validate.shapes[0].height: unknown dimension (the inputs use: batch, sequence)"),
     "seq2seq-with-past": ("10:3", "export.with_past: an encoder-decoder's decoder_model.onnx always takes its cache (past_key_values.*) and the encoder has none; remove with_past"),
-    "seq2seq-optimize": ("9:1", "optimize: not yet supported for an encoder-decoder model's two files; remove optimize (validate, quantize, generate and benchmark are)"),
+    "seq2seq-float16": ("8:12", "source.huggingface.dtype: encoder-decoder models export in float32 (their decoder cache is float32); remove dtype"),
     "speech-sequence-shape": ("10:23", "validate.shapes[0].sequence: unknown dimension (the inputs use: batch, decoder_sequence)"),
     "seq2seq-one-input": ("10:11", "export.inputs: an encoder-decoder's encoder takes input_ids and attention_mask, both [batch, sequence] (got input_ids); remove export.inputs for the defaults"),
     "speech-text-prompt": ("11:3", "generate.prompt: a speech model's prompt is audio: generation starts from seeded features of the export's shape; remove it"),

@@ -225,3 +225,14 @@ def test_an_image_model_of_unknown_type_is_validated_at_its_sample_size_only(tmp
     recipe.write_text("name: hub-vit\nsource:\n  huggingface:\n    model: google/vit-base-patch16-224\n    task: image-classification\nexport:\n  sample: {batch: 2, height: 224, width: 224}\n", encoding="utf-8")
     shapes = onnxbuild.load_recipe(recipe).resolved["validate"]["shapes"]
     assert shapes == [{"batch": b, "height": 224, "width": 224} for b in (1, 2, 5)]
+
+
+def test_an_encoder_decoder_is_optimized_file_by_file_and_validated_together(built: Path) -> None:
+    folder = built / "tiny-t5"
+    report = read(folder / "reports" / "optimize.json")
+    assert sorted(report["files"]) == ["decoder_model.onnx", "encoder_model.onnx"]
+    assert report["files"]["encoder_model.onnx"]["transformer"]["model_type"] == "t5"
+    assert report["nodes_after"] < report["nodes_before"] and report["fused_ops"]["SimplifiedLayerNormalization"] > 0
+    optimized = read(folder / "reports" / "validation.json")["variants"]["optimized"]
+    assert optimized["passed"] and len(optimized["shapes"]) == 3
+    assert read(folder / "reports" / "generation.json")["variants"]["optimized"]["greedy"]["identical"]

@@ -360,8 +360,6 @@ def _check_seq2seq(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[t
         ), True
     if export.get("exporter") == "dynamo":
         yield ("export", "exporter"), "an encoder-decoder exports with torchscript (the decoder's cache is traced from flat tensors); remove exporter: dynamo", False
-    if doc.get("optimize") is not None:
-        yield ("optimize",), "not yet supported for an encoder-decoder model's two files; remove optimize (validate, quantize, generate and benchmark are)", True
     for i, q in enumerate(doc.get("quantize") or []):
         if isinstance(q, dict) and q.get("method") == "static":
             yield ("quantize", i, "method"), "static calibration of an encoder-decoder is not supported; use method: dynamic (or int4)", False

@@ -63,17 +63,18 @@ def plan(p: Planning) -> list[StepSpec]:
     kind = p.recipe.source_kind
     fuse = is_decoder(r["source"]) and bool(r["export"].get("with_past")) and r["optimize"]["decoder"] != "export"
     model_step = p.model_step
+    files = p.variants[0].files  # an encoder-decoder's two files, each optimized alike
     return [
         StepSpec(
             name="optimize",
             kind="optimize",
             params={
                 "optimize": r["optimize"], "source": r["source"] if p.recipe.torch_source or kind == "huggingface" else None, "input": MODEL,
-                "provider": provider if hardware else None, **({"fuse_decoder": True} if fuse else {}),
+                "provider": provider if hardware else None, **({"fuse_decoder": True} if fuse else {}), **({"files": list(files)} if files else {}),
             },
             deps=(model_step, "source") if fuse else (model_step,),
-            inputs=(StepInput(model_step, MODEL), StepInput("source", SOURCE_RECORD)) if fuse else (StepInput(model_step, MODEL),),
-            outputs=("optimized/model.onnx", "reports/optimize.json"),
+            inputs=(StepInput(model_step, MODEL), StepInput("source", SOURCE_RECORD)) if fuse else tuple(StepInput(model_step, f) for f in files or (MODEL,)),
+            outputs=(*(f"optimized/{f}" for f in files or (MODEL,)), "reports/optimize.json"),
             identity={"cpu": environment.cpu_fingerprint()} if hardware else {},
         )
     ]
@@ -97,8 +98,8 @@ def model_dims(source: dict[str, Any] | None, recipe_dir: Path) -> tuple[int, in
         folder = local_folder(src, recipe_dir)
         if folder is not None and (folder / "config.json").is_file():
             config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    heads = config.get("num_attention_heads", config.get("n_head", 0))
-    hidden = config.get("hidden_size", config.get("n_embd", 0))
+    heads = next((config[k] for k in ("num_attention_heads", "n_head", "num_heads", "encoder_attention_heads") if k in config), 0)  # T5, BART/Whisper
+    hidden = next((config[k] for k in ("hidden_size", "n_embd", "d_model") if k in config), 0)
     return int(heads or 0), int(hidden or 0)
 
 
@@ -109,17 +110,41 @@ def model_type_for(source: dict[str, Any] | None) -> str:
     kind = str(config.get("model_type", ""))
     if kind in ("gpt2", "bert", "bart", "t5", "gpt_neox", "phi", "clip", "vit", "swin"):
         return kind
+    if kind in ("whisper", "marian", "mbart"):
+        return "bart"  # the same attention blocks; ONNX Runtime optimizes Whisper as bart
     return "gpt2" if source["huggingface"]["task"] == "text-generation" else "bert"
 
 
 def run(ctx: StepContext, spec: StepSpec) -> StepResult:
+    opt = cast(OptimizeSection, spec.params["optimize"])
+    if spec.params.get("files"):
+        return _each_file(ctx, spec, opt)
+    report, before = _optimize(ctx, spec, opt, ctx.input(spec.params["input"]), ctx.output("optimized/model.onnx"))
+    return _finish(ctx, spec, opt, report, before, [ctx.output("optimized/model.onnx")])
+
+
+def _each_file(ctx: StepContext, spec: StepSpec, opt: OptimizeSection) -> StepResult:
+    """An encoder-decoder: each file through the same passes; the report sums their nodes."""
+    before: Counter[str] = Counter()
+    outs = []
+    files: dict[str, Any] = {}
+    report: dict[str, Any] = {}
+    for name in spec.params["files"]:
+        out = ctx.output(f"optimized/{name}")
+        report, one = _optimize(ctx, spec, opt, ctx.input(name), out)
+        before.update(one)
+        outs.append(out)
+        files[name] = {"transformer": report["transformer"]}
+    report["files"] = files
+    return _finish(ctx, spec, opt, report, dict(before), outs)
+
+
+def _optimize(ctx: StepContext, spec: StepSpec, opt: OptimizeSection, src_path: Path, out: Path) -> tuple[dict[str, Any], dict[str, int]]:
+    """One file through the fused decoder (a decoder's), ORT's transformer fusions, fp16 and the graph level."""
     import onnx
     import onnxruntime as ort
 
-    opt = cast(OptimizeSection, spec.params["optimize"])
     source = spec.params.get("source")
-    src_path = ctx.input(spec.params["input"])
-    out = ctx.output("optimized/model.onnx")
     report: dict[str, Any] = {"level": opt["level"], "transformer": None, "float16": None}
     current = src_path
     exported = onnx.load_model(str(src_path), load_external_data=False)
@@ -177,10 +202,24 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         except Exception as exc:
             raise StepError(f"ONNX Runtime could not optimize the model at level {opt['level']}: {exc}") from None
     else:
-        current.replace(out)
+        import shutil
+
+        shutil.copyfile(current, out)  # the export itself may be the input: never move it
     for staged in ctx.output_dir.glob("stage-*.onnx"):
         staged.unlink()
-    after = _histogram(onnx.load_model(str(out), load_external_data=False))
+    if fused_graph is not None:
+        report["fused_summary"] = f"fused {fused_graph.family} graph from the weights; "
+    return report, before
+
+
+def _finish(ctx: StepContext, spec: StepSpec, opt: OptimizeSection, report: dict[str, Any], before: dict[str, int], outs: list[Path]) -> StepResult:
+    """reports/optimize.json and the step's summary, over every file written."""
+    import onnx
+
+    how = report.pop("fused_summary", "")
+    after: Counter[str] = Counter()
+    for out in outs:
+        after.update(_histogram(onnx.load_model(str(out), load_external_data=False)))
     fused = {op: after.get(op, 0) for op in FUSED_OPS if after.get(op, 0) or before.get(op, 0)}
     report.update(
         provider=spec.params["provider"],
@@ -195,8 +234,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         report["note"] = f"level {opt['level']} ties the model to {spec.params['provider']} on this CPU (fingerprint {report['cpu_fingerprint']}); rebuilt elsewhere it may differ"
     ctx.output("reports/optimize.json").write_text(pretty_json(report), encoding="utf-8")
     fused_text = ", ".join(f"{k} {v}" for k, v in fused.items()) or "no fused ops"
-    how = f"fused {fused_graph.family} graph from the weights; " if fused_graph is not None else ""
-    extra = genai_beside(ctx, "model.onnx", "optimized")
+    extra = genai_beside(ctx, "model.onnx", "optimized") if not spec.params.get("files") else ()
     return StepResult(summary=f"{how}{report['nodes_before']} -> {report['nodes_after']} nodes; {fused_text}", data={"fused_ops": fused}, extra_outputs=extra)
 
 
