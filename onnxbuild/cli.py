@@ -20,7 +20,7 @@ import click
 from onnxbuild import api
 from onnxbuild._util import format_duration
 from onnxbuild._version import __version__
-from onnxbuild.errors import OnnxbuildError, RecipeError, UsageError
+from onnxbuild.errors import INTERRUPTED, INTERRUPTED_EXIT, OnnxbuildError, RecipeError, UsageError
 
 if TYPE_CHECKING:
     from onnxbuild.engine.graph import PlannedStep
@@ -58,8 +58,8 @@ class Group(click.Group):
             click.echo(f"Error: {exc}", err=True)
             ctx.exit(1 if detailed else exc.exit_code)
         except KeyboardInterrupt:
-            click.echo("Interrupted; nothing partial was kept (completed steps stay cached).", err=True)
-            ctx.exit(130)
+            click.echo(INTERRUPTED, err=True)
+            ctx.exit(INTERRUPTED_EXIT)
         except OSError as exc:
             # the disk is full, the cache or artifacts folder is read-only: say which, no traceback
             where = f" ({exc.filename})" if exc.filename else ""

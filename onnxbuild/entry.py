@@ -12,8 +12,6 @@ import signal
 import sys
 from types import FrameType
 
-INTERRUPTED = 130
-
 
 def _terminated(signum: int, frame: FrameType | None) -> None:
     # CI cancels and `docker stop` send SIGTERM: unwind like Ctrl-C, so running step
@@ -22,6 +20,7 @@ def _terminated(signum: int, frame: FrameType | None) -> None:
 
 
 def main(args: list[str] | None = None) -> None:
+    from onnxbuild.errors import INTERRUPTED, INTERRUPTED_EXIT
     from onnxbuild.testhooks import pause_for_tests
 
     signal.signal(signal.SIGTERM, _terminated)
@@ -34,8 +33,8 @@ def main(args: list[str] | None = None) -> None:
         code = 0
     except KeyboardInterrupt:
         # Only reached outside a command's own handler (start-up, click's parsing).
-        print("Interrupted; nothing partial was kept (completed steps stay cached).", file=sys.stderr)
-        code = INTERRUPTED
+        print(INTERRUPTED, file=sys.stderr)
+        code = INTERRUPTED_EXIT
     except SystemExit as exc:
         code = exc.code
     # The command is over and its result decided: a signal now (thread pools are joined at

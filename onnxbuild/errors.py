@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+INTERRUPTED = "Interrupted; nothing partial was kept (completed steps stay cached)."
+"""What a build stopped by Ctrl-C or SIGTERM says (exit 130), wherever the signal lands."""
+INTERRUPTED_EXIT = 130
+
 
 class OnnxbuildError(Exception):
     """Root of every error onnxbuild raises on purpose."""

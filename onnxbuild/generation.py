@@ -115,14 +115,16 @@ def run(artifact: str | Path, prompt: str, *, max_new_tokens: int = 32, variant:
 def encoder_decoder(artifact: str | Path, variant: str) -> tuple[Path, Path, Path] | None:
     """(encoder file, decoder file, folder with config.json) when ``artifact`` is an
     encoder-decoder's artifact folder (encoder_model.onnx and decoder_model.onnx)."""
+    from onnxbuild.recipe.tasks import DECODER_FILE, ENCODER_FILE
+
     folder = Path(artifact)
-    if not (folder.is_dir() and (folder / "encoder_model.onnx").is_file()):
+    if not (folder.is_dir() and (folder / ENCODER_FILE).is_file()):
         return None
     where = folder if variant == "model" else folder / variant
-    if not ((where / "encoder_model.onnx").is_file() and (where / "decoder_model.onnx").is_file()):
-        found = ["model", *sorted(p.parent.name for p in folder.glob("*/decoder_model.onnx"))]
+    if not ((where / ENCODER_FILE).is_file() and (where / DECODER_FILE).is_file()):
+        found = ["model", *sorted(p.parent.name for p in folder.glob(f"*/{DECODER_FILE}"))]
         raise UsageError(f"{folder} has no variant {variant!r} (an encoder and a decoder file under {where}); variants here: {', '.join(found)}")
-    return where / "encoder_model.onnx", where / "decoder_model.onnx", folder
+    return where / ENCODER_FILE, where / DECODER_FILE, folder
 
 
 def _run_seq2seq(encoder: Path, decoder: Path, folder: Path, prompt: str, max_new_tokens: int, sampling: Any) -> RunResult:

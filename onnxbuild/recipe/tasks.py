@@ -62,6 +62,8 @@ TASKS: dict[str, TaskInfo] = {
     "image-feature-extraction": {"auto_class": "AutoModel", "inputs": _IMAGE, "outputs": ["last_hidden_state"], "top1": False, "per_token": False},
 }
 
+ENCODER_FILE, DECODER_FILE = "encoder_model.onnx", "decoder_model.onnx"
+"""An encoder-decoder's two files (Optimum's and onnxruntime-genai's names)."""
 DEFAULT_DECODER_SEQUENCE = 4
 """Decoder tokens of an encoder-decoder's export sample (its validation varies them too)."""
 SEQ2SEQ_TASKS = frozenset({"text2text-generation", "automatic-speech-recognition"})

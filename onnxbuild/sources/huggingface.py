@@ -403,7 +403,9 @@ def seq2seq(src: dict[str, Any]) -> bool:
 
 def files(src: dict[str, Any]) -> tuple[str, ...]:
     """The ONNX files one variant of this model is made of."""
-    return ("encoder_model.onnx", "decoder_model.onnx") if seq2seq(src) else ("model.onnx",)
+    from onnxbuild.recipe.tasks import DECODER_FILE, ENCODER_FILE
+
+    return (ENCODER_FILE, DECODER_FILE) if seq2seq(src) else ("model.onnx",)
 
 
 def decoder(src: dict[str, Any]) -> bool:

@@ -20,12 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from onnxbuild.errors import StepError
-from onnxbuild.recipe.tasks import DEFAULT_DECODER_SEQUENCE
+from onnxbuild.recipe.tasks import DECODER_FILE, DEFAULT_DECODER_SEQUENCE, ENCODER_FILE
 from onnxbuild.sources.decoder import Generation, PastLayout
 
-ENCODER = "encoder_model.onnx"
-DECODER = "decoder_model.onnx"
-FILES = (ENCODER, DECODER)
+ENCODER, DECODER = ENCODER_FILE, DECODER_FILE
 ENCODER_OUTPUT = "last_hidden_state"
 DECODER_INPUTS = ("input_ids", "encoder_hidden_states", "encoder_attention_mask")
 

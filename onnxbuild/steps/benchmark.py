@@ -290,9 +290,6 @@ def _seq2seq_benchmark(
     cached = CACHED_TOKENS
     feeds_by_shape = [make_inputs(export["inputs"], sizes, seed=500 + i, vocab=vocab) for i, sizes in enumerate(shapes)]
 
-    def timed(fn: Any, sizes: dict[str, int]) -> Timing:
-        return measure(fn, _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
-
     baseline: list[dict[str, Any]] = []
     decode: list[dict[str, Any]] = []
     if bench["baseline"] == "pytorch":
@@ -313,8 +310,8 @@ def _seq2seq_benchmark(
             ids = np.full((batch, 1), start, dtype=np.int64)
             rng = np.random.default_rng(7)
             past_np = [rng.standard_normal((batch, layout.kv_heads, cached, layout.head_dim)).astype(np.float32) for _ in layout.past_names]
-            prefill = timed(lambda f=feeds, m=mask_np, b=batch, i=ids, r=runner: r.step(i, r.encode(f), m, r.empty_past(b)), sizes)
-            one = timed(lambda h=hidden_np, m=mask_np, pk=past_np, i=ids, r=runner: r.step(i, h, m, pk), sizes)
+            prefill = _timed_at(bench, lambda f=feeds, m=mask_np, b=batch, i=ids, r=runner: r.step(i, r.encode(f), m, r.empty_past(b)), sizes)
+            one = _timed_at(bench, lambda h=hidden_np, m=mask_np, pk=past_np, i=ids, r=runner: r.step(i, h, m, pk), sizes)
             total = _generation_time(lambda f=feeds, r=runner: r.generate(f, start, n, None))
             base = next((b for b in baseline if b["shape"] == dict(sizes)), None)
             row = _row(variant, "CPUExecutionProvider", sizes, prefill, base, created=round(created, 4), peak_rss_mb=rss_mb(), io_binding=False, path=paths[-1])
@@ -335,6 +332,11 @@ def _seq2seq_benchmark(
     return baseline, providers, results, decode
 
 
+def _timed_at(bench: BenchmarkSection, fn: Any, sizes: dict[str, int]) -> Timing:
+    """``measure`` with the benchmark's settings, at one shape."""
+    return measure(fn, _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
+
+
 def _seq2seq_pytorch(
     model: Any, names: list[str], shapes: list[dict[str, int]], feeds_by_shape: list[dict[str, Any]], bench: BenchmarkSection, cached: int
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -348,9 +350,6 @@ def _seq2seq_pytorch(
     encoder, decoder = seq2seq.encoder_module(model, names), seq2seq.decoder_module(model, layout, masked)
     start = seq2seq.start_token(model.config)
     n = int(bench["decode_tokens"])
-
-    def timed(fn: Any, sizes: dict[str, int]) -> Timing:
-        return measure(fn, _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
 
     baseline: list[dict[str, Any]] = []
     decode: list[dict[str, Any]] = []
@@ -371,7 +370,7 @@ def _seq2seq_pytorch(
             def step(h: Any = hidden, m: tuple[Any, ...] = mask, pk: list[Any] = past, ids: Any = first_ids) -> None:
                 decoder(ids, h, *m, *pk)
 
-            prefill, one = timed(first, sizes), timed(step, sizes)
+            prefill, one = _timed_at(bench, first, sizes), _timed_at(bench, step, sizes)
         total = _generation_time(lambda f=feeds: seq2seq.hf_generate(model, f, n, stop_at_eos=False))
         baseline.append({"engine": "pytorch", "mode": "eager", "attention": "sdpa", "device": "cpu", "shape": dict(sizes), **prefill, "peak_rss_mb": rss_mb()})
         decode.append({"engine": "pytorch", "variant": None, "provider": None, **_decode_row(sizes, prefill, one, n, total, one["p50_ms"])})
