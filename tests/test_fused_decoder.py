@@ -123,7 +123,7 @@ def test_the_llama_fusions_fire_and_are_reported(built: Path) -> None:
     # upgrade that breaks a fusion fails here with the fusion's name
     assert missing_fusions(dict(ops), expected_fusions("llama", 2)) == []
     assert report["fused_ops"] == expected_fusions("llama", 2)
-    assert ops["MatMul"] == 2 * 4 + 1  # per layer: packed QKV, output projection, packed gate-up, down; and lm_head
+    assert ops["MatMul"] == 2 * 5 + 1  # per layer: packed QKV, output projection, gate, up, down; and lm_head
     assert "Attention" not in ops and "Softmax" not in ops
 
 
@@ -148,7 +148,7 @@ def test_int4_multiplies_in_int8_keeps_lm_head_in_full_precision_and_packs_the_e
     assert {a.name: helper.get_attribute_value(a) for a in embed.attribute}["block_size"] == 32
     assert not [n for n in model.graph.node if n.op_type == "Gather" and n.input[0] in {i.name for i in model.graph.initializer}]
     nbits = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
-    assert len(nbits) == 2 * 4  # every layer's four MatMuls
+    assert len(nbits) == 2 * 5  # every layer's five MatMuls
     for n in nbits:
         attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
         assert attrs["accuracy_level"] == 4 and attrs["block_size"] == 32 and attrs["bits"] == 4

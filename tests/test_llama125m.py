@@ -40,6 +40,6 @@ def test_llama_125m_builds_fused_validates_every_variant_and_generates_like_pyto
     assert 0.0 <= generation["variants"]["int4"]["teacher_forced_agreement"] <= 1.0
     int4 = onnx.load_model(str(folder / "int4" / "model.onnx"), load_external_data=False)
     nbits = [n for n in int4.graph.node if n.op_type == "MatMulNBits"]
-    assert len(nbits) == 12 * 4 + 1 and all(helper.get_attribute_value(next(a for a in n.attribute if a.name == "accuracy_level")) == 4 for n in nbits)
+    assert len(nbits) == 12 * 5 + 1 and all(helper.get_attribute_value(next(a for a in n.attribute if a.name == "accuracy_level")) == 4 for n in nbits)
     bench = json.loads((folder / "benchmark.json").read_text(encoding="utf-8"))
     assert {d["variant"] for d in bench["decode"] if d["engine"] == "onnxruntime"} == {"model", "optimized", "int8", "int4"}
