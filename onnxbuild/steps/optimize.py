@@ -22,7 +22,7 @@ from onnxbuild.sources import is_decoder
 from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 
-VERSION = 3
+VERSION = 4  # 4: fused decoders write gate and up as two MatMuls
 PACKAGES = ("onnxruntime", "onnx", "torch", "transformers")
 
 FUSED_OPS = (
