@@ -278,7 +278,7 @@ def plan(ctx: click.Context, recipes: tuple[str, ...], target: str | None, force
     Example:
       onnxbuild plan recipes/gpt2.yaml
       export: will run: export.opset changed 17 -> 18
-      check: will run: its input from export will be rebuilt
+      check: will run: only if its input from export changes
     """
     if check_lock:
         problems = api.check_locks(recipes, _settings(ctx))

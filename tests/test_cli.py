@@ -249,7 +249,7 @@ def test_plan_before_the_first_build(project: Path) -> None:
     assert result.exit_code == 1
     assert result.stdout == (
         "linear-regression:source: will run: no entry in cache (never built)\n"
-        "linear-regression:check: will run: its input from source will be rebuilt\n"
+        "linear-regression:check: will run: only if its input from source changes\n"
         "2 steps would run, 0 cached, never built here: no estimate\n"
     )
     assert not (project / "artifacts").exists()
@@ -275,7 +275,7 @@ def test_plan_names_the_key_that_changed(built: Path) -> None:
     lines = result.stdout.splitlines()
     assert lines[:2] == [
         "linear-regression:source: will run: source.graph.initializers[0].random.seed changed 0 -> 1",
-        "linear-regression:check: will run: its input from source will be rebuilt",
+        "linear-regression:check: will run: only if its input from source changes",
     ]
     # a measured figure: its words are fixed, its number is this machine's
     assert re.fullmatch(r"2 steps would run, 0 cached, (under a second|about \d+ s) by the last build's timings", lines[2]), lines[2]

@@ -22,6 +22,8 @@ cache if they come out identical, else left out of this build (never run)."""
 
 FORCED = "forced (--force)"
 OUTSIDE = "outside --target: kept if its inputs are rebuilt identical, else left out"
+DEPENDS = "only if its input from"
+"""How a dependent of a step that will run is planned: it runs only if that input's bytes change."""
 
 
 @dataclass(frozen=True)
@@ -180,8 +182,11 @@ def plan_step(recipe: Recipe, spec: StepSpec, done: dict[str, PlannedStep], cach
     if pending:
         # --force reruns every selected step, not only the first: a dependent whose
         # rebuilt input comes out identical must not be taken from the cache.
-        reason = FORCED if force else f"its input from {', '.join(pending)} will be rebuilt"
-        return PlannedStep(recipe, spec, "run", (reason,), None, None, None)
+        if force:
+            return PlannedStep(recipe, spec, "run", (FORCED,), None, None, None)
+        # Its key waits for the input's bytes; what the step itself changed is known now.
+        waiting = f"{DEPENDS} {', '.join(pending)} changes"
+        return PlannedStep(recipe, spec, "run", (*own_changes(last, spec, cache), waiting), None, None, None)
     digests = input_digests(spec, {d: done[d].entry for d in spec.deps})
     ing = ingredients(spec, digests, cache)
     key = step_key(ing)
@@ -202,6 +207,15 @@ def input_digests(spec: StepSpec, entries: dict[str, EntryRecord | None]) -> dic
         by_path = {o["path"]: o["sha256"] for o in entry["outputs"]}
         out[f"{inp.step}:{inp.path}"] = by_path[inp.path]
     return out
+
+
+def own_changes(last: dict[str, Any] | None, spec: StepSpec, cache: Cache) -> list[str]:
+    """What changed in a step's own ingredients (its inputs aside) since its last build."""
+    if not last or not isinstance(last.get("ingredients"), dict):
+        return []
+    now = ingredients(spec, {}, cache)
+    before = {**last["ingredients"], "inputs": {}}
+    return [r for r in explain({**last, "ingredients": before, "key": None}, now, "") if r != "no entry in cache"]
 
 
 def explain(last: dict[str, Any] | None, now: dict[str, Any], key: str) -> list[str]:
