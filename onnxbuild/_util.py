@@ -142,3 +142,11 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def pick(section: Any, keep: Any) -> Any:
+    """The keys of ``section`` named in ``keep``, as a mapping of the same type (a step's key
+    holds only what the step reads; a traced recipe keeps its paths, see testhooks.track)."""
+    out = {k: section[k] for k in section if k in keep}
+    paths = getattr(section, "paths", None)
+    return out if paths is None else type(section)(out, {k: v for k, v in paths.items() if k in out})

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from onnxbuild import testhooks
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD, VARIANT_TOLERANCES, Variant, variants
-from onnxbuild.sources import source_module
+from onnxbuild.sources import recorded, source_module
 from onnxbuild.spec import STEP_KINDS, Limits, Planning, Resources, StepSpec
 from onnxbuild.steps import describe, step_module
 
@@ -32,8 +33,14 @@ __all__ = ["MODEL", "SOURCE_RECORD", "VARIANT_TOLERANCES", "Variant", "steps_for
 
 def steps_for(recipe: Recipe) -> list[StepSpec]:
     """The recipe's steps in dependency order."""
+    if testhooks.tracing_reads():
+        recipe = replace(recipe, resolved=testhooks.track(recipe.resolved))
     planning = Planning(recipe, tuple(variants(recipe)), "export" if recipe.torch_source else "source")
     steps = [spec for kind in STEP_KINDS for spec in step_module(kind).plan(planning)]
+    # What the source record carries (which weights, from where) is in the key of every step
+    # that reads the record as an input, so the same recipe keys stay out of those keys.
+    carried = recorded(recipe.resolved["source"])
+    steps = [replace(s, unkeyed=(*s.unkeyed, *carried)) if carried and "source" in s.params and any(i.path == SOURCE_RECORD for i in s.inputs) else s for s in steps]
     weights = _weight_bytes(recipe)
     return [describe(replace(s, resources=_resources(recipe, s.kind, weights), limits=_limits(recipe, s))) for s in steps]
 

@@ -69,6 +69,9 @@ class StepSpec:
     files: dict[str, Path] = field(default_factory=dict)
     identity: dict[str, Any] = field(default_factory=dict)
     """Extra ingredients computed at plan time (e.g. which revision a Hub id resolves to)."""
+    unkeyed: tuple[str, ...] = ()
+    """Dotted params paths the step reads but its key leaves out, because one of its inputs
+    carries their whole effect (``source.huggingface.model`` reaches it as the source record)."""
     resources: Resources = field(default_factory=Resources)
     limits: Limits = field(default_factory=Limits)
     version: int = 1

@@ -3,9 +3,14 @@ can use it before anything else loads. Not for users."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
+from typing import Any
 
 TEST_PAUSE_ENV = "ONNXBUILD_TEST_PAUSE"
 
@@ -32,3 +37,111 @@ def pause_for_tests(point: str, detail: str) -> None:
     if marker:
         Path(marker).write_text(f"{point}:{detail}:{os.getpid()}\n", encoding="utf-8")
     time.sleep(float(seconds or 0))
+
+
+# ---------------------------------------------------------------- which recipe keys a step reads
+
+READS_ENV = "ONNXBUILD_TEST_READS"
+"""A file path: while set, every step appends to it, as a JSON line, the recipe
+keys (``quantize[0].validate.top1_min``) it read from its params (tests/test_key_granularity.py)."""
+
+_reads: ContextVar[set[str] | None] = ContextVar("onnxbuild_reads", default=None)
+
+
+def tracing_reads() -> bool:
+    return bool(os.environ.get(READS_ENV))
+
+
+class Tracked(dict):  # type: ignore[type-arg]
+    """A recipe mapping that notes, while a step runs, the recipe path of each leaf read from it.
+
+    Plain dict for everything else (JSON, keys, equality), so a traced build plans and keys
+    exactly as an untraced one. ``a | b`` keeps both sides' paths (a variant's tolerances
+    over the base ``validate:``)."""
+
+    def __init__(self, data: dict[str, Any], paths: dict[str, str]) -> None:
+        super().__init__(data)
+        self.paths = paths
+
+    def _note(self, key: Any) -> None:
+        seen = _reads.get()
+        if seen is not None and key in self.paths:
+            value = dict.get(self, key)
+            if isinstance(value, (Tracked, TrackedList)) and value:
+                return  # a section: its leaves note themselves when read
+            seen.add(self.paths[key])
+
+    def __getitem__(self, key: Any) -> Any:
+        self._note(key)
+        return dict.__getitem__(self, key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if key in self:
+            self._note(key)
+        return dict.get(self, key, default)
+
+    def __iter__(self) -> Iterator[Any]:
+        # overridden so that dict(x), {**x} and update(x) go through keys() and __getitem__
+        return dict.__iter__(self)
+
+    def values(self) -> Any:
+        for key in self:
+            self._note(key)
+        return dict.values(self)
+
+    def items(self) -> Any:
+        for key in self:
+            self._note(key)
+        return dict.items(self)
+
+    def __or__(self, other: Any) -> Tracked:
+        theirs = other.paths if isinstance(other, Tracked) else {}
+        # a key the right side sets comes from there: its path, or none (a built-in default)
+        paths = {k: v for k, v in self.paths.items() if k not in other} | theirs
+        return Tracked({**dict(dict.items(self)), **dict(dict.items(other))}, paths)
+
+    def __ror__(self, other: Any) -> Tracked:
+        return Tracked({**other, **dict(dict.items(self))}, dict(self.paths))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> dict[str, Any]:
+        import copy
+
+        return {k: copy.deepcopy(v, memo) for k, v in self.items()}
+
+    def __reduce__(self) -> Any:
+        # traced in a step's own process too (the params travel pickled)
+        return (Tracked, (dict(dict.items(self)), self.paths))
+
+
+class TrackedList(list):  # type: ignore[type-arg]
+    """A list of recipe mappings (``quantize:``, ``export.inputs``), each traced."""
+
+    def __reduce__(self) -> Any:
+        return (TrackedList, (list(self),))
+
+
+def track(value: Any, path: str = "") -> Any:
+    """The resolved recipe (or a part of it at ``path``) with every mapping traced."""
+    if isinstance(value, dict):
+        paths = {k: f"{path}.{k}" if path else str(k) for k in value}
+        return Tracked({k: track(v, paths[k]) for k, v in value.items()}, paths)
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        return TrackedList(track(v, f"{path}[{i}]") for i, v in enumerate(value))
+    return value
+
+
+@contextmanager
+def reading(recipe: str, step: str) -> Iterator[None]:
+    """Note the recipe keys ``step`` reads while it runs, into the file READS_ENV names."""
+    path = os.environ.get(READS_ENV)
+    if not path:
+        yield
+        return
+    seen: set[str] = set()
+    token = _reads.set(seen)
+    try:
+        yield
+    finally:
+        _reads.reset(token)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"recipe": recipe, "step": step, "reads": sorted(seen)}) + "\n")

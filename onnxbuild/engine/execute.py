@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any
 
+from onnxbuild import testhooks
 from onnxbuild.errors import OnnxbuildError
 from onnxbuild.spec import Limits, StepContext, StepResult, StepSpec
 
@@ -49,7 +50,8 @@ def run_task(task: Task) -> Outcome:
     start = time.perf_counter()
     try:
         module = sys.modules.get(task.spec.entry) or importlib.import_module(task.spec.entry)
-        result: StepResult = module.run(task.ctx, task.spec)
+        with testhooks.reading(task.ctx.recipe_name, task.spec.name):
+            result: StepResult = module.run(task.ctx, task.spec)
     except OnnxbuildError as exc:
         return Outcome(False, error=str(exc), seconds=time.perf_counter() - start, peak_rss_mb=_peak_rss_mb())
     except MemoryError:

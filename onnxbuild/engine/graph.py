@@ -78,7 +78,7 @@ def ingredients(spec: StepSpec, input_digests: dict[str, str], cache: Cache) -> 
     return {
         "kind": spec.kind,
         "version": spec.version,
-        "params": spec.params,
+        "params": _without(spec.params, spec.unkeyed),
         # Two steps alike in all else but the files they declare must not share an entry:
         # the entry records output paths, and the second would get the first's.
         "outputs": list(spec.outputs),
@@ -87,6 +87,21 @@ def ingredients(spec: StepSpec, input_digests: dict[str, str], cache: Cache) -> 
         "identity": spec.identity,
         "packages": {name: cache.versions.get(name) for name in spec.packages},
     }
+
+
+def _without(params: dict[str, Any], paths: tuple[str, ...]) -> dict[str, Any]:
+    """``params`` less the dotted ``paths`` (a copy: the spec's own params stay whole)."""
+    if not paths:
+        return params
+    drop = {tuple(p.split(".")) for p in paths}
+
+    def walk(node: Any, at: tuple[str, ...]) -> Any:
+        if isinstance(node, dict):
+            return {k: walk(v, (*at, k)) for k, v in node.items() if (*at, k) not in drop}
+        return node
+
+    out: dict[str, Any] = walk(params, ())
+    return out
 
 
 def file_identity(path: Any, cache: Cache) -> str:

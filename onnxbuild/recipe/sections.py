@@ -76,6 +76,11 @@ class Float16Options(TypedDict):
     keep_io_types: bool
 
 
+SIGNATURE_KEYS = ("inputs", "outputs", "with_past")
+"""What of ``export:`` the steps that run the model read (validate, benchmark): its signature;
+how it was exported reaches them as the model file."""
+
+
 class OptimizeSection(TypedDict):
     level: Literal["none", "basic", "extended", "layout", "all"]
     decoder: Literal["auto", "fused", "export"]

@@ -32,6 +32,11 @@ only core modules, and heavy packages only inside functions):
   model.onnx, and ``seq2seq(src)``: those are an encoder and a decoder;
   ``top1(src)``: a top-1 floor applies; ``decoder(src)``: ``export.with_past`` applies; ``benchmark_inputs(src)``: inputs an untraced source is benchmarked by.
 
+``LATER``: keys only the steps after the source step read (how the model is loaded, its
+tokenizer): not in the source step's key.
+``RECORDED``: keys whose whole effect on later steps reaches them through the source step's
+record (which weights, from where): left out of the keys of the steps that read that record.
+
 Adding a source kind is this module and its ``$defs/<kind>_source`` block in
 recipe/schema.json (the kinds are the schema's ``source`` keys). A source module imports
 no other source module and no step or engine module.
@@ -78,3 +83,25 @@ def is_decoder(source: dict[str, Any]) -> bool:
     (kind, src), = source.items()
     check = getattr(source_module(kind), "decoder", None)
     return bool(check(src)) if check is not None else False
+
+
+def recorded(section: Any) -> tuple[str, ...]:
+    """The ``source:`` keys (dotted, as under a step's params) the source record carries to the
+    steps that read it: left out of their keys, the record being in them as an input."""
+    ((kind, src),) = section.items()
+    if not isinstance(src, dict):
+        return ()
+    return tuple(f"source.{kind}.{k}" for k in getattr(source_module(kind), "RECORDED", ()) if k in src)
+
+
+def section_for(section: Any, *, drop: tuple[str, ...] = (), unset: tuple[str, ...] = ()) -> Any:
+    """The ``source:`` section as one step reads it: less the keys it never reads (``drop``)
+    and the options it reads only when they are set (``unset``, while None)."""
+    from onnxbuild._util import pick
+
+    ((kind, src),) = section.items()
+    if not isinstance(src, dict):
+        return section
+    kept = pick(src, {k for k, v in src.items() if k not in drop and not (k in unset and v is None)})
+    paths = getattr(section, "paths", None)
+    return {kind: kept} if paths is None else type(section)({kind: kept}, paths)

@@ -245,6 +245,9 @@ def load_model(src: dict[str, Any], record: dict[str, Any], recipe_dir: Path) ->
 
 
 TRACED = True
+RECORDED = ("model", "revision", "offline")
+LATER = ("dtype", "attn_implementation", "tokenizer")
+"""Which weights, from where: the source record (every later step's input) carries these."""
 
 
 def varied_dims(src: dict[str, Any]) -> tuple[str, ...]:

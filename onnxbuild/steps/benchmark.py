@@ -21,10 +21,10 @@ import time
 from typing import Any, TypedDict, cast
 
 from onnxbuild import environment
-from onnxbuild._util import format_ms, pretty_json
+from onnxbuild._util import format_ms, pick, pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.model import Recipe
-from onnxbuild.recipe.sections import BenchmarkSection, ExportSection
+from onnxbuild.recipe.sections import SIGNATURE_KEYS, BenchmarkSection, ExportSection
 from onnxbuild.recipe.variants import SOURCE_RECORD
 from onnxbuild.report.benchmark import chart, markdown
 from onnxbuild.spec import Planning, StepInput
@@ -49,17 +49,20 @@ def plan(p: Planning) -> list[StepSpec]:
     inputs = [StepInput(v.step, f) for v in p.variants for f in v.paths]
     if p.recipe.torch_source:
         inputs.insert(0, StepInput("source", SOURCE_RECORD))
-    if r.get("export") and r["export"]["with_past"]:
+    with_past = bool(r.get("export") and r["export"]["with_past"])
+    if with_past:
         inputs.append(StepInput("export", "config.json"))
+    # PyTorch is timed beside a traced source only; decode steps are timed with a past only
+    unread = {*(() if p.recipe.torch_source else ("baseline",)), *(() if with_past else ("decode_tokens",))}
     return [
         StepSpec(
             name="benchmark",
             kind="benchmark",
             params={
-                "benchmark": r["benchmark"],
+                "benchmark": pick(r["benchmark"], set(r["benchmark"]) - unread),
                 "providers": r["providers"],
-                "source": r["source"],
-                "export": r.get("export"),
+                "source": r["source"] if p.recipe.torch_source else None,
+                "export": pick(r["export"], SIGNATURE_KEYS) if r.get("export") else None,
                 "variants": [v.as_param() for v in p.variants],
             },
             deps=tuple(dict.fromkeys(i.step for i in inputs)),

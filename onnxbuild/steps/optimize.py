@@ -14,13 +14,16 @@ from pathlib import Path
 from typing import Any, cast
 
 from onnxbuild import environment
-from onnxbuild._util import pretty_json
+from onnxbuild._util import pick, pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import OptimizeSection
 from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD
-from onnxbuild.sources import is_decoder
+from onnxbuild.sources import is_decoder, section_for
 from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
+
+OWN_KEYS = ("level", "decoder", "transformer", "float16")
+"""What of ``optimize:`` this step reads: its ``validate:`` block is the validate.optimized step's."""
 
 VERSION = 4  # 4: fused decoders write gate and up as two MatMuls
 PACKAGES = ("onnxruntime", "onnx", "torch", "transformers")
@@ -69,7 +72,7 @@ def plan(p: Planning) -> list[StepSpec]:
             name="optimize",
             kind="optimize",
             params={
-                "optimize": r["optimize"], "source": r["source"] if p.recipe.torch_source or kind == "huggingface" else None, "input": MODEL,
+                "optimize": pick(r["optimize"], OWN_KEYS if fuse else set(OWN_KEYS) - {"decoder"}), "source": section_for(r["source"], drop=("tokenizer",), unset=("package",)) if kind == "huggingface" else None, "input": MODEL,
                 "provider": provider if hardware else None, **({"fuse_decoder": True} if fuse else {}), **({"files": list(files)} if files else {}),
             },
             deps=(model_step, "source") if fuse else (model_step,),

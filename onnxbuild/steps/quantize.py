@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, cast
 
+from onnxbuild._util import pick
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import QuantizeSection
 from onnxbuild.recipe.variants import vocab_size
@@ -30,6 +31,10 @@ METHOD_KEYS = {
 }
 
 
+KEYED = {method: tuple(k for k in keys if k not in ("validate", "from")) for method, keys in METHOD_KEYS.items()}
+"""What enters a quantize step's key: its method's keys, less ``validate:`` (the variant's
+validate step reads it) and ``from`` (the input file it names is in the key already)."""
+
 MEMORY = (3, 400)
 
 
@@ -40,17 +45,17 @@ def plan(p: Planning) -> list[StepSpec]:
     steps = []
     for q in r.get("quantize", []):
         base = by_name["optimized"] if q["from"] == "optimized" else by_name["model"]
+        # static int8 calibrates on seeded inputs of the validation shapes unless given an .npz
+        seeded = q["method"] == "static" and not q["calibration"]["npz"] and p.recipe.torch_source
         steps.append(
             StepSpec(
                 name=f"quantize.{q['name']}",
                 kind="quantize",
                 params={
-                    "quantize": q,
+                    "quantize": pick(q, KEYED[q["method"]]),
                     "input": base.path,
                     **({"files": list(base.files)} if base.files else {}),
-                    "inputs": r["export"]["inputs"] if p.recipe.torch_source else [],
-                    "shapes": r["validate"]["shapes"] if p.recipe.torch_source else [],
-                    "vocab_size": vocab_size(p.recipe),
+                    **({"inputs": r["export"]["inputs"], "shapes": r["validate"]["shapes"], "vocab_size": vocab_size(p.recipe)} if seeded else {}),
                 },
                 deps=(base.step,),
                 inputs=tuple(StepInput(base.step, f) for f in base.paths),

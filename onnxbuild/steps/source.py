@@ -9,7 +9,7 @@ from typing import Any
 from onnxbuild._util import pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD
-from onnxbuild.sources import source_module
+from onnxbuild.sources import section_for, source_module
 from onnxbuild.spec import Planning
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
@@ -27,7 +27,7 @@ def plan(p: Planning) -> list[StepSpec]:
     recipe = p.recipe
     files, identity = source_module(recipe.source_kind).identity(recipe.source, recipe.directory)
     outputs = (SOURCE_RECORD,) if recipe.torch_source else (MODEL,)
-    return [StepSpec(name="source", kind="source", params={"source": recipe.resolved["source"]}, outputs=outputs, files=files, identity=identity)]
+    return [StepSpec(name="source", kind="source", params={"source": section_for(recipe.resolved["source"], drop=getattr(source_module(recipe.source_kind), "LATER", ()))}, outputs=outputs, files=files, identity=identity)]
 
 
 def run(ctx: StepContext, spec: StepSpec) -> StepResult:

@@ -26,9 +26,9 @@ from __future__ import annotations
 import math
 from typing import Any, Literal, cast
 
-from onnxbuild._util import brief, pretty_json
+from onnxbuild._util import brief, pick, pretty_json
 from onnxbuild.errors import StepError
-from onnxbuild.recipe.sections import AccuracyCheck, ExportSection, ValidateSection
+from onnxbuild.recipe.sections import SIGNATURE_KEYS, AccuracyCheck, ExportSection, ValidateSection
 from onnxbuild.recipe.variants import SOURCE_RECORD, tolerances
 from onnxbuild.report.validation import (
     AccuracyResult,
@@ -51,6 +51,7 @@ from onnxbuild.sources.torchmodel import (
     vocab_size,
     wrap,
 )
+from onnxbuild.sources import section_for
 from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 
@@ -72,7 +73,12 @@ def plan(p: Planning) -> list[StepSpec]:
     steps = []
     for v in p.variants:
         name = v.validate_step
-        params = {"source": r["source"], "export": r["export"], "validate": {**r["validate"], **tolerances(p.recipe, v)}, "variant": v.name, "model_path": v.path}
+        # the tokenizer is read for validate.sentences only, the export's sample never
+        source = section_for(r["source"], drop=() if r["validate"].get("sentences") else ("tokenizer",), unset=("package",))
+        validate = r["validate"] | tolerances(p.recipe, v)
+        if not validate.get("sentences"):  # the embedding floor applies to sentences only
+            validate = pick(validate, set(validate) - {"cosine_min"})
+        params = {"source": source, "export": pick(r["export"], SIGNATURE_KEYS), "validate": validate, "variant": v.name, "model_path": v.path}
         if v.files:
             params["files"] = list(v.files)
         if v.name in web_variants:
@@ -149,6 +155,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
 
     source, export = spec.params["source"], cast(ExportSection, spec.params["export"])
     validate = cast(ValidateSection, spec.params["validate"])
+    warn_only = validate["on_fail"] == "warn"  # whether a failure ends this step or warns
     record = read_source_record(ctx)
     model = load_source_model(source, record, ctx.recipe_dir)
     if spec.params.get("files"):
@@ -298,7 +305,7 @@ def _finish(
     if passed:
         return StepResult(summary=summary, data=data)
     message = failure_message(results, variant, accuracy=accuracy, embeddings=embeddings, top1=top1)
-    if validate["on_fail"] == "warn":
+    if warn_only:
         return StepResult(summary=summary, data=data, warnings=(message + " (validate.on_fail: warn)",))
     numeric = any(not r["passed"] and not r["error"] for r in results)
     hint = " Loosen validate.atol/rtol only if the difference is expected." if numeric else ""
