@@ -76,6 +76,41 @@ WHEN_UNSET: dict[str, Any] = {
     "accuracy": {"dataset": "digits_mlp.py:test_set", "max_drop": 0.02},
 }
 
+# Values tried first for leaves whose type alone does not give a valid other value.
+TRY_FIRST: dict[str, list[Any]] = {
+    "float16": [{"keep_io_types": False}],
+    "validate": [{"atol": 0.01}],
+    "steps": [{"export": {"seconds": 100}}],
+    "extra_opsets": [{"com.microsoft": 1}],
+    "op_type": ["Add", "Mul"],
+    "dataset": ["digits_mlp.py:build"],
+    "factory": ["digits_mlp.py:test_set"],
+}
+TRY_FIRST_AT: dict[str, list[Any]] = {
+    "providers[0].name": ["CUDAExecutionProvider"],
+    "providers[1].name": ["CUDAExecutionProvider"],
+    "providers[0].options": [{"device_id": 0}, {"variants": ["model"]}],
+    "providers[1].options": [{"variants": ["int8"]}],
+}
+
+NO_OTHER_VALUE: dict[str, str] = {
+    "source.huggingface.task": "generate: and export.with_past want a text-generation model",
+    "source.huggingface.package": "a package holds a model folder; none is installed here",
+    "export.with_past": "generate: wants a past",
+    "validate.sentences": "sentences are for sentence encoders",
+    "validate.cosine_min": "a cosine floor needs validate.sentences",
+    "source.pytorch.checkpoint": "no checkpoint file beside the recipe",
+    "source.graph.inputs[0].name": "a graph's names tie its nodes together: one alone cannot change",
+    "source.graph.outputs[0].name": "as above",
+    "source.graph.initializers[0].name": "as above",
+    "source.graph.initializers[1].name": "as above",
+    "source.graph.initializers[1].shape": "its values fix its shape",
+    "source.graph.nodes[0].attributes": "MatMul takes no attributes",
+    "source.graph.nodes[1].attributes": "Add takes no attributes",
+    "generate": "generation is for decoders with a past",
+}
+"""Leaves with no other value these recipes accept, and why (kept short: each is a gap)."""
+
 NOT_KEY_INPUTS = {"name"}
 """The recipe's name names the artifact folder and every step; changing it is a new recipe."""
 
@@ -114,6 +149,11 @@ ENUMS = enums()
 def candidates(path: str, value: Any) -> list[Any]:
     """Other values for a leaf, most likely valid first (the loader has the last word)."""
     key = path.rsplit(".", 1)[-1]
+    first = TRY_FIRST_AT.get(path, []) + TRY_FIRST.get(key, [])
+    return [c for c in first if c != value] + _by_type(key, value)
+
+
+def _by_type(key: str, value: Any) -> list[Any]:
     if value is None:
         return [WHEN_UNSET[key]] if key in WHEN_UNSET else []
     if isinstance(value, bool):
@@ -125,7 +165,9 @@ def candidates(path: str, value: Any) -> list[Any]:
     if isinstance(value, str):
         return [v for e in ENUMS if value in e for v in e if v != value] + [value + "-x"]
     if isinstance(value, list):
-        return [[*value, value[-1]] if value else ["x"], list(reversed(value)), value[:-1]]
+        bumped = [v + 1 if isinstance(v, int) and not isinstance(v, bool) else v for v in value]
+        options = [bumped, [*value, value[-1]] if value else ["x"], list(reversed(value)), value[:-1]]
+        return [o for o in options if o != value]
     if isinstance(value, dict):  # an empty mapping
         return []
     return []
@@ -255,7 +297,9 @@ def test_changing_any_leaf_reruns_exactly_the_steps_whose_key_holds_it(built: tu
                 moved = before[step].files != after[step].files or before[step].identity != after[step].identity or before[step].outputs != after[step].outputs
                 if holds or derived or moved:
                     expected.add(step)
-            expected |= set(after) - set(before)
+            if set(after) - set(before) - running:
+                problems.append(f"{leaf} = {candidate!r}: new steps {sorted(set(after) - set(before) - running)} would not run")
+            own &= set(before) & set(after)  # a new step runs for want of a build, whichever reason it gives
             if own != expected:
                 problems.append(f"{leaf} = {candidate!r}: reran for their own reasons {sorted(own)}, expected {sorted(expected)}")
             readers = {step for step, r in reads[name].items() if leaf in r and step in after}
@@ -264,7 +308,9 @@ def test_changing_any_leaf_reruns_exactly_the_steps_whose_key_holds_it(built: tu
     finally:
         path.write_text(original, encoding="utf-8")
     assert not problems, "\n".join(problems)
-    assert not no_value, f"no valid other value found for {no_value}: add one to WHEN_UNSET or candidates()"
+    unexplained = [leaf for leaf in no_value if leaf not in NO_OTHER_VALUE]
+    assert not unexplained, f"no valid other value found for {unexplained}: add one to TRY_FIRST or WHEN_UNSET"
+    print(f"{name}: {len(covered)} leaves changed one at a time; {len(no_value)} have no other valid value here")
     assert len(covered) >= 15
 
 
@@ -273,7 +319,7 @@ _GONE = object()
 
 def _at(params: Any, dotted: str) -> Any:
     node = params
-    for part in [p for part in dotted.split(".") for p in part.replace("]", "").split("[")]:
+    for part in [p for piece in dotted.split(".") for p in piece.replace("]", "").split("[")]:
         try:
             node = node[int(part)] if isinstance(node, list) else node[part]
         except (KeyError, IndexError, ValueError, TypeError):

@@ -39,6 +39,7 @@ from onnxbuild.report.validation import (
     failure_message,
     markdown,
 )
+from onnxbuild.sources import section_for
 from onnxbuild.sources.torchmodel import (
     full_export,
     gates_top1,
@@ -51,7 +52,6 @@ from onnxbuild.sources.torchmodel import (
     vocab_size,
     wrap,
 )
-from onnxbuild.sources import section_for
 from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 
@@ -155,7 +155,6 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
 
     source, export = spec.params["source"], cast(ExportSection, spec.params["export"])
     validate = cast(ValidateSection, spec.params["validate"])
-    warn_only = validate["on_fail"] == "warn"  # whether a failure ends this step or warns
     record = read_source_record(ctx)
     model = load_source_model(source, record, ctx.recipe_dir)
     if spec.params.get("files"):
@@ -258,6 +257,7 @@ def _finish(
 ) -> StepResult:
     """The verdict, the report files and the step's summary."""
     variant = spec.params.get("variant", "model")
+    warn_only = validate["on_fail"] == "warn"  # part of every verdict: whether a failure ends the step
     rtol, atol = float(validate["rtol"]), float(validate["atol"])
     top1_min = validate.get("top1_min")
     top1 = {"agreement": top1_hits / top1_total, "tokens": top1_total, "min": top1_min, "passed": top1_min is None or top1_hits / top1_total >= float(top1_min)} if top1_total else None
