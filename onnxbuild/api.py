@@ -394,3 +394,41 @@ def _take_alone(cache: Cache, command: str) -> Any:
 
 
 __all__ = ["OnnxbuildError", "Settings", "build", "clean", "dag", "gc", "load_recipes", "plan", "report", "schema_text", "show", "verify_cache"]
+
+
+def explain_mismatch(path: str | Path, variant: str, settings: Settings | None = None, *, file: str | Path | None = None, out: str | Path | None = None, shape: int = 0) -> tuple[Any, dict[str, Any]]:
+    """The first node where a built variant (or ``file`` in its place) parts from the file it
+    was made from, at one of the recipe's validation shapes, with the variant's tolerances:
+    (``divergence.Search``, what was compared with what)."""
+    from onnxbuild.divergence import feeds_for, first_divergence
+    from onnxbuild.recipe.variants import tolerances, variants, vocab_size
+
+    settings = settings or Settings()
+    recipe = load_recipe(path)
+    r = recipe.resolved
+    by_name = {v.name: v for v in variants(recipe)}
+    if variant not in by_name:
+        raise UsageError(f"--variant: {recipe.name} has no variant {variant!r} (it has: {', '.join(by_name)})")
+    v = by_name[variant]
+    if v.name == "model":
+        raise UsageError("--variant: model is the export itself; explain-mismatch compares a variant with the file it was made from (optimized, or a quantize entry)")
+    if v.files:
+        raise UsageError(f"--variant: {variant} is {len(v.files)} files (an encoder and a decoder); explain-mismatch takes one-file variants")
+    base_name = "model" if v.name == "optimized" else next(q["from"] for q in r["quantize"] if q["name"] == v.name)
+    folder = settings.artifacts_dir / recipe.name
+    reference = folder / by_name[base_name].path
+    candidate = Path(file) if file is not None else folder / v.path
+    for what, p in (("the base file", reference), ("the variant", candidate)):
+        if not p.is_file():
+            raise UsageError(f"{what} {p} does not exist: build it first (onnxbuild make {path})")
+    validate = r.get("validate") or {}
+    limits = {**validate, **tolerances(recipe, v)}
+    shapes = validate.get("shapes") or [{}]
+    if not 0 <= shape < len(shapes):
+        raise UsageError(f"--shape: {shape} is not one of the recipe's validation shapes (0 to {len(shapes) - 1})")
+    sizes = dict(shapes[shape])
+    rtol, atol = float(limits.get("rtol", 1e-3)), float(limits.get("atol", 1e-4))
+    out_dir = Path(out) if out is not None else Path("divergence") / f"{recipe.name}-{variant}"
+    feeds = feeds_for(candidate, sizes, seed=int(validate.get("seed", 0)), vocab=vocab_size(recipe))
+    found = first_divergence(reference, candidate, feeds, rtol, atol, out_dir)
+    return found, {"recipe": recipe.name, "variant": variant, "base": base_name, "candidate": str(candidate), "shape": sizes, "rtol": rtol, "atol": atol}

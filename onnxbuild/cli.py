@@ -412,6 +412,43 @@ def report_command(ctx: click.Context, recipes: tuple[str, ...]) -> None:
         click.echo(str(path))
 
 
+@cli.command("explain-mismatch")
+@click.argument("recipe")
+@click.option("--variant", required=True, metavar="NAME", help="The variant to examine: optimized, or a quantize entry's name.")
+@click.option("--file", "file", metavar="PATH", help="Examine this ONNX file in the variant's place (one built elsewhere).")
+@click.option("--shape", type=int, default=0, show_default=True, help="Which of the recipe's validation shapes to feed.")
+@click.option("--out", metavar="DIR", help="Where the extracted subgraph goes (default: divergence/<recipe>-<variant>/).")
+@settings_options
+@click.pass_context
+def explain_mismatch(ctx: click.Context, recipe: str, variant: str, file: str | None, shape: int, out: str | None) -> None:
+    """Find the first node where a variant parts from the file it was made from.
+
+    Runs both files on one validation shape with every intermediate tensor exposed,
+    compares the tensors both name alike in the variant's node order with the variant's
+    tolerances, and names the first node outside them, the module it came from, and a
+    subgraph of that node alone (with the inputs that make it diverge) to reproduce it.
+    Exits 1 when a node diverges, 0 when none does.
+
+    \b
+    Example:
+      onnxbuild explain-mismatch recipes/gpt2.yaml --variant int8
+    """
+    found, what = api.explain_mismatch(recipe, variant, _settings(ctx), file=file, out=out, shape=shape)
+    sizes = ", ".join(f"{k}={v}" for k, v in what["shape"].items())
+    click.echo(f"{what['recipe']}: {what['variant']} ({what['candidate']}) against {what['base']} at {sizes or 'the sample'} (atol {what['atol']:g}, rtol {what['rtol']:g})")
+    click.echo(f"  final outputs: max abs diff {found.outputs_max_abs_diff:.3g}")
+    d = found.divergence
+    if d is None:
+        click.echo(f"  no divergence: {found.compared} shared tensors compared, all within tolerance")
+        return
+    click.echo(f"  first divergence: node {d.node} ({d.op_type}), output {d.output}: max abs diff {d.max_abs_diff:.3g}, {d.mismatched:.1%} of its elements outside")
+    if d.module:
+        click.echo(f"  from module: {d.module}")
+    click.echo(f"  {d.compared} shared tensors compared up to it")
+    click.echo(f"  subgraph: {d.subgraph} (its inputs in this run: {d.inputs})")
+    ctx.exit(1)
+
+
 @cli.command()
 @click.argument("recipe")
 def show(recipe: str) -> None:

@@ -5,7 +5,8 @@ this module asks every kind, in the registry's order (``spec.STEP_KINDS``), and 
 the engine needs to place and guard each step. The shape of a build::
 
     source ──> export ──> check                      (graph / onnx sources: source writes model.onnx)
-      │          ├──> optimize ──> quantize.<q>       (variants: optimized/, <q>/)
+      │          ├──> optimize ──> quantize.<q>       (variants: optimized/, <q>/; expect.<variant>
+      │          │                                    checks each one's graph contract)
       │          │                                    one validate.<variant> per variant,
       └──────────┴──> validate[.<variant>] ──> report  merged into reports/validation.json
                  ├──> generate (with-past decoders: every variant against transformers' generate)

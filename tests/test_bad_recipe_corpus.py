@@ -77,6 +77,8 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
     "nodes-is-mapping": ("13:12", "source.graph.nodes: must be a list (got a mapping)"),
     "providers-empty": ("5:12", "providers: must have at least 1 item"),
     "benchmark-iterations-zero": ("5:25", "benchmark.iterations: must be an integer >= 1 (got 0)"),
+    "expect-unknown-variant": ("8:3", "expect.int4: no variant 'int4' (this recipe has: model, int8; `all` for every one)"),
+    "expect-bad-count": ("8:22", 'expect.optimized.ops.Attention: must be a count (12) or a comparison such as ">= 24" (got "about 12")'),
     "description-is-list": ("3:14", "description: must be a string (got a list)"),
     # unknown keys, missing sections
     "unknown-top-key": ("9:1", "exprot: unknown key (did you mean 'export'? expected one of:"),

@@ -249,7 +249,7 @@ def test_plan_before_the_first_build(project: Path) -> None:
     assert result.exit_code == 1
     assert result.stdout == (
         "linear-regression:source: will run: no entry in cache (never built)\n"
-        "linear-regression:check: will run: only if its input from source changes\n"
+        "linear-regression:check: will run: no entry in cache (never built)\n"
         "2 steps would run, 0 cached, never built here: no estimate\n"
     )
     assert not (project / "artifacts").exists()

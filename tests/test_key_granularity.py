@@ -44,6 +44,12 @@ EXTENSIONS: dict[str, dict[str, Any]] = {
         "benchmark": {"iterations": 5, "warmup": 1, "shapes": [{"batch": 1, "sequence": 8}], "decode_tokens": 4},
         "providers": [{"name": "CPUExecutionProvider"}],
         "limits": {"seconds": 600},
+        "expect": {
+            "all": {"inputs": {"input_ids": "int64[batch, sequence]"}},
+            "model": {"opset": 18},
+            "optimized": {"ops": {"GroupQueryAttention": 2, "SkipLayerNormalization": ">= 4"}, "absent": ["Attention"]},
+            "int8": {"weights": {"int8": 0.3}, "max_mb": 1.0},
+        },
     },
     "linear-regression": {
         "optimize": {"level": "basic"},
@@ -91,6 +97,8 @@ TRY_FIRST_AT: dict[str, list[Any]] = {
     "providers[1].name": ["CUDAExecutionProvider"],
     "providers[0].options": [{"device_id": 0}, {"variants": ["model"]}],
     "providers[1].options": [{"variants": ["int8"]}],
+    "expect.optimized.ops.SkipLayerNormalization": [">= 5"],
+    "expect.all.inputs.input_ids": ["int64[batch, tokens]"],
 }
 
 NO_OTHER_VALUE: dict[str, str] = {
@@ -108,6 +116,7 @@ NO_OTHER_VALUE: dict[str, str] = {
     "source.graph.nodes[0].attributes": "MatMul takes no attributes",
     "source.graph.nodes[1].attributes": "Add takes no attributes",
     "generate": "generation is for decoders with a past",
+    "quantize[0].name": "expect: names the variant (tiny-gpt2); renamed alone, the contract names none",
 }
 """Leaves with no other value these recipes accept, and why (kept short: each is a gap)."""
 

@@ -199,6 +199,8 @@ def plan_step(recipe: Recipe, spec: StepSpec, done: dict[str, PlannedStep], cach
         # rebuilt input comes out identical must not be taken from the cache.
         if force:
             return PlannedStep(recipe, spec, "run", (FORCED,), None, None, None)
+        if not last or not isinstance(last.get("ingredients"), dict):
+            return PlannedStep(recipe, spec, "run", ("no entry in cache (never built)",), None, None, None)
         # Its key waits for the input's bytes; what the step itself changed is known now.
         waiting = f"{DEPENDS} {', '.join(pending)} changes"
         return PlannedStep(recipe, spec, "run", (*own_changes(last, spec, cache), waiting), None, None, None)

@@ -118,8 +118,11 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
         for j, w in enumerate(wanted):
             if w not in variant_names:
                 yield problem(("providers", i, "options", "variants", j), f"no variant {w!r} (this recipe has: {', '.join(variant_names)})")
+    for variant in doc.get("expect") or {}:
+        if variant != "all" and variant not in variant_names:
+            yield problem(("expect", variant), f"no variant {variant!r} (this recipe has: {', '.join(variant_names)}; `all` for every one)", key=True)
     kinds = set(STEP_KINDS)
-    named = {f"quantize.{q['name']}" for q in doc.get("quantize", [])} | {f"validate.{q['name']}" for q in doc.get("quantize", [])} | {"validate.optimized"}
+    named = {f"{kind}.{q['name']}" for q in doc.get("quantize", []) for kind in ("quantize", "validate", "expect")} | {"validate.optimized", "expect.optimized"}
     for step in (doc.get("limits") or {}).get("steps", {}):
         if step not in kinds and step not in named:
             yield problem(("limits", "steps", step), f"no such step or step kind (kinds: {', '.join(sorted(kinds))}; steps such as {', '.join(sorted(named)) or 'validate.int8'})", key=True)

@@ -158,6 +158,18 @@ class LimitsSection(TypedDict):
     steps: dict[str, Limit]
 
 
+class Contract(TypedDict, total=False):
+    """One variant's graph contract (``expect.<variant>`` or ``expect.all``); see steps/expect.py."""
+
+    ops: dict[str, int | str]
+    absent: list[str]
+    weights: dict[str, float]
+    max_mb: float
+    opset: int
+    inputs: dict[str, str]
+    outputs: dict[str, str]
+
+
 class _TracedSections(TypedDict, total=False):
     """Only a source traced through torch (or TensorFlow) has an export and a validate section."""
 
@@ -177,6 +189,7 @@ class Resolved(_TracedSections):
     generate: GenerateSection | None
     limits: LimitsSection
     providers: list[Provider]
+    expect: dict[str, Contract]
 
 
 SECTIONS: dict[str, Any] = {

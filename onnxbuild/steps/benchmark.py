@@ -52,8 +52,9 @@ def plan(p: Planning) -> list[StepSpec]:
     with_past = bool(r.get("export") and r["export"]["with_past"])
     if with_past:
         inputs.append(StepInput("export", "config.json"))
-    # PyTorch is timed beside a traced source only; decode steps are timed with a past only
-    unread = {*(() if p.recipe.torch_source else ("baseline",)), *(() if with_past else ("decode_tokens",))}
+    # PyTorch is timed beside a traced source only; decode steps with a past or a decoder file
+    decodes = with_past or bool(p.variants and p.variants[0].files)
+    unread = {*(() if p.recipe.torch_source else ("baseline",)), *(() if decodes else ("decode_tokens",))}
     return [
         StepSpec(
             name="benchmark",

@@ -309,6 +309,8 @@ def _finish(
         return StepResult(summary=summary, data=data, warnings=(message + " (validate.on_fail: warn)",))
     numeric = any(not r["passed"] and not r["error"] for r in results)
     hint = " Loosen validate.atol/rtol only if the difference is expected." if numeric else ""
+    if numeric and variant != "model" and not spec.params.get("files"):
+        hint += f" The first node where it parts from the file it was made from: onnxbuild explain-mismatch {ctx.recipe_path} --variant {variant}."
     raise StepError(f"{message}. Reports: artifacts/{ctx.recipe_name}/failed/{spec.name}/.{hint}")
 
 

@@ -1,0 +1,199 @@
+"""Where a variant first goes wrong: its intermediate tensors beside its base's, node by node.
+
+A quantized or optimized file that fails validation is run with every intermediate output
+exposed, beside the file it was made from (``quantize.from``: model or optimized; the
+export for ``optimized``). Tensors both graphs name alike are compared in the variant's
+node order with the variant's tolerances; the first node whose output is outside them is
+the answer, with the module it came from (the exporter's node name or metadata) and a
+minimal model (``onnx.utils.extract_model``: that node alone, fed by its inputs) plus the
+inputs that make it diverge, saved so the failure can be reproduced and reported without
+the rest of the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from onnxbuild.errors import StepError
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first node of the candidate whose output leaves the tolerance."""
+
+    node: str
+    op_type: str
+    output: str
+    module: str
+    """The source module the node came from, where the exporter kept it ("" otherwise)."""
+    max_abs_diff: float
+    mismatched: float
+    """Fraction of the output's elements outside the tolerance."""
+    compared: int
+    """Tensors compared before (and with) this one."""
+    subgraph: Path | None
+    inputs: Path | None
+
+
+@dataclass(frozen=True)
+class Search:
+    """What the search found: the first divergence (None when every shared tensor agrees)
+    and how far the final outputs are apart."""
+
+    divergence: Divergence | None
+    compared: int
+    outputs_max_abs_diff: float
+
+
+def feeds_for(model_path: Path, sizes: dict[str, int], seed: int = 0, vocab: int | None = None) -> dict[str, Any]:
+    """Seeded inputs for every input of the file: symbolic dimensions from ``sizes`` (an
+    unknown one is 1, a past is empty), token ids below ``vocab``, masks of ones, positions
+    counting on from the past."""
+    import numpy as np
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(seed)
+    session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+    past = sizes.get("past_sequence", 0)
+    dims = {"past_sequence": past, **sizes, "total_sequence": past + sizes.get("sequence", 1)}
+    feeds: dict[str, Any] = {}
+    for i in session.get_inputs():
+        shape = tuple(d if isinstance(d, int) else dims.get(str(d), 1) for d in i.shape)
+        if "int" in i.type:
+            ints = np.dtype(np.int32 if "int32" in i.type else np.int64)
+            if "mask" in i.name:
+                feeds[i.name] = np.ones(shape, ints)
+            elif "position" in i.name:
+                feeds[i.name] = np.broadcast_to(np.arange(past, past + shape[-1], dtype=ints), shape).copy()
+            else:
+                feeds[i.name] = rng.integers(0, min(vocab or 100, 100), shape).astype(ints)
+        else:
+            floats = np.dtype(np.float16 if "float16" in i.type else np.float32)
+            feeds[i.name] = rng.standard_normal(shape).astype(floats)
+    return feeds
+
+
+def first_divergence(reference: Path, candidate: Path, feeds: dict[str, Any], rtol: float, atol: float, out_dir: Path) -> Search:
+    """Compare every tensor ``candidate`` and ``reference`` both name, in candidate order."""
+    import numpy as np
+    import onnx
+
+    ref_model = onnx.load_model(str(reference))
+    cand_model = onnx.load_model(str(candidate))
+    ref_names = {o for n in ref_model.graph.node for o in n.output if o}
+    cand_floats = _float_tensors(cand_model)
+    shared = [o for n in cand_model.graph.node for o in n.output if o in ref_names and o in cand_floats]
+    graph_outputs = [o.name for o in cand_model.graph.output]
+    # the inputs of every node too: the extracted subgraph is fed from them
+    needed = {i for n in cand_model.graph.node for i in n.input if i in cand_floats or i in _all_tensors(cand_model)}
+    got = _run_exposed(cand_model, sorted(set(shared) | needed | set(graph_outputs)), feeds)
+    ref = _run_exposed(ref_model, sorted(set(shared) | {o.name for o in ref_model.graph.output}), feeds)
+    outputs_diff = max((float(np.max(np.abs(got[o].astype(np.float64) - ref[o].astype(np.float64)))) for o in graph_outputs if o in ref and o in got and got[o].shape == ref[o].shape and got[o].size), default=0.0)
+    compared = 0
+    producer = {o: n for n in cand_model.graph.node for o in n.output}
+    for name in shared:
+        a, b = got.get(name), ref.get(name)
+        if a is None or b is None or a.shape != b.shape or not a.size:
+            continue
+        compared += 1
+        diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
+        bad = ~(diff <= atol + rtol * np.abs(b.astype(np.float64)))
+        if not bad.any():
+            continue
+        node = producer[name]
+        subgraph, inputs = _extract(candidate, cand_model, node, _cut(cand_model, node, set(shared) | set(feeds)), got, out_dir)
+        return Search(
+            Divergence(node.name, node.op_type, name, _module(node), float(np.max(np.where(np.isfinite(diff), diff, np.inf))), float(bad.mean()), compared, subgraph, inputs),
+            compared,
+            outputs_diff,
+        )
+    return Search(None, compared, outputs_diff)
+
+
+def _all_tensors(model: Any) -> set[str]:
+    inits = {t.name for t in model.graph.initializer}
+    return {i for n in model.graph.node for i in n.input if i and i not in inits} | {i.name for i in model.graph.input}
+
+
+def _float_tensors(model: Any) -> set[str]:
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # a custom-domain op inference cannot follow: fall back to the declared ones
+        inferred = model
+    floats = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
+    known = [*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input]
+    return {v.name for v in known if v.type.tensor_type.elem_type in floats}
+
+
+def _run_exposed(model: Any, names: list[str], feeds: dict[str, Any]) -> dict[str, Any]:
+    """Every named tensor's value, the model changed only by listing them as outputs."""
+    import onnx
+    import onnxruntime as ort
+
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    have = {o.name for o in exposed.graph.output}
+    produced = {o for n in exposed.graph.node for o in n.output}
+    for name in names:
+        if name not in have and name in produced:
+            exposed.graph.output.append(onnx.ValueInfoProto(name=name))
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # keep every tensor as the file names it
+    options.log_severity_level = 3
+    session = ort.InferenceSession(exposed.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    accepted = {i.name for i in session.get_inputs()}
+    outs = [o.name for o in session.get_outputs()]
+    values = session.run(outs, {k: v for k, v in feeds.items() if k in accepted})
+    return dict(zip(outs, values, strict=True)) | {k: v for k, v in feeds.items() if k in accepted}
+
+
+def _module(node: Any) -> str:
+    """The source module path: the exporter's metadata where present, else the scope in the
+    node's name (``/transformer/h.1/mlp/c_fc/MatMul`` -> ``transformer.h.1.mlp.c_fc``)."""
+    for prop in node.metadata_props:
+        if prop.key in ("pkg.torch.onnx.name_scopes", "namespace"):
+            return str(prop.value)
+    parts = [p for p in node.name.split("/") if p]
+    return ".".join(parts[:-1])
+
+
+def _cut(model: Any, node: Any, agreed: set[str]) -> list[str]:
+    """Where the subgraph starts: walking back from ``node``, the nearest tensors that were
+    compared and agreed (or are model inputs); so a wrong weight inside a quantized MatMul's
+    chain of nodes is in the subgraph, not cut off."""
+    inits = {t.name for t in model.graph.initializer}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    cut: list[str] = []
+    seen: set[str] = set()
+    todo = [i for i in node.input if i]
+    while todo:
+        name = todo.pop()
+        if name in seen or name in inits:
+            continue
+        seen.add(name)
+        if name in agreed or name not in producer:
+            cut.append(name)
+        else:
+            todo.extend(i for i in producer[name].input if i)
+    return sorted(cut)
+
+
+def _extract(path: Path, model: Any, node: Any, inputs: list[str], values: dict[str, Any], out_dir: Path) -> tuple[Path | None, Path | None]:
+    """The nodes between ``inputs`` and ``node``'s outputs as a model, and an .npz of those
+    inputs' values in the failing run."""
+    import numpy as np
+    import onnx
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = "".join(c if c.isalnum() or c in "._-" else "_" for c in node.name or node.output[0]).strip("_") or "node"
+    sub, data = out_dir / f"{stem}.onnx", out_dir / f"{stem}.inputs.npz"
+    try:
+        onnx.utils.extract_model(str(path), str(sub), inputs, [o for o in node.output if o], check_model=False)
+    except Exception as exc:  # a node inside a subgraph, or inputs extract_model cannot cut at
+        raise StepError(f"first divergence at {node.name} ({node.op_type}), but its subgraph could not be extracted: {type(exc).__name__}: {exc}") from None
+    np.savez(str(data), **{i: values[i] for i in inputs if i in values})
+    return sub, data

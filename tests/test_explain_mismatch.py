@@ -1,0 +1,69 @@
+"""First-divergence search (issue 19): a wrong weight planted in one node of a quantized
+variant is found, named with its module, and cut out as a subgraph that reproduces it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import yaml
+from click.testing import CliRunner
+from onnx import numpy_helper
+
+from onnxbuild.cli import cli
+
+RECIPE = {
+    "name": "tiny-gpt2",
+    "source": {
+        "huggingface": {
+            "model": "openai-community/gpt2",
+            "task": "text-generation",
+            "offline": "random-init",
+            "seed": 0,
+            "config": {"model_type": "gpt2", "vocab_size": 1000, "n_positions": 128, "n_embd": 64, "n_layer": 2, "n_head": 4, "bos_token_id": 0, "eos_token_id": 0},
+        }
+    },
+    "export": {"opset": 18},
+    "validate": {"shapes": [{"batch": 1, "sequence": 8}]},
+    "quantize": [{"name": "int8", "method": "dynamic", "validate": {"atol": 0.5, "rtol": 0.1, "top1_min": 0.5}}],
+}
+
+
+def test_a_planted_wrong_weight_is_named_as_the_first_divergence(project: Path) -> None:
+    (project / "recipes" / "explain.yaml").write_text(yaml.safe_dump(RECIPE, sort_keys=False), encoding="utf-8")
+    runner = CliRunner()
+    built = runner.invoke(cli, ["make", "recipes/explain.yaml"])
+    assert built.exit_code == 0, built.output
+
+    clean = runner.invoke(cli, ["explain-mismatch", "recipes/explain.yaml", "--variant", "int8"])
+    assert clean.exit_code == 0, clean.output
+    assert "no divergence" in clean.output  # the built int8 stays within its tolerances everywhere
+
+    # One weight of the second block's MLP made 1000 times too large (its int8 scale: a
+    # wrong calibration, or a bad merge of weights)
+    model = onnx.load_model(str(project / "artifacts" / "tiny-gpt2" / "int8" / "model.onnx"))
+    (weight,) = [t for t in model.graph.initializer if t.name.endswith("h.1.mlp.c_fc.weight_scale")]
+    weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * 1000, weight.name))
+    bad = project / "planted.onnx"
+    onnx.save_model(model, str(bad))
+
+    result = runner.invoke(cli, ["explain-mismatch", "recipes/explain.yaml", "--variant", "int8", "--file", str(bad), "--out", "found"])
+    assert result.exit_code == 1, result.output
+    lines = result.output.splitlines()
+    final = float(lines[1].rsplit(" ", 1)[1])
+    assert final > 0.5  # the final outputs are outside the variant's atol: its validation fails
+    first = next(line for line in lines if "first divergence" in line)
+    assert "/model/transformer/h.1/mlp/c_fc/" in first, result.output  # the planted node, not one after it
+    assert "from module: model.transformer.h.1.mlp.c_fc" in result.output  # the export wraps the model as `model`
+
+    # the subgraph reproduces the divergence alone, from the saved inputs
+    subgraphs = sorted((project / "found").glob("*.onnx"))
+    assert len(subgraphs) == 1
+    sub = onnx.load_model(str(subgraphs[0]))
+    assert len(sub.graph.node) <= 8  # that node and what it needs, not the model
+    inputs = dict(np.load(str(subgraphs[0]).replace(".onnx", ".inputs.npz")))
+    session = ort.InferenceSession(str(subgraphs[0]), providers=["CPUExecutionProvider"])
+    (out,) = session.run(None, {i.name: inputs[i.name] for i in session.get_inputs()})
+    assert np.isfinite(out).all() and out.size > 0
