@@ -432,3 +432,23 @@ def explain_mismatch(path: str | Path, variant: str, settings: Settings | None =
     feeds = feeds_for(candidate, sizes, seed=int(validate.get("seed", 0)), vocab=vocab_size(recipe))
     found = first_divergence(reference, candidate, feeds, rtol, atol, out_dir)
     return found, {"recipe": recipe.name, "variant": variant, "base": base_name, "candidate": str(candidate), "shape": sizes, "rtol": rtol, "atol": atol}
+
+
+def upgrade_check(paths: Sequence[str | Path], withs: Sequence[str], settings: Settings | None = None) -> Any:
+    """Build ``paths`` here and in a throwaway environment with ``withs`` installed over this
+    one's packages; the Markdown comparison (``upgrade.Comparison``). Nothing built here is
+    touched: the other side has its own cache and artifacts under .onnxbuild/upgrade/."""
+    import sys
+
+    from onnxbuild import upgrade
+
+    settings = settings or Settings()
+    recipes = load_recipes(paths, settings)
+    here = build(paths, settings)
+    before = upgrade.Side("here", upgrade.versions_of(Path(sys.executable)), settings.artifacts_dir, here.ok)
+    root = settings.cache_dir.parent / "upgrade"
+    python = upgrade.environment(list(withs), root)
+    work = python.parent.parent / "build"
+    ok, failures = upgrade.build_with(python, [str(p) for p in paths], work)
+    after = upgrade.Side("with " + " ".join(withs), upgrade.versions_of(python), work / "artifacts", ok, failures)
+    return upgrade.compare(before, after, [r.name for r in recipes])

@@ -11,6 +11,7 @@ logic a library caller would need (that is in api.py).
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -447,6 +448,36 @@ def explain_mismatch(ctx: click.Context, recipe: str, variant: str, file: str | 
     click.echo(f"  {d.compared} shared tensors compared up to it")
     click.echo(f"  subgraph: {d.subgraph} (its inputs in this run: {d.inputs})")
     ctx.exit(1)
+
+
+@cli.command("upgrade-check")
+@click.argument("recipes", nargs=-1, required=True)
+@click.option("--with", "withs", multiple=True, metavar="REQUIREMENT", help="A requirement to try, as pip takes it: --with 'onnxruntime==1.30.0' (repeatable).")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also write the Markdown report to this file.")
+@settings_options
+@click.pass_context
+def upgrade_check(ctx: click.Context, recipes: tuple[str, ...], withs: tuple[str, ...], out: Path | None) -> None:
+    """Build RECIPES with other package versions and report what changes.
+
+    Builds them here (cached when current), then in a throwaway virtual environment with
+    this one's packages and the --with requirements installed over them (its own cache and
+    artifacts under .onnxbuild/upgrade/). Reports per artifact: bytes identical or not,
+    validation figures moved, fused-op counts changed, latency on this machine; Markdown,
+    for a pull request. Exit 1 when a contract, a validation or the build broke.
+
+    \b
+    Example:
+      onnxbuild upgrade-check recipes/tiny-gpt2.yaml --with 'onnxruntime==1.30.0'
+    """
+    result = api.upgrade_check(recipes, withs, _settings(ctx))
+    click.echo(result.markdown, nl=False)
+    if out is not None:
+        out.write_text(result.markdown, encoding="utf-8")
+    if os.environ.get("GITHUB_STEP_SUMMARY"):
+        with open(os.environ["GITHUB_STEP_SUMMARY"], "a", encoding="utf-8") as f:
+            f.write(result.markdown)
+    if result.broken:
+        ctx.exit(1)
 
 
 @cli.command()

@@ -10,21 +10,14 @@ import onnx
 import onnxruntime as ort
 import yaml
 from click.testing import CliRunner
+from helpers_tiny import TINY_GPT2_SOURCE
 from onnx import numpy_helper
 
 from onnxbuild.cli import cli
 
 RECIPE = {
     "name": "tiny-gpt2",
-    "source": {
-        "huggingface": {
-            "model": "openai-community/gpt2",
-            "task": "text-generation",
-            "offline": "random-init",
-            "seed": 0,
-            "config": {"model_type": "gpt2", "vocab_size": 1000, "n_positions": 128, "n_embd": 64, "n_layer": 2, "n_head": 4, "bos_token_id": 0, "eos_token_id": 0},
-        }
-    },
+    "source": TINY_GPT2_SOURCE,
     "export": {"opset": 18},
     "validate": {"shapes": [{"batch": 1, "sequence": 8}]},
     "quantize": [{"name": "int8", "method": "dynamic", "validate": {"atol": 0.5, "rtol": 0.1, "top1_min": 0.5}}],
