@@ -3,6 +3,7 @@ variant is found, named with its module, and cut out as a subgraph that reproduc
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -60,3 +61,18 @@ def test_a_planted_wrong_weight_is_named_as_the_first_divergence(project: Path) 
     session = ort.InferenceSession(str(subgraphs[0]), providers=["CPUExecutionProvider"])
     (out,) = session.run(None, {i.name: inputs[i.name] for i in session.get_inputs()})
     assert np.isfinite(out).all() and out.size > 0
+
+
+def test_a_failing_validation_names_the_first_node_that_parts_from_the_base_and_keeps_its_subgraph(project: Path) -> None:
+    """int8 held to float32's tolerance fails; the failure says where it first departs."""
+    strict = json.loads(json.dumps(RECIPE))
+    strict["quantize"][0]["validate"] = {"atol": 1.0e-5, "rtol": 0.0}
+    (project / "recipes" / "strict.yaml").write_text(yaml.safe_dump(strict, sort_keys=False), encoding="utf-8")
+    result = CliRunner().invoke(cli, ["make", "recipes/strict.yaml"])
+    assert result.exit_code == 1, result.output
+    message = next(line for line in result.output.splitlines() if "step validate.int8 failed" in line)
+    # dynamic int8 quantizes the token embedding too: the first quantized weight the input meets
+    assert "First node where it parts from model: /model/transformer/wte/" in message and "from model.transformer.wte)" in message
+    assert "artifacts/tiny-gpt2/failed/validate.int8/divergence/" in message
+    kept = project / "artifacts" / "tiny-gpt2" / "failed" / "validate.int8" / "divergence"
+    assert len(list(kept.glob("*.onnx"))) == 1 and len(list(kept.glob("*.inputs.npz"))) == 1

@@ -88,6 +88,11 @@ def rehash(folder: Path) -> list[str]:
     return problems
 
 
+DIVERGENCE = "divergence"
+"""The folder of a failed step's outputs where validation leaves the first diverging node's
+subgraph: kept beside its reports, whatever the files' types."""
+
+
 def failed_dir(artifacts_root: Path, p: PlannedStep) -> Path:
     return artifact_folder(artifacts_root, p.recipe.name) / "failed" / p.spec.name
 
@@ -149,7 +154,9 @@ def save_log(workdir: Path, artifacts_root: Path, p: PlannedStep) -> str | None:
 
 def keep_failed_outputs(out: Path, artifacts_root: Path, p: PlannedStep) -> None:
     """A failed step's reports (say, a failed validation) are worth reading; keep them apart from good artifacts."""
-    files = [f for f in out.rglob("*") if f.is_file() and f.suffix in (".json", ".md", ".txt")] if out.is_dir() else []
+    # and the first-divergence search's small subgraph and its inputs (validate)
+    kept = (".json", ".md", ".txt")
+    files = [f for f in out.rglob("*") if f.is_file() and (f.suffix in kept or (DIVERGENCE in f.relative_to(out).parts and f.suffix in (".onnx", ".npz")))] if out.is_dir() else []
     for f in files:
         dest = _checked(failed_dir(artifacts_root, p) / f.relative_to(out), artifacts_root / p.recipe.name)
         dest.parent.mkdir(parents=True, exist_ok=True)

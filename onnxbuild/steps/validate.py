@@ -71,8 +71,12 @@ def plan(p: Planning) -> list[StepSpec]:
     web = next((q for q in r["providers"] if q["name"] == "web"), None)
     web_variants = set(web["options"].get("variants") or ["model"]) if web else set()
     steps = []
+    by_name = {v.name: v for v in p.variants}
     for v in p.variants:
         name = v.validate_step
+        # the file the variant was made from: a failed validation looks for where they part
+        base_name = None if v.name == "model" or v.files else "model" if v.name == "optimized" else next(q["from"] for q in r["quantize"] if q["name"] == v.name)
+        base = by_name.get(base_name) if base_name else None
         # the tokenizer is read for validate.sentences only, the export's sample never
         source = section_for(r["source"], drop=() if r["validate"].get("sentences") else ("tokenizer",), unset=("package",))
         validate = r["validate"] | tolerances(p.recipe, v)
@@ -83,13 +87,15 @@ def plan(p: Planning) -> list[StepSpec]:
             params["files"] = list(v.files)
         if v.name in web_variants:
             params["web"] = True  # meant for the browser: validated in onnxruntime-web too
+        if base is not None:
+            params["base"] = {"variant": base.name, "path": base.path}
         steps.append(
             StepSpec(
                 name=name,
                 kind="validate",
                 params=params,
-                deps=tuple(dict.fromkeys(("source", v.step))),
-                inputs=(StepInput("source", SOURCE_RECORD), *(StepInput(v.step, f) for f in v.paths)),
+                deps=tuple(dict.fromkeys(("source", v.step, *((base.step,) if base else ())))),
+                inputs=(StepInput("source", SOURCE_RECORD), *(StepInput(v.step, f) for f in v.paths), *((StepInput(base.step, base.path),) if base else ())),
                 outputs=(f"reports/validation/{v.name}.json", f"reports/validation/{v.name}.md"),
             )
         )
@@ -309,9 +315,37 @@ def _finish(
         return StepResult(summary=summary, data=data, warnings=(message + " (validate.on_fail: warn)",))
     numeric = any(not r["passed"] and not r["error"] for r in results)
     hint = " Loosen validate.atol/rtol only if the difference is expected." if numeric else ""
-    if numeric and variant != "model" and not spec.params.get("files"):
-        hint += f" The first node where it parts from the file it was made from: onnxbuild explain-mismatch {ctx.recipe_path} --variant {variant}."
+    if numeric and spec.params.get("base"):
+        hint += _first_divergence(ctx, spec, results, validate)
     raise StepError(f"{message}. Reports: artifacts/{ctx.recipe_name}/failed/{spec.name}/.{hint}")
+
+
+def _first_divergence(ctx: StepContext, spec: StepSpec, results: list[ShapeResult], validate: ValidateSection) -> str:
+    """Where the failing variant first parts from the file it was made from, at the first
+    failing shape (onnxbuild/divergence.py), as a sentence for the failure; its subgraph and
+    inputs go to the failed step's divergence/ folder."""
+    from onnxbuild.divergence import feeds_for, first_divergence
+    from onnxbuild.engine.artifacts import DIVERGENCE
+
+    base = spec.params["base"]
+    variant = spec.params["variant"]
+    shape = next(r["shape"] for r in results if not r["passed"] and not r["error"])
+    where = f"artifacts/{ctx.recipe_name}/failed/{spec.name}/{DIVERGENCE}/"
+    try:
+        candidate = ctx.input(spec.params["model_path"])
+        feeds = feeds_for(candidate, dict(shape), seed=int(validate["seed"]))
+        found = first_divergence(ctx.input(base["path"]), candidate, feeds, float(validate["rtol"]), float(validate["atol"]), ctx.output_dir / DIVERGENCE)
+    except Exception as exc:  # the search is help for a failure, never a second failure
+        return f" (The search for the first diverging node failed: {type(exc).__name__}: {brief(exc)}.)"
+    d = found.divergence
+    if d is None:
+        return f" Every tensor it shares with {base['variant']} agrees within these tolerances ({found.compared} compared); the difference is in what it computes anew."
+    module = f", from {d.module}" if d.module else ""
+    return (
+        f" First node where it parts from {base['variant']}: {d.node} ({d.op_type}{module}), output {d.output}, max abs diff {d.max_abs_diff:.3g}"
+        f" after {d.compared - 1} agreeing tensors; that node's subgraph and inputs: {where}"
+        f" (onnxbuild explain-mismatch {ctx.recipe_path} --variant {variant} to search again)."
+    )
 
 
 def cases(shapes: list[dict[str, int]], with_past: bool) -> list[dict[str, int]]:
