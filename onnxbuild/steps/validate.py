@@ -325,7 +325,7 @@ def _first_divergence(ctx: StepContext, spec: StepSpec, results: list[ShapeResul
     failing shape (onnxbuild/divergence.py), as a sentence for the failure; its subgraph and
     inputs go to the failed step's divergence/ folder."""
     from onnxbuild.divergence import feeds_for, first_divergence
-    from onnxbuild.engine.artifacts import DIVERGENCE
+    from onnxbuild.divergence import DIVERGENCE
 
     base = spec.params["base"]
     variant = spec.params["variant"]
