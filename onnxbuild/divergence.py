@@ -18,7 +18,6 @@ from typing import Any
 
 from onnxbuild.errors import StepError
 
-
 DIVERGENCE = "divergence"
 """The folder of a failed validate step's outputs that holds the diverging node's subgraph
 (the engine keeps it beside the failed step's reports)."""

@@ -324,8 +324,7 @@ def _first_divergence(ctx: StepContext, spec: StepSpec, results: list[ShapeResul
     """Where the failing variant first parts from the file it was made from, at the first
     failing shape (onnxbuild/divergence.py), as a sentence for the failure; its subgraph and
     inputs go to the failed step's divergence/ folder."""
-    from onnxbuild.divergence import feeds_for, first_divergence
-    from onnxbuild.divergence import DIVERGENCE
+    from onnxbuild.divergence import DIVERGENCE, feeds_for, first_divergence
 
     base = spec.params["base"]
     variant = spec.params["variant"]
