@@ -91,7 +91,8 @@ def first_divergence(reference: Path, candidate: Path, feeds: dict[str, Any], rt
     shared = [o for n in cand_model.graph.node for o in n.output if o in ref_names and o in cand_floats]
     graph_outputs = [o.name for o in cand_model.graph.output]
     # the inputs of every node too: the extracted subgraph is fed from them
-    needed = {i for n in cand_model.graph.node for i in n.input if i in cand_floats or i in _all_tensors(cand_model)}
+    tensors = _all_tensors(cand_model)  # once: it walks the whole graph
+    needed = {i for n in cand_model.graph.node for i in n.input if i in cand_floats or i in tensors}
     got = _run_exposed(cand_model, sorted(set(shared) | needed | set(graph_outputs)), feeds)
     ref = _run_exposed(ref_model, sorted(set(shared) | {o.name for o in ref_model.graph.output}), feeds)
     outputs_diff = max((float(np.max(np.abs(got[o].astype(np.float64) - ref[o].astype(np.float64)))) for o in graph_outputs if o in ref and o in got and got[o].shape == ref[o].shape and got[o].size), default=0.0)
