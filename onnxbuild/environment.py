@@ -115,6 +115,20 @@ def cpu_info() -> tuple[str, str]:
     return field("model name") or platform.processor() or platform.machine(), field("flags", "Features")
 
 
+BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+"""/proc/cpuinfo flags of native bf16 arithmetic: x86 AVX512-BF16 or AMX, Arm's BF16 extension."""
+INT8_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")
+"""Flags of int8 dot-product instructions: x86 VNNI or AMX, Arm's dot product or int8 matmul."""
+
+
+def missing_feature(flags: tuple[str, ...], what: str) -> str | None:
+    """Why the CPU lacks ``what`` (none of ``flags`` in its feature list), or None when it has it."""
+    have = set(cpu_info()[1].split())
+    if have & set(flags):
+        return None
+    return f"this CPU has no native {what} (none of {', '.join(flags)} among its flags)"
+
+
 def cpu_fingerprint() -> str:
     """A short digest of the CPU's model and feature flags, read without heavy imports."""
     from onnxbuild._util import sha256_text

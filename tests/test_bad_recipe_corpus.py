@@ -148,7 +148,10 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
     "name-too-long": ("2:7", f'{NAME_RULE} (got "{"a" * 60}...")'),
     "quantize-name-dotdot": ("17:12", f'quantize[0].name: {NAME_PATTERN} (got "../x")'),
     "quantize-name-slash": ("17:12", f'quantize[0].name: {NAME_PATTERN} (got "int8/fast")'),
-    "provider-bad-name": ("5:20", 'providers[0].name: must be an ONNX Runtime provider name such as CPUExecutionProvider or CUDAExecutionProvider, or web (onnxruntime-web under Node.js) (got "cuda")'),
+    "provider-bad-name": ("5:20", 'providers[0].name: must be an ONNX Runtime provider name such as CPUExecutionProvider or CUDAExecutionProvider, web (onnxruntime-web under Node.js) or openvino (the OpenVINO CPU plugin) (got "cuda")'),
+    "openvino-bad-precision": ("7:26", "providers[0].options.precision: expected one of auto, f32, bf16, f16, got 'int8'"),
+    "openvino-unknown-option": ("7:15", "providers[0].options.variant: unknown option for the openvino target (it takes: variants, precision, atol, rtol, top1_min)"),
+    "openvino-unknown-variant": ("7:26", "providers[0].options.variants[0]: no variant 'int8' (this recipe has: model)"),
     "several-problems": ("8:25", "benchmark.iterations: must be an integer >= 1 (got 0)"),
 }
 

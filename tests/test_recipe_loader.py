@@ -308,7 +308,7 @@ BAD: list[Any] = [
     ),
     pytest.param(
         "name: a\n" + ONNX + "providers: [{name: CPU}]\n",
-        ['r.yaml:3:20: providers[0].name: must be an ONNX Runtime provider name such as CPUExecutionProvider or CUDAExecutionProvider, or web (onnxruntime-web under Node.js) (got "CPU")'],
+        ['r.yaml:3:20: providers[0].name: must be an ONNX Runtime provider name such as CPUExecutionProvider or CUDAExecutionProvider, web (onnxruntime-web under Node.js) or openvino (the OpenVINO CPU plugin) (got "CPU")'],
         id="provider-name",
     ),
     pytest.param(

@@ -10,6 +10,7 @@ from typing import Any
 from onnxbuild.errors import Problem
 from onnxbuild.recipe.model import is_torch_source
 from onnxbuild.recipe.resolve import default_sample, symbolic_dims, validation_dims
+from onnxbuild.recipe.sections import TARGETS
 from onnxbuild.recipe.tasks import WITH_PAST_INPUTS
 from onnxbuild.recipe.yamlpos import Path_, Positions, dotted
 from onnxbuild.sources import is_decoder, source_module, traced_kinds
@@ -109,7 +110,9 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
             yield problem(("validate", "cosine_min"), "compares sentence embeddings; add validate.sentences (the text to embed)", key=True)
     variant_names = ["model", *(["optimized"] if doc.get("optimize") else []), *(q.get("name") for q in doc.get("quantize", []))]
     for i, prov in enumerate(doc.get("providers", [])):
-        wanted = (prov.get("options") or {}).get("variants") if prov.get("name") == "web" else None
+        if prov.get("name") == "openvino":
+            yield from (problem(("providers", i, "options", *path), message, key=at_key) for path, message, at_key in _openvino_options(prov.get("options") or {}, torch_source))
+        wanted = (prov.get("options") or {}).get("variants") if prov.get("name") in TARGETS else None
         if wanted is None:
             continue
         if not isinstance(wanted, list) or not all(isinstance(w, str) for w in wanted):
@@ -146,3 +149,17 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
             yield problem(("quantize", i, "name"), f"variant name {q['name']!r} is used twice; names must be unique")
         if q.get("from") == "optimized" and not doc.get("optimize"):
             yield problem(("quantize", i, "from"), "quantizes the optimized variant, but the recipe has no optimize section")
+
+
+OPENVINO_OPTIONS = {"variants": "a list of variant names", "precision": "one of auto, f32, bf16, f16", "atol": "a number >= 0", "rtol": "a number >= 0", "top1_min": "a number from 0 to 1"}
+
+
+def _openvino_options(options: dict[str, Any], torch_source: bool) -> Iterable[tuple[tuple[Any, ...], str, bool]]:
+    """The openvino target's options (the schema leaves provider options free-form)."""
+    for key, value in options.items():
+        if key not in OPENVINO_OPTIONS:
+            yield (key,), f"unknown option for the openvino target (it takes: {', '.join(OPENVINO_OPTIONS)})", True
+        elif (key == "precision" and value not in ("auto", "f32", "bf16", "f16")) or (key in ("atol", "rtol", "top1_min") and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (key == "top1_min" and value > 1))):
+            yield (key,), f"expected {OPENVINO_OPTIONS[key]}, got {value!r}", False
+    if not torch_source and any(k in options for k in ("atol", "rtol", "top1_min")):
+        yield (), "tolerances need a source model to validate against (this recipe's source is an ONNX file or graph: the openvino target is only benchmarked)", True

@@ -192,6 +192,10 @@ class Resolved(_TracedSections):
     expect: dict[str, Contract]
 
 
+TARGETS = ("web", "openvino")
+"""Names in ``providers:`` that are runtimes of their own, not ONNX Runtime execution providers."""
+
+
 SECTIONS: dict[str, Any] = {
     "export": ExportSection,
     "validate": ValidateSection,

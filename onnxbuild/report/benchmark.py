@@ -20,18 +20,45 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     if report.get("weights") == "random-init":
         lines += ["> weights: random-init (latency does not depend on weight values)", ""]
-    lines += ["| variant | provider | shape | p50 | p90 | p99 | mean | throughput/s | vs PyTorch p50 |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += _fastest(report)
+    peaks = report.get("peaks")
+    if peaks:
+        lines += [f"Machine limits (measured once per CPU fingerprint, {peaks['threads']} threads): {limits_line(peaks)}.", ""]
+    bf16 = report.get("pytorch_bf16")
+    if bf16 and bf16["status"] == "skipped":
+        lines += [f"PyTorch bf16 not timed: {bf16['reason']}.", ""]
+    lines += [
+        "| variant | provider | shape | p50 | p90 | p99 | throughput/s | vs PyTorch fp32 | vs PyTorch bf16 | work | of the limit |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for b in report["baseline"]:
-        shape = ", ".join(f"{k}={v}" for k, v in b["shape"].items())
-        lines.append(f"| PyTorch ({b['mode']}{', ' + b['attention'] if b.get('attention') else ''}) | - | {shape} | {format_ms(b['p50_ms'])} | {format_ms(b['p90_ms'])} | {format_ms(b['p99_ms'])} | {format_ms(b['mean_ms'])} | {b['throughput']:.1f} | 1.00x |")
+        shape = _shape(b["shape"])
+        dtype = b.get("dtype", "fp32")
+        bf = next((x for x in report["baseline"] if x.get("dtype") == "bf16" and x["shape"] == b["shape"]), None)
+        vs16 = f"{b['p50_ms'] / bf['p50_ms']:.2f}x" if bf else "-"
+        fp = next((x for x in report["baseline"] if x.get("dtype", "fp32") == "fp32" and x["shape"] == b["shape"]), None)
+        vs32 = f"{b['p50_ms'] / fp['p50_ms']:.2f}x" if fp else "-"
+        lines.append(
+            f"| PyTorch {dtype} ({b['mode']}{', ' + b['attention'] if b.get('attention') else ''}) | - | {shape} | {format_ms(b['p50_ms'])} | {format_ms(b['p90_ms'])} | "
+            f"{format_ms(b['p99_ms'])} | {b['throughput']:.1f} | {vs32} | {vs16} | {_work(b)} | {_limit(b)} |"
+        )
     for r in report["results"]:
         if "p50_ms" not in r:
-            lines.append(f"| {r['variant']} | {r['provider']} | {r.get('shape', '-')} | error: {r.get('error')} | | | | | |")
+            lines.append(f"| {r['variant']} | {r['provider']} | {_shape(r['shape']) if r.get('shape') else '-'} | error: {r.get('error')} | | | | | | | |")
             continue
-        shape = ", ".join(f"{k}={v}" for k, v in r["shape"].items())
-        ratio = f"{r['ratio_to_pytorch']:.2f}x" if r.get("ratio_to_pytorch") else "-"
         bound = " (IOBinding)" if r.get("io_binding") else ""
-        lines.append(f"| {r['variant']}{bound} | {r['provider'].replace('ExecutionProvider', '')} | {shape} | {format_ms(r['p50_ms'])} | {format_ms(r['p90_ms'])} | {format_ms(r['p99_ms'])} | {format_ms(r['mean_ms'])} | {r['throughput']:.1f} | {ratio} |")
+        precision = f" ({r['inference_precision']})" if r.get("inference_precision") else ""
+        lines.append(
+            f"| {r['variant']}{bound} | {_provider(r['provider'])}{precision} | {_shape(r['shape'])} | {format_ms(r['p50_ms'])} | {format_ms(r['p90_ms'])} | {format_ms(r['p99_ms'])} | "
+            f"{r['throughput']:.1f} | {_ratio(r.get('ratio_to_pytorch'))} | {_ratio(r.get('ratio_to_pytorch_bf16'))} | {_work(r)} | {_limit(r)} |"
+        )
+    lines += [
+        "",
+        "vs PyTorch: p50 over PyTorch's p50 at the same shape (below 1.00x is faster). Work: matrix-product FLOPs counted from the graph at that shape and "
+        "the weight bytes one call reads; of the limit: the roofline time (FLOPs at the peak for the row's precision, or weight bytes at the memory bandwidth, "
+        "whichever is longer) over the measured p50.",
+        "",
+    ]
     if report.get("decode"):
         lines += [
             "",
@@ -45,18 +72,85 @@ def markdown(report: dict[str, Any]) -> str:
             )
             + "Generate: prefill plus all new tokens, end to end (PyTorch: transformers generate()).",
             "",
-            "| engine | variant | prompt | new tokens | prefill p50 | decode p50 | decode p90 | tokens/s | decode vs PyTorch |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| engine | variant | prompt | new tokens | prefill p50 | decode p50 | decode p90 | tokens/s | decode vs PyTorch fp32 | vs bf16 | decode: of the limit |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for d in report["decode"]:
             shape = ", ".join(f"{k}={v}" for k, v in d["shape"].items())
-            ratio = f"{d['decode_ratio_to_pytorch']:.2f}x" if d.get("decode_ratio_to_pytorch") else "-"
-            who = "PyTorch generate()" if d["engine"] == "pytorch" else f"ONNX Runtime ({(d['provider'] or '').replace('ExecutionProvider', '')})"
-            lines.append(f"| {who} | {d['variant'] or '-'} | {shape} | {d['new_tokens']} | {format_ms(d['prefill_p50_ms'])} | {format_ms(d['decode_p50_ms'])} | {format_ms(d['decode_p90_ms'])} | {d['tokens_per_s']:.1f} | {ratio} |")
+            ratio, ratio16 = _ratio(d.get("decode_ratio_to_pytorch")), _ratio(d.get("decode_ratio_to_pytorch_bf16"))
+            if d["engine"] == "pytorch":  # PyTorch's rows against each other
+                torch_rows = {x.get("dtype", "fp32"): x["decode_p50_ms"] for x in report["decode"] if x["engine"] == "pytorch" and x["shape"] == d["shape"]}
+                ratio, ratio16 = (f"{d['decode_p50_ms'] / torch_rows[t]:.2f}x" if t in torch_rows else "-" for t in ("fp32", "bf16"))
+            who = {"pytorch": f"PyTorch {d.get('dtype', 'fp32')} generate()", "openvino": "OpenVINO"}.get(d["engine"], f"ONNX Runtime ({_provider(d['provider'] or '')})")
+            lines.append(
+                f"| {who} | {d['variant'] or '-'} | {shape} | {d['new_tokens']} | {format_ms(d['prefill_p50_ms'])} | {format_ms(d['decode_p50_ms'])} | "
+                f"{format_ms(d['decode_p90_ms'])} | {d['tokens_per_s']:.1f} | {ratio} | {ratio16} | {_limit(d)} |"
+            )
     skipped = [p for p in report["providers"] if p["status"] == "skipped"]
     if skipped:
         lines += ["", "Providers skipped:"] + [f"- {p['name']}: {p['reason']}" for p in skipped]
     return "\n".join(lines) + "\n"
+
+
+def _shape(shape: dict[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in shape.items())
+
+
+def _provider(name: str) -> str:
+    return name.replace("ExecutionProvider", "")
+
+
+def _ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x" if x >= 0.01 else f"{x:.4f}x"
+
+
+def _work(row: dict[str, Any]) -> str:
+    w = row.get("work")
+    if not w:
+        return "-"
+    return f"{w['flops'] / 1e9:.3g} GFLOP, {w['weight_bytes'] / 1e6:.3g} MB"
+
+
+def _limit(row: dict[str, Any]) -> str:
+    r = row.get("roofline")
+    if not r:
+        return "-"
+    return f"{r['fraction']:.0%} of {r['limit']}"
+
+
+def limits_line(peaks: dict[str, Any]) -> str:
+    """The measured peaks in one line: fp32 340 GFLOP/s, bf16 1630 GFLOP/s, ..."""
+    parts = [f"fp32 GEMM {peaks['fp32_gflops']:.0f} GFLOP/s"]
+    parts.append(f"bf16 GEMM {peaks['bf16_gflops']:.0f} GFLOP/s" if peaks.get("bf16_gflops") else "bf16: no native support")
+    parts.append(f"int8 GEMM {peaks['int8_gops']:.0f} GOP/s" if peaks.get("int8_gops") else "int8: no dot-product instructions")
+    parts.append(f"memory {peaks['memory_gbps']:.1f} GB/s")
+    return ", ".join(parts)
+
+
+def validated_on(report: dict[str, Any], row: dict[str, Any]) -> bool:
+    """Whether the row's variant was validated on the row's provider (``validated`` lists them)."""
+    return row["provider"] in (report.get("validated") or {}).get(row["variant"], [])
+
+
+def _fastest(report: dict[str, Any]) -> list[str]:
+    """The lead: per shape, the fastest (variant, provider) whose validation ran on that provider."""
+    rows = [r for r in report["results"] if "p50_ms" in r and not r.get("io_binding")]
+    if not rows:
+        return []
+    shapes = list(dict.fromkeys(json.dumps(r["shape"], sort_keys=True) for r in rows))
+    out = []
+    for shape in shapes:
+        here = [r for r in rows if json.dumps(r["shape"], sort_keys=True) == shape]
+        best = min((r for r in here if not report.get("validated") or validated_on(report, r)), key=lambda r: r["p50_ms"], default=None)
+        if best is None:
+            out.append(f"- {_shape(json.loads(shape))}: no validated (variant, provider) was timed")
+            continue
+        against = [f"{x:.2f}x PyTorch {t}" for x, t in ((best.get("ratio_to_pytorch"), "fp32"), (best.get("ratio_to_pytorch_bf16"), "bf16")) if x]
+        limit = f", {_limit(best)}" if best.get("roofline") else ""
+        out.append(f"- {_shape(best['shape'])}: **{best['variant']} on {_provider(best['provider'])}** {format_ms(best['p50_ms'])}" + (f" ({', '.join(against)}{limit})" if against or limit else ""))
+    if not report.get("validated"):
+        return ["Fastest per shape (no source model to validate against: check is this recipe's gate):", "", *(line.replace("no validated", "no") for line in out), ""]
+    return ["Fastest validated (variant, provider) per shape:", "", *out, ""]
 
 
 def chart(report: dict[str, Any], path: Any) -> None:
@@ -72,7 +166,7 @@ def chart(report: dict[str, Any], path: Any) -> None:
         labels, values, colours = [], [], []
         for b in report["baseline"]:
             if json.dumps(b["shape"], sort_keys=True) == shape:
-                labels.append("PyTorch")
+                labels.append(f"PyTorch\n{b.get('dtype', 'fp32')}")
                 values.append(b["p50_ms"])
                 colours.append("#888888")
         for r in rows:

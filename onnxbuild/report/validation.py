@@ -37,6 +37,27 @@ class WebResult(TypedDict):
     """The largest difference from ONNX Runtime's CPU provider on the same inputs."""
 
 
+class OpenVinoResult(WebResult):
+    """OpenVINO's outputs at one case, with the tolerances of the precision it computed in."""
+
+    top1_agreement: float | None
+
+
+class OpenVinoVerdict(TypedDict):
+    """The openvino target for one variant: how it ran and its whole-variant gates."""
+
+    passed: bool
+    skipped: bool
+    note: str
+    precision: str
+    """The inference precision OpenVINO reported for the compiled model (bf16, f32, f16)."""
+    atol: float
+    rtol: float
+    top1: dict[str, Any] | None
+    error: str | None
+    max_abs_diff: float | None
+
+
 class ShapeResult(TypedDict, total=False):
     """Every output at one input shape, with the verdict."""
 
@@ -46,6 +67,7 @@ class ShapeResult(TypedDict, total=False):
     outputs: dict[str, OutputComparison]
     top1_agreement: float | None
     web: WebResult
+    openvino: OpenVinoResult
 
 
 class AccuracyResult(TypedDict):
@@ -84,6 +106,7 @@ def failure_message(
     accuracy: AccuracyResult | None = None,
     embeddings: EmbeddingResult | None = None,
     top1: dict[str, Any] | None = None,
+    openvino: OpenVinoVerdict | None = None,
 ) -> str:
     """One sentence naming the first check that failed: a shape, then accuracy, then embeddings."""
     for r in results:
@@ -98,6 +121,16 @@ def failure_message(
                 return f"validation of {variant} in onnxruntime-web (the web target) failed at shape {shape}: {web['error']}"
             name, c = next((n, c) for n, c in web["outputs"].items() if not c["passed"])
             return f"validation of {variant} in onnxruntime-web (the web target) failed at shape {shape}: output {name}: max abs diff {c['max_abs_diff']} vs torch (atol {c['atol']:g}, rtol {c['rtol']:g})"
+        ov = r.get("openvino")
+        if ov is not None and not ov["passed"] and all(c["passed"] for c in r["outputs"].values()) and openvino is not None:
+            where = f"validation of {variant} on OpenVINO ({openvino['precision']} inference) failed at shape {shape}"
+            if ov["error"]:
+                return f"{where}: {ov['error']}"
+            name, c = next((n, c) for n, c in ov["outputs"].items() if not c["passed"])
+            return (
+                f"{where}: output {name}: {c['mismatch_fraction']:.2%} of elements outside atol={c['atol']:g} + rtol={c['rtol']:g}*|ref| "
+                f"(max abs diff {c['max_abs_diff']:.3g}); set providers[openvino].options atol/rtol if that precision is acceptable"
+            )
         for name, c in r["outputs"].items():
             if c["passed"]:
                 continue
@@ -112,6 +145,14 @@ def failure_message(
         return (
             f"validation of {variant} failed: top-1 agreement {top1['agreement']:.3f} over {top1['tokens']} predictions "
             f"at all shapes is below top1_min {top1['min']:g}"
+        )
+    if openvino is not None and openvino["error"]:
+        return f"validation of {variant} on OpenVINO failed: {openvino['error']}"
+    if openvino is not None and openvino["top1"] is not None and not openvino["top1"]["passed"]:
+        t = openvino["top1"]
+        return (
+            f"validation of {variant} on OpenVINO ({openvino['precision']} inference) failed: top-1 agreement {t['agreement']:.3f} over "
+            f"{t['tokens']} predictions at all shapes is below {t['min']:g} (providers[openvino].options.top1_min)"
         )
     if accuracy is not None and not accuracy["passed"]:
         where = f"on {accuracy['samples']} samples from {accuracy['dataset']}"
@@ -152,6 +193,18 @@ def markdown(report: dict[str, Any], name: str) -> str:
             web = r.get("web") or {}
             ok = r["passed"] and all(c["passed"] for c in r["outputs"].values()) and not web.get("error") and all(c["passed"] for c in web.get("outputs", {}).values())
             lines.append(f"| {variant} | {shape} | {worst or '-'} | {diff} | {tol} | {top1} | {'pass' if ok else '**FAIL**'} |")
+            ov = r.get("openvino")
+            if ov is not None and v.get("openvino"):
+                o = v["openvino"]
+                who = f"{variant} on OpenVINO ({o['precision']})"
+                o_tol = f"atol {o['atol']:g}, rtol {o['rtol']:g}"
+                if ov["error"]:
+                    lines.append(f"| {who} | {shape} | - | - | {o_tol} | - | **FAIL**: {_cell(ov['error'])} |")
+                    continue
+                o_worst = _worst(ov["outputs"])
+                o_diff = _sci(ov["outputs"][o_worst]["max_abs_diff"]) if o_worst else "-"
+                o_top1 = f"{ov['top1_agreement']:.3f}" if ov["top1_agreement"] is not None else "-"
+                lines.append(f"| {who} | {shape} | {o_worst or '-'} | {o_diff} | {o_tol} | {o_top1} | {'pass' if ov['passed'] else '**FAIL**'} |")
     lines.append("")
     for variant, v in variants:
         lines += _variant_figures(variant, v, report.get("reference"))
@@ -185,6 +238,13 @@ def _variant_figures(variant: str, v: dict[str, Any], reference: str | None) -> 
     lines: list[str] = []
     if v.get("web"):
         lines += [f"{variant}: web target: {v['web']}.", ""]
+    if v.get("openvino"):
+        o = v["openvino"]
+        lines += [f"{variant}: openvino target: {o['note']}" + (f"; error: {o['error']}" if o["error"] else "") + ".", ""]
+        if o["top1"]:
+            t = o["top1"]
+            floor = f" (at least {t['min']:g})" if t["min"] is not None else ""
+            lines += [f"{variant} on OpenVINO: top-1 agreement over all {t['tokens']} predictions: **{t['agreement']:.3f}**{floor}: {'pass' if t['passed'] else 'FAIL'}", ""]
     if v.get("top1"):
         t = v["top1"]
         floor = f" (at least {t['min']:g})" if t["min"] is not None else ""

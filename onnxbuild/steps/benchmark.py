@@ -22,15 +22,16 @@ from typing import Any, TypedDict, cast
 
 from onnxbuild import environment
 from onnxbuild._util import format_ms, pick, pretty_json
+from onnxbuild.environment import BF16_FLAGS, missing_feature
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.recipe.sections import SIGNATURE_KEYS, BenchmarkSection, ExportSection
 from onnxbuild.recipe.variants import SOURCE_RECORD
-from onnxbuild.report.benchmark import chart, markdown
+from onnxbuild.report.benchmark import chart, markdown, validated_on
 from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 
-VERSION = 4
+VERSION = 5
 PACKAGES = ("onnxruntime", "torch", "transformers", "numpy")
 SCHEMA_VERSION = 1
 EXCLUSIVE = True
@@ -165,14 +166,18 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         record = read_source_record(ctx)
     shapes = bench["shapes"]
     if any(v.get("files") for v in spec.params["variants"]):
-        return _finish(ctx, record, bench, threads, *_seq2seq_benchmark(ctx, spec, record, shapes, threads), extra={"encoder_decoder": {"cached_tokens": CACHED_TOKENS}})
+        return _finish(
+            ctx, record, bench, threads, *_seq2seq_benchmark(ctx, spec, record, shapes, threads),
+            extra={"encoder_decoder": {"cached_tokens": CACHED_TOKENS}, "validated": {v["name"]: ["CPUExecutionProvider"] for v in spec.params["variants"]}},
+        )
     layout = _past_layout(ctx) if export is not None and export.get("with_past") else None
     feeds_by_shape = [_feeds(spec, ctx, sizes, i, layout) for i, sizes in enumerate(shapes)]
 
     baseline: list[dict[str, Any]] = []
     decode: list[dict[str, Any]] = []
+    bf16: dict[str, str] | None = None
     if torch_source and bench["baseline"] == "pytorch":
-        baseline, decode = _pytorch_baseline(ctx, spec, record, shapes, feeds_by_shape, threads, layout)
+        baseline, decode, bf16 = _pytorch_baseline(ctx, spec, record, shapes, feeds_by_shape, threads, layout)
 
     providers_report: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
@@ -181,6 +186,9 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         name, options = prov["name"], prov["options"]
         if name == "web":
             providers_report.append(_web_benchmark(ctx, spec, shapes, feeds_by_shape, baseline, results))
+            continue
+        if name == "openvino":
+            providers_report.append(_openvino_benchmark(ctx, spec, shapes, feeds_by_shape, threads, layout, baseline, results, decode))
             continue
         if name not in available:
             providers_report.append({"name": name, "status": "skipped", "reason": f"not in this onnxruntime build (it has: {', '.join(available)})"})
@@ -215,15 +223,24 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
                     except Exception as exc:
                         results.append({"variant": variant["name"], "provider": name, "shape": dict(sizes), "io_binding": io_binding, "error": str(exc)[:300]})
                         continue
-                    base = next((b for b in baseline if b["shape"] == dict(sizes)), None)
                     if layout is not None and not io_binding:
                         decode.append(_ort_decode(session, variant, name, sizes, timing, bench, decode))
-                    results.append(_row(variant, name, sizes, timing, base, created=round(created, 4), peak_rss_mb=rss_mb(), io_binding=io_binding, path=path))
+                    results.append(_row(variant, name, sizes, timing, baseline, created=round(created, 4), peak_rss_mb=rss_mb(), io_binding=io_binding, path=path))
             del session
             gc.collect()
         providers_report.append(status)
 
-    return _finish(ctx, record, bench, threads, baseline, providers_report, results, decode if layout is not None else None)
+    extra: dict[str, Any] = {"pytorch_bf16": bf16} if bf16 else {}
+    if torch_source:
+        extra["validated"] = _validated(spec)
+    return _finish(ctx, record, bench, threads, baseline, providers_report, results, decode if layout is not None else None, extra=extra)
+
+
+def _validated(spec: StepSpec) -> dict[str, list[str]]:
+    """variant -> the providers its validate step ran it on: the CPU provider, and the web and
+    openvino targets for the variants they list (a failure there fails the build)."""
+    chosen = {p["name"]: set(p["options"].get("variants") or ["model"]) for p in spec.params["providers"] if p["name"] in ("web", "openvino")}
+    return {v["name"]: ["CPUExecutionProvider", *(t for t, names in chosen.items() if v["name"] in names)] for v in spec.params["variants"]}
 
 
 def _finish(
@@ -258,12 +275,14 @@ def _finish(
     ctx.output("benchmark.json").write_text(pretty_json(report), encoding="utf-8")
     ctx.output("benchmark.md").write_text(markdown(report), encoding="utf-8")
     chart(report, ctx.output("benchmark.png"))
-    best = min((r for r in results if "p50_ms" in r), key=lambda r: r["p50_ms"], default=None)
+    validated = report.get("validated")
+    best = min((r for r in results if "p50_ms" in r and (validated is None or validated_on(report, r))), key=lambda r: r["p50_ms"], default=None)
     summary = "no results"
     if best:
-        summary = f"best {best['variant']} on {best['provider'].replace('ExecutionProvider', '')}: p50 {format_ms(best['p50_ms'])}"
-        if best.get("speedup_vs_pytorch"):
-            summary += f" ({best['speedup_vs_pytorch']:.1f}x PyTorch)"
+        summary = f"best {'validated ' if validated else ''}{best['variant']} on {best['provider'].replace('ExecutionProvider', '')}: p50 {format_ms(best['p50_ms'])}"
+        ratios = [f"{x:.2f}x PyTorch {t}" for x, t in ((best.get("ratio_to_pytorch"), "fp32"), (best.get("ratio_to_pytorch_bf16"), "bf16")) if x]
+        if ratios:
+            summary += f" ({', '.join(ratios)})"
     return StepResult(summary=summary, data={"results": len(results)})
 
 
@@ -317,8 +336,7 @@ def _seq2seq_benchmark(
             prefill = _timed_at(bench, lambda f=feeds, m=mask_np, b=batch, i=ids, r=runner: r.step(i, r.encode(f), m, r.empty_past(b)), sizes)
             one = _timed_at(bench, lambda h=hidden_np, m=mask_np, pk=past_np, i=ids, r=runner: r.step(i, h, m, pk), sizes)
             total = _generation_time(lambda f=feeds, r=runner: r.generate(f, start, n, None))
-            base = next((b for b in baseline if b["shape"] == dict(sizes)), None)
-            row = _row(variant, "CPUExecutionProvider", sizes, prefill, base, created=round(created, 4), peak_rss_mb=rss_mb(), io_binding=False, path=paths[-1])
+            row = _row(variant, "CPUExecutionProvider", sizes, prefill, baseline, created=round(created, 4), peak_rss_mb=rss_mb(), io_binding=False, path=paths[-1])
             results.append({**row, "file_bytes": sum(p.stat().st_size for p in paths)})
             torch_decode = next((d for d in decode if d["engine"] == "pytorch" and d["shape"] == dict(sizes)), None)
             decode.append({
@@ -412,15 +430,71 @@ def _web_benchmark(ctx: StepContext, spec: StepSpec, shapes: list[dict[str, int]
                 results.append({"variant": variant["name"], "provider": "web", "shape": dict(sizes), "error": run.error or "no timings"})
                 continue
             timing = summarise(run.times_ms, _batch(sizes), warmup)
-            base = next((b for b in baseline if b["shape"] == dict(sizes)), None)
             # Node's peak (the largest child this process has waited for), not Python's.
             node_peak = round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1)
-            results.append(_row(variant, "web", sizes, timing, base, created=0.0, peak_rss_mb=node_peak, io_binding=False, path=path))
+            results.append(_row(variant, "web", sizes, timing, baseline, created=0.0, peak_rss_mb=node_peak, io_binding=False, path=path))
     return {"name": "web", "status": "used", "reason": f"onnxruntime-web {web.version()} (wasm, 1 thread) under Node.js"}
 
 
-def _row(variant: dict[str, Any], provider: str, sizes: dict[str, int], timing: Timing, base: dict[str, Any] | None, *, created: float, peak_rss_mb: float, io_binding: bool, path: Any) -> dict[str, Any]:
-    """One timed (variant, provider, shape), beside PyTorch's time at the same shape."""
+def _openvino_benchmark(
+    ctx: StepContext,
+    spec: StepSpec,
+    shapes: list[dict[str, int]],
+    feeds_by_shape: list[dict[str, Any]],
+    threads: int,
+    layout: Any,
+    baseline: list[dict[str, Any]],
+    results: list[dict[str, Any]],
+    decode: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The variants chosen for OpenVINO (``options.variants``, default model) in its CPU plugin,
+    with the same inputs, threads and settings as ONNX Runtime's rows; with a past, decode too."""
+    from onnxbuild import openvino_target
+
+    why = openvino_target.unavailable()
+    if why:
+        return {"name": "openvino", "status": "skipped", "reason": why}
+    bench = cast(BenchmarkSection, spec.params["benchmark"])
+    options = next(p["options"] for p in spec.params["providers"] if p["name"] == "openvino")
+    wanted = set(options.get("variants") or ["model"])
+    used: set[str] = set()
+    masked = False
+    for variant in spec.params["variants"]:
+        if variant["name"] not in wanted:
+            continue
+        path = ctx.input(variant["path"])
+        t0 = time.perf_counter()
+        try:
+            session = openvino_target.load(path, precision=options.get("precision", "auto"), threads=threads)
+        except Exception as exc:
+            results.append({"variant": variant["name"], "provider": "openvino", "error": f"OpenVINO cannot compile it: {str(exc)[:300]}"})
+            continue
+        created = time.perf_counter() - t0
+        used.add(session.precision)
+        names = [o.name for o in session.get_outputs()]
+        for sizes, feeds in zip(shapes, feeds_by_shape):
+            try:
+                timing = measure(lambda s=session, f=feeds, w=names: s.run(w, f), _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
+            except Exception as exc:
+                results.append({"variant": variant["name"], "provider": "openvino", "shape": dict(sizes), "error": str(exc)[:300]})
+                continue
+            if layout is not None:
+                decode.append(_ort_decode(session, variant, "openvino", sizes, timing, bench, decode, engine="openvino"))
+            row = _row(variant, "openvino", sizes, timing, baseline, created=round(created, 4), peak_rss_mb=rss_mb(), io_binding=False, path=path)
+            results.append({**row, "inference_precision": session.precision})
+        masked = masked or session.masked_prefill
+        del session
+        gc.collect()
+    note = f"OpenVINO {openvino_target.version()} CPU plugin, inference precision {', '.join(sorted(used)) or '-'}"
+    if masked:
+        note += "; prefill through a one-slot masked past (it refused an empty one)"
+    return {"name": "openvino", "status": "used", "reason": note}
+
+
+def _row(variant: dict[str, Any], provider: str, sizes: dict[str, int], timing: Timing, baseline: list[dict[str, Any]], *, created: float, peak_rss_mb: float, io_binding: bool, path: Any) -> dict[str, Any]:
+    """One timed (variant, provider, shape), beside PyTorch's times (fp32 and bf16) at the same shape."""
+    base = _baseline_at(baseline, sizes, "fp32")
+    bf16 = _baseline_at(baseline, sizes, "bf16")
     return {
         "variant": variant["name"],
         "precision": variant["precision"],
@@ -433,7 +507,12 @@ def _row(variant: dict[str, Any], provider: str, sizes: dict[str, int], timing: 
         "file_bytes": path.stat().st_size,
         "speedup_vs_pytorch": round(base["p50_ms"] / timing["p50_ms"], 3) if base and timing["p50_ms"] else None,
         "ratio_to_pytorch": round(timing["p50_ms"] / base["p50_ms"], 3) if base and base["p50_ms"] else None,
+        "ratio_to_pytorch_bf16": round(timing["p50_ms"] / bf16["p50_ms"], 3) if bf16 and bf16["p50_ms"] else None,
     }
+
+
+def _baseline_at(baseline: list[dict[str, Any]], sizes: dict[str, int], dtype: str) -> dict[str, Any] | None:
+    return next((b for b in baseline if b["shape"] == dict(sizes) and b.get("dtype", "fp32") == dtype), None)
 
 
 def _batch(sizes: dict[str, int]) -> int:
@@ -499,7 +578,8 @@ def _bound_runner(session: Any, feeds: dict[str, Any], outputs: list[str]) -> An
 
 def _pytorch_baseline(
     ctx: StepContext, spec: StepSpec, record: dict[str, Any], shapes: list[dict[str, int]], feeds_by_shape: list[dict[str, Any]], threads: int, layout: Any
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, str]]:
+    """PyTorch eager in fp32 and, where the CPU has native bf16, with bf16 weights; prefill and decode."""
     import torch
 
     from onnxbuild.sources.torchmodel import load_source_model, wrap
@@ -525,12 +605,36 @@ def _pytorch_baseline(
                 m(*a)
 
         timing = measure(call, _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
-        out.append({"engine": "pytorch", "mode": "eager", "attention": attention, "device": "cpu", "shape": dict(sizes), **timing, "peak_rss_mb": rss_mb()})
+        out.append({"engine": "pytorch", "mode": "eager", "dtype": "fp32", "attention": attention, "device": "cpu", "shape": dict(sizes), **timing, "peak_rss_mb": rss_mb()})
         if layout is not None:
             decode.append(_pytorch_decode(model, wrapped, names, layout, sizes, timing, bench))
+    # The strongest local baseline: the same module with bf16 weights, where the CPU computes
+    # bf16 natively (elsewhere PyTorch emulates it, slower than fp32: no baseline a user would pick).
+    why = missing_feature(BF16_FLAGS, "bf16 arithmetic")
+    if why is None:
+        model.to(torch.bfloat16)
+        for sizes, feeds in zip(shapes, feeds_by_shape):
+            args = tuple(_bf16(torch.from_numpy(feeds[n])) for n in names)
+
+            def call16(a: tuple[Any, ...] = args, m: Any = wrapped) -> None:
+                with torch.inference_mode():
+                    m(*a)
+
+            timing = measure(call16, _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
+            out.append({"engine": "pytorch", "mode": "eager", "dtype": "bf16", "attention": attention, "device": "cpu", "shape": dict(sizes), **timing, "peak_rss_mb": rss_mb()})
+            if layout is not None:
+                decode.append(_pytorch_decode(model, wrapped, names, layout, sizes, timing, bench, dtype="bf16"))
     del model, wrapped
     gc.collect()
-    return out, decode
+    bf16 = {"status": "used" if why is None else "skipped", "reason": "the model's weights and activations in bf16 (model.to(torch.bfloat16))" if why is None else f"{why}; PyTorch would emulate bf16, slower than its fp32"}
+    return out, decode, bf16
+
+
+def _bf16(t: Any) -> Any:
+    """A float input in bf16 (token ids and masks stay integers)."""
+    import torch
+
+    return t.to(torch.bfloat16) if t.is_floating_point() else t
 
 
 def _decode_feeds(names: list[str], layout: Any, sizes: dict[str, int], vocab: int | None) -> dict[str, Any]:
@@ -555,14 +659,14 @@ def _timed(fn: Any) -> float:
     return time.perf_counter() - t0
 
 
-def _pytorch_decode(model: Any, wrapped: Any, names: list[str], layout: Any, sizes: dict[str, int], prefill: Timing, bench: BenchmarkSection) -> dict[str, Any]:
+def _pytorch_decode(model: Any, wrapped: Any, names: list[str], layout: Any, sizes: dict[str, int], prefill: Timing, bench: BenchmarkSection, dtype: str = "fp32") -> dict[str, Any]:
     """PyTorch's prefill and per-token decode, and transformers' generate() end to end."""
     import torch
 
     from onnxbuild.sources.decoder import hf_generate
 
     feeds = _decode_feeds(names, layout, sizes, getattr(model.config, "vocab_size", None))
-    args = tuple(torch.from_numpy(feeds[n]) for n in names)
+    args = tuple((_bf16 if dtype == "bf16" else (lambda t: t))(torch.from_numpy(feeds[n])) for n in names)
 
     def step() -> None:
         with torch.inference_mode():
@@ -573,7 +677,7 @@ def _pytorch_decode(model: Any, wrapped: Any, names: list[str], layout: Any, siz
     prompt = feeds_prompt(sizes, getattr(model.config, "vocab_size", 2))
     total = _generation_time(lambda: hf_generate(model, prompt, n))
     row = _decode_row(sizes, prefill, timing, n, total, timing["p50_ms"])
-    return {"engine": "pytorch", "variant": None, "provider": None, **row}
+    return {"engine": "pytorch", "variant": None, "provider": None, "dtype": dtype, **row}
 
 
 def _decode_row(sizes: dict[str, int], prefill: Timing, step: Timing, n: int, total: float, base_ms: float | None) -> dict[str, Any]:
@@ -597,7 +701,7 @@ def feeds_prompt(sizes: dict[str, int], vocab: int) -> Any:
     return np.random.default_rng(901).integers(0, vocab, size=(_batch(sizes), sizes["sequence"]), dtype=np.int64)
 
 
-def _ort_decode(session: Any, variant: dict[str, Any], provider: str, sizes: dict[str, int], prefill: Timing, bench: BenchmarkSection, decode: list[dict[str, Any]]) -> dict[str, Any]:
+def _ort_decode(session: Any, variant: dict[str, Any], provider: str, sizes: dict[str, int], prefill: Timing, bench: BenchmarkSection, decode: list[dict[str, Any]], engine: str = "onnxruntime") -> dict[str, Any]:
     """The same figures for one variant: its prefill (measured above), one decode step, a whole generation."""
     from onnxbuild.sources.decoder import OrtDecoder
 
@@ -610,9 +714,10 @@ def _ort_decode(session: Any, variant: dict[str, Any], provider: str, sizes: dic
     n = int(bench["decode_tokens"])
     prompt = feeds_prompt(sizes, vocab)
     total = _generation_time(lambda: decoder.generate(prompt, n))
-    base = next((d for d in decode if d["engine"] == "pytorch" and d["shape"] == dict(sizes)), None)
+    base, bf16 = ({d.get("dtype", "fp32"): d for d in decode if d["engine"] == "pytorch" and d["shape"] == dict(sizes)}.get(t) for t in ("fp32", "bf16"))
     row = _decode_row(sizes, prefill, timing, n, total, base["decode_p50_ms"] if base else None)
-    return {"engine": "onnxruntime", "variant": variant["name"], "precision": variant["precision"], "provider": provider, **row}
+    row["decode_ratio_to_pytorch_bf16"] = round(timing["p50_ms"] / bf16["decode_p50_ms"], 3) if bf16 else None
+    return {"engine": engine, "variant": variant["name"], "precision": variant["precision"], "provider": provider, **row}
 
 
 def _validate_schema(report: dict[str, Any]) -> None:

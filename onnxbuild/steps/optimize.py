@@ -16,7 +16,7 @@ from typing import Any, cast
 from onnxbuild import environment
 from onnxbuild._util import pick, pretty_json
 from onnxbuild.errors import StepError
-from onnxbuild.recipe.sections import OptimizeSection
+from onnxbuild.recipe.sections import TARGETS, OptimizeSection
 from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD
 from onnxbuild.sources import is_decoder, section_for
 from onnxbuild.spec import Planning, StepInput
@@ -59,7 +59,7 @@ def plan(p: Planning) -> list[StepSpec]:
     if not r.get("optimize"):
         return []
     # The first ONNX Runtime provider (web is onnxruntime-web, not a provider of this ORT).
-    provider = next((q["name"] for q in r["providers"] if q["name"] != "web"), "CPUExecutionProvider")
+    provider = next((q["name"] for q in r["providers"] if q["name"] not in TARGETS), "CPUExecutionProvider")
     hardware = r["optimize"]["level"] in HARDWARE_BOUND
     # A decoder with a KV cache may get its graph written from the weights (fusion/decoder.py):
     # then the step reads the model as the source step recorded it.

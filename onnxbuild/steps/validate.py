@@ -24,6 +24,7 @@ on real data, in the units a user cares about:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 from onnxbuild._util import brief, pick, pretty_json
@@ -33,6 +34,8 @@ from onnxbuild.recipe.variants import SOURCE_RECORD, tolerances
 from onnxbuild.report.validation import (
     AccuracyResult,
     EmbeddingResult,
+    OpenVinoResult,
+    OpenVinoVerdict,
     OutputComparison,
     ShapeResult,
     WebResult,
@@ -55,7 +58,7 @@ from onnxbuild.sources.torchmodel import (
 from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 
-VERSION = 7
+VERSION = 8
 PACKAGES = ("torch", "transformers", "tokenizers", "onnxruntime", "numpy")
 
 
@@ -70,6 +73,8 @@ def plan(p: Planning) -> list[StepSpec]:
         return []
     web = next((q for q in r["providers"] if q["name"] == "web"), None)
     web_variants = set(web["options"].get("variants") or ["model"]) if web else set()
+    ov = next((q for q in r["providers"] if q["name"] == "openvino"), None)
+    ov_variants = set(ov["options"].get("variants") or ["model"]) if ov else set()
     steps = []
     by_name = {v.name: v for v in p.variants}
     for v in p.variants:
@@ -87,6 +92,8 @@ def plan(p: Planning) -> list[StepSpec]:
             params["files"] = list(v.files)
         if v.name in web_variants:
             params["web"] = True  # meant for the browser: validated in onnxruntime-web too
+        if ov and v.name in ov_variants:  # served by OpenVINO too: validated there, at its precision
+            params["openvino"] = {"precision": ov["options"].get("precision", "auto"), **pick(ov["options"], {"atol", "rtol", "top1_min"})}
         if base is not None:
             params["base"] = {"variant": base.name, "path": base.path}
         steps.append(
@@ -198,6 +205,8 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         else:
             where = f", installed in {web.where()}" if web.where() else ""
             web_note = f"also validated in onnxruntime-web {web.version()} (wasm, Node.js{where})"
+    ov_target = _openvino_target(spec.params.get("openvino"), model_file, rtol, atol)
+    ov_hits = ov_total = 0
     # Top-1 agreement gates over every token of every shape together: a shape of 8 tokens
     # alone moves in steps of 12.5%, too coarse to hold a quantized model to 0.85.
     top1_hits = top1_total = 0
@@ -234,6 +243,13 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         if web_target:
             shape_result["web"] = _web_case(model_file, feeds, export["outputs"], reference, produced, rtol, atol)
             ok = ok and shape_result["web"]["passed"]
+        if ov_target is not None and ov_target.session is not None:
+            case = _openvino_case(ov_target, feeds, export["outputs"], reference, produced, top1_gated)
+            shape_result["openvino"] = case
+            ok = ok and case["passed"]
+            if case["top1_agreement"] is not None:
+                ov_hits += round(case["top1_agreement"] * reference[0][..., 0].size)
+                ov_total += reference[0][..., 0].size
         shape_result["passed"] = ok
         results.append(shape_result)
 
@@ -244,7 +260,8 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         feeds, mask = sentence_inputs(tokenizer, validate["sentences"], specs, validate["shapes"][0])
         embeddings = _embeddings(feeds, mask, validate.get("cosine_min"), wrapped, session, export)
 
-    return _finish(ctx, spec, record, source, validate, results, top1_hits, top1_total, accuracy, embeddings, web_note, provider)
+    openvino = ov_target.report(results, ov_hits, ov_total) if ov_target is not None else None
+    return _finish(ctx, spec, record, source, validate, results, top1_hits, top1_total, accuracy, embeddings, web_note, provider, openvino)
 
 
 def _finish(
@@ -260,6 +277,7 @@ def _finish(
     embeddings: Any,
     web_note: str,
     provider: str = "CPUExecutionProvider",
+    openvino: OpenVinoVerdict | None = None,
 ) -> StepResult:
     """The verdict, the report files and the step's summary."""
     variant = spec.params.get("variant", "model")
@@ -267,7 +285,7 @@ def _finish(
     rtol, atol = float(validate["rtol"]), float(validate["atol"])
     top1_min = validate.get("top1_min")
     top1 = {"agreement": top1_hits / top1_total, "tokens": top1_total, "min": top1_min, "passed": top1_min is None or top1_hits / top1_total >= float(top1_min)} if top1_total else None
-    passed = all(r["passed"] for r in results) and all(c is None or c["passed"] for c in (accuracy, embeddings, top1))
+    passed = all(r["passed"] for r in results) and all(c is None or c["passed"] for c in (accuracy, embeddings, top1)) and (openvino is None or openvino["passed"])
     report = {
         "passed": passed,
         "weights": record.get("weights"),
@@ -285,6 +303,7 @@ def _finish(
                 "accuracy": accuracy,
                 "embedding_cosine": embeddings,
                 "web": web_note or None,
+                "openvino": openvino,
             }
         },
     }
@@ -298,6 +317,9 @@ def _finish(
         web_worst = max((r["web"]["max_abs_diff_vs_cpu"] or 0.0 for r in results if "web" in r), default=None)
         summary += f"; {web_note}" + (f", max abs diff vs CPU provider {web_worst:.2e}" if web_worst is not None else "")
         data["web"] = web_note
+    if openvino is not None:
+        summary += f"; openvino: {openvino['note']}"
+        data["openvino"] = {"passed": openvino["passed"], "precision": openvino["precision"], "max_abs_diff": openvino["max_abs_diff"]}
     if accuracy is not None:
         engine = "TensorFlow" if "tensorflow" in source else "PyTorch"
         summary += f", accuracy {accuracy['onnxruntime']:.4f} ({engine} {accuracy['pytorch']:.4f})"
@@ -310,7 +332,7 @@ def _finish(
     data = json_safe(data)
     if passed:
         return StepResult(summary=summary, data=data)
-    message = failure_message(results, variant, accuracy=accuracy, embeddings=embeddings, top1=top1)
+    message = failure_message(results, variant, accuracy=accuracy, embeddings=embeddings, top1=top1, openvino=openvino)
     if warn_only:
         return StepResult(summary=summary, data=data, warnings=(message + " (validate.on_fail: warn)",))
     numeric = any(not r["passed"] and not r["error"] for r in results)
@@ -364,22 +386,97 @@ def cases(shapes: list[dict[str, int]], with_past: bool) -> list[dict[str, int]]
 
 def _web_case(model: Any, feeds: dict[str, Any], names: list[str], reference: list[Any], produced: list[Any], rtol: float, atol: float) -> WebResult:
     """One validation case in onnxruntime-web: against the source model, and how far from ORT's CPU provider."""
-    import numpy as np
 
     from onnxbuild import web
 
     run = web.run(model, feeds)
     if run.error:
         return {"passed": False, "error": f"onnxruntime-web: {run.error}", "outputs": {}, "max_abs_diff_vs_cpu": None}
-    outputs = {name: compare(ref, np.asarray(run.outputs[name]), rtol, atol) for name, ref in zip(names, reference, strict=False) if name in run.outputs}
-    vs_cpu = [float(np.abs(np.asarray(run.outputs[n], dtype=np.float64) - np.asarray(cpu, dtype=np.float64)).max()) for n, cpu in zip(names, produced, strict=False) if n in run.outputs and np.asarray(cpu).size]
-    missing = [n for n in names if n not in run.outputs]
+    return _runtime_case("onnxruntime-web", run.outputs, names, reference, produced, rtol, atol)
+
+
+def _runtime_case(runtime: str, got: dict[str, Any], names: list[str], reference: list[Any], produced: list[Any], rtol: float, atol: float) -> WebResult:
+    """Another runtime's outputs at one case: against the source model, and how far from ORT's CPU provider."""
+    import numpy as np
+
+    outputs = {name: compare(ref, np.asarray(got[name]), rtol, atol) for name, ref in zip(names, reference, strict=False) if name in got}
+    vs_cpu = [float(np.abs(np.asarray(got[n], dtype=np.float64) - np.asarray(cpu, dtype=np.float64)).max()) for n, cpu in zip(names, produced, strict=False) if n in got and np.asarray(cpu).size and np.shape(got[n]) == np.shape(cpu)]
+    missing = [n for n in names if n not in got]
     return {
         "passed": not missing and all(c["passed"] for c in outputs.values()),
-        "error": f"onnxruntime-web returned no {', '.join(missing)}" if missing else None,
+        "error": f"{runtime} returned no {', '.join(missing)}" if missing else None,
         "outputs": outputs,
         "max_abs_diff_vs_cpu": max(vs_cpu) if vs_cpu else None,
     }
+
+
+@dataclass
+class _OpenVino:
+    """The openvino target for one variant: the compiled model (None when it could not be
+    compiled or OpenVINO is missing), the tolerances for the precision it computes in."""
+
+    session: Any
+    precision: str
+    atol: float
+    rtol: float
+    top1_min: float | None
+    note: str
+    error: str | None = None
+
+    def report(self, results: list[ShapeResult], hits: int, total: int) -> OpenVinoVerdict:
+        """The whole-variant verdict: compiled, top-1 floor over every case (each case's own
+        verdict is in its shape's result)."""
+        top1 = {"agreement": hits / total, "tokens": total, "min": self.top1_min, "passed": self.top1_min is None or hits / total >= self.top1_min} if total else None
+        cases = [r["openvino"] for r in results if "openvino" in r]
+        diffs = [c["max_abs_diff"] for case in cases for c in case["outputs"].values() if c["max_abs_diff"] is not None]
+        return {
+            "passed": self.error is None and (top1 is None or bool(top1["passed"])) and all(c["passed"] for c in cases),
+            "skipped": self.session is None and self.error is None,
+            "note": self.note,
+            "precision": self.precision,
+            "atol": self.atol,
+            "rtol": self.rtol,
+            "top1": top1,
+            "error": self.error,
+            "max_abs_diff": max(diffs) if diffs else None,
+        }
+
+
+def _openvino_target(options: dict[str, Any] | None, model_file: Any, rtol: float, atol: float) -> _OpenVino | None:
+    """Compile the variant for OpenVINO and pick its tolerances from the precision it reports."""
+    if options is None:
+        return None
+    from onnxbuild import openvino_target
+
+    why = openvino_target.unavailable()
+    if why:
+        return _OpenVino(None, options["precision"], atol, rtol, None, f"skipped: {why}")
+    try:
+        session = openvino_target.load(model_file, precision=options["precision"])
+    except Exception as exc:
+        return _OpenVino(None, options["precision"], atol, rtol, None, "failed", error=f"OpenVINO cannot compile the model: {brief(exc, lines=None, limit=400)}")
+    used = session.precision
+    default_atol, default_rtol = openvino_target.TOLERANCES.get(used, (atol, rtol))
+    o_atol, o_rtol = float(options.get("atol", default_atol)), float(options.get("rtol", default_rtol))
+    floor = options.get("top1_min", openvino_target.TOP1_MIN if used != "f32" else None)
+    asked = "" if options["precision"] == "auto" else f", asked {options['precision']}"
+    note = f"OpenVINO {openvino_target.version()} CPU, inference precision {used}{asked}; atol {o_atol:g}, rtol {o_rtol:g}"
+    return _OpenVino(session, used, o_atol, o_rtol, None if floor is None else float(floor), note)
+
+
+def _openvino_case(target: _OpenVino, feeds: dict[str, Any], names: list[str], reference: list[Any], produced: list[Any], top1_gated: bool) -> OpenVinoResult:
+    """One validation case in OpenVINO, with its precision's tolerances; top-1 agreement for language models."""
+    import numpy as np
+
+    try:
+        got = dict(zip(names, target.session.run(names, feeds), strict=True))
+    except Exception as exc:
+        return {"passed": False, "error": f"OpenVINO refused the inputs: {brief(exc, lines=None, limit=400)}", "outputs": {}, "max_abs_diff_vs_cpu": None, "top1_agreement": None}
+    case = _runtime_case("OpenVINO", got, names, reference, produced, target.rtol, target.atol)
+    top1 = None
+    if top1_gated and names[0] in got and np.shape(got[names[0]]) == reference[0].shape:
+        top1 = float((np.asarray(got[names[0]]).argmax(-1) == reference[0].argmax(-1)).mean())
+    return {**case, "top1_agreement": top1}
 
 
 def json_safe(data: Any) -> Any:
