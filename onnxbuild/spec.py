@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from onnxbuild.recipe.model import Recipe
     from onnxbuild.recipe.variants import Variant
 
-STEP_KINDS: tuple[str, ...] = ("source", "export", "check", "optimize", "quantize", "expect", "validate", "report", "generate", "benchmark")
+STEP_KINDS: tuple[str, ...] = ("source", "export", "check", "optimize", "quantize", "expect", "validate", "report", "generate", "machine", "benchmark")
 """Every step kind, in pipeline order, one module each at ``onnxbuild.steps.<kind>``: the
 registry. ``pipeline.steps_for`` asks each in this order for its steps, the loader checks
 ``limits.steps`` against it."""

@@ -48,6 +48,8 @@ def markdown(report: dict[str, Any]) -> str:
             continue
         bound = " (IOBinding)" if r.get("io_binding") else ""
         precision = f" ({r['inference_precision']})" if r.get("inference_precision") else ""
+        if report.get("validated") and not validated_on(report, r):
+            precision += " (not validated here)"
         lines.append(
             f"| {r['variant']}{bound} | {_provider(r['provider'])}{precision} | {_shape(r['shape'])} | {format_ms(r['p50_ms'])} | {format_ms(r['p90_ms'])} | {format_ms(r['p99_ms'])} | "
             f"{r['throughput']:.1f} | {_ratio(r.get('ratio_to_pytorch'))} | {_ratio(r.get('ratio_to_pytorch_bf16'))} | {_work(r)} | {_limit(r)} |"

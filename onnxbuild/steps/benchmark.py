@@ -30,6 +30,7 @@ from onnxbuild.recipe.variants import SOURCE_RECORD
 from onnxbuild.report.benchmark import chart, markdown, validated_on
 from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
+from onnxbuild.steps.machine import PEAKS
 
 VERSION = 5
 PACKAGES = ("onnxruntime", "torch", "transformers", "numpy")
@@ -48,6 +49,7 @@ def plan(p: Planning) -> list[StepSpec]:
     if not r.get("benchmark"):
         return []
     inputs = [StepInput(v.step, f) for v in p.variants for f in v.paths]
+    inputs.append(StepInput("machine", PEAKS))  # the machine's limits: each row's share of them
     if p.recipe.torch_source:
         inputs.insert(0, StepInput("source", SOURCE_RECORD))
     with_past = bool(r.get("export") and r["export"]["with_past"])
@@ -223,9 +225,11 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
                     except Exception as exc:
                         results.append({"variant": variant["name"], "provider": name, "shape": dict(sizes), "io_binding": io_binding, "error": str(exc)[:300]})
                         continue
+                    cpu = name == "CPUExecutionProvider"  # the measured peaks are the CPU's
                     if layout is not None and not io_binding:
-                        decode.append(_ort_decode(session, variant, name, sizes, timing, bench, decode))
-                    results.append(_row(variant, name, sizes, timing, baseline, created=round(created, 4), peak_rss_mb=rss_mb(), io_binding=io_binding, path=path))
+                        decode.append(_ort_decode(session, variant, name, sizes, timing, bench, decode) | (_work_of(path, variant["precision"]) if cpu else {}))
+                    row = _row(variant, name, sizes, timing, baseline, created=round(created, 4), peak_rss_mb=rss_mb(), io_binding=io_binding, path=path)
+                    results.append(row | (_work_of(path, variant["precision"], usable, "prefill" if layout is not None else "") if cpu else {}))
             del session
             gc.collect()
         providers_report.append(status)
@@ -271,6 +275,9 @@ def _finish(
     if decode is not None:
         report["decode"] = decode
     report.update(extra or {})
+    peaks = _attach_roofline(ctx, [*baseline, *results, *(decode or [])])
+    if peaks is not None:
+        report["peaks"] = peaks
     _validate_schema(report)
     ctx.output("benchmark.json").write_text(pretty_json(report), encoding="utf-8")
     ctx.output("benchmark.md").write_text(markdown(report), encoding="utf-8")
@@ -284,6 +291,60 @@ def _finish(
         if ratios:
             summary += f" ({', '.join(ratios)})"
     return StepResult(summary=summary, data={"results": len(results)})
+
+
+WORK = "_work"
+"""A row's private note for the roofline pass (the graph, precision, phase and input shapes of
+one call), removed before the report is written."""
+
+
+def _work_of(path: Any, precision: str, feeds: dict[str, Any] | None = None, phase: str = "decode") -> dict[str, Any]:
+    """What the roofline pass needs to count one row's work: its graph, precision and phase;
+    ``feeds`` the call's inputs (a decode row's come from the step that timed it)."""
+    note: dict[str, Any] = {"path": str(path), "precision": precision, "phase": phase}
+    if feeds is not None:
+        note["shapes"] = _shapes(feeds)
+    return {WORK + "_of": note}
+
+
+def _shapes(feeds: dict[str, Any]) -> dict[str, list[int]]:
+    return {k: [int(d) for d in v.shape] for k, v in feeds.items()}
+
+
+def _attach_roofline(ctx: StepContext, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Each row noted by ``_work_of``: the matrix-product FLOPs and weight bytes of one call,
+    and its share of the machine's limit (onnxbuild/roofline.py); returns the peaks used.
+
+    PyTorch's rows count the exported graph's products (the same matrices), with weights half
+    as many bytes in bf16. Rows on a GPU, in wasm or of an encoder-decoder get none."""
+    import dataclasses
+
+    import onnx
+
+    from onnxbuild.roofline import Peaks, graph_work, roofline
+
+    notes = [(row, row.pop(WORK + "_of", None), row.pop(WORK, None)) for row in rows]
+    try:
+        peaks = Peaks.from_dict(json.loads(ctx.input(PEAKS).read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return None
+    loaded: tuple[str, Any] | None = None
+    for row, note, decode_shapes in sorted((n for n in notes if n[1]), key=lambda n: n[1]["path"]):
+        shapes = note.get("shapes") or decode_shapes
+        if not shapes:
+            continue
+        if loaded is None or loaded[0] != note["path"]:  # one model in memory at a time
+            loaded = (note["path"], onnx.load_model(note["path"]))
+        try:
+            work = graph_work(loaded[1], {k: tuple(v) for k, v in shapes.items()})
+        except Exception:  # a graph the counter cannot size: the row keeps its times only
+            continue
+        if note["precision"] == "bf16":
+            work = dataclasses.replace(work, weight_bytes=work.weight_bytes // 2)
+        ms = row["decode_p50_ms"] if note["phase"] == "decode" else row["p50_ms"]
+        row["work"] = {"flops": work.flops, "weight_bytes": work.weight_bytes, "uncounted": list(work.uncounted)}
+        row["roofline"] = {**roofline(work, ms, note["precision"], peaks, note["phase"]).as_dict(), "precision": note["precision"], "phase": note["phase"]}
+    return dict(peaks.as_dict())
 
 
 def _seq2seq_benchmark(
@@ -447,8 +508,9 @@ def _openvino_benchmark(
     results: list[dict[str, Any]],
     decode: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    """The variants chosen for OpenVINO (``options.variants``, default model) in its CPU plugin,
-    with the same inputs, threads and settings as ONNX Runtime's rows; with a past, decode too."""
+    """Every variant in OpenVINO's CPU plugin, with the same inputs, threads and settings as ONNX
+    Runtime's rows; with a past, decode too. Only the variants its options list
+    (``options.variants``, default model) are validated there: the others' rows say so."""
     from onnxbuild import openvino_target
 
     why = openvino_target.unavailable()
@@ -456,12 +518,9 @@ def _openvino_benchmark(
         return {"name": "openvino", "status": "skipped", "reason": why}
     bench = cast(BenchmarkSection, spec.params["benchmark"])
     options = next(p["options"] for p in spec.params["providers"] if p["name"] == "openvino")
-    wanted = set(options.get("variants") or ["model"])
     used: set[str] = set()
     masked = False
     for variant in spec.params["variants"]:
-        if variant["name"] not in wanted:
-            continue
         path = ctx.input(variant["path"])
         t0 = time.perf_counter()
         try:
@@ -478,10 +537,12 @@ def _openvino_benchmark(
             except Exception as exc:
                 results.append({"variant": variant["name"], "provider": "openvino", "shape": dict(sizes), "error": str(exc)[:300]})
                 continue
+            # the precision it multiplies in: a quantized file's own, else what OpenVINO chose
+            computes = variant["precision"] if variant["precision"] in ("int8", "int4") else {"bf16": "bf16"}.get(session.precision, "fp32")
             if layout is not None:
-                decode.append(_ort_decode(session, variant, "openvino", sizes, timing, bench, decode, engine="openvino"))
+                decode.append(_ort_decode(session, variant, "openvino", sizes, timing, bench, decode, engine="openvino") | _work_of(path, computes))
             row = _row(variant, "openvino", sizes, timing, baseline, created=round(created, 4), peak_rss_mb=rss_mb(), io_binding=False, path=path)
-            results.append({**row, "inference_precision": session.precision})
+            results.append(row | {"inference_precision": session.precision} | _work_of(path, computes, feeds, "prefill" if layout is not None else ""))
         masked = masked or session.masked_prefill
         del session
         gc.collect()
@@ -605,9 +666,11 @@ def _pytorch_baseline(
                 m(*a)
 
         timing = measure(call, _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
-        out.append({"engine": "pytorch", "mode": "eager", "dtype": "fp32", "attention": attention, "device": "cpu", "shape": dict(sizes), **timing, "peak_rss_mb": rss_mb()})
+        graph = ctx.input(spec.params["variants"][0]["path"])  # the exported model: the same products as PyTorch's
+        phase = "prefill" if layout is not None else ""
+        out.append({"engine": "pytorch", "mode": "eager", "dtype": "fp32", "attention": attention, "device": "cpu", "shape": dict(sizes), **timing, "peak_rss_mb": rss_mb()} | _work_of(graph, "fp32", feeds, phase))
         if layout is not None:
-            decode.append(_pytorch_decode(model, wrapped, names, layout, sizes, timing, bench))
+            decode.append(_pytorch_decode(model, wrapped, names, layout, sizes, timing, bench) | _work_of(graph, "fp32"))
     # The strongest local baseline: the same module with bf16 weights, where the CPU computes
     # bf16 natively (elsewhere PyTorch emulates it, slower than fp32: no baseline a user would pick).
     why = missing_feature(BF16_FLAGS, "bf16 arithmetic")
@@ -621,9 +684,9 @@ def _pytorch_baseline(
                     m(*a)
 
             timing = measure(call16, _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
-            out.append({"engine": "pytorch", "mode": "eager", "dtype": "bf16", "attention": attention, "device": "cpu", "shape": dict(sizes), **timing, "peak_rss_mb": rss_mb()})
+            out.append({"engine": "pytorch", "mode": "eager", "dtype": "bf16", "attention": attention, "device": "cpu", "shape": dict(sizes), **timing, "peak_rss_mb": rss_mb()} | _work_of(graph, "bf16", feeds, phase))
             if layout is not None:
-                decode.append(_pytorch_decode(model, wrapped, names, layout, sizes, timing, bench, dtype="bf16"))
+                decode.append(_pytorch_decode(model, wrapped, names, layout, sizes, timing, bench, dtype="bf16") | _work_of(graph, "bf16"))
     del model, wrapped
     gc.collect()
     bf16 = {"status": "used" if why is None else "skipped", "reason": "the model's weights and activations in bf16 (model.to(torch.bfloat16))" if why is None else f"{why}; PyTorch would emulate bf16, slower than its fp32"}
@@ -677,7 +740,7 @@ def _pytorch_decode(model: Any, wrapped: Any, names: list[str], layout: Any, siz
     prompt = feeds_prompt(sizes, getattr(model.config, "vocab_size", 2))
     total = _generation_time(lambda: hf_generate(model, prompt, n))
     row = _decode_row(sizes, prefill, timing, n, total, timing["p50_ms"])
-    return {"engine": "pytorch", "variant": None, "provider": None, "dtype": dtype, **row}
+    return {"engine": "pytorch", "variant": None, "provider": None, "dtype": dtype, **row, WORK: _shapes(feeds)}
 
 
 def _decode_row(sizes: dict[str, int], prefill: Timing, step: Timing, n: int, total: float, base_ms: float | None) -> dict[str, Any]:
@@ -717,7 +780,7 @@ def _ort_decode(session: Any, variant: dict[str, Any], provider: str, sizes: dic
     base, bf16 = ({d.get("dtype", "fp32"): d for d in decode if d["engine"] == "pytorch" and d["shape"] == dict(sizes)}.get(t) for t in ("fp32", "bf16"))
     row = _decode_row(sizes, prefill, timing, n, total, base["decode_p50_ms"] if base else None)
     row["decode_ratio_to_pytorch_bf16"] = round(timing["p50_ms"] / bf16["decode_p50_ms"], 3) if bf16 else None
-    return {"engine": engine, "variant": variant["name"], "precision": variant["precision"], "provider": provider, **row}
+    return {"engine": engine, "variant": variant["name"], "precision": variant["precision"], "provider": provider, **row, WORK: _shapes(feeds)}
 
 
 def _validate_schema(report: dict[str, Any]) -> None:

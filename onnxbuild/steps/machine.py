@@ -1,0 +1,57 @@
+"""The ``machine`` step: this machine's limits (GEMM peaks per precision, memory bandwidth),
+measured once per CPU and thread count and kept in the cache like any output.
+
+Its key is the CPU's model and feature flags, the thread count and the packages that run
+the micro-benchmarks, and nothing of the recipe: every recipe's benchmark on this machine
+reads the same entry, and a runner of another kind measures its own (see
+onnxbuild/roofline.py for what is measured and how).
+"""
+
+from __future__ import annotations
+
+import os
+
+from onnxbuild import environment
+from onnxbuild._util import pretty_json
+from onnxbuild.spec import Planning
+from onnxbuild.steps.base import StepContext, StepResult, StepSpec
+
+VERSION = 1
+PACKAGES = ("torch", "onnxruntime", "numpy")
+EXCLUSIVE = True
+"""Peaks are only peaks when nothing else runs."""
+
+MEMORY = (1, 900)
+BUDGET_S = 1.0
+"""Seconds spent repeating each figure (four figures: about 5 s with the imports)."""
+PEAKS = "reports/machine.json"
+
+
+def plan(p: Planning) -> list[StepSpec]:
+    bench = p.recipe.resolved.get("benchmark")
+    if not bench:
+        return []
+    return [
+        StepSpec(
+            name="machine",
+            kind="machine",
+            params={"threads": bench["threads"]},
+            outputs=(PEAKS,),
+            identity={"machine": {"cpu": environment.cpu_info()[0], "features": environment.cpu_fingerprint(), "threads": os.cpu_count()}},
+        )
+    ]
+
+
+def measured(params: dict[str, object]) -> str:
+    return "peak figures differ run to run"
+
+
+def run(ctx: StepContext, spec: StepSpec) -> StepResult:
+    from onnxbuild.report.benchmark import limits_line
+    from onnxbuild.roofline import measure_peaks
+
+    threads = int(spec.params["threads"] or (os.cpu_count() or 1))
+    peaks = measure_peaks(threads, budget_s=BUDGET_S).as_dict()
+    report = {"cpu": environment.cpu_info()[0], "fingerprint": environment.cpu_fingerprint(), **peaks}
+    ctx.output(PEAKS).write_text(pretty_json(report), encoding="utf-8")
+    return StepResult(summary=limits_line(dict(peaks)), data={"fp32_gflops": peaks["fp32_gflops"], "memory_gbps": peaks["memory_gbps"]})
