@@ -204,7 +204,7 @@ def plan_step(recipe: Recipe, spec: StepSpec, done: dict[str, PlannedStep], cach
         # Its key waits for the input's bytes; what the step itself changed is known now.
         waiting = f"{DEPENDS} {', '.join(pending)} changes"
         return PlannedStep(recipe, spec, "run", (*own_changes(last, spec, cache), waiting), None, None, None)
-    digests = input_digests(spec, {d: done[d].entry for d in spec.deps})
+    digests = input_digests(spec, {d: done[d].entry for d in spec.deps}, frozenset(d for d in spec.deps if done[d].spec.measured))
     ing = ingredients(spec, digests, cache)
     key = step_key(ing)
     entry = cache.get(key)
@@ -216,13 +216,21 @@ def plan_step(recipe: Recipe, spec: StepSpec, done: dict[str, PlannedStep], cach
     return PlannedStep(recipe, spec, "run", tuple(explain(last, ing, key)), key, ing, None)
 
 
-def input_digests(spec: StepSpec, entries: dict[str, EntryRecord | None]) -> dict[str, str]:
+MEASURED_BY = "measured by "
+"""How a key names an input from a measured step (see ``input_digests``)."""
+
+
+def input_digests(spec: StepSpec, entries: dict[str, EntryRecord | None], measured: frozenset[str] = frozenset()) -> dict[str, str]:
+    """Each input's digest; an input from a step in ``measured`` (its outputs are
+    measurements: peaks, timings) by that step's key instead, since the same measurement
+    never gives the same bytes twice: a rebuild or a cold cache would otherwise rerun every
+    step after it."""
     out: dict[str, str] = {}
     for inp in spec.inputs:
         entry = entries[inp.step]
         assert entry is not None
         by_path = {o["path"]: o["sha256"] for o in entry["outputs"]}
-        out[f"{inp.step}:{inp.path}"] = by_path[inp.path]
+        out[f"{inp.step}:{inp.path}"] = MEASURED_BY + entry["key"] if inp.step in measured else by_path[inp.path]
     return out
 
 

@@ -75,7 +75,7 @@ def expected_outputs(recipe: Recipe, locked: dict[str, Any]) -> dict[str, dict[s
 
 def check_lock(recipe: Recipe, cache: Cache, specs: list[StepSpec]) -> list[str]:
     """What differs between the recipe (its steps: ``specs``) and its lock, in words; empty when the lock is current."""
-    from onnxbuild.engine.graph import explain, ingredients
+    from onnxbuild.engine.graph import MEASURED_BY, explain, ingredients
 
     path = lock_path(recipe)
     try:
@@ -92,7 +92,10 @@ def check_lock(recipe: Recipe, cache: Cache, specs: list[StepSpec]) -> list[str]
         digests: dict[str, str] = {}
         for inp in spec.inputs:
             outputs = locked.get(inp.step, {}).get("outputs", {})
-            digests[f"{inp.step}:{inp.path}"] = outputs.get(inp.path, "missing from the lock") if isinstance(outputs, dict) else "measured, not locked"
+            if locked.get(inp.step, {}).get("measured"):  # keyed by the step that measured it (graph.input_digests)
+                digests[f"{inp.step}:{inp.path}"] = MEASURED_BY + str(locked[inp.step].get("key"))
+            else:
+                digests[f"{inp.step}:{inp.path}"] = outputs.get(inp.path, "missing from the lock") if isinstance(outputs, dict) else "measured, not locked"
         ing = ingredients(spec, digests, cache)
         key = step_key(ing)
         mine = locked[spec.name] if isinstance(locked[spec.name], dict) else {}

@@ -312,7 +312,8 @@ def _start(
         key, ing, reason = p.key, p.ingredients, p.reason
     else:
         entries = {d: states[f"{p.recipe.name}:{d}"].entry for d in p.spec.deps}
-        ing = ingredients(p.spec, input_digests(p.spec, entries), cache)
+        measured = frozenset(d for d in p.spec.deps if states[f"{p.recipe.name}:{d}"].planned.spec.measured)
+        ing = ingredients(p.spec, input_digests(p.spec, entries, measured), cache)
         key = step_key(ing)
         last = cache.last_build(p.recipe.name).get(p.spec.name)
         reason = FORCED if forced else "; ".join(explain(last, ing, key))
