@@ -67,7 +67,7 @@ def test_a_hub_layout_folder_builds_through_check_optimize_quantize_and_benchmar
     report = onnxbuild.build([recipe], settings)
     assert report.ok, report.failures()
     steps = {s["name"]: s for s in report.recipes[0].steps}
-    assert list(steps) == ["source", "check", "optimize", "quantize.int8", "benchmark"]
+    assert list(steps) == ["source", "check", "optimize", "quantize.int8", "machine", "benchmark"]
     assert steps["source"]["data"]["summary"] == "onnx/model.onnx from local folder"
     art = tmp_path / "artifacts" / "hub-onnx"
     assert (art / "model.onnx").read_bytes() == (hub_folder / "onnx" / "model.onnx").read_bytes()

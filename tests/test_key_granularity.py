@@ -255,11 +255,14 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict
 def test_each_step_key_holds_exactly_the_recipe_keys_it_reads(built: tuple[Path, dict[str, dict[str, set[str]]]], name: str) -> None:
     project, reads = built
     specs = traced_specs(project / "recipes" / f"{name}.yaml")
-    assert set(reads[name]) == set(specs), "every step ran with the trace on"
+    # the machine step's key holds only benchmark.threads and the machine: the three recipes
+    # share one entry, and only the first to build runs it
+    assert set(specs) - {"machine"} <= set(reads[name]) <= set(specs), "every step ran with the trace on"
+    assert any("machine" in r for r in reads.values())
     problems = []
     for step, spec in specs.items():
         keyed = {p for p in keyed_leaves(spec).values() if p is not None}
-        read = reads[name][step]
+        read = reads[name].get(step) or next(r[step] for r in reads.values() if step in r)
         carried = {u for u in spec.unkeyed}
         if keyed - read:
             problems.append(f"{step}: in its key but never read: {sorted(keyed - read)}")

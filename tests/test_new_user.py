@@ -84,7 +84,7 @@ def test_a_targeted_forced_build_keeps_every_current_output(steps_project: Path)
     assert [s["name"] for s in manifest["steps"]] == steps_before
     status = {name: s["status"] for name, s in json.loads((folder / "timings.json").read_text(encoding="utf-8"))["steps"].items()}
     # the chain to check reran; validate, report and benchmark (outside it) stayed, as the rebuilt export came out identical
-    assert status == {"source": "built", "export": "built", "check": "built", "validate": "cached", "report": "cached", "benchmark": "cached"}
+    assert status == {"source": "built", "export": "built", "check": "built", "validate": "cached", "report": "cached", "machine": "cached", "benchmark": "cached"}
     plan = run("plan", STEPS)
     assert plan.exit_code == 0, plan.output
     assert plan.stdout.splitlines()[-1] == "everything is up to date"
@@ -94,8 +94,8 @@ def test_single_forces_only_the_target(steps_project: Path) -> None:
     result = run("make", STEPS, "--target", "benchmark", "--force", "--single")
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    assert lines[0] == "steps: ok (5 cached, 1 built)"
-    assert [line.split()[:2] for line in lines[1:7]] == [["source", "cached"], ["export", "cached"], ["check", "cached"], ["validate", "cached"], ["report", "cached"], ["benchmark", "built"]]
+    assert lines[0] == "steps: ok (6 cached, 1 built)"
+    assert [line.split()[:2] for line in lines[1:8]] == [["source", "cached"], ["export", "cached"], ["check", "cached"], ["validate", "cached"], ["report", "cached"], ["machine", "cached"], ["benchmark", "built"]]
     assert "--single" in run("make", "--help").stdout
 
 
@@ -132,7 +132,7 @@ def test_a_target_leaves_out_steps_that_are_not_current(steps_project: Path) -> 
     assert result.exit_code == 0, result.output
     folder = steps_project / "artifacts" / "steps"
     names = [s["name"] for s in json.loads((folder / "manifest.json").read_text(encoding="utf-8"))["steps"]]
-    assert names == ["source", "export", "check", "validate", "report"]
+    assert names == ["source", "export", "check", "validate", "report", "machine"]  # current steps beyond the target stay
     assert "benchmark.json" not in files_under(folder) and "reports/validation.json" in files_under(folder)
     plan = run("plan", STEPS)
     assert plan.exit_code == 1
@@ -307,5 +307,6 @@ def test_benchmark_figures_are_keyed_by_the_machine(steps_project: Path, monkeyp
     monkeypatch.setattr(versions, "cpu_info", lambda: ("Another CPU 9000", real[1]))
     plan = run("plan", STEPS)
     assert plan.exit_code == 1
+    assert f'steps:machine: will run: machine.cpu changed "{real[0]}" -> "Another CPU 9000"' in plan.stdout
     assert f'steps:benchmark: will run: machine.cpu changed "{real[0]}" -> "Another CPU 9000"' in plan.stdout
-    assert [line.split(":")[1] for line in plan.stdout.splitlines() if ": will run:" in line] == ["benchmark"]
+    assert [line.split(":")[1] for line in plan.stdout.splitlines() if ": will run:" in line] == ["machine", "benchmark"]

@@ -56,8 +56,8 @@ def settings(root: Path, **extra: object) -> onnxbuild.Settings:
     return onnxbuild.Settings(cache_dir=root / "cache", artifacts_dir=root / "artifacts", **extra)  # type: ignore[arg-type]
 
 
-MEASURED = {"timings.json", "report.html", "benchmark.json", "benchmark.md", "benchmark.png"}
-"""Durations, memory and latencies: they differ run to run by design, whichever executor ran them."""
+MEASURED = {"timings.json", "report.html", "benchmark.json", "benchmark.md", "benchmark.png", "machine.json"}
+"""Durations, memory, latencies and the machine's peaks: they differ run to run by design, whichever executor ran them."""
 
 
 def digests(folder: Path) -> dict[str, str]:
@@ -70,7 +70,7 @@ def digests(folder: Path) -> dict[str, str]:
         if p.name == "manifest.json":
             manifest = json.loads(data)
             for step in manifest["steps"]:
-                if step["kind"] == "benchmark":
+                if step["kind"] in ("benchmark", "machine"):
                     step["outputs"] = [o["path"] for o in step["outputs"]]
                     step["data"] = {}
             data = json.dumps(manifest, sort_keys=True).encode()

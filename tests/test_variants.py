@@ -78,7 +78,7 @@ def test_benchmark_json_matches_its_schema_and_has_a_pytorch_baseline(built: Pat
         assert r["io_binding"] is False
     assert bench["providers"] == [{"name": "CPUExecutionProvider", "status": "used", "reason": ""}]
     assert (folder / "benchmark.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "PyTorch (eager, sdpa)" in (folder / "benchmark.md").read_text(encoding="utf-8")
+    assert "PyTorch fp32 (eager, sdpa)" in (folder / "benchmark.md").read_text(encoding="utf-8")
 
 
 def test_changing_only_benchmark_iterations_reruns_only_the_benchmark(built: Path, monkeypatch: pytest.MonkeyPatch) -> None:

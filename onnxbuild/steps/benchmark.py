@@ -33,7 +33,7 @@ from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_
 from onnxbuild.steps.machine import PEAKS
 
 VERSION = 5
-PACKAGES = ("onnxruntime", "torch", "transformers", "numpy")
+PACKAGES = ("onnxruntime", "torch", "transformers", "numpy", "openvino")
 SCHEMA_VERSION = 1
 EXCLUSIVE = True
 

@@ -59,7 +59,7 @@ from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 
 VERSION = 8
-PACKAGES = ("torch", "transformers", "tokenizers", "onnxruntime", "numpy")
+PACKAGES = ("torch", "transformers", "tokenizers", "onnxruntime", "numpy", "openvino")
 
 
 MEMORY = (4, 600)

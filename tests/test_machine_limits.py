@@ -1,0 +1,163 @@
+"""Issue 21: the machine's limits in every benchmark, PyTorch bf16 beside fp32, and OpenVINO
+as a target provider (validated at the precision it computes in, benchmarked beside ONNX
+Runtime, skipped with the reason where it cannot run)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+import onnxbuild
+from onnxbuild.environment import BF16_FLAGS, cpu_info
+from onnxbuild.openvino_target import unavailable
+from onnxbuild.report import benchmark_schema
+from tests.helpers_tiny import TINY_GPT2_SOURCE
+
+BATCH, K, N = 4, 64, 32
+
+ONE_MATMUL = {
+    "name": "one-matmul",
+    "source": {
+        "graph": {
+            "opset": 18,
+            "ir_version": 10,
+            "inputs": [{"name": "X", "dtype": "float32", "shape": ["batch", K]}],
+            "outputs": [{"name": "Y", "dtype": "float32", "shape": ["batch", N]}],
+            "initializers": [{"name": "W", "dtype": "float32", "shape": [K, N], "random": {"seed": 0, "distribution": "normal"}}],
+            "nodes": [{"op_type": "MatMul", "inputs": ["X", "W"], "outputs": ["Y"]}],
+        }
+    },
+    "benchmark": {"warmup": 1, "iterations": 5, "shapes": [{"batch": BATCH}]},
+}
+
+TINY_OV = {
+    "name": "tiny-ov",
+    "source": TINY_GPT2_SOURCE,
+    "export": {"with_past": True, "outputs": ["logits"]},
+    "validate": {"shapes": [{"batch": 1, "sequence": 8}, {"batch": 2, "sequence": 16}]},
+    "quantize": [{"name": "int8", "method": "dynamic"}],
+    "benchmark": {"warmup": 1, "iterations": 3, "decode_tokens": 4, "shapes": [{"batch": 1, "sequence": 16}]},
+    "providers": [{"name": "CPUExecutionProvider"}, {"name": "openvino", "options": {"variants": ["model"]}}],
+}
+
+
+def build(root: Path, doc: dict[str, Any], path_first: Path | None = None) -> Path:
+    (root / "recipes").mkdir(parents=True, exist_ok=True)
+    recipe = root / "recipes" / f"{doc['name']}.yaml"
+    recipe.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HF_HUB_OFFLINE", "1")
+    if path_first is not None:  # step processes are spawned with this process's sys.path
+        mp.syspath_prepend(str(path_first))
+    try:
+        settings = onnxbuild.Settings(cache_dir=root / "cache", artifacts_dir=root / "artifacts")
+        report = onnxbuild.build([recipe], settings, jobs=1)
+    finally:
+        mp.undo()
+    assert report.ok, report.failures()
+    return root / "artifacts" / doc["name"]
+
+
+def read(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def test_a_matmul_row_carries_its_work_and_its_share_of_the_machine_limit(tmp_path: Path) -> None:
+    folder = build(tmp_path, ONE_MATMUL)
+    bench = read(folder / "benchmark.json")
+    jsonschema.validate(bench, benchmark_schema())
+    (row,) = bench["results"]
+    # [4, 64] x [64, 32]: 4 rows, each 64 multiply-adds (2 FLOPs) for each of 32 columns
+    assert row["work"] == {"flops": 2 * BATCH * K * N, "weight_bytes": K * N * 4, "uncounted": []}
+    peaks = bench["peaks"]
+    assert peaks == {k: v for k, v in read(folder / "reports" / "machine.json").items() if k in peaks}
+    assert peaks["fp32_gflops"] > 0 and peaks["memory_gbps"] > 0
+    r = row["roofline"]
+    compute_ms = 2 * BATCH * K * N / (peaks["fp32_gflops"] * 1e9) * 1e3
+    memory_ms = K * N * 4 / (peaks["memory_gbps"] * 1e9) * 1e3
+    assert r["bound"] == ("compute" if compute_ms >= memory_ms else "memory")
+    assert r["limit"] == ("fp32 GEMM" if r["bound"] == "compute" else "memory bandwidth")
+    assert r["min_ms"] == pytest.approx(max(compute_ms, memory_ms), rel=1e-3)
+    assert r["fraction"] == pytest.approx(r["min_ms"] / row["p50_ms"], rel=0.01, abs=1e-3)
+    assert r["gflops"] == pytest.approx(2 * BATCH * K * N / (row["p50_ms"] / 1e3) / 1e9, rel=1e-3)
+    # no source model: the lead names the fastest row, not a validated one
+    md = (folder / "benchmark.md").read_text(encoding="utf-8")
+    assert "Fastest per shape (no source model to validate against" in md
+    assert f"of {r['limit']}" in md and "Machine limits (measured once per CPU fingerprint" in md
+
+
+def test_the_peaks_are_measured_once_per_machine_and_reused_by_every_recipe(tmp_path: Path) -> None:
+    build(tmp_path, ONE_MATMUL)
+    other = {**ONE_MATMUL, "name": "another-matmul", "benchmark": {**ONE_MATMUL["benchmark"], "iterations": 6}}
+    settings = onnxbuild.Settings(cache_dir=tmp_path / "cache", artifacts_dir=tmp_path / "artifacts")
+    recipe = tmp_path / "recipes" / "another-matmul.yaml"
+    recipe.write_text(yaml.safe_dump(other, sort_keys=False), encoding="utf-8")
+    report = onnxbuild.build([recipe], settings, jobs=1)
+    status = {s["name"]: s["status"] for s in report.recipes[0].steps}
+    assert status["machine"] == "cached" and status["benchmark"] == "built"
+    assert read(tmp_path / "artifacts" / "another-matmul" / "reports" / "machine.json") == read(tmp_path / "artifacts" / "one-matmul" / "reports" / "machine.json")
+
+
+@pytest.fixture(scope="module")
+def tiny_ov(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build(tmp_path_factory.mktemp("ov"), TINY_OV)
+
+
+def test_pytorch_bf16_is_timed_beside_fp32_where_the_cpu_has_native_bf16(tiny_ov: Path) -> None:
+    bench = read(tiny_ov / "benchmark.json")
+    native = bool(set(cpu_info()[1].split()) & set(BF16_FLAGS))
+    dtypes = [b["dtype"] for b in bench["baseline"]]
+    assert dtypes == (["fp32", "bf16"] if native else ["fp32"])
+    assert bench["pytorch_bf16"]["status"] == ("used" if native else "skipped")
+    decode = [d.get("dtype") for d in bench["decode"] if d["engine"] == "pytorch"]
+    assert decode == dtypes
+    for row in bench["results"]:
+        assert (row["ratio_to_pytorch_bf16"] is not None) == native
+        assert row["ratio_to_pytorch_bf16"] is None or row["ratio_to_pytorch_bf16"] == pytest.approx(row["p50_ms"] / bench["baseline"][1]["p50_ms"], rel=1e-2)
+    if not native:
+        assert "no native bf16" in bench["pytorch_bf16"]["reason"]
+
+
+@pytest.mark.skipif(unavailable() is not None, reason=f"OpenVINO cannot run here: {unavailable()}")
+def test_openvino_validates_model_at_its_precision_and_is_benchmarked(tiny_ov: Path) -> None:
+    validation = read(tiny_ov / "reports" / "validation.json")
+    ov = validation["variants"]["model"]["openvino"]
+    assert ov["passed"] and not ov["skipped"] and ov["precision"] in ("bf16", "f32")
+    if ov["precision"] == "bf16":
+        assert (ov["atol"], ov["rtol"]) == (0.1, 0.05) and ov["top1"]["min"] == 0.9 and ov["top1"]["tokens"] == 43
+    cases = [s["openvino"] for s in validation["variants"]["model"]["shapes"]]
+    assert len(cases) == 4 and all(c["passed"] for c in cases)  # prefill and decode at both shapes
+    assert all(0 < c["outputs"]["logits"]["max_abs_diff"] <= ov["atol"] for c in cases)
+    assert validation["variants"]["int8"]["openvino"] is None  # not listed for openvino
+    md = (tiny_ov / "reports" / "validation.md").read_text(encoding="utf-8")
+    assert f"| model on OpenVINO ({ov['precision']}) | batch=1, past_sequence=0, sequence=8 | logits |" in md
+
+    bench = read(tiny_ov / "benchmark.json")
+    assert bench["validated"] == {"model": ["CPUExecutionProvider", "openvino"], "int8": ["CPUExecutionProvider"]}
+    rows = {(r["variant"], r["provider"]): r for r in bench["results"]}
+    assert set(rows) == {("model", "CPUExecutionProvider"), ("int8", "CPUExecutionProvider"), ("model", "openvino"), ("int8", "openvino")}
+    assert rows[("model", "openvino")]["inference_precision"] == ov["precision"]
+    assert rows[("model", "openvino")]["roofline"]["precision"] == ("bf16" if ov["precision"] == "bf16" else "fp32")
+    assert {d["engine"] for d in bench["decode"]} == {"pytorch", "onnxruntime", "openvino"}
+    assert next(p for p in bench["providers"] if p["name"] == "openvino")["status"] == "used"
+    assert "(not validated here)" in (tiny_ov / "benchmark.md").read_text(encoding="utf-8")  # int8 on openvino
+
+
+def test_without_openvino_the_target_is_skipped_with_the_reason(tmp_path: Path) -> None:
+    """A machine where the package does not import: a build still passes, and says why."""
+    shadow = tmp_path / "shadow" / "openvino"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text('raise ImportError("no openvino on this machine")\n', encoding="utf-8")
+    doc = {**TINY_OV, "name": "tiny-no-ov", "quantize": [], "benchmark": {**TINY_OV["benchmark"], "baseline": "none"}}
+    folder = build(tmp_path / "p", doc, path_first=tmp_path / "shadow")
+    ov = read(folder / "reports" / "validation.json")["variants"]["model"]["openvino"]
+    assert ov["skipped"] and ov["note"] == "skipped: the openvino package is not installed (pip install openvino)"
+    bench = read(folder / "benchmark.json")
+    assert {"name": "openvino", "status": "skipped", "reason": "the openvino package is not installed (pip install openvino)"} in bench["providers"]
+    assert "- openvino: the openvino package is not installed (pip install openvino)" in (folder / "benchmark.md").read_text(encoding="utf-8")
+
