@@ -187,6 +187,13 @@ def _generation(report: Any) -> str:
     )
 
 
+def _limit(row: dict[str, Any]) -> str:
+    r = row.get("roofline")
+    if not isinstance(r, dict) or not isinstance(r.get("fraction"), (int, float)):
+        return "-"
+    return f"{r['fraction']:.0%} of {r.get('limit', '?')}"
+
+
 def _benchmark(folder: Path, report: Any) -> str:
     if report is None:
         return ""
@@ -196,24 +203,28 @@ def _benchmark(folder: Path, report: Any) -> str:
     rows = []
     for b in report.get("baseline", []) if isinstance(report.get("baseline"), list) else []:
         if isinstance(b, dict):
-            rows.append(f'<tr class="baseline"><td>PyTorch ({escape(str(b.get("mode", "")))})</td><td>-</td><td>{escape(_shape(b.get("shape")))}</td><td class="num">{format_ms(b.get("p50_ms"))}</td><td class="num">{format_ms(b.get("p90_ms"))}</td><td class="num">1.00x</td></tr>')
+            fp32 = b.get("dtype", "fp32") == "fp32"
+            rows.append(
+                f'<tr class="baseline"><td>PyTorch {escape(str(b.get("dtype", "fp32")))} ({escape(str(b.get("mode", "")))})</td><td>-</td><td>{escape(_shape(b.get("shape")))}</td>'
+                f'<td class="num">{format_ms(b.get("p50_ms"))}</td><td class="num">{format_ms(b.get("p90_ms"))}</td><td class="num">{"1.00x" if fp32 else "-"}</td><td class="num">{"-" if fp32 else "1.00x"}</td><td>{escape(_limit(b))}</td></tr>'
+            )
     for r in report["results"]:
         if not isinstance(r, dict):
             continue
-        ratio = r.get("ratio_to_pytorch")
-        provider = str(r.get("provider", "")).replace("ExecutionProvider", "") + (" (IOBinding)" if r.get("io_binding") else "")
+        ratio, ratio16 = r.get("ratio_to_pytorch"), r.get("ratio_to_pytorch_bf16")
+        provider = str(r.get("provider", "")).replace("ExecutionProvider", "") + (" (IOBinding)" if r.get("io_binding") else "") + (f" {r['inference_precision']}" if r.get("inference_precision") else "")
         if "p50_ms" not in r:
-            rows.append(f'<tr data-variant="{escape(str(r.get("variant")))}" class="failed"><td>{escape(str(r.get("variant")))}</td><td>{escape(provider)}</td><td>{escape(_shape(r.get("shape")))}</td><td colspan="3">error: {escape(str(r.get("error")))}</td></tr>')
+            rows.append(f'<tr data-variant="{escape(str(r.get("variant")))}" class="failed"><td>{escape(str(r.get("variant")))}</td><td>{escape(provider)}</td><td>{escape(_shape(r.get("shape")))}</td><td colspan="5">error: {escape(str(r.get("error")))}</td></tr>')
             continue
         rows.append(
             f'<tr data-variant="{escape(str(r.get("variant")))}"><td>{escape(str(r.get("variant")))}</td><td>{escape(provider)}</td><td>{escape(_shape(r.get("shape")))}</td>'
-            f'<td class="num">{format_ms(r.get("p50_ms"))}</td><td class="num">{format_ms(r.get("p90_ms"))}</td><td class="num">{"-" if not ratio else f"{ratio:.2f}x"}</td></tr>'
+            f'<td class="num">{format_ms(r.get("p50_ms"))}</td><td class="num">{format_ms(r.get("p90_ms"))}</td><td class="num">{"-" if not ratio else f"{ratio:.2f}x"}</td><td class="num">{"-" if not ratio16 else f"{ratio16:.2f}x"}</td><td>{escape(_limit(r))}</td></tr>'
         )
     decode = []
     for d in report.get("decode", []) if isinstance(report.get("decode"), list) else []:
         if isinstance(d, dict):
-            who = "PyTorch generate()" if d.get("engine") == "pytorch" else f"{d.get('variant')} ({str(d.get('provider') or '').replace('ExecutionProvider', '')})"
-            decode.append(f'<tr><td>{escape(who)}</td><td>{escape(_shape(d.get("shape")))}</td><td class="num">{format_ms(d.get("prefill_p50_ms"))}</td><td class="num">{format_ms(d.get("decode_p50_ms"))}</td><td class="num">{escape(str(d.get("tokens_per_s", "-")))}</td></tr>')
+            who = f"PyTorch {d.get('dtype', 'fp32')} generate()" if d.get("engine") == "pytorch" else f"{d.get('variant')} ({str(d.get('provider') or '').replace('ExecutionProvider', '')})"
+            decode.append(f'<tr><td>{escape(who)}</td><td>{escape(_shape(d.get("shape")))}</td><td class="num">{format_ms(d.get("prefill_p50_ms"))}</td><td class="num">{format_ms(d.get("decode_p50_ms"))}</td><td class="num">{escape(str(d.get("tokens_per_s", "-")))}</td><td>{escape(_limit(d))}</td></tr>')
     png = folder / "benchmark.png"
     chart = ""
     if png.is_file() and not png.is_symlink() and png.stat().st_size < 8 << 20:
@@ -222,8 +233,8 @@ def _benchmark(folder: Path, report: Any) -> str:
     notes = "".join(f'<li class="skip">{escape(str(p.get("name")))} skipped: {escape(str(p.get("reason")))}</li>' for p in skipped)
     return (
         f'<section id="benchmark"><h2>Benchmark</h2><div class="note">{escape(str(machine.get("cpu", "?")))}, {escape(str(machine.get("cores", "?")))} cores, {escape(str(machine.get("threads", "?")))} threads; PyTorch measured in the same run.</div>{chart}'
-        "<table><tr><th>variant</th><th>provider</th><th>shape</th><th>p50</th><th>p90</th><th>vs PyTorch</th></tr>" + "".join(rows) + "</table>"
-        + ("<table><tr><th>decoder</th><th>prompt</th><th>prefill p50</th><th>decode p50</th><th>tokens/s</th></tr>" + "".join(decode) + "</table>" if decode else "")
+        "<table><tr><th>variant</th><th>provider</th><th>shape</th><th>p50</th><th>p90</th><th>vs PyTorch fp32</th><th>vs PyTorch bf16</th><th>of the limit</th></tr>" + "".join(rows) + "</table>"
+        + ("<table><tr><th>decoder</th><th>prompt</th><th>prefill p50</th><th>decode p50</th><th>tokens/s</th><th>decode: of the limit</th></tr>" + "".join(decode) + "</table>" if decode else "")
         + (f"<ul>{notes}</ul>" if notes else "")
         + "</section>"
     )
