@@ -184,27 +184,14 @@ def markdown(report: dict[str, Any], name: str) -> str:
         for r in v["shapes"]:
             shape = ", ".join(f"{k}={n}" for k, n in r["shape"].items())
             top1 = f"{r['top1_agreement']:.3f}" if r["top1_agreement"] is not None else "-"
-            tol = f"atol {v['atol']:g}, rtol {v['rtol']:g}"
-            if r["error"]:
-                lines.append(f"| {variant} | {shape} | - | - | {tol} | - | **FAIL**: {_cell(r['error'])} |")
-                continue
-            worst = _worst(r["outputs"])
-            diff = _sci(r["outputs"][worst]["max_abs_diff"]) if worst else "-"
             web = r.get("web") or {}
             ok = r["passed"] and all(c["passed"] for c in r["outputs"].values()) and not web.get("error") and all(c["passed"] for c in web.get("outputs", {}).values())
-            lines.append(f"| {variant} | {shape} | {worst or '-'} | {diff} | {tol} | {top1} | {'pass' if ok else '**FAIL**'} |")
+            lines.append(_verdict_row(variant, shape, r["outputs"], r["error"], top1, v, ok))
             ov = r.get("openvino")
             if ov is not None and v.get("openvino"):
                 o = v["openvino"]
-                who = f"{variant} on OpenVINO ({o['precision']})"
-                o_tol = f"atol {o['atol']:g}, rtol {o['rtol']:g}"
-                if ov["error"]:
-                    lines.append(f"| {who} | {shape} | - | - | {o_tol} | - | **FAIL**: {_cell(ov['error'])} |")
-                    continue
-                o_worst = _worst(ov["outputs"])
-                o_diff = _sci(ov["outputs"][o_worst]["max_abs_diff"]) if o_worst else "-"
                 o_top1 = f"{ov['top1_agreement']:.3f}" if ov["top1_agreement"] is not None else "-"
-                lines.append(f"| {who} | {shape} | {o_worst or '-'} | {o_diff} | {o_tol} | {o_top1} | {'pass' if ov['passed'] else '**FAIL**'} |")
+                lines.append(_verdict_row(f"{variant} on OpenVINO ({o['precision']})", shape, ov["outputs"], ov["error"], o_top1, o, ov["passed"]))
     lines.append("")
     for variant, v in variants:
         lines += _variant_figures(variant, v, report.get("reference"))
@@ -231,6 +218,16 @@ def markdown(report: dict[str, Any], name: str) -> str:
                 lines.append(f"| {shape} | web | - | - | - | error: {_cell(web['error'])} |")
         lines += ["", "</details>", ""]
     return "\n".join(lines)
+
+
+def _verdict_row(who: str, shape: str, outputs: dict[str, Any], error: str | None, top1: str, tolerances: dict[str, Any], ok: bool) -> str:
+    """One row of the verdict table: the worst output at one case, or the error."""
+    tol = f"atol {tolerances['atol']:g}, rtol {tolerances['rtol']:g}"
+    if error:
+        return f"| {who} | {shape} | - | - | {tol} | - | **FAIL**: {_cell(error)} |"
+    worst = _worst(outputs)
+    diff = _sci(outputs[worst]["max_abs_diff"]) if worst else "-"
+    return f"| {who} | {shape} | {worst or '-'} | {diff} | {tol} | {top1} | {'pass' if ok else '**FAIL**'} |"
 
 
 def _variant_figures(variant: str, v: dict[str, Any], reference: str | None) -> list[str]:
