@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 import onnxbuild
 from onnxbuild.cli import cli
+from onnxbuild.environment import BF16_FLAGS, missing_feature
 from onnxbuild.errors import RecipeError
 from onnxbuild.recipe.loader import load_recipe
 from onnxbuild.report import benchmark_schema
@@ -104,7 +105,8 @@ def test_benchmark_reports_prefill_and_per_token_decode_beside_pytorch_generate(
     jsonschema.validate(report, benchmark_schema())
     decode = report["decode"]
     engines = [(d["engine"], d["variant"]) for d in decode]
-    assert engines == [("pytorch", None), ("onnxruntime", "model"), ("onnxruntime", "optimized"), ("onnxruntime", "int8")]
+    bf16 = [("pytorch", None)] if missing_feature(BF16_FLAGS, "bf16") is None else []  # PyTorch with bf16 weights beside fp32
+    assert engines == [("pytorch", None), *bf16, ("onnxruntime", "model"), ("onnxruntime", "optimized"), ("onnxruntime", "int8")]
     for d in decode:
         assert d["new_tokens"] == 8 and d["shape"] == {"batch": 1, "sequence": 16}
         assert d["decode_p50_ms"] > 0 and d["prefill_p50_ms"] > 0 and d["tokens_per_s"] > 0

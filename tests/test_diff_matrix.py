@@ -213,10 +213,10 @@ def test_the_summary_says_what_the_change_costs_first(origin: tuple[Path, str], 
     cache = ["--cache-url", remote, "--cache-dir", str(tmp_path / "runner-cache")]
     text = CliRunner().invoke(cli, [*cache, "diff", "--base", "main"])
     # the new variant's quantize and validate steps and the report and benchmark that list it
-    # are to build; source, export, check and validate of the model come from the remote
-    expected = "1 of 1 recipe changed; 4 steps to build, 4 from the remote cache, 0 cached; not built here before: no estimate"
+    # are to build; source, export, check and validate of the model and the machine's peaks come from the remote
+    expected = "1 of 1 recipe changed; 4 steps to build, 5 from the remote cache, 0 cached; not built here before: no estimate"
     assert text.stdout.splitlines()[2] == expected, text.stdout
     data = json.loads(CliRunner().invoke(cli, [*cache, "diff", "--base", "main", "--format", "json"]).stdout)
-    assert data["summary"] == {"recipes": 1, "changed": 1, "to_build": 4, "from_remote": 0, "cached": 4, "estimate_s": None}  # pulled by the first diff
+    assert data["summary"] == {"recipes": 1, "changed": 1, "to_build": 4, "from_remote": 0, "cached": 5, "estimate_s": None}  # pulled by the first diff
     md = CliRunner().invoke(cli, [*cache, "diff", "--base", "main", "--format", "md"]).stdout
-    assert md.splitlines()[2] == f"**{expected.replace('4 from the remote cache, 0 cached', '0 from the remote cache, 4 cached')}**"
+    assert md.splitlines()[2] == f"**{expected.replace('5 from the remote cache, 0 cached', '0 from the remote cache, 5 cached')}**"

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 import onnxbuild
 from onnxbuild.cli import cli
+from onnxbuild.openvino_target import unavailable
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +35,9 @@ def test_gpt2_recipe_builds_validates_every_variant_and_benchmarks(project: Path
     assert check["parameters"] > 124_000_000
     bench = json.loads((folder / "benchmark.json").read_text(encoding="utf-8"))
     assert {r["variant"] for r in bench["results"]} == {"model", "optimized", "int8", "int4"}
-    assert [b["shape"]["sequence"] for b in bench["baseline"]] == [32, 128]
+    assert [b["shape"]["sequence"] for b in bench["baseline"] if b["dtype"] == "fp32"] == [32, 128]
+    assert {r["provider"] for r in bench["results"]} >= {"CPUExecutionProvider", "web"} | ({"openvino"} if unavailable() is None else set())
+    assert all(r["roofline"]["fraction"] > 0 for r in bench["results"] if r["provider"] in ("CPUExecutionProvider", "openvino") and "p50_ms" in r)
     # The KV-cache decoder: every case passed at prefill and decode, 32 greedy tokens equal to
     # transformers' generate() for the fp32 variants, decode latency beside PyTorch's.
     assert any(s["shape"]["past_sequence"] > 0 for s in model["shapes"]) and any(s["shape"]["past_sequence"] == 0 for s in model["shapes"])

@@ -80,14 +80,18 @@ def markdown(report: dict[str, Any]) -> str:
         for d in report["decode"]:
             shape = ", ".join(f"{k}={v}" for k, v in d["shape"].items())
             ratio, ratio16 = _ratio(d.get("decode_ratio_to_pytorch")), _ratio(d.get("decode_ratio_to_pytorch_bf16"))
-            if d["engine"] == "pytorch":  # PyTorch's rows against each other
-                torch_rows = {x.get("dtype", "fp32"): x["decode_p50_ms"] for x in report["decode"] if x["engine"] == "pytorch" and x["shape"] == d["shape"]}
-                ratio, ratio16 = (f"{d['decode_p50_ms'] / torch_rows[t]:.2f}x" if t in torch_rows else "-" for t in ("fp32", "bf16"))
+            if d["engine"] == "pytorch":  # bf16 against itself
+                ratio16 = "1.00x" if d.get("dtype") == "bf16" else ratio16
             who = {"pytorch": f"PyTorch {d.get('dtype', 'fp32')} generate()", "openvino": "OpenVINO"}.get(d["engine"], f"ONNX Runtime ({_provider(d['provider'] or '')})")
             lines.append(
                 f"| {who} | {d['variant'] or '-'} | {shape} | {d['new_tokens']} | {format_ms(d['prefill_p50_ms'])} | {format_ms(d['decode_p50_ms'])} | "
                 f"{format_ms(d['decode_p90_ms'])} | {d['tokens_per_s']:.1f} | {ratio} | {ratio16} | {_limit(d)} |"
             )
+    if report.get("kernels"):
+        lines += ["", "## Where the time goes (ONNX Runtime's profiler, CPU provider)", "", "| variant | shape | one profiled call | kernels by time |", "|---|---|---|---|"]
+        for variant, k in report["kernels"].items():
+            ops = ", ".join(f"{o['op']} {o['share']:.0%}" for o in k["ops"]) or f"error: {k.get('error')}"
+            lines.append(f"| {variant} | {_shape(k['shape'])} | {format_ms(k['run_ms']) if k.get('run_ms') else '-'} | {ops} |")
     skipped = [p for p in report["providers"] if p["status"] == "skipped"]
     if skipped:
         lines += ["", "Providers skipped:"] + [f"- {p['name']}: {p['reason']}" for p in skipped]

@@ -18,6 +18,7 @@ import gc
 import json
 import os
 import time
+from pathlib import Path
 from typing import Any, TypedDict, cast
 
 from onnxbuild import environment
@@ -32,7 +33,7 @@ from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 from onnxbuild.steps.machine import PEAKS
 
-VERSION = 5
+VERSION = 6
 PACKAGES = ("onnxruntime", "torch", "transformers", "numpy", "openvino")
 SCHEMA_VERSION = 1
 EXCLUSIVE = True
@@ -183,6 +184,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
 
     providers_report: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
+    kernels: dict[str, Any] = {}
     available = ort.get_available_providers()
     for prov in spec.params["providers"]:
         name, options = prov["name"], prov["options"]
@@ -232,12 +234,64 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
                     results.append(row | (_work_of(path, variant["precision"], usable, "prefill" if layout is not None else "") if cpu else {}))
             del session
             gc.collect()
+            if name == "CPUExecutionProvider" and shapes:
+                kernels[variant["name"]] = _kernels(ctx, path, shapes[-1], feeds_by_shape[-1], threads)
         providers_report.append(status)
 
     extra: dict[str, Any] = {"pytorch_bf16": bf16} if bf16 else {}
+    if kernels:
+        extra["kernels"] = kernels
     if torch_source:
         extra["validated"] = _validated(spec)
     return _finish(ctx, record, bench, threads, baseline, providers_report, results, decode if layout is not None else None, extra=extra)
+
+
+KERNELS_SHOWN = 6
+
+
+def _kernels(ctx: StepContext, path: Any, sizes: dict[str, int], feeds: dict[str, Any], threads: int) -> dict[str, Any]:
+    """Where one call's time goes, as ONNX Runtime's profiler tells it: the CPU provider's time
+    per op type (kernel) at the largest shape, from a separately profiled session (the timed
+    rows run unprofiled). ORT names the op type and the provider that ran each node, not the
+    MLAS routine inside it."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.log_severity_level = 3
+    so.enable_profiling = True
+    so.profile_file_prefix = str(ctx.output_dir / ".profile" / "ort")
+    (ctx.output_dir / ".profile").mkdir(exist_ok=True)
+    try:
+        session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        usable = {k: v for k, v in feeds.items() if k in {i.name for i in session.get_inputs()}}
+        for _ in range(2):  # the second call is the one read: the first pays for allocations
+            session.run(None, usable)
+        events = json.loads(Path(session.end_profiling()).read_text(encoding="utf-8"))
+    except Exception as exc:  # profiling is an explanation, never a failure of the benchmark
+        return {"shape": dict(sizes), "error": str(exc)[:300], "ops": []}
+    finally:
+        import shutil
+
+        shutil.rmtree(ctx.output_dir / ".profile", ignore_errors=True)
+    runs = [e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
+    last = runs[-1]
+    start, end = last["ts"], last["ts"] + last["dur"]
+    per_op: dict[str, float] = {}
+    providers: set[str] = set()
+    for e in events:
+        if e.get("cat") == "Node" and str(e.get("name", "")).endswith("_kernel_time") and start <= e["ts"] <= end:
+            op = e.get("args", {}).get("op_name", "?")
+            per_op[op] = per_op.get(op, 0.0) + e["dur"] / 1000.0
+            providers.add(e.get("args", {}).get("provider", "?"))
+    total = sum(per_op.values()) or 1.0
+    top = sorted(per_op.items(), key=lambda kv: -kv[1])[:KERNELS_SHOWN]
+    return {
+        "shape": dict(sizes),
+        "run_ms": round(last["dur"] / 1000.0, 3),
+        "providers": sorted(providers),
+        "ops": [{"op": op, "ms": round(ms, 3), "share": round(ms / total, 3)} for op, ms in top],
+    }
 
 
 def _validated(spec: StepSpec) -> dict[str, list[str]]:
@@ -686,7 +740,12 @@ def _pytorch_baseline(
             timing = measure(call16, _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
             out.append({"engine": "pytorch", "mode": "eager", "dtype": "bf16", "attention": attention, "device": "cpu", "shape": dict(sizes), **timing, "peak_rss_mb": rss_mb()} | _work_of(graph, "bf16", feeds, phase))
             if layout is not None:
-                decode.append(_pytorch_decode(model, wrapped, names, layout, sizes, timing, bench, dtype="bf16") | _work_of(graph, "bf16"))
+                row = _pytorch_decode(model, wrapped, names, layout, sizes, timing, bench, dtype="bf16")
+                fp32 = next(d for d in decode if d["engine"] == "pytorch" and d["shape"] == dict(sizes) and d["dtype"] == "fp32")
+                row["decode_ratio_to_pytorch"] = round(row["decode_p50_ms"] / fp32["decode_p50_ms"], 3)  # against fp32, as every row
+                row["decode_speedup_vs_pytorch"] = round(fp32["decode_p50_ms"] / row["decode_p50_ms"], 3)
+                fp32["decode_ratio_to_pytorch_bf16"] = round(fp32["decode_p50_ms"] / row["decode_p50_ms"], 3)
+                decode.append(row | _work_of(graph, "bf16"))
     del model, wrapped
     gc.collect()
     bf16 = {"status": "used" if why is None else "skipped", "reason": "the model's weights and activations in bf16 (model.to(torch.bfloat16))" if why is None else f"{why}; PyTorch would emulate bf16, slower than its fp32"}
