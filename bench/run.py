@@ -142,7 +142,7 @@ OUT = ROOT / "bench" / "out"
 def print_benchmark(bench: dict, validation: dict) -> None:
     """GPT-2's benchmark.json as rows: PyTorch fp32 and bf16, every variant on every provider,
     each with its share of the machine's limit; then decode; the fastest validated per shape."""
-    from onnxbuild.report.benchmark import limits_line, validated_on
+    from onnxbuild.report.benchmark import fastest, limits_line, validated_on
 
     peaks = bench.get("peaks")
     if peaks:
@@ -171,13 +171,9 @@ def print_benchmark(bench: dict, validation: dict) -> None:
         ratio = f" = {d['decode_ratio_to_pytorch']:.2f}x PyTorch fp32" if d["engine"] != "pytorch" and d.get("decode_ratio_to_pytorch") else ""
         print(f"  decode after {d['shape']['sequence']:>4}: {who:<22} prefill {d['prefill_p50_ms']:7.1f} ms, per token {d['decode_p50_ms']:6.2f} ms{ratio}, "
               f"{d['tokens_per_s']:.1f} tokens/s; {limit(d)}")
-    rows = [r for r in bench["results"] if "p50_ms" in r]
-    for shape in dict.fromkeys(json.dumps(r["shape"], sort_keys=True) for r in rows):
-        best = min((r for r in rows if json.dumps(r["shape"], sort_keys=True) == shape and validated_on(bench, r)), key=lambda r: r["p50_ms"], default=None)
-        if best:
-            vs16 = f", {best['ratio_to_pytorch_bf16']:.2f}x PyTorch bf16" if best.get("ratio_to_pytorch_bf16") else ""
-            print(f"  fastest validated at {json.loads(shape)}: {best['variant']} on {best['provider'].replace('ExecutionProvider', '')} "
-                  f"{best['p50_ms']:.1f} ms = {best['ratio_to_pytorch']:.2f}x PyTorch fp32{vs16}; {limit(best)}")
+    for line in fastest(bench):  # benchmark.md's lead, as printed there
+        if line:
+            print(f"  {line.replace('**', '')}")
     print("  target (seq 128, a CPU with native bf16): fastest validated <= 0.5x PyTorch bf16; its decode step no slower than int8's")
 
 

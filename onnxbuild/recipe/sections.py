@@ -196,6 +196,11 @@ TARGETS = ("web", "openvino")
 """Names in ``providers:`` that are runtimes of their own, not ONNX Runtime execution providers."""
 
 
+def target_variants(providers: list[Any]) -> dict[str, set[str]]:
+    """target (web, openvino) -> the variants validated there: its ``options.variants``, default model."""
+    return {p["name"]: set(p["options"].get("variants") or ["model"]) for p in providers if p["name"] in TARGETS}
+
+
 SECTIONS: dict[str, Any] = {
     "export": ExportSection,
     "validate": ValidateSection,

@@ -20,7 +20,7 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     if report.get("weights") == "random-init":
         lines += ["> weights: random-init (latency does not depend on weight values)", ""]
-    lines += _fastest(report)
+    lines += fastest(report)
     peaks = report.get("peaks")
     if peaks:
         lines += [f"Machine limits (measured once per CPU fingerprint, {peaks['threads']} threads): {limits_line(peaks)}.", ""]
@@ -138,7 +138,7 @@ def validated_on(report: dict[str, Any], row: dict[str, Any]) -> bool:
     return row["provider"] in (report.get("validated") or {}).get(row["variant"], [])
 
 
-def _fastest(report: dict[str, Any]) -> list[str]:
+def fastest(report: dict[str, Any]) -> list[str]:
     """The lead: per shape, the fastest (variant, provider) whose validation ran on that provider."""
     rows = [r for r in report["results"] if "p50_ms" in r and not r.get("io_binding")]
     if not rows:

@@ -26,7 +26,12 @@ from onnxbuild._util import format_ms, pick, pretty_json
 from onnxbuild.environment import BF16_FLAGS, missing_feature
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.model import Recipe
-from onnxbuild.recipe.sections import SIGNATURE_KEYS, BenchmarkSection, ExportSection
+from onnxbuild.recipe.sections import (
+    SIGNATURE_KEYS,
+    BenchmarkSection,
+    ExportSection,
+    target_variants,
+)
 from onnxbuild.recipe.variants import SOURCE_RECORD
 from onnxbuild.report.benchmark import chart, markdown, validated_on
 from onnxbuild.spec import Planning, StepInput
@@ -297,7 +302,7 @@ def _kernels(ctx: StepContext, path: Any, sizes: dict[str, int], feeds: dict[str
 def _validated(spec: StepSpec) -> dict[str, list[str]]:
     """variant -> the providers its validate step ran it on: the CPU provider, and the web and
     openvino targets for the variants they list (a failure there fails the build)."""
-    chosen = {p["name"]: set(p["options"].get("variants") or ["model"]) for p in spec.params["providers"] if p["name"] in ("web", "openvino")}
+    chosen = target_variants(spec.params["providers"])
     return {v["name"]: ["CPUExecutionProvider", *(t for t, names in chosen.items() if v["name"] in names)] for v in spec.params["variants"]}
 
 
@@ -383,15 +388,21 @@ def _attach_roofline(ctx: StepContext, rows: list[dict[str, Any]]) -> dict[str, 
     except (OSError, ValueError):
         return None
     loaded: tuple[str, Any] | None = None
+    counted: dict[str, Any] = {}  # graph and shapes -> its work (PyTorch's fp32 and bf16 rows, OpenVINO's rows share ONNX Runtime's)
     for row, note, decode_shapes in sorted((n for n in notes if n[1]), key=lambda n: n[1]["path"]):
         shapes = note.get("shapes") or decode_shapes
         if not shapes:
             continue
-        if loaded is None or loaded[0] != note["path"]:  # one model in memory at a time
-            loaded = (note["path"], onnx.load_model(note["path"]))
-        try:
-            work = graph_work(loaded[1], {k: tuple(v) for k, v in shapes.items()})
-        except Exception:  # a graph the counter cannot size: the row keeps its times only
+        key = json.dumps([note["path"], shapes], sort_keys=True)
+        if key not in counted:
+            if loaded is None or loaded[0] != note["path"]:  # one model in memory at a time
+                loaded = (note["path"], onnx.load_model(note["path"]))
+            try:
+                counted[key] = graph_work(loaded[1], {k: tuple(v) for k, v in shapes.items()})
+            except Exception:  # a graph the counter cannot size: the row keeps its times only
+                counted[key] = None
+        work = counted[key]
+        if work is None:
             continue
         if note["precision"] == "bf16":
             work = dataclasses.replace(work, weight_bytes=work.weight_bytes // 2)
@@ -532,7 +543,7 @@ def _web_benchmark(ctx: StepContext, spec: StepSpec, shapes: list[dict[str, int]
         return {"name": "web", "status": "skipped", "reason": why}
     bench = cast(BenchmarkSection, spec.params["benchmark"])
     options = next(p["options"] for p in spec.params["providers"] if p["name"] == "web")
-    wanted = set(options.get("variants") or ["model"])
+    wanted = target_variants(spec.params["providers"])["web"]
     iterations = int(options.get("iterations", bench["iterations"]))
     warmup = int(options.get("warmup", min(bench["warmup"], 1)))
     for variant in spec.params["variants"]:
@@ -592,7 +603,7 @@ def _openvino_benchmark(
                 results.append({"variant": variant["name"], "provider": "openvino", "shape": dict(sizes), "error": str(exc)[:300]})
                 continue
             # the precision it multiplies in: a quantized file's own, else what OpenVINO chose
-            computes = variant["precision"] if variant["precision"] in ("int8", "int4") else {"bf16": "bf16"}.get(session.precision, "fp32")
+            computes = variant["precision"] if variant["precision"] in ("int8", "int4") else "bf16" if session.precision == "bf16" else "fp32"
             if layout is not None:
                 decode.append(_ort_decode(session, variant, "openvino", sizes, timing, bench, decode, engine="openvino") | _work_of(path, computes))
             row = _row(variant, "openvino", sizes, timing, baseline, created=round(created, 4), peak_rss_mb=rss_mb(), io_binding=False, path=path)

@@ -29,7 +29,13 @@ from typing import Any, Literal, cast
 
 from onnxbuild._util import brief, pick, pretty_json
 from onnxbuild.errors import StepError
-from onnxbuild.recipe.sections import SIGNATURE_KEYS, AccuracyCheck, ExportSection, ValidateSection
+from onnxbuild.recipe.sections import (
+    SIGNATURE_KEYS,
+    AccuracyCheck,
+    ExportSection,
+    ValidateSection,
+    target_variants,
+)
 from onnxbuild.recipe.variants import SOURCE_RECORD, tolerances
 from onnxbuild.report.validation import (
     AccuracyResult,
@@ -71,10 +77,8 @@ def plan(p: Planning) -> list[StepSpec]:
     r = p.recipe.resolved
     if not p.recipe.torch_source:
         return []
-    web = next((q for q in r["providers"] if q["name"] == "web"), None)
-    web_variants = set(web["options"].get("variants") or ["model"]) if web else set()
+    chosen = target_variants(r["providers"])
     ov = next((q for q in r["providers"] if q["name"] == "openvino"), None)
-    ov_variants = set(ov["options"].get("variants") or ["model"]) if ov else set()
     steps = []
     by_name = {v.name: v for v in p.variants}
     for v in p.variants:
@@ -90,9 +94,9 @@ def plan(p: Planning) -> list[StepSpec]:
         params = {"source": source, "export": pick(r["export"], SIGNATURE_KEYS), "validate": validate, "variant": v.name, "model_path": v.path}
         if v.files:
             params["files"] = list(v.files)
-        if v.name in web_variants:
+        if v.name in chosen.get("web", ()):
             params["web"] = True  # meant for the browser: validated in onnxruntime-web too
-        if ov and v.name in ov_variants:  # served by OpenVINO too: validated there, at its precision
+        if ov and v.name in chosen["openvino"]:  # served by OpenVINO too: validated there, at its precision
             params["openvino"] = {"precision": ov["options"].get("precision", "auto"), **pick(ov["options"], {"atol", "rtol", "top1_min"})}
         if base is not None:
             params["base"] = {"variant": base.name, "path": base.path}
