@@ -84,6 +84,7 @@ how it was exported reaches them as the model file."""
 class OptimizeSection(TypedDict):
     level: Literal["none", "basic", "extended", "layout", "all"]
     decoder: Literal["auto", "fused", "export"]
+    skip_layer_norm: Literal["auto", "fused", "sum"]
     transformer: TransformerOptions | None
     float16: Float16Options | None
     validate: VariantValidate

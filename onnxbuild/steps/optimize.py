@@ -22,10 +22,10 @@ from onnxbuild.sources import is_decoder, section_for
 from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 
-OWN_KEYS = ("level", "decoder", "transformer", "float16")
+OWN_KEYS = ("level", "decoder", "skip_layer_norm", "transformer", "float16")
 """What of ``optimize:`` this step reads: its ``validate:`` block is the validate.optimized step's."""
 
-VERSION = 4  # 4: fused decoders write gate and up as two MatMuls
+VERSION = 5  # 5: skip_layer_norm (Sum + LayerNormalization on CPU-only recipes)
 PACKAGES = ("onnxruntime", "onnx", "torch", "transformers")
 
 FUSED_OPS = (
@@ -67,12 +67,14 @@ def plan(p: Planning) -> list[StepSpec]:
     fuse = is_decoder(r["source"]) and bool(r["export"].get("with_past")) and r["optimize"]["decoder"] != "export"
     model_step = p.model_step
     files = p.variants[0].files  # an encoder-decoder's two files, each optimized alike
+    own = pick(r["optimize"], OWN_KEYS if fuse else set(OWN_KEYS) - {"decoder"})
+    own["skip_layer_norm"] = skip_layer_norm(r["optimize"]["skip_layer_norm"], r["providers"])
     return [
         StepSpec(
             name="optimize",
             kind="optimize",
             params={
-                "optimize": pick(r["optimize"], OWN_KEYS if fuse else set(OWN_KEYS) - {"decoder"}), "source": section_for(r["source"], drop=("tokenizer",), unset=("package",)) if kind == "huggingface" else None, "input": MODEL,
+                "optimize": own, "source": section_for(r["source"], drop=("tokenizer",), unset=("package",)) if kind == "huggingface" else None, "input": MODEL,
                 "provider": provider if hardware else None, **({"fuse_decoder": True} if fuse else {}), **({"files": list(files)} if files else {}),
             },
             deps=(model_step, "source") if fuse else (model_step,),
@@ -81,6 +83,19 @@ def plan(p: Planning) -> list[StepSpec]:
             identity={"cpu": environment.cpu_fingerprint()} if hardware else {},
         )
     ]
+
+
+CPU_ONLY = frozenset({"CPUExecutionProvider", *TARGETS})
+"""Providers whose kernels run on the CPU: onnxruntime's CPU provider, onnxruntime-web (its
+CPU kernels compiled to wasm) and OpenVINO's CPU plugin."""
+
+
+def skip_layer_norm(asked: str, providers: list[Any]) -> str:
+    """``auto`` resolved: ``sum`` when every provider runs on the CPU, else ``fused`` (the
+    resolved value is what enters the key, so two recipes that resolve alike share it)."""
+    if asked != "auto":
+        return asked
+    return "sum" if all(q["name"] in CPU_ONLY for q in providers) else "fused"
 
 
 def measured(params: dict[str, Any]) -> str:
@@ -195,6 +210,8 @@ def _optimize(ctx: StepContext, spec: StepSpec, opt: OptimizeSection, src_path: 
         model.save_model_to_file(str(staged))
         current = staged
         report["float16"] = {"keep_io_types": opt["float16"]["keep_io_types"]}
+    if opt.get("skip_layer_norm") == "sum":
+        current = _split_skip_layer_norm(ctx, current, report)
     if opt["level"] != "none":
         options = ort.SessionOptions()
         options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVELS[opt["level"]])
@@ -208,11 +225,35 @@ def _optimize(ctx: StepContext, spec: StepSpec, opt: OptimizeSection, src_path: 
         import shutil
 
         shutil.copyfile(current, out)  # the export itself may be the input: never move it
-    for staged in ctx.output_dir.glob("stage-*.onnx"):
+    for staged in ctx.output_dir.glob("stage-*"):
         staged.unlink()
     if fused_graph is not None:
         report["fused_summary"] = f"fused {fused_graph.family} graph from the weights; "
     return report, before
+
+
+def _split_skip_layer_norm(ctx: StepContext, current: Path, report: dict[str, Any]) -> Path:
+    """SkipLayerNormalization -> Sum + LayerNormalization (fusion/layernorm.py says why);
+    the count goes in optimize.json. A file with external weights is left fused (said so):
+    rewriting it here would break the weights' relative paths."""
+    import onnx
+
+    from onnxbuild.fusion.layernorm import MIN_OPSET, default_opset, split_skip_layer_norm
+
+    model = onnx.load_model(str(current), load_external_data=False)
+    if not any(n.op_type == "SkipLayerNormalization" for n in model.graph.node):
+        return current
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+        report["skip_layer_norm"] = {"mode": "fused", "why": "weights stored outside the file: left as SkipLayerNormalization"}
+        return current
+    if default_opset(model) < MIN_OPSET:
+        report["skip_layer_norm"] = {"mode": "fused", "why": f"opset {default_opset(model)} has no LayerNormalization (needs {MIN_OPSET}): left as SkipLayerNormalization"}
+        return current
+    count = split_skip_layer_norm(model)
+    staged = ctx.output_dir / "stage-sum.onnx"
+    onnx.save_model(model, str(staged))
+    report["skip_layer_norm"] = {"mode": "sum", "split": count, "why": "every provider runs on the CPU, where ONNX Runtime's SkipLayerNormalization kernel is slower than Sum + LayerNormalization"}
+    return staged
 
 
 def _finish(ctx: StepContext, spec: StepSpec, opt: OptimizeSection, report: dict[str, Any], before: dict[str, int], outs: list[Path]) -> StepResult:
