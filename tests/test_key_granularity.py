@@ -38,7 +38,7 @@ EXTENSIONS: dict[str, dict[str, Any]] = {
     "tiny-gpt2": {
         "export": {"opset": 18, "with_past": True},
         "validate": {"shapes": [{"batch": 1, "sequence": 8}, {"batch": 2, "sequence": 5}]},
-        "optimize": {"level": "basic"},
+        "optimize": {"level": "basic", "skip_layer_norm": "fused"},
         "quantize": [{"name": "int8", "method": "dynamic", "from": "optimized", "validate": {"top1_min": 0.5}}],
         "generate": {"max_new_tokens": 4},
         "benchmark": {"iterations": 5, "warmup": 1, "shapes": [{"batch": 1, "sequence": 8}], "decode_tokens": 4},

@@ -22,8 +22,9 @@ from onnxbuild.sources import is_decoder, section_for
 from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 
-OWN_KEYS = ("level", "decoder", "skip_layer_norm", "transformer", "float16")
-"""What of ``optimize:`` this step reads: its ``validate:`` block is the validate.optimized step's."""
+OWN_KEYS = ("level", "decoder", "transformer", "float16")
+"""What of ``optimize:`` this step reads: its ``validate:`` block is the validate.optimized step's;
+``skip_layer_norm`` enters resolved against the providers, as the ``skip_layer_norm`` param."""
 
 VERSION = 5  # 5: skip_layer_norm (Sum + LayerNormalization on CPU-only recipes)
 PACKAGES = ("onnxruntime", "onnx", "torch", "transformers")
@@ -67,15 +68,13 @@ def plan(p: Planning) -> list[StepSpec]:
     fuse = is_decoder(r["source"]) and bool(r["export"].get("with_past")) and r["optimize"]["decoder"] != "export"
     model_step = p.model_step
     files = p.variants[0].files  # an encoder-decoder's two files, each optimized alike
-    own = pick(r["optimize"], OWN_KEYS if fuse else set(OWN_KEYS) - {"decoder"})
-    own["skip_layer_norm"] = skip_layer_norm(r["optimize"]["skip_layer_norm"], r["providers"])
     return [
         StepSpec(
             name="optimize",
             kind="optimize",
             params={
-                "optimize": own, "source": section_for(r["source"], drop=("tokenizer",), unset=("package",)) if kind == "huggingface" else None, "input": MODEL,
-                "provider": provider if hardware else None, **({"fuse_decoder": True} if fuse else {}), **({"files": list(files)} if files else {}),
+                "optimize": pick(r["optimize"], OWN_KEYS if fuse else set(OWN_KEYS) - {"decoder"}), "source": section_for(r["source"], drop=("tokenizer",), unset=("package",)) if kind == "huggingface" else None, "input": MODEL,
+                "provider": provider if hardware else None, "skip_layer_norm": skip_layer_norm(r["optimize"]["skip_layer_norm"], r["providers"]), **({"fuse_decoder": True} if fuse else {}), **({"files": list(files)} if files else {}),
             },
             deps=(model_step, "source") if fuse else (model_step,),
             inputs=(StepInput(model_step, MODEL), StepInput("source", SOURCE_RECORD)) if fuse else tuple(StepInput(model_step, f) for f in files or (MODEL,)),
@@ -91,8 +90,8 @@ CPU kernels compiled to wasm) and OpenVINO's CPU plugin."""
 
 
 def skip_layer_norm(asked: str, providers: list[Any]) -> str:
-    """``auto`` resolved: ``sum`` when every provider runs on the CPU, else ``fused`` (the
-    resolved value is what enters the key, so two recipes that resolve alike share it)."""
+    """``auto`` resolved: ``sum`` when every provider runs on the CPU, else ``fused``. The
+    resolved value is a param of its own: a providers change that flips it reruns optimize."""
     if asked != "auto":
         return asked
     return "sum" if all(q["name"] in CPU_ONLY for q in providers) else "fused"
@@ -210,7 +209,7 @@ def _optimize(ctx: StepContext, spec: StepSpec, opt: OptimizeSection, src_path: 
         model.save_model_to_file(str(staged))
         current = staged
         report["float16"] = {"keep_io_types": opt["float16"]["keep_io_types"]}
-    if opt.get("skip_layer_norm") == "sum":
+    if spec.params.get("skip_layer_norm") == "sum":
         current = _split_skip_layer_norm(ctx, current, report)
     if opt["level"] != "none":
         options = ort.SessionOptions()
