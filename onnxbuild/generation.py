@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from onnxbuild import sessions
 from onnxbuild._util import brief
 from onnxbuild.errors import UsageError
 
@@ -65,8 +66,7 @@ def run(artifact: str | Path, prompt: str, *, max_new_tokens: int = 32, variant:
         return _run_seq2seq(*pair, prompt, max_new_tokens, sampling)
     path = model_path(artifact, variant)
     folder = path.parent if (path.parent / "config.json").is_file() or variant == "model" else path.parent.parent
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options = sessions.options()
     try:
         session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     except Exception as exc:

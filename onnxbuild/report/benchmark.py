@@ -18,6 +18,14 @@ def markdown(report: dict[str, Any]) -> str:
         f"at least {report['settings']['iterations']} iterations. PyTorch baseline measured in the same run.",
         "",
     ]
+    config = report["settings"].get("session_config") or {}
+    if config.get("session.set_denormal_as_zero") == "1":
+        lines += [
+            "Denormals flushed to zero on both sides: ONNX Runtime sessions with `session.set_denormal_as_zero=1` "
+            "(its CPU attention kernels slow down on the denormals a causal prefill produces), PyTorch with "
+            "`torch.set_flush_denormal(True)`. Set the same in your own session to get these figures.",
+            "",
+        ]
     if report.get("weights") == "random-init":
         lines += ["> weights: random-init (latency does not depend on weight values)", ""]
     lines += fastest(report)

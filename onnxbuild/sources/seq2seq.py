@@ -19,6 +19,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
+from onnxbuild import sessions
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.tasks import DECODER_FILE, DEFAULT_DECODER_SEQUENCE, ENCODER_FILE
 from onnxbuild.sources.decoder import Generation, PastLayout
@@ -131,16 +132,14 @@ class OrtSeq2Seq:
 
         from onnxbuild.sources.decoder import layout_from_session
 
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        options.intra_op_num_threads = threads
-        sessions = []
+        options = sessions.options(threads)
+        loaded = []
         for path in (encoder_path, decoder_path):
             try:
-                sessions.append(ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]))
+                loaded.append(ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]))
             except Exception as exc:
                 raise StepError(f"ONNX Runtime cannot load {path}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__}") from None
-        return cls(sessions[0], sessions[1], layout_from_session(sessions[1]))
+        return cls(loaded[0], loaded[1], layout_from_session(loaded[1]))
 
     def encode(self, feeds: dict[str, Any]) -> Any:
         return self.encoder.run([ENCODER_OUTPUT], feeds)[0]

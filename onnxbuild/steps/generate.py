@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+from onnxbuild import sessions
 from onnxbuild._util import brief, pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import GenerateSection
@@ -21,7 +22,7 @@ from onnxbuild.report.generation import markdown
 from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 
-VERSION = 1
+VERSION = 2
 PACKAGES = ("torch", "transformers", "tokenizers", "onnxruntime", "numpy")
 
 
@@ -247,8 +248,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
 
     results: dict[str, Any] = {}
     problems: list[str] = []
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options = sessions.options()
     for variant in spec.params["variants"]:
         try:
             session = ort.InferenceSession(str(ctx.input(variant["path"])), options, providers=["CPUExecutionProvider"])

@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
+from onnxbuild import sessions
 from onnxbuild._util import brief, pick, pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import (
@@ -64,7 +65,7 @@ from onnxbuild.sources.torchmodel import (
 from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 
-VERSION = 8
+VERSION = 9
 PACKAGES = ("torch", "transformers", "tokenizers", "onnxruntime", "numpy", "openvino")
 
 
@@ -187,8 +188,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     specs = input_specs(source, export, natural=True)
     top1_gated = gates_top1(source)
 
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options = sessions.options()
     provider = "CPUExecutionProvider"
     try:
         session = ort.InferenceSession(str(ctx.input(spec.params.get("model_path", "model.onnx"))), options, providers=[provider])
