@@ -376,6 +376,10 @@ def _infer_shapes(light: onnx.ModelProto) -> dict[str, tuple[int | None, ...] | 
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
         symbolic = SymbolicShapeInference(int_max=2**31 - 1, auto_merge=True, guess_output_rank=False, verbose=0)
+        contrib = symbolic.dispatcher_.get("Attention")
+        if contrib is not None:
+            # it takes every Attention for the contrib op: ONNX's own (opset 23) is inferred by ONNX
+            symbolic.dispatcher_["Attention"] = lambda node: _onnx_attention(symbolic, node) if node.domain in ("", "ai.onnx") else contrib(node)
         symbolic._preprocess(light)
         while symbolic.run_:
             complete = symbolic._infer_impl()
@@ -392,6 +396,20 @@ def _infer_shapes(light: onnx.ModelProto) -> dict[str, tuple[int | None, ...] | 
             if _resolved(found.get(name)) is None:
                 found[name] = shape
     return found
+
+
+def _onnx_attention(symbolic: Any, node: onnx.NodeProto) -> None:
+    """ONNX's Attention (opset 23) through ONNX's inference, the node alone with its inputs'
+    known shapes; the outputs' shapes go where ORT's symbolic inference keeps them."""
+    import onnx
+    from onnx import helper
+
+    inputs = [symbolic.known_vi_[name] for name in node.input if name]
+    outputs = [helper.make_empty_tensor_value_info(name) for name in node.output if name]
+    alone = helper.make_model(helper.make_graph([node], "attention", inputs, outputs), opset_imports=[helper.make_opsetid("", 23)])
+    for vi in onnx.shape_inference.infer_shapes(alone, strict_mode=False).graph.output:
+        if vi.type.tensor_type.HasField("shape"):
+            symbolic.known_vi_[vi.name].CopyFrom(vi)
 
 
 def _shapes_of(graph: onnx.GraphProto) -> dict[str, tuple[int | None, ...] | None]:

@@ -44,7 +44,7 @@ CONFIGS: dict[str, Any] = {
 
 def expected_fusions(family: str, layers: int) -> dict[str, int]:
     if family == "gpt2":
-        return {"GroupQueryAttention": layers, "SkipLayerNormalization": 2 * layers, "LayerNormalization": 1, "FastGelu": layers}
+        return {"Attention": layers, "SkipLayerNormalization": 2 * layers, "LayerNormalization": 1, "FastGelu": layers}
     return {"GroupQueryAttention": layers, "SkipSimplifiedLayerNormalization": 2 * layers, "SimplifiedLayerNormalization": 1}
 
 
@@ -98,6 +98,45 @@ def test_each_family_matches_pytorch_at_prefill_and_decode(family: str, tmp_path
         ref2 = model(input_ids=torch.tensor(step), past_key_values=ref.past_key_values, use_cache=True)
     assert np.abs(decode[0] - ref2.logits.numpy()).max() < 1e-4
     assert decode[1].shape == (batch, kv, seq + 1, head_dim)  # the cache layout the export uses
+
+
+LEFT_PADDED = ["gpt2"]
+"""Families whose fused graph takes a left-padded batch as PyTorch does. The others use
+GroupQueryAttention, whose seqlens_k reads each row's tokens as a prefix of the cache: a
+left-padded row comes out wrong (GPT-2 with it: 2.2 off at the valid positions)."""
+
+
+GQA_PREFIX = pytest.mark.xfail(strict=True, reason="GroupQueryAttention takes each row's tokens as a prefix: left padding is not supported yet")
+
+
+@pytest.mark.parametrize("family", [f if f in LEFT_PADDED else pytest.param(f, marks=GQA_PREFIX) for f in CONFIGS])
+def test_a_left_padded_batch_matches_pytorch(family: str, tmp_path: Path) -> None:
+    config = CONFIGS[family]()
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    path = tmp_path / "fused.onnx"
+    onnx.save_model(build(model, signature(config)).model, str(path))
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, 1000, (2, 6))
+    mask = np.ones((2, 6), np.int64)
+    mask[1, :3] = 0  # the second prompt is 3 tokens, padded on the left
+    positions = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
+    past = {f"past_key_values.{i}.{k}": np.zeros((2, kv, 0, head_dim), np.float32) for i in range(config.num_hidden_layers) for k in ("key", "value")}
+    out = session.run(None, {"input_ids": ids, "attention_mask": mask, "position_ids": positions, **past})
+    with torch.no_grad():
+        ref = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask), position_ids=torch.tensor(positions), use_cache=True)
+    valid = mask.astype(bool)
+    assert np.abs(out[0] - ref.logits.numpy())[valid].max() < 1e-4
+    cache = {f"past_key_values.{i}.{k}": out[1 + 2 * i + j] for i in range(config.num_hidden_layers) for j, k in enumerate(("key", "value"))}
+    step = rng.integers(0, 1000, (2, 1))
+    grown = np.concatenate([mask, np.ones((2, 1), np.int64)], axis=1)
+    decode = session.run(None, {"input_ids": step, "attention_mask": grown, "position_ids": positions[:, -1:] + 1, **cache})
+    with torch.no_grad():
+        ref2 = model(input_ids=torch.tensor(step), attention_mask=torch.tensor(grown), position_ids=torch.tensor(positions[:, -1:] + 1), past_key_values=ref.past_key_values, use_cache=True)
+    assert np.abs(decode[0] - ref2.logits.numpy()).max() < 1e-4
 
 
 @pytest.fixture(scope="module")

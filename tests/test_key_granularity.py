@@ -47,7 +47,7 @@ EXTENSIONS: dict[str, dict[str, Any]] = {
         "expect": {
             "all": {"inputs": {"input_ids": "int64[batch, sequence]"}},
             "model": {"opset": 18},
-            "optimized": {"ops": {"GroupQueryAttention": 2, "SkipLayerNormalization": ">= 4"}, "absent": ["Attention"]},
+            "optimized": {"ops": {"Attention": 2, "SkipLayerNormalization": ">= 4"}, "absent": ["GroupQueryAttention"]},
             "int8": {"weights": {"int8": 0.3}, "max_mb": 1.0},
         },
     },

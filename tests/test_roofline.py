@@ -203,6 +203,26 @@ def test_other_attention_ops(kind: str) -> None:
     assert (work.flops, work.uncounted) == (expected, ())
 
 
+def test_onnx_attention_then_a_contrib_op_then_a_matmul() -> None:
+    """ORT's symbolic inference takes every Attention for its contrib op: ONNX's own (3-D
+    inputs, head counts as attributes, GPT-2's fused graph) must not stop it before a contrib op
+    (FastGelu) that only it knows, or the MatMul after that goes uncounted."""
+    b, s, p = 1, 5, 3
+    f = TensorProto.FLOAT
+    nodes = [
+        helper.make_node("Attention", ["q", "k", "v", "", "pk", "pv"], ["o", "prk", "prv"], q_num_heads=4, kv_num_heads=4),
+        helper.make_node("FastGelu", ["o"], ["g"], domain=MS),
+        helper.make_node("MatMul", ["g", "W"], ["Y"]),
+    ]
+    feeds = {"q": floats(b, s, 32), "k": floats(b, s, 32), "v": floats(b, s, 32), "pk": floats(b, 4, p, 8), "pv": floats(b, 4, p, 8)}
+    m = model(nodes, {n: (f, list(a.shape)) for n, a in feeds.items()}, ["Y", "prk", "prv"], {"W": floats(32, 16)})
+    m.opset_import[0].version = 23
+    run_in_ort(m, feeds)
+    work = graph_work(m, {})
+    assert work.uncounted == ()
+    assert work.by_op == {"Attention": 2 * b * 4 * s * (p + s) * 8 * 2, "MatMul": 2 * b * s * 32 * 16}
+
+
 def test_a_file_with_every_tensor_external(tmp_path: Path) -> None:
     """Weights stay on disk; the Reshape's shape (external too) is read, so the second MatMul resolves."""
     nodes = [

@@ -18,7 +18,7 @@ from onnxbuild.recipe.variants import vocab_size
 from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
-VERSION = 3
+VERSION = 4
 PACKAGES = ("onnxruntime", "onnx", "numpy")
 
 # The recipe keys each method reads; the others keep their defaults but do nothing, so a
@@ -149,8 +149,11 @@ def excluded(model: Any, q: QuantizeSection, *, each_must_match: bool = True) ->
     import onnx
 
     names = list(q["exclude_nodes"])
+    proto = model if isinstance(model, onnx.ModelProto) else onnx.load_model(str(model), load_external_data=False)
+    # onnxruntime's quantizers take every "Attention" for its contrib op and rewrite ONNX's own
+    # (opset 23) into a QAttention that cannot load: it stays float, the MatMuls around it do not
+    names += [n.name for n in proto.graph.node if n.op_type == "Attention" and n.domain in ("", "ai.onnx") and n.name not in names]
     if q.get("keep"):
-        proto = model if isinstance(model, onnx.ModelProto) else onnx.load_model(str(model), load_external_data=False)
         weighted = [n.name for n in proto.graph.node if n.op_type in ("MatMul", "Gemm", "Gather")]
         for k in q["keep"]:
             hits = [n for n in weighted if k in n]
