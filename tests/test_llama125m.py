@@ -25,7 +25,7 @@ def test_llama_125m_builds_fused_validates_every_variant_and_generates_like_pyto
     assert report.ok, report.failures()
     folder = project / "artifacts" / "llama-125m"
     ops = Counter(n.op_type for n in onnx.load_model(str(folder / "optimized" / "model.onnx"), load_external_data=False).graph.node)
-    expected = {"GroupQueryAttention": 12, "SkipSimplifiedLayerNormalization": 24, "SimplifiedLayerNormalization": 1}
+    expected = {"Attention": 12, "RotaryEmbedding": 24, "SkipSimplifiedLayerNormalization": 24, "SimplifiedLayerNormalization": 1}
     missing = [f"{op}: expected {n}, found {ops.get(op, 0)}" for op, n in expected.items() if ops.get(op, 0) != n]
     assert not missing, f"fusions that stopped firing: {missing}"
     optimize = json.loads((folder / "reports" / "optimize.json").read_text(encoding="utf-8"))

@@ -1,10 +1,10 @@
 """A fused decoder graph for the Llama family, written from the model's weights.
 
 Per layer: SimplifiedLayerNormalization (first) or SkipSimplifiedLayerNormalization (the
-residual add fused in), one MatMul for packed Q, K and V (plus its bias for Qwen2),
-GroupQueryAttention with the rotary embedding inside it and the cache in the
-``[batch, kv_heads, past_sequence, head_dim]`` layout the export uses, the output
-projection, and the gate, up (activation between) and down MatMuls. The inputs and outputs are
+residual add fused in), one MatMul for packed Q, K and V (plus its bias for Qwen2), ONNX's
+RotaryEmbedding on Q and K at the input's position_ids and ONNX's Attention (opset 23) with
+the mask built once from attention_mask and the cache in the ``[batch, kv_heads,
+past_sequence, head_dim]`` layout the export uses, the output projection, and the gate, up (activation between) and down MatMuls. The inputs and outputs are
 copied from the export, so validation and generation feed it exactly as they feed the
 export. Node names follow ``/model/layers.{i}/...`` and ``/lm_head/MatMul`` so that a
 quantize variant can keep chosen layers in higher precision by name.
@@ -87,8 +87,9 @@ def build(model: Any, exported: Any) -> Built:
         scale = weight("model.embed_scale", np.array(float(config.hidden_size) ** 0.5, dtype=np.float32))
         (hidden,) = node("Mul", [hidden, scale], ["/model/embed_tokens/scaled"], "/model/embed_tokens/Mul")
 
-    # what GroupQueryAttention needs besides Q, K, V: the lengths and the rotary tables
-    seqlens_k, total_len = _lengths(g)
+    # what attention needs besides Q, K, V: who sees whom, and the rotary tables
+    visible = _visible(g)
+    windowed: dict[int, str] = {}
     positions = int(getattr(config, "max_position_embeddings", 2048))
     with torch.no_grad():
         probe = torch.zeros(1, 1, head_dim, dtype=torch.float32)
@@ -98,7 +99,7 @@ def build(model: Any, exported: Any) -> Built:
     sin_cache = weight("model.rotary.sin_cache", sin[0, :, :rotary].numpy())
 
     residual: str | None = None
-    fused = {"GroupQueryAttention": 0, "SkipSimplifiedLayerNormalization": 0, "SimplifiedLayerNormalization": 0}
+    fused = {"Attention": 0, "RotaryEmbedding": 0, "SkipSimplifiedLayerNormalization": 0, "SimplifiedLayerNormalization": 0}
     for i, layer in enumerate(inner.layers):
         p = f"/model/layers.{i}"
         attn, mlp = layer.self_attn, layer.mlp
@@ -111,22 +112,22 @@ def build(model: Any, exported: Any) -> Built:
         if family.get("qkv_bias"):
             bias = np.concatenate([attn.q_proj.bias.detach().float().numpy(), attn.k_proj.bias.detach().float().numpy(), attn.v_proj.bias.detach().float().numpy()])
             (qkv,) = node("Add", [qkv, weight(f"model.layers.{i}.attn.qkv_proj.bias", bias)], [f"{p}/attn/qkv_proj/biased"], f"{p}/attn/qkv_proj/Add")
-        q_k_v = [qkv, "", ""]
-        if family.get("qk_norm"):
-            # Qwen3 normalises each head of Q and K before the rotary embedding; ONNX Runtime's
-            # CPU GroupQueryAttention does not take q_norm_weight (CUDA and WebGPU only), so
-            # the heads are normalised here and Q, K, V go in unpacked.
-            q, k, v = node("Split", [qkv, weight_i64(inits, "model.qkv_split", [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim])], [f"{p}/attn/q", f"{p}/attn/k", f"{p}/attn/v"], f"{p}/attn/Split", axis=-1)
+        q, k, v = node("Split", [qkv, weight_i64(inits, f"model.qkv_split.{heads}.{kv_heads}", [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim])], [f"{p}/attn/q", f"{p}/attn/k", f"{p}/attn/v"], f"{p}/attn/Split", axis=-1)
+        if family.get("qk_norm"):  # Qwen3 normalises each head of Q and K before the rotary embedding
             q = _head_norm(node, weight, inits, f"{p}/attn/q_norm", q, heads, head_dim, norm_weight(attn.q_norm), eps(attn.q_norm), f"model.layers.{i}.attn.q_norm.weight")
             k = _head_norm(node, weight, inits, f"{p}/attn/k_norm", k, kv_heads, head_dim, norm_weight(attn.k_norm), eps(attn.k_norm), f"model.layers.{i}.attn.k_norm.weight")
-            q_k_v = [q, k, v]
-        gqa_inputs = [*q_k_v, f"past_key_values.{i}.key", f"past_key_values.{i}.value", seqlens_k, total_len, cos_cache, sin_cache]
+        # the rotation at each token's own position_ids, so a left-padded row turns as PyTorch turns it
+        rotate = {"rotary_embedding_dim": 2 * rotary} if 2 * rotary != head_dim else {}
+        (q,) = node("RotaryEmbedding", [q, cos_cache, sin_cache, "position_ids"], [f"{p}/attn/q_rot"], f"{p}/attn/q_rotary", num_heads=heads, interleaved=0, **rotate)
+        (k,) = node("RotaryEmbedding", [k, cos_cache, sin_cache, "position_ids"], [f"{p}/attn/k_rot"], f"{p}/attn/k_rotary", num_heads=kv_heads, interleaved=0, **rotate)
+        fused["RotaryEmbedding"] += 2
         window = _window(config, i)
+        mask = visible if window < 0 else windowed.setdefault(window, _windowed(g, visible, window))
         (out, _, _) = node(
-            "GroupQueryAttention", gqa_inputs, [f"{p}/attn/output", f"present.{i}.key", f"present.{i}.value"], f"{p}/attn/GroupQueryAttention", MS,
-            num_heads=heads, kv_num_heads=kv_heads, do_rotary=1, rotary_interleaved=0, scale=float(getattr(attn, "scaling", head_dim**-0.5)), local_window_size=window,
+            "Attention", [q, k, v, mask, f"past_key_values.{i}.key", f"past_key_values.{i}.value"], [f"{p}/attn/output", f"present.{i}.key", f"present.{i}.value"], f"{p}/attn/Attention",
+            q_num_heads=heads, kv_num_heads=kv_heads, scale=float(getattr(attn, "scaling", head_dim**-0.5)),
         )
-        fused["GroupQueryAttention"] += 1
+        fused["Attention"] += 1
         (o,) = node("MatMul", [out, weight(f"model.layers.{i}.attn.o_proj.weight", _linear_t(attn.o_proj))], [f"{p}/attn/o_proj/output"], f"{p}/attn/o_proj/MatMul")
         x, residual = _norm(node, weight, fused, f"{p}/post_attention_layernorm", o, residual, norm_weight(layer.post_attention_layernorm), eps(layer.post_attention_layernorm), f"model.layers.{i}.post_attention_layernorm.weight")
         # gate and up stay two MatMuls: one packed [hidden, 2 x intermediate] MatMul and a Split
@@ -149,7 +150,7 @@ def build(model: Any, exported: Any) -> Built:
     x, _ = _norm(node, weight, fused, "/model/norm", hidden, residual, norm_weight(inner.norm), eps(inner.norm), "model.norm.weight")
     node("MatMul", [x, weight("lm_head.weight", _linear_t(model.lm_head))], ["logits"], "/lm_head/MatMul")
 
-    return Built(g.model(exported), {k: v for k, v in fused.items() if v}, kind)
+    return Built(g.model(exported, opset=23), {k: v for k, v in fused.items() if v}, kind)
 
 
 class Graph:
@@ -188,20 +189,6 @@ def _linear_t(module: Any) -> Any:
     return module.weight.detach().float().numpy().T
 
 
-def _lengths(g: Graph) -> tuple[str, str]:
-    """GroupQueryAttention's seqlens_k (tokens seen minus one, per row) and total_sequence_length,
-    from the attention mask that spans past and new tokens."""
-    from onnx import TensorProto
-
-    (mask_sum,) = g.node("ReduceSum", ["attention_mask", weight_i64(g.inits, "one_axis", [1])], ["/model/attn_mask/sum"], "/model/attn_mask/ReduceSum", keepdims=0)
-    (minus,) = g.node("Sub", [mask_sum, weight_i64(g.inits, "one_i64", 1)], ["/model/attn_mask/minus_one"], "/model/attn_mask/Sub")
-    (seqlens_k,) = g.node("Cast", [minus], ["/model/attn_mask/seqlens_k"], "/model/attn_mask/Cast", to=TensorProto.INT32)
-    (shape,) = g.node("Shape", ["attention_mask"], ["/model/attn_mask/shape"], "/model/attn_mask/Shape")
-    (total,) = g.node("Gather", [shape, weight_i64(g.inits, "one_index", 1)], ["/model/attn_mask/total64"], "/model/attn_mask/Gather", axis=0)
-    (total_len,) = g.node("Cast", [total], ["/model/attn_mask/total_sequence_length"], "/model/attn_mask/CastTotal", to=TensorProto.INT32)
-    return seqlens_k, total_len
-
-
 def _visible(g: Graph) -> str:
     """The attention mask ONNX's Attention takes, bool [batch, 1, sequence, total_sequence]:
     query i (at position past + i) sees key j when ``attention_mask[b, j]`` is 1 and j <= past + i.
@@ -223,6 +210,14 @@ def _visible(g: Graph) -> str:
     (rows,) = g.node("Unsqueeze", [kept, weight_i64(g.inits, "axes_1_2", [1, 2])], ["/model/attn_mask/kept_rows"], "/model/attn_mask/KeptRows")
     (visible,) = g.node("And", [causal, rows], ["/model/attn_mask/visible"], "/model/attn_mask/Visible")
     return str(visible)
+
+
+def _windowed(g: Graph, visible: str, window: int) -> str:
+    """``visible`` narrowed to a sliding window: query i sees key j only when i - j < window."""
+    (gap,) = g.node("Sub", ["/model/attn_mask/query_column", "/model/attn_mask/keys"], [f"/model/attn_mask/gap{window}"], f"/model/attn_mask/Gap{window}")
+    (near,) = g.node("Less", [gap, weight_i64(g.inits, f"window{window}", window)], [f"/model/attn_mask/near{window}"], f"/model/attn_mask/Near{window}")
+    (out,) = g.node("And", [visible, near], [f"/model/attn_mask/visible{window}"], f"/model/attn_mask/Visible{window}")
+    return str(out)
 
 
 def _gpt2(model: Any, exported: Any, g: Graph, heads: int, head_dim: int) -> Built:
@@ -316,7 +311,7 @@ def _head_norm(node: Any, weight: Any, inits: list[Any], prefix: str, x: str, n:
 
 
 def _window(config: Any, layer: int) -> int:
-    """GroupQueryAttention's local_window_size for one layer: -1 for full attention."""
+    """One layer's sliding window (query i sees key j when i - j < window), -1 for full attention."""
     window = getattr(config, "sliding_window", None)
     types = getattr(config, "layer_types", None)
     if not window:
