@@ -34,6 +34,7 @@ TINY = {"vocab_size": 1000, "hidden_size": 64, "intermediate_size": 128, "num_hi
 CONFIGS: dict[str, Any] = {
     "llama": lambda: transformers.LlamaConfig(**TINY),
     "mistral": lambda: transformers.MistralConfig(**TINY, sliding_window=None),
+    "mistral-window": lambda: transformers.MistralConfig(**TINY, sliding_window=4),  # shorter than the prompts below
     "qwen2": lambda: transformers.Qwen2Config(**TINY),  # biased q/k/v
     "qwen3": lambda: transformers.Qwen3Config(**TINY, head_dim=16),  # per-head q/k norms
     "phi3": lambda: transformers.Phi3Config(**TINY, pad_token_id=0),  # packed qkv and gate_up

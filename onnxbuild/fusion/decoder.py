@@ -122,7 +122,9 @@ def build(model: Any, exported: Any) -> Built:
         (k,) = node("RotaryEmbedding", [k, cos_cache, sin_cache, "position_ids"], [f"{p}/attn/k_rot"], f"{p}/attn/k_rotary", num_heads=kv_heads, interleaved=0, **rotate)
         fused["RotaryEmbedding"] += 2
         window = _window(config, i)
-        mask = visible if window < 0 else windowed.setdefault(window, _windowed(g, visible, window))
+        if window >= 0 and window not in windowed:
+            windowed[window] = _windowed(g, visible, window)  # once per window, shared by its layers
+        mask = visible if window < 0 else windowed[window]
         (out, _, _) = node(
             "Attention", [q, k, v, mask, f"past_key_values.{i}.key", f"past_key_values.{i}.value"], [f"{p}/attn/output", f"present.{i}.key", f"present.{i}.value"], f"{p}/attn/Attention",
             q_num_heads=heads, kv_num_heads=kv_heads, scale=float(getattr(attn, "scaling", head_dim**-0.5)),
