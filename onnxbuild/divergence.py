@@ -76,6 +76,10 @@ def feeds_for(model_path: Path, sizes: dict[str, int], seed: int = 0, vocab: int
         else:
             floats = np.dtype(np.float16 if "float16" in i.type else np.float32)
             feeds[i.name] = rng.standard_normal(shape).astype(floats)
+    if sizes.get("left_padding") and "attention_mask" in feeds:
+        from onnxbuild.sources.torchmodel import pad_left
+
+        pad_left(feeds, sizes["left_padding"])
     return feeds
 
 
@@ -196,9 +200,32 @@ def _extract(path: Path, model: Any, node: Any, inputs: list[str], values: dict[
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = "".join(c if c.isalnum() or c in "._-" else "_" for c in node.name or node.output[0]).strip("_") or "node"
     sub, data = out_dir / f"{stem}.onnx", out_dir / f"{stem}.inputs.npz"
+    outputs = [o for o in node.output if o]
     try:
-        onnx.utils.extract_model(str(path), str(sub), inputs, [o for o in node.output if o], check_model=False)
+        try:
+            onnx.utils.extract_model(str(path), str(sub), inputs, outputs, check_model=False)
+        except ValueError:
+            # shape inference stopped short of these tensors (ONNX's Attention on 3-D inputs, a
+            # contrib op): declare them from the values of the failing run, then cut again
+            typed = _typed(model, [*inputs, *outputs], values)
+            onnx.save_model(typed, str(sub))
+            onnx.utils.extract_model(str(sub), str(sub), inputs, outputs, check_model=False)
     except Exception as exc:  # a node inside a subgraph, or inputs extract_model cannot cut at
         raise StepError(f"first divergence at {node.name} ({node.op_type}), but its subgraph could not be extracted: {type(exc).__name__}: {exc}") from None
     np.savez(str(data), **{i: values[i] for i in inputs if i in values})
     return sub, data
+
+
+def _typed(model: Any, names: list[str], values: dict[str, Any]) -> Any:
+    """``model`` with a value_info for each of ``names`` that has a value and none declared."""
+    import onnx
+    from onnx import helper
+
+    typed = onnx.ModelProto()
+    typed.CopyFrom(model)
+    declared = {v.name for v in [*typed.graph.value_info, *typed.graph.input, *typed.graph.output]}
+    for name in names:
+        if name in values and name not in declared:
+            value = values[name]
+            typed.graph.value_info.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(value.dtype), list(value.shape)))
+    return typed

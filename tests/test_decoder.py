@@ -71,6 +71,9 @@ def test_every_variant_is_validated_at_prefill_and_at_decode_steps(built: Path) 
             {"batch": 2, "sequence": 16, "past_sequence": 0},
             {"batch": 2, "sequence": 1, "past_sequence": 16},
             {"batch": 1, "sequence": 1, "past_sequence": 40},
+            # and a left-padded batch at the first shape of two rows, compared at its real tokens
+            {"batch": 2, "sequence": 16, "past_sequence": 0, "left_padding": 8},
+            {"batch": 2, "sequence": 1, "past_sequence": 16, "left_padding": 8},
         ], name
         for case in v["shapes"]:
             assert set(case["outputs"]) == {"logits", "present.0.key", "present.0.value", "present.1.key", "present.1.value"}

@@ -25,7 +25,7 @@ from onnx import TensorProto, helper
 
 import onnxbuild
 from onnxbuild.cli import cli
-from onnxbuild.errors import RecipeError
+from onnxbuild.errors import RecipeError, StepError
 from onnxbuild.fusion.decoder import build
 from onnxbuild.recipe.loader import load_recipe
 
@@ -150,6 +150,41 @@ def read(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def test_validation_fails_a_graph_that_ignores_left_padding(built: Path, tmp_path: Path) -> None:
+    """The unpadded cases cannot tell a graph that reads each row as a prefix (what
+    GroupQueryAttention's seqlens_k did) from a right one; validation's left-padded case
+    can, so such a regression fails the build, not only the test above."""
+    from onnxbuild.pipeline import steps_for
+    from onnxbuild.spec import StepContext
+    from onnxbuild.steps import validate
+
+    root = built.parent.parent
+    recipe = onnxbuild.load_recipes([root / "recipes" / "tiny-llama.yaml"])[0]
+    spec = next(s for s in steps_for(recipe) if s.name == "validate.optimized")
+    inputs = tmp_path / "inputs"
+    for rel in ("reports/source.json", "model.onnx"):
+        (inputs / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(built / rel, inputs / rel)
+    broken = onnx.load_model(str(built / "optimized" / "model.onnx"))
+    for n in broken.graph.node:
+        if n.op_type == "Attention":
+            n.input[3] = "/model/attn_mask/causal"  # causal only: the padding ignored
+    (inputs / "optimized").mkdir()
+    onnx.save_model(broken, str(inputs / "optimized" / "model.onnx"))
+    ctx = StepContext(recipe_name="tiny-llama", recipe_path="recipes/tiny-llama.yaml", recipe_dir=root / "recipes", input_dir=inputs, output_dir=tmp_path / "out")
+    with pytest.raises(StepError) as failed:
+        validate.run(ctx, spec)
+    message = str(failed.value)
+    assert "failed at shape batch=2, sequence=16, past_sequence=0, left_padding=8: output logits" in message
+    assert "worst at [1, " in message  # the padded row, at one of its real tokens
+    assert "First node where it parts from model: /model/layers.1/attn/Attention" in message
+    shapes = read(tmp_path / "out" / "reports" / "validation" / "optimized.json")["variants"]["optimized"]["shapes"]
+    verdicts = {"left_padding" in s["shape"]: [] for s in shapes}
+    for s in shapes:
+        verdicts["left_padding" in s["shape"]].append(s["passed"])
+    assert verdicts == {False: [True] * 5, True: [False, False]}
+
+
 def test_the_llama_fusions_fire_and_are_reported(built: Path) -> None:
     report = read(built / "reports" / "optimize.json")
     assert report["decoder"]["graph"] == "fused" and report["decoder"]["family"] == "llama"
@@ -169,7 +204,7 @@ def test_the_fused_graph_has_the_exports_signature_and_passes_validation_and_gen
 
     assert io(built / "optimized" / "model.onnx") == io(built / "model.onnx")
     validation = read(built / "reports" / "validation.json")["variants"]["optimized"]
-    assert validation["passed"] and len(validation["shapes"]) == 5  # prefill and decode at each shape, and a past of 40
+    assert validation["passed"] and len(validation["shapes"]) == 7  # prefill and decode at each shape, a past of 40, and a left-padded batch
     assert max(c["max_abs_diff"] for s in validation["shapes"] for c in s["outputs"].values()) < 1e-4
     gen = read(built / "reports" / "generation.json")
     assert gen["variants"]["optimized"]["greedy"]["identical"] is True

@@ -26,9 +26,10 @@ from onnxbuild.report.validation import (
 from onnxbuild.sources.torchmodel import (
     labelled_inputs,
     load_tokenizer,
+    make_inputs,
     sentence_inputs,
 )
-from onnxbuild.steps.validate import compare, cosine_rows, json_safe, mean_pool
+from onnxbuild.steps.validate import RealTokens, cases, compare, cosine_rows, json_safe, mean_pool
 from onnxbuild.usercode import load_function
 
 # ---------------------------------------------------------------- compare
@@ -411,3 +412,39 @@ def test_bad_validate_keys(text: str, messages: list[str]) -> None:
     with pytest.raises(RecipeError) as info:
         parse_recipe(text, "r.yaml")
     assert [str(p) for p in info.value.problems] == messages
+
+
+def test_a_decoder_validates_prefill_decode_and_a_left_padded_batch() -> None:
+    shapes = [{"batch": 1, "sequence": 8}, {"batch": 3, "sequence": 6}, {"batch": 1, "past_sequence": 40, "sequence": 1}]
+    assert cases(shapes, with_past=True, padded=True) == [
+        {"batch": 1, "sequence": 8, "past_sequence": 0},
+        {"batch": 1, "sequence": 1, "past_sequence": 8},
+        {"batch": 3, "sequence": 6, "past_sequence": 0},
+        {"batch": 3, "sequence": 1, "past_sequence": 6},
+        {"batch": 1, "past_sequence": 40, "sequence": 1},
+        {"batch": 3, "sequence": 6, "past_sequence": 0, "left_padding": 3},  # the first shape of two rows or more
+        {"batch": 3, "sequence": 1, "past_sequence": 6, "left_padding": 3},
+    ]
+    # one row everywhere: the padded case takes two
+    assert cases([{"batch": 1, "sequence": 8}], with_past=True, padded=True)[2:] == [{"batch": 2, "sequence": 8, "past_sequence": 0, "left_padding": 4}, {"batch": 2, "sequence": 1, "past_sequence": 8, "left_padding": 4}]
+    assert len(cases(shapes, with_past=True)) == 5  # no attention_mask, or a fixed batch
+    assert cases(shapes, with_past=False) == shapes
+
+
+def test_a_left_padded_case_compares_real_tokens_and_reports_whole_output_indices() -> None:
+    specs = [{"name": "input_ids", "dtype": "int64", "shape": ["batch", "sequence"]}, {"name": "attention_mask", "dtype": "int64", "shape": ["batch", "total_sequence"]}, {"name": "position_ids", "dtype": "int64", "shape": ["batch", "sequence"]}]
+    feeds = make_inputs(specs, {"batch": 2, "sequence": 1, "past_sequence": 4, "left_padding": 2}, seed=0, vocab=10)
+    assert feeds["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]]
+    assert feeds["position_ids"].tolist() == [[4], [2]]  # counted from the row's first real token, as generate() does
+    prefill = make_inputs(specs, {"batch": 2, "sequence": 4, "past_sequence": 0, "left_padding": 2}, seed=0, vocab=10)
+    assert prefill["position_ids"].tolist() == [[0, 1, 2, 3], [0, 0, 0, 1]]
+    real = RealTokens.of(prefill, {"batch": 2, "sequence": 4, "past_sequence": 0, "left_padding": 2})
+    logits = np.arange(2 * 4 * 3).reshape(2, 4, 3)
+    kept = real.keep("logits", logits)
+    assert kept.shape == (6, 3) and kept[4].tolist() == logits[1, 2].tolist()
+    cache = np.arange(2 * 5 * 4 * 2).reshape(2, 5, 4, 2)  # [batch, heads, total, head_dim]
+    assert real.keep("present.0.key", cache).shape == (6, 5, 2)
+    assert real.index("logits", logits.shape, [5, 1]) == [1, 3, 1]
+    assert real.index("present.0.key", cache.shape, [4, 3, 1]) == [1, 3, 2, 1]
+    unpadded = RealTokens.of(prefill, {"batch": 2, "sequence": 4})
+    assert unpadded.keep("logits", logits).shape == logits.shape and unpadded.index("logits", logits.shape, [1, 2, 0]) == [1, 2, 0]

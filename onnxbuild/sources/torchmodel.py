@@ -162,7 +162,23 @@ def make_inputs(specs: list[dict[str, Any]], sizes: dict[str, int], seed: int, v
             out[name] = rng.integers(0, 2, size=shape).astype(bool)
         else:
             out[name] = rng.standard_normal(shape).astype(dtype)
+    if sizes.get("left_padding"):
+        pad_left(out, sizes["left_padding"])
     return out
+
+
+def pad_left(feeds: dict[str, Any], pad: int) -> None:
+    """Left-pad the last row of a decoder's batch by ``pad`` tokens, in place, as a tokenizer
+    pads a shorter prompt for generation: its first ``pad`` mask entries are 0 and its
+    position_ids count from its first real token (``cumsum(mask) - 1``, as generate() does)."""
+    import numpy as np
+
+    mask = feeds["attention_mask"]
+    mask[-1, :pad] = 0
+    if "position_ids" in feeds:
+        positions = feeds["position_ids"]
+        counted = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
+        feeds["position_ids"] = counted[:, -positions.shape[-1] :].astype(positions.dtype)
 
 
 def gates_top1(source: dict[str, Any]) -> bool:

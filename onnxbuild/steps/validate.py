@@ -24,6 +24,7 @@ on real data, in the units a user cares about:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -214,11 +215,14 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     # Top-1 agreement gates over every token of every shape together: a shape of 8 tokens
     # alone moves in steps of 12.5%, too coarse to hold a quantized model to 0.85.
     top1_hits = top1_total = 0
-    for i, sizes in enumerate(cases(validate["shapes"], bool(export.get("with_past")))):
+    padded = bool(export.get("with_past")) and "attention_mask" in names and _free_batch(export)
+    for i, sizes in enumerate(cases(validate["shapes"], bool(export.get("with_past")), padded)):
         feeds = make_inputs(specs, sizes, seed=int(validate["seed"]) + i, vocab=vocab)
+        real = RealTokens.of(feeds, sizes)
+        keep = real.keep
         try:
             with torch.no_grad():
-                reference = [t.detach().float().cpu().numpy() for t in wrapped(*(torch.from_numpy(feeds[n]) for n in names))]
+                reference = [keep(n, t.detach().float().cpu().numpy()) for n, t in zip(export["outputs"], wrapped(*(torch.from_numpy(feeds[n]) for n in names)), strict=False)]
         except Exception as exc:  # the source model itself refuses this shape: the recipe asks too much
             shown = ", ".join(f"{d}={v}" for d, v in sizes.items())
             raise StepError(
@@ -227,14 +231,18 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
             ) from None
         shape_result: ShapeResult = {"shape": dict(sizes), "passed": False, "error": None, "outputs": {}, "top1_agreement": None}
         try:
-            produced = session.run(export["outputs"], feeds)
+            whole = session.run(export["outputs"], feeds)
+            produced = [keep(n, p) for n, p in zip(export["outputs"], whole, strict=True)]
         except Exception as exc:
             shape_result["error"] = f"ONNX Runtime refused the inputs: {brief(exc, lines=None, limit=500)}{_fixed_axis_hint(export, feeds)}"
             results.append(shape_result)
             continue
         ok = True
-        for name, ref, got in zip(export["outputs"], reference, produced, strict=False):
+        for name, ref, got, full in zip(export["outputs"], reference, produced, whole, strict=False):
             cmp = compare(ref, np.asarray(got), rtol, atol)
+            if real.mask is not None and np.shape(ref) == np.shape(got):  # the whole outputs' shapes, not the real tokens'
+                cmp["worst_index"] = real.index(name, np.shape(full), cmp["worst_index"])
+                cmp["shape_expected"] = cmp["shape_onnx"] = list(np.shape(full))
             shape_result["outputs"][name] = cmp
             ok = ok and cmp["passed"]
         if top1_gated and export["outputs"][0] in shape_result["outputs"]:
@@ -245,10 +253,10 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
                 top1_hits += int(same.sum())
                 top1_total += int(same.size)
         if web_target:
-            shape_result["web"] = _web_case(model_file, feeds, export["outputs"], reference, produced, rtol, atol)
+            shape_result["web"] = _web_case(model_file, feeds, export["outputs"], reference, produced, rtol, atol, keep)
             ok = ok and shape_result["web"]["passed"]
         if ov_target is not None and ov_target.session is not None:
-            case = _openvino_case(ov_target, feeds, export["outputs"], reference, produced, top1_gated)
+            case = _openvino_case(ov_target, feeds, export["outputs"], reference, produced, top1_gated, keep)
             shape_result["openvino"] = case
             ok = ok and case["passed"]
             if case["top1_agreement"] is not None:
@@ -373,9 +381,15 @@ def _first_divergence(ctx: StepContext, spec: StepSpec, results: list[ShapeResul
     )
 
 
-def cases(shapes: list[dict[str, int]], with_past: bool) -> list[dict[str, int]]:
+def cases(shapes: list[dict[str, int]], with_past: bool, padded: bool = False) -> list[dict[str, int]]:
     """The shapes validation runs. A with-past decoder runs each shape that names no past
-    twice: as a prefill (empty past) and as one decode step after that many tokens."""
+    twice: as a prefill (empty past) and as one decode step after that many tokens.
+
+    ``padded`` (a decoder with an attention_mask and a free batch axis) adds a left-padded
+    batch, prefill and decode, at the first shape of two rows or more (else the first shape
+    with two rows): its last row's first half is padding, as generate() pads a shorter prompt.
+    Outputs are compared at the real tokens only. Attention that reads a row as a prefix of
+    the cache (GroupQueryAttention's seqlens_k) passes every unpadded case and fails this one."""
     if not with_past:
         return shapes
     out: list[dict[str, int]] = []
@@ -385,10 +399,64 @@ def cases(shapes: list[dict[str, int]], with_past: bool) -> list[dict[str, int]]
             continue
         out.append({**sizes, "past_sequence": 0})
         out.append({**sizes, "sequence": 1, "past_sequence": sizes["sequence"]})
+    fresh = [s for s in shapes if "past_sequence" not in s and s.get("sequence", 0) >= 2]
+    if padded and fresh:
+        base = next((s for s in fresh if s.get("batch", 1) >= 2), {**fresh[0], "batch": 2})
+        pad = base["sequence"] // 2
+        out.append({**base, "past_sequence": 0, "left_padding": pad})
+        out.append({**base, "sequence": 1, "past_sequence": base["sequence"], "left_padding": pad})
     return out
 
 
-def _web_case(model: Any, feeds: dict[str, Any], names: list[str], reference: list[Any], produced: list[Any], rtol: float, atol: float) -> WebResult:
+@dataclass(frozen=True)
+class RealTokens:
+    """For a left-padded case: each output at the real tokens only (a padded query attends to
+    nothing, and what a runtime writes there is not defined): outputs laid out [batch,
+    sequence, ...] at the real new tokens, ``present.*`` caches [batch, heads, total, ...] at
+    every real token. Other cases (``mask`` None) compare whole outputs."""
+
+    mask: Any = None
+    past: int = 0
+
+    @staticmethod
+    def of(feeds: dict[str, Any], sizes: dict[str, int]) -> RealTokens:
+        import numpy as np
+
+        if not sizes.get("left_padding"):
+            return RealTokens()
+        return RealTokens(np.asarray(feeds["attention_mask"]).astype(bool), int(sizes.get("past_sequence", 0)))
+
+    def _rule(self, name: str, shape: tuple[int, ...]) -> str:
+        if self.mask is None:
+            return ""
+        if name.startswith("present") and len(shape) >= 3 and shape[0] == self.mask.shape[0] and shape[2] == self.mask.shape[1]:
+            return "cache"
+        return "queries" if len(shape) >= 2 and shape[:2] == self.mask[:, self.past :].shape else ""
+
+    def keep(self, name: str, array: Any) -> Any:
+        import numpy as np
+
+        array = np.asarray(array)
+        rule = self._rule(name, array.shape)
+        if rule == "cache":
+            return np.moveaxis(array, 2, 1)[self.mask]
+        return array[self.mask[:, self.past :]] if rule == "queries" else array
+
+    def index(self, name: str, shape: tuple[int, ...], kept: list[int] | None) -> list[int] | None:
+        """An index into ``keep``'s array, as an index into the whole output of ``shape``."""
+        import numpy as np
+
+        rule = self._rule(name, shape)
+        if not rule or not kept:
+            return kept
+        if rule == "cache":
+            b, t = (int(i) for i in np.argwhere(self.mask)[kept[0]])
+            return [b, kept[1], t, *kept[2:]]
+        b, s = (int(i) for i in np.argwhere(self.mask[:, self.past :])[kept[0]])
+        return [b, s, *kept[1:]]
+
+
+def _web_case(model: Any, feeds: dict[str, Any], names: list[str], reference: list[Any], produced: list[Any], rtol: float, atol: float, keep: Callable[[str, Any], Any]) -> WebResult:
     """One validation case in onnxruntime-web: against the source model, and how far from ORT's CPU provider."""
 
     from onnxbuild import web
@@ -396,7 +464,7 @@ def _web_case(model: Any, feeds: dict[str, Any], names: list[str], reference: li
     run = web.run(model, feeds)
     if run.error:
         return {"passed": False, "error": f"onnxruntime-web: {run.error}", "outputs": {}, "max_abs_diff_vs_cpu": None}
-    return _runtime_case("onnxruntime-web", run.outputs, names, reference, produced, rtol, atol)
+    return _runtime_case("onnxruntime-web", {n: keep(n, v) for n, v in run.outputs.items()}, names, reference, produced, rtol, atol)
 
 
 def _runtime_case(runtime: str, got: dict[str, Any], names: list[str], reference: list[Any], produced: list[Any], rtol: float, atol: float) -> WebResult:
@@ -468,12 +536,12 @@ def _openvino_target(options: dict[str, Any] | None, model_file: Any, rtol: floa
     return _OpenVino(session, used, o_atol, o_rtol, None if floor is None else float(floor), note)
 
 
-def _openvino_case(target: _OpenVino, feeds: dict[str, Any], names: list[str], reference: list[Any], produced: list[Any], top1_gated: bool) -> OpenVinoResult:
+def _openvino_case(target: _OpenVino, feeds: dict[str, Any], names: list[str], reference: list[Any], produced: list[Any], top1_gated: bool, keep: Callable[[str, Any], Any]) -> OpenVinoResult:
     """One validation case in OpenVINO, with its precision's tolerances; top-1 agreement for language models."""
     import numpy as np
 
     try:
-        got = dict(zip(names, target.session.run(names, feeds), strict=True))
+        got = {n: keep(n, v) for n, v in zip(names, target.session.run(names, feeds), strict=True)}
     except Exception as exc:
         return {"passed": False, "error": f"OpenVINO refused the inputs: {brief(exc, lines=None, limit=400)}", "outputs": {}, "max_abs_diff_vs_cpu": None, "top1_agreement": None}
     case = _runtime_case("OpenVINO", got, names, reference, produced, target.rtol, target.atol)
@@ -627,3 +695,8 @@ def _fixed_axis_hint(export: ExportSection, feeds: dict[str, Any]) -> str:
                     "name it, e.g. sequence, to make it dynamic)"
                 )
     return ""
+
+
+def _free_batch(export: ExportSection) -> bool:
+    """Whether the export leaves the batch axis free (a left-padded case needs two rows)."""
+    return any(t["name"] == "attention_mask" and t["shape"] and isinstance(t["shape"][0], str) for t in export["inputs"])
