@@ -31,7 +31,7 @@ TINY_GPT2 = {
     "expect": {
         "all": {"inputs": {"input_ids": "int64[batch, sequence]"}, "outputs": {"logits": "float32[batch, sequence, 1000]"}},
         "model": {"opset": 18},  # the fused graph is written at opset 20
-        "optimized": {"ops": {"Attention": 2, "SkipLayerNormalization": ">= 4", "FastGelu": 2}, "absent": ["GroupQueryAttention"], "weights": {"float32": 0.99}},
+        "optimized": {"ops": {"Attention": 2, "SkipLayerNormalization": ">= 4", "Gelu": 2}, "absent": ["GroupQueryAttention"], "weights": {"float32": 0.99}},
         "int8": {"weights": {"int8": 0.3}, "max_mb": 1.0},
         "int4": {"weights": {"int4": 0.1}},
     },

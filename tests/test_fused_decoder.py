@@ -45,7 +45,7 @@ CONFIGS: dict[str, Any] = {
 
 def expected_fusions(family: str, layers: int) -> dict[str, int]:
     if family == "gpt2":
-        return {"Attention": layers, "SkipLayerNormalization": 2 * layers, "LayerNormalization": 1, "FastGelu": layers}
+        return {"Attention": layers, "SkipLayerNormalization": 2 * layers, "LayerNormalization": 1, "Gelu": layers}
     return {"Attention": layers, "RotaryEmbedding": 2 * layers, "SkipSimplifiedLayerNormalization": 2 * layers, "SimplifiedLayerNormalization": 1}
 
 

@@ -66,7 +66,7 @@ from onnxbuild.sources.torchmodel import (
 from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 
-VERSION = 9
+VERSION = 10
 PACKAGES = ("torch", "transformers", "tokenizers", "onnxruntime", "numpy", "openvino")
 
 
