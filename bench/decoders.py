@@ -6,7 +6,10 @@ model builder (fp32, int4 at its default block 32 and at block 128; CPU) in a se
 ships its own onnxruntime), then time every file with this environment's onnxruntime, one
 file per process, alternating, best of three rounds:
 
-  prefill: 128 tokens with an empty past;  decode: one token after a past of 128.
+  prefill: 128 tokens with an empty past;  decode: one token after a past of 128;
+  each with ONNX Runtime's defaults and with denormals flushed to zero
+  (session.set_denormal_as_zero, which onnxbuild's benchmark, validate and `onnxbuild run`
+  set; onnxruntime-genai's config has no key for it). Both files of a pair get the same setting.
 
     python bench/decoders.py [RECIPE ...]      # GENAI_PYTHON=/path/to/venv/bin/python to reuse a venv,
                                                # BENCH_ROUNDS=5 for more alternating rounds
@@ -30,33 +33,43 @@ TIME_ONE = r'''
 import json, sys, time
 import numpy as np, onnxruntime as ort
 path, layers, kv, head_dim, vocab = sys.argv[1], *map(int, sys.argv[2:6])
-options = ort.SessionOptions(); options.log_severity_level = 3
-s = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-names = {i.name: i for i in s.get_inputs()}
-dtype = np.float16 if "float16" in names["past_key_values.0.key"].type else np.float32
-def feeds(ids, past_len, past):
-    f = {"input_ids": ids, "attention_mask": np.ones((1, past_len + ids.shape[1]), np.int64)}
-    if "position_ids" in names:
-        f["position_ids"] = np.arange(past_len, past_len + ids.shape[1], dtype=np.int64)[None]
-    f.update(past)
-    return {k: (v.astype(np.int32) if "int32" in names[k].type else v) for k, v in f.items() if k in names}
-empty = {f"past_key_values.{i}.{k}": np.zeros((1, kv, 0, head_dim), dtype) for i in range(layers) for k in ("key", "value")}
-ids = np.random.default_rng(0).integers(0, vocab, (1, 128))
-outs = [o.name for o in s.get_outputs()]
-def prefill():
-    return s.run(None, feeds(ids, 0, empty))
-res = prefill()
-past = {n.replace("present", "past_key_values"): r for n, r in zip(outs, res) if n.startswith("present")}
-step = np.array([[7]])
-def decode():
-    s.run(None, feeds(step, 128, past))
-def p50(fn, n):
-    for _ in range(2): fn()
-    t = []
-    for _ in range(n):
-        a = time.perf_counter(); fn(); t.append((time.perf_counter() - a) * 1000)
-    return sorted(t)[len(t) // 2]
-print(json.dumps({"prefill_ms": p50(prefill, 8), "decode_ms": p50(decode, 30)}))
+def time_both(s):
+    names = {i.name: i for i in s.get_inputs()}
+    dtype = np.float16 if "float16" in names["past_key_values.0.key"].type else np.float32
+    def feeds(ids, past_len, past):
+        f = {"input_ids": ids, "attention_mask": np.ones((1, past_len + ids.shape[1]), np.int64)}
+        if "position_ids" in names:
+            f["position_ids"] = np.arange(past_len, past_len + ids.shape[1], dtype=np.int64)[None]
+        f.update(past)
+        return {k: (v.astype(np.int32) if "int32" in names[k].type else v) for k, v in f.items() if k in names}
+    empty = {f"past_key_values.{i}.{k}": np.zeros((1, kv, 0, head_dim), dtype) for i in range(layers) for k in ("key", "value")}
+    ids = np.random.default_rng(0).integers(0, vocab, (1, 128))
+    outs = [o.name for o in s.get_outputs()]
+    def prefill():
+        return s.run(None, feeds(ids, 0, empty))
+    res = prefill()
+    past = {n.replace("present", "past_key_values"): r for n, r in zip(outs, res) if n.startswith("present")}
+    step = np.array([[7]])
+    def decode():
+        s.run(None, feeds(step, 128, past))
+    def p50(fn, n):
+        for _ in range(2): fn()
+        t = []
+        for _ in range(n):
+            a = time.perf_counter(); fn(); t.append((time.perf_counter() - a) * 1000)
+        return sorted(t)[len(t) // 2]
+    return {"prefill_ms": p50(prefill, 8), "decode_ms": p50(decode, 30)}
+def session(flush):
+    options = ort.SessionOptions(); options.log_severity_level = 3
+    if flush:
+        options.add_session_config_entry("session.set_denormal_as_zero", "1")
+    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+out = {}
+for flush in (False, True):
+    s = session(flush)
+    out.update({f"{k}_daz" if flush else k: v for k, v in time_both(s).items()})
+    del s
+print(json.dumps(out))
 '''
 
 SAVE_HF = r'''
@@ -137,9 +150,10 @@ def main(recipes: list[str]) -> None:
                 b = best.setdefault(label, t)
                 best[label] = {k: min(b[k], t[k]) for k in t}
         print(f"{name} (batch 1; best of {ROUNDS} rounds of p50; one process per file):")
-        print(f"  {'file':<24} {'prefill 128':>12} {'decode after 128':>17}")
+        print(f"  {'':<24} {'denormals as they come':>31}   {'denormals flushed (onnxbuild run)':>33}")
+        print(f"  {'file':<24} {'prefill 128':>12} {'decode after 128':>17}   {'prefill 128':>14} {'decode after 128':>17}")
         for label, t in best.items():
-            print(f"  {label:<24} {t['prefill_ms']:>9.1f} ms {t['decode_ms']:>14.2f} ms")
+            print(f"  {label:<24} {t['prefill_ms']:>9.1f} ms {t['decode_ms']:>14.2f} ms   {t['prefill_ms_daz']:>11.1f} ms {t['decode_ms_daz']:>14.2f} ms")
         fused = json.loads((artifacts / "reports" / "optimize.json").read_text(encoding="utf-8"))["fused_ops"]
         print(f"  onnxbuild optimized fused ops: {fused}")
         (OUT / f"{name}.json").write_text(json.dumps(best, indent=2), encoding="utf-8")

@@ -33,7 +33,8 @@ def test_llama_125m_builds_fused_validates_every_variant_and_generates_like_pyto
     validation = json.loads((folder / "reports" / "validation.json").read_text(encoding="utf-8"))
     assert validation["passed"] and sorted(validation["variants"]) == ["int4", "int8", "model", "optimized"]
     fused = validation["variants"]["optimized"]["shapes"]
-    assert len(fused) == 6 and max(c["max_abs_diff"] for s in fused for c in s["outputs"].values()) < 1e-4
+    assert [s["shape"].get("left_padding", 0) for s in fused] == [0] * 6 + [16] * 2  # 3 shapes x prefill/decode, then the left-padded batch (at batch 2, sequence 32)
+    assert all(s["passed"] for s in fused) and max(c["max_abs_diff"] for s in fused for c in s["outputs"].values()) < 1e-4
     generation = json.loads((folder / "reports" / "generation.json").read_text(encoding="utf-8"))
     for name in ("model", "optimized"):
         assert generation["variants"][name]["greedy"]["tokens"] == generation["pytorch"]["greedy_tokens"]
