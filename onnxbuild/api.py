@@ -396,7 +396,7 @@ def _take_alone(cache: Cache, command: str) -> Any:
 __all__ = ["OnnxbuildError", "Settings", "build", "clean", "dag", "gc", "load_recipes", "plan", "report", "schema_text", "show", "verify_cache"]
 
 
-def explain_mismatch(path: str | Path, variant: str, settings: Settings | None = None, *, file: str | Path | None = None, out: str | Path | None = None, shape: int = 0) -> tuple[Any, dict[str, Any]]:
+def explain_mismatch(path: str | Path, variant: str, settings: Settings | None = None, *, file: str | Path | None = None, out: str | Path | None = None, shape: int = 0, left_padding: int = 0) -> tuple[Any, dict[str, Any]]:
     """The first node where a built variant (or ``file`` in its place) parts from the file it
     was made from, at one of the recipe's validation shapes, with the variant's tolerances:
     (``divergence.Search``, what was compared with what)."""
@@ -427,6 +427,11 @@ def explain_mismatch(path: str | Path, variant: str, settings: Settings | None =
     if not 0 <= shape < len(shapes):
         raise UsageError(f"--shape: {shape} is not one of the recipe's validation shapes (0 to {len(shapes) - 1})")
     sizes = dict(shapes[shape])
+    if left_padding:
+        length = int(sizes.get("sequence", 1))
+        if not 0 < left_padding < length:
+            raise UsageError(f"--left-padding: {left_padding} must leave a real token in the padded row: between 1 and {length - 1} for validate.shapes[{shape}] (sequence {length})")
+        sizes = {**sizes, "batch": max(2, int(sizes.get("batch", 1))), "left_padding": left_padding}
     rtol, atol = float(limits.get("rtol", 1e-3)), float(limits.get("atol", 1e-4))
     out_dir = Path(out) if out is not None else Path("divergence") / f"{recipe.name}-{variant}"
     feeds = feeds_for(candidate, sizes, seed=int(validate.get("seed", 0)), vocab=vocab_size(recipe))

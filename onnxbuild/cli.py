@@ -418,10 +418,11 @@ def report_command(ctx: click.Context, recipes: tuple[str, ...]) -> None:
 @click.option("--variant", required=True, metavar="NAME", help="The variant to examine: optimized, or a quantize entry's name.")
 @click.option("--file", "file", metavar="PATH", help="Examine this ONNX file in the variant's place (one built elsewhere).")
 @click.option("--shape", type=int, default=0, show_default=True, help="Which of the recipe's validation shapes to feed.")
+@click.option("--left-padding", type=int, default=0, show_default=True, metavar="N", help="Feed that shape as validation's left-padded batch: at least two rows, the last one's first N tokens padding.")
 @click.option("--out", metavar="DIR", help="Where the extracted subgraph goes (default: divergence/<recipe>-<variant>/).")
 @settings_options
 @click.pass_context
-def explain_mismatch(ctx: click.Context, recipe: str, variant: str, file: str | None, shape: int, out: str | None) -> None:
+def explain_mismatch(ctx: click.Context, recipe: str, variant: str, file: str | None, shape: int, left_padding: int, out: str | None) -> None:
     """Find the first node where a variant parts from the file it was made from.
 
     Runs both files on one validation shape with every intermediate tensor exposed,
@@ -434,7 +435,7 @@ def explain_mismatch(ctx: click.Context, recipe: str, variant: str, file: str | 
     Example:
       onnxbuild explain-mismatch recipes/gpt2.yaml --variant int8
     """
-    found, what = api.explain_mismatch(recipe, variant, _settings(ctx), file=file, out=out, shape=shape)
+    found, what = api.explain_mismatch(recipe, variant, _settings(ctx), file=file, out=out, shape=shape, left_padding=left_padding)
     sizes = ", ".join(f"{k}={v}" for k, v in what["shape"].items())
     click.echo(f"{what['recipe']}: {what['variant']} ({what['candidate']}) against {what['base']} at {sizes or 'the sample'} (atol {what['atol']:g}, rtol {what['rtol']:g})")
     click.echo(f"  final outputs: max abs diff {found.outputs_max_abs_diff:.3g}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections import Counter
+from contextlib import chdir
 from pathlib import Path
 from typing import Any
 
@@ -178,11 +179,22 @@ def test_validation_fails_a_graph_that_ignores_left_padding(built: Path, tmp_pat
     assert "failed at shape batch=2, sequence=16, past_sequence=0, left_padding=8: output logits" in message
     assert "worst at [1, " in message  # the padded row, at one of its real tokens
     assert "First node where it parts from model: /model/layers.1/attn/Attention" in message
+    assert "--variant optimized --shape 1 --left-padding 8 to search again" in message
     shapes = read(tmp_path / "out" / "reports" / "validation" / "optimized.json")["variants"]["optimized"]["shapes"]
-    verdicts = {"left_padding" in s["shape"]: [] for s in shapes}
+    verdicts: dict[bool, list[bool]] = {False: [], True: []}
     for s in shapes:
         verdicts["left_padding" in s["shape"]].append(s["passed"])
     assert verdicts == {False: [True] * 5, True: [False, False]}
+    # the search again, as the message says: it needs the padding to see the difference
+    broken_file = str(inputs / "optimized" / "model.onnx")
+    args = ["explain-mismatch", "recipes/tiny-llama.yaml", "--variant", "optimized", "--file", broken_file, "--shape", "1", "--out", str(tmp_path / "div")]
+    with chdir(root):
+        unpadded = CliRunner().invoke(cli, args)
+        padded = CliRunner().invoke(cli, [*args, "--left-padding", "8"])
+        too_much = CliRunner().invoke(cli, [*args, "--left-padding", "16"])
+    assert unpadded.exit_code == 0 and "no divergence" in unpadded.output, unpadded.output
+    assert padded.exit_code == 1 and "/model/layers.1/attn/Attention (Attention)" in padded.output, padded.output
+    assert too_much.exit_code == 2 and "--left-padding: 16 must leave a real token in the padded row: between 1 and 15 for validate.shapes[1] (sequence 16)" in too_much.output
 
 
 def test_the_llama_fusions_fire_and_are_reported(built: Path) -> None:

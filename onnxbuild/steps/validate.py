@@ -377,7 +377,7 @@ def _first_divergence(ctx: StepContext, spec: StepSpec, results: list[ShapeResul
     return (
         f" First node where it parts from {base['variant']}: {d.node} ({d.op_type}{module}), output {d.output}, max abs diff {d.max_abs_diff:.3g}"
         f" after {d.compared - 1} agreeing tensors; that node's subgraph and inputs: {where}"
-        f" (onnxbuild explain-mismatch {ctx.recipe_path} --variant {variant} to search again)."
+        f" (onnxbuild explain-mismatch {ctx.recipe_path} --variant {variant}{_again(validate, shape)} to search again)."
     )
 
 
@@ -700,3 +700,12 @@ def _fixed_axis_hint(export: ExportSection, feeds: dict[str, Any]) -> str:
 def _free_batch(export: ExportSection) -> bool:
     """Whether the export leaves the batch axis free (a left-padded case needs two rows)."""
     return any(t["name"] == "attention_mask" and t["shape"] and isinstance(t["shape"][0], str) for t in export["inputs"])
+
+
+def _again(validate: ValidateSection, shape: dict[str, int]) -> str:
+    """explain-mismatch's options for a left-padded case (the recipe shape its prefill came from)."""
+    if not shape.get("left_padding"):
+        return ""
+    length = shape["sequence"] if not shape.get("past_sequence") else shape["past_sequence"]
+    index = next((i for i, s in enumerate(validate["shapes"]) if s.get("sequence") == length and "past_sequence" not in s), 0)
+    return f" --shape {index} --left-padding {shape['left_padding']}"
