@@ -215,8 +215,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     # Top-1 agreement gates over every token of every shape together: a shape of 8 tokens
     # alone moves in steps of 12.5%, too coarse to hold a quantized model to 0.85.
     top1_hits = top1_total = 0
-    padded = bool(export.get("with_past")) and "attention_mask" in names and _free_batch(export)
-    for i, sizes in enumerate(cases(validate["shapes"], bool(export.get("with_past")), padded)):
+    for i, sizes in enumerate(cases(validate["shapes"], bool(export.get("with_past")), padded=_free_batch(export))):
         feeds = make_inputs(specs, sizes, seed=int(validate["seed"]) + i, vocab=vocab)
         real = RealTokens.of(feeds, sizes)
         keep = real.keep
@@ -698,7 +697,8 @@ def _fixed_axis_hint(export: ExportSection, feeds: dict[str, Any]) -> str:
 
 
 def _free_batch(export: ExportSection) -> bool:
-    """Whether the export leaves the batch axis free (a left-padded case needs two rows)."""
+    """Whether the export takes an attention_mask with a free batch axis (a left-padded case
+    needs both: the mask to pad, two rows)."""
     return any(t["name"] == "attention_mask" and t["shape"] and isinstance(t["shape"][0], str) for t in export["inputs"])
 
 
