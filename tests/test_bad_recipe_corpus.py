@@ -97,6 +97,7 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
     "enum-task": ("6:11", 'source.huggingface.task: must be one of: feature-extraction, text-classification, token-classification, question-answering, fill-mask, text-generation, text2text-generation, automatic-speech-recognition, image-classification, image-feature-extraction (got "translation")'),
     "enum-exporter": ("9:20", 'export.exporter: must be one of: torchscript, dynamo (got "onnx")'),
     "enum-on-fail": ("9:21", 'validate.on_fail: must be one of: error, warn (got "ignore")'),
+    "left-padding-not-bool": ("9:26", "validate.left_padding: must be true or false (got 8)"),
     # tolerances, opsets and other numbers
     "negative-atol": ("9:18", "validate.atol: must be a number >= 0 (got -0.001)"),
     "non-numeric-rtol": ("9:18", 'validate.rtol: must be a number >= 0 (got "tight")'),

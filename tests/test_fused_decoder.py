@@ -195,6 +195,21 @@ def test_validation_fails_a_graph_that_ignores_left_padding(built: Path, tmp_pat
     assert unpadded.exit_code == 0 and "no divergence" in unpadded.output, unpadded.output
     assert padded.exit_code == 1 and "/model/layers.1/attn/Attention (Attention)" in padded.output, padded.output
     assert too_much.exit_code == 2 and "--left-padding: 16 must leave a real token in the padded row: between 1 and 15 for validate.shapes[1] (sequence 16)" in too_much.output
+    # validate.left_padding: false, for a model never given a padded batch: the same graph
+    # passes, and the summary and report say which case was left out
+    text = (root / "recipes" / "tiny-llama.yaml").read_text(encoding="utf-8")
+    opted_out = root / "recipes" / "tiny-llama-unpadded.yaml"
+    opted_out.write_text(text.replace("validate:\n", "validate:\n  left_padding: false\n"), encoding="utf-8")
+    spec = next(s for s in steps_for(onnxbuild.load_recipes([opted_out])[0]) if s.name == "validate.optimized")
+    assert spec.params["validate"]["left_padding"] is False
+    ctx = StepContext(recipe_name="tiny-llama", recipe_path="recipes/tiny-llama-unpadded.yaml", recipe_dir=root / "recipes", input_dir=inputs, output_dir=tmp_path / "unpadded")
+    result = validate.run(ctx, spec)
+    assert result.summary.startswith("passed at 5 shapes") and "no left-padded batch validated (validate.left_padding: false)" in result.summary
+    report = read(tmp_path / "unpadded" / "reports" / "validation" / "optimized.json")["variants"]["optimized"]
+    assert report["left_padding"] == validate.LEFT_OUT and not any("left_padding" in s["shape"] for s in report["shapes"])
+    assert "optimized: no left-padded batch validated (validate.left_padding: false)." in (tmp_path / "unpadded" / "reports" / "validation" / "optimized.md").read_text(encoding="utf-8")
+    # the default stays out of the step's key: recipes written before the key rebuild nothing
+    assert "left_padding" not in next(s for s in steps_for(recipe) if s.name == "validate.optimized").params["validate"]
 
 
 def test_the_llama_fusions_fire_and_are_reported(built: Path) -> None:

@@ -49,6 +49,7 @@ class ValidateSection(TypedDict):
     top1_min: float | None
     seed: int
     on_fail: Literal["error", "warn"]
+    left_padding: bool
     accuracy: AccuracyCheck | None
     sentences: list[str] | None
     cosine_min: float | None

@@ -233,6 +233,8 @@ def _verdict_row(who: str, shape: str, outputs: dict[str, Any], error: str | Non
 def _variant_figures(variant: str, v: dict[str, Any], reference: str | None) -> list[str]:
     """The whole-variant gates (top-1 agreement, accuracy, embeddings, the web target), one block each."""
     lines: list[str] = []
+    if v.get("left_padding"):
+        lines += [f"{variant}: {v['left_padding']}.", ""]
     if v.get("web"):
         lines += [f"{variant}: web target: {v['web']}.", ""]
     if v.get("openvino"):
