@@ -8,7 +8,7 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from onnxbuild.engine.cache import Cache
 from onnxbuild.engine.graph import Plan
@@ -401,7 +401,9 @@ def explain_mismatch(path: str | Path, variant: str, settings: Settings | None =
     was made from, at one of the recipe's validation shapes, with the variant's tolerances:
     (``divergence.Search``, what was compared with what)."""
     from onnxbuild.divergence import feeds_for, first_divergence
+    from onnxbuild.recipe.sections import ExportSection, ValidateSection
     from onnxbuild.recipe.variants import tolerances, variants, vocab_size
+    from onnxbuild.steps.validate import case_seed
 
     settings = settings or Settings()
     recipe = load_recipe(path)
@@ -434,9 +436,11 @@ def explain_mismatch(path: str | Path, variant: str, settings: Settings | None =
         sizes = {**sizes, "batch": max(2, int(sizes.get("batch", 1))), "left_padding": left_padding}
     rtol, atol = float(limits.get("rtol", 1e-3)), float(limits.get("atol", 1e-4))
     out_dir = Path(out) if out is not None else Path("divergence") / f"{recipe.name}-{variant}"
-    feeds = feeds_for(candidate, sizes, seed=int(validate.get("seed", 0)), vocab=vocab_size(recipe))
+    seed = case_seed(cast(ValidateSection, {"seed": 0, **validate}), cast(ExportSection, r["export"]), sizes)
+    # validation's own inputs for that case where it runs one, else seeded alike
+    feeds = feeds_for(candidate, sizes, seed=int(validate.get("seed", 0)) if seed is None else seed, vocab=vocab_size(recipe))
     found = first_divergence(reference, candidate, feeds, rtol, atol, out_dir)
-    return found, {"recipe": recipe.name, "variant": variant, "base": base_name, "candidate": str(candidate), "shape": sizes, "rtol": rtol, "atol": atol}
+    return found, {"recipe": recipe.name, "variant": variant, "base": base_name, "candidate": str(candidate), "shape": sizes, "rtol": rtol, "atol": atol, "validation_case": seed is not None}
 
 
 def upgrade_check(paths: Sequence[str | Path], withs: Sequence[str], settings: Settings | None = None) -> Any:

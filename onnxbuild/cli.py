@@ -437,7 +437,8 @@ def explain_mismatch(ctx: click.Context, recipe: str, variant: str, file: str | 
     """
     found, what = api.explain_mismatch(recipe, variant, _settings(ctx), file=file, out=out, shape=shape, left_padding=left_padding)
     sizes = ", ".join(f"{k}={v}" for k, v in what["shape"].items())
-    click.echo(f"{what['recipe']}: {what['variant']} ({what['candidate']}) against {what['base']} at {sizes or 'the sample'} (atol {what['atol']:g}, rtol {what['rtol']:g})")
+    inputs = "validation's inputs for that case" if what["validation_case"] else "seeded inputs (validation runs no such case)"
+    click.echo(f"{what['recipe']}: {what['variant']} ({what['candidate']}) against {what['base']} at {sizes or 'the sample'}, {inputs} (atol {what['atol']:g}, rtol {what['rtol']:g})")
     click.echo(f"  final outputs: max abs diff {found.outputs_max_abs_diff:.3g}")
     d = found.divergence
     if d is None:

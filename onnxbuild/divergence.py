@@ -52,35 +52,30 @@ class Search:
 
 
 def feeds_for(model_path: Path, sizes: dict[str, int], seed: int = 0, vocab: int | None = None) -> dict[str, Any]:
-    """Seeded inputs for every input of the file: symbolic dimensions from ``sizes`` (an
-    unknown one is 1, a past is empty), token ids below ``vocab``, masks of ones, positions
-    counting on from the past."""
-    import numpy as np
+    """Inputs for every input of the file as validation makes them (``make_inputs``: the
+    same seed and sizes give the same values, so a search reproduces the case that failed):
+    symbolic dimensions from ``sizes`` (an unknown one is 1, a past is empty), token ids
+    below ``vocab``, masks of ones, positions counting on from the past, and a left-padded
+    last row where ``sizes`` has ``left_padding``."""
     import onnxruntime as ort
 
-    rng = np.random.default_rng(seed)
+    from onnxbuild.sources.torchmodel import make_inputs
+
     session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
     past = sizes.get("past_sequence", 0)
-    dims = {"past_sequence": past, **sizes, "total_sequence": past + sizes.get("sequence", 1)}
-    feeds: dict[str, Any] = {}
-    for i in session.get_inputs():
-        shape = tuple(d if isinstance(d, int) else dims.get(str(d), 1) for d in i.shape)
-        if "int" in i.type:
-            ints = np.dtype(np.int32 if "int32" in i.type else np.int64)
-            if "mask" in i.name:
-                feeds[i.name] = np.ones(shape, ints)
-            elif "position" in i.name:
-                feeds[i.name] = np.broadcast_to(np.arange(past, past + shape[-1], dtype=ints), shape).copy()
-            else:
-                feeds[i.name] = rng.integers(0, min(vocab or 100, 100), shape).astype(ints)
-        else:
-            floats = np.dtype(np.float16 if "float16" in i.type else np.float32)
-            feeds[i.name] = rng.standard_normal(shape).astype(floats)
-    if sizes.get("left_padding") and "attention_mask" in feeds:
-        from onnxbuild.sources.torchmodel import pad_left
+    known = {"past_sequence": past, **sizes, "total_sequence": past + sizes.get("sequence", 1)}
+    specs = [
+        {"name": i.name, "dtype": _NUMPY_TYPES.get(i.type, "float32"), "shape": [d if isinstance(d, int) or str(d) in known else 1 for d in i.shape]}
+        for i in session.get_inputs()
+    ]
+    return make_inputs(specs, known, seed=seed, vocab=vocab)
 
-        pad_left(feeds, sizes["left_padding"])
-    return feeds
+
+_NUMPY_TYPES = {
+    "tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64", "tensor(bool)": "bool",
+    "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(int16)": "int16", "tensor(int8)": "int8", "tensor(uint8)": "uint8",
+}
+"""ONNX Runtime's input types as make_inputs names them."""
 
 
 def first_divergence(reference: Path, candidate: Path, feeds: dict[str, Any], rtol: float, atol: float, out_dir: Path) -> Search:

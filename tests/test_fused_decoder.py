@@ -212,6 +212,37 @@ def test_validation_fails_a_graph_that_ignores_left_padding(built: Path, tmp_pat
     assert "left_padding" not in next(s for s in steps_for(recipe) if s.name == "validate.optimized").params["validate"]
 
 
+def test_the_first_divergence_search_feeds_each_case_its_validation_inputs(built: Path) -> None:
+    """A search (the failure's own, or explain-mismatch's) reproduces the case that failed:
+    divergence.feeds_for gives every validation case, padded and decode ones too, the very
+    inputs validation gave it, and explain-mismatch finds the seed of its prefill cases."""
+    from onnxbuild.divergence import feeds_for
+    from onnxbuild.pipeline import steps_for
+    from onnxbuild.recipe.variants import vocab_size as recipe_vocab
+    from onnxbuild.sources.torchmodel import full_export, input_specs, load_source_model, make_inputs, vocab_size
+    from onnxbuild.steps.validate import case_seed, cases
+
+    recipe = onnxbuild.load_recipes([built.parent.parent / "recipes" / "tiny-llama.yaml"])[0]
+    params = next(s for s in steps_for(recipe) if s.name == "validate.optimized").params
+    model = load_source_model(params["source"], read(built / "reports" / "source.json"), built.parent.parent / "recipes")
+    export = full_export(params["export"], model)
+    specs = input_specs(params["source"], export, natural=True)
+    vocab = vocab_size(model)
+    assert vocab == recipe_vocab(recipe) == 1000
+    all_cases = cases(params["validate"]["shapes"], True, padded=True)
+    assert len(all_cases) == 7
+    for i, sizes in enumerate(all_cases):
+        validation = make_inputs(specs, sizes, seed=i, vocab=vocab)
+        search = feeds_for(built / "optimized" / "model.onnx", sizes, seed=i, vocab=vocab)
+        assert sorted(search) == sorted(validation), sizes
+        for name, value in validation.items():
+            assert search[name].dtype == value.dtype and np.array_equal(search[name], value), (sizes, name)
+        prefill = sizes.get("past_sequence") == 0
+        asked = {k: v for k, v in sizes.items() if k != "past_sequence"}
+        assert case_seed(params["validate"], recipe.resolved["export"], asked if prefill else sizes) == i
+    assert case_seed(params["validate"], recipe.resolved["export"], {"batch": 2, "sequence": 16, "left_padding": 3}) is None
+
+
 def test_the_llama_fusions_fire_and_are_reported(built: Path) -> None:
     report = read(built / "reports" / "optimize.json")
     assert report["decoder"]["graph"] == "fused" and report["decoder"]["family"] == "llama"

@@ -278,7 +278,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         embeddings = _embeddings(feeds, mask, validate.get("cosine_min"), wrapped, session, export)
 
     openvino = ov_target.report(results, ov_hits, ov_total) if ov_target is not None else None
-    return _finish(ctx, spec, record, source, validate, results, top1_hits, top1_total, accuracy, embeddings, web_note, provider, openvino, left_out)
+    return _finish(ctx, spec, record, source, validate, results, top1_hits, top1_total, accuracy, embeddings, web_note, provider, openvino, left_out, vocab)
 
 
 def _finish(
@@ -296,6 +296,7 @@ def _finish(
     provider: str = "CPUExecutionProvider",
     openvino: OpenVinoVerdict | None = None,
     left_out: bool = False,
+    vocab: int | None = None,
 ) -> StepResult:
     """The verdict, the report files and the step's summary (``left_out``: the recipe turned
     the left-padded case off, which the report and summary say)."""
@@ -360,11 +361,11 @@ def _finish(
     numeric = any(not r["passed"] and not r["error"] for r in results)
     hint = " Loosen validate.atol/rtol only if the difference is expected." if numeric else ""
     if numeric and spec.params.get("base"):
-        hint += _first_divergence(ctx, spec, results, validate)
+        hint += _first_divergence(ctx, spec, results, validate, vocab)
     raise StepError(f"{message}. Reports: artifacts/{ctx.recipe_name}/failed/{spec.name}/.{hint}")
 
 
-def _first_divergence(ctx: StepContext, spec: StepSpec, results: list[ShapeResult], validate: ValidateSection) -> str:
+def _first_divergence(ctx: StepContext, spec: StepSpec, results: list[ShapeResult], validate: ValidateSection, vocab: int | None) -> str:
     """Where the failing variant first parts from the file it was made from, at the first
     failing shape (onnxbuild/divergence.py), as a sentence for the failure; its subgraph and
     inputs go to the failed step's divergence/ folder."""
@@ -372,11 +373,12 @@ def _first_divergence(ctx: StepContext, spec: StepSpec, results: list[ShapeResul
 
     base = spec.params["base"]
     variant = spec.params["variant"]
-    shape = next(r["shape"] for r in results if not r["passed"] and not r["error"])
+    # the failing case's own inputs: its index in the cases picks make_inputs' seed
+    index, shape = next((i, r["shape"]) for i, r in enumerate(results) if not r["passed"] and not r["error"])
     where = f"artifacts/{ctx.recipe_name}/failed/{spec.name}/{DIVERGENCE}/"
     try:
         candidate = ctx.input(spec.params["model_path"])
-        feeds = feeds_for(candidate, dict(shape), seed=int(validate["seed"]))
+        feeds = feeds_for(candidate, dict(shape), seed=int(validate["seed"]) + index, vocab=vocab)
         found = first_divergence(ctx.input(base["path"]), candidate, feeds, float(validate["rtol"]), float(validate["atol"]), ctx.output_dir / DIVERGENCE)
     except Exception as exc:  # the search is help for a failure, never a second failure
         return f" (The search for the first diverging node failed: {type(exc).__name__}: {brief(exc)}.)"
@@ -708,6 +710,17 @@ def _fixed_axis_hint(export: ExportSection, feeds: dict[str, Any]) -> str:
 
 
 LEFT_OUT = "no left-padded batch validated (validate.left_padding: false)"
+
+
+def case_seed(validate: ValidateSection, export: ExportSection, sizes: dict[str, int]) -> int | None:
+    """The seed validation made ``sizes``' inputs with (validate.seed + the case's index),
+    or None when validation runs no such case."""
+    with_past = bool(export.get("with_past"))
+    padded = _free_batch(export) and validate.get("left_padding", True)
+    if with_past and "past_sequence" not in sizes:
+        sizes = {**sizes, "past_sequence": 0}
+    all_cases = cases(validate["shapes"], with_past, padded=padded)
+    return next((int(validate["seed"]) + i for i, c in enumerate(all_cases) if c == sizes), None)
 
 
 def _free_batch(export: ExportSection) -> bool:
