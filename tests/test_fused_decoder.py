@@ -219,7 +219,13 @@ def test_the_first_divergence_search_feeds_each_case_its_validation_inputs(built
     from onnxbuild.divergence import feeds_for
     from onnxbuild.pipeline import steps_for
     from onnxbuild.recipe.variants import vocab_size as recipe_vocab
-    from onnxbuild.sources.torchmodel import full_export, input_specs, load_source_model, make_inputs, vocab_size
+    from onnxbuild.sources.torchmodel import (
+        full_export,
+        input_specs,
+        load_source_model,
+        make_inputs,
+        vocab_size,
+    )
     from onnxbuild.steps.validate import case_seed, cases
 
     recipe = onnxbuild.load_recipes([built.parent.parent / "recipes" / "tiny-llama.yaml"])[0]
