@@ -154,11 +154,35 @@ def main(recipes: list[str]) -> None:
         print(f"  {'file':<24} {'prefill 128':>12} {'decode after 128':>17}   {'prefill 128':>14} {'decode after 128':>17}")
         for label, t in best.items():
             print(f"  {label:<24} {t['prefill_ms']:>9.1f} ms {t['decode_ms']:>14.2f} ms   {t['prefill_ms_daz']:>11.1f} ms {t['decode_ms_daz']:>14.2f} ms")
+        for line in verdicts(best):
+            print(f"  {line}")
         fused = json.loads((artifacts / "reports" / "optimize.json").read_text(encoding="utf-8"))["fused_ops"]
         print(f"  onnxbuild optimized fused ops: {fused}")
         (OUT / f"{name}.json").write_text(json.dumps(best, indent=2), encoding="utf-8")
         if genai:
             genai_loads(genai, artifacts)
+
+
+def verdicts(best: dict[str, dict[str, float]]) -> list[str]:
+    """The issue's comparisons, ours against the builder's at the same precision, in both
+    settings: our best fp32 file against its fp32, our int4 against its default int4 (and its
+    block-128 one, like with like)."""
+    pairs = [
+        ("fp32", ["onnxbuild model", "onnxbuild optimized"], "model builder fp32"),
+        ("int4", ["onnxbuild int4"], "model builder int4"),
+        ("int4 vs block 128", ["onnxbuild int4"], "model builder int4 b128"),
+    ]
+    out = []
+    for what, ours, theirs in pairs:
+        if theirs not in best or not any(o in best for o in ours):
+            continue
+        cells = []
+        for key, label in (("prefill_ms", "prefill"), ("decode_ms", "decode"), ("prefill_ms_daz", "prefill flushed"), ("decode_ms_daz", "decode flushed")):
+            mine = min(best[o][key] for o in ours if o in best)
+            gap = 100 * (mine / best[theirs][key] - 1)
+            cells.append(f"{label} {'ok' if gap <= 0 else 'SLOWER'} ({gap:+.1f}%)")
+        out.append(f"ours vs builder, {what}: " + ", ".join(cells))
+    return out
 
 
 def genai_loads(genai: str, artifacts: Path) -> None:
