@@ -436,7 +436,7 @@ def explain_mismatch(path: str | Path, variant: str, settings: Settings | None =
         sizes = {**sizes, "batch": max(2, int(sizes.get("batch", 1))), "left_padding": left_padding}
     rtol, atol = float(limits.get("rtol", 1e-3)), float(limits.get("atol", 1e-4))
     out_dir = Path(out) if out is not None else Path("divergence") / f"{recipe.name}-{variant}"
-    seed = case_seed(cast(ValidateSection, {"seed": 0, **validate}), cast(ExportSection, r["export"]), sizes)
+    seed = case_seed(cast(ValidateSection, validate), cast(ExportSection, r["export"]), sizes) if recipe.torch_source else None
     # validation's own inputs for that case where it runs one, else seeded alike
     feeds = feeds_for(candidate, sizes, seed=int(validate.get("seed", 0)) if seed is None else seed, vocab=vocab_size(recipe))
     found = first_divergence(reference, candidate, feeds, rtol, atol, out_dir)

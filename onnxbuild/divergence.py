@@ -53,29 +53,17 @@ class Search:
 
 def feeds_for(model_path: Path, sizes: dict[str, int], seed: int = 0, vocab: int | None = None) -> dict[str, Any]:
     """Inputs for every input of the file as validation makes them (``make_inputs``: the
-    same seed and sizes give the same values, so a search reproduces the case that failed):
+    same seed and sizes give the same values, so a search reproduces a validation case):
     symbolic dimensions from ``sizes`` (an unknown one is 1, a past is empty), token ids
     below ``vocab``, masks of ones, positions counting on from the past, and a left-padded
     last row where ``sizes`` has ``left_padding``."""
     import onnxruntime as ort
 
-    from onnxbuild.sources.torchmodel import make_inputs
+    from onnxbuild.sources.torchmodel import make_inputs, session_specs
 
     session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
-    past = sizes.get("past_sequence", 0)
-    known = {"past_sequence": past, **sizes, "total_sequence": past + sizes.get("sequence", 1)}
-    specs = [
-        {"name": i.name, "dtype": _NUMPY_TYPES.get(i.type, "float32"), "shape": [d if isinstance(d, int) or str(d) in known else 1 for d in i.shape]}
-        for i in session.get_inputs()
-    ]
-    return make_inputs(specs, known, seed=seed, vocab=vocab)
-
-
-_NUMPY_TYPES = {
-    "tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64", "tensor(bool)": "bool",
-    "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(int16)": "int16", "tensor(int8)": "int8", "tensor(uint8)": "uint8",
-}
-"""ONNX Runtime's input types as make_inputs names them."""
+    sizes = {"past_sequence": 0, **sizes}
+    return make_inputs(session_specs(session.get_inputs(), sizes, fallback="float32"), sizes, seed=seed, vocab=vocab)
 
 
 def first_divergence(reference: Path, candidate: Path, feeds: dict[str, Any], rtol: float, atol: float, out_dir: Path) -> Search:

@@ -125,7 +125,7 @@ def drift(old: Path, new: Path, sizes: dict[str, int], seed: int) -> tuple[dict[
     import numpy as np
     import onnxruntime as ort
 
-    from onnxbuild.sources.torchmodel import make_inputs
+    from onnxbuild.sources.torchmodel import make_inputs, session_specs
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
@@ -138,12 +138,10 @@ def drift(old: Path, new: Path, sizes: dict[str, int], seed: int) -> tuple[dict[
     ins_b = {i.name: i.type for i in b.get_inputs()}
     if ins_a != ins_b:
         return {}, "not run: the two files take different inputs"
-    specs = []
-    for i in b.get_inputs():
-        dtype = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64", "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(bool)": "bool"}.get(i.type)
-        if dtype is None:
-            return {}, f"not run: input {i.name} has type {i.type}"
-        specs.append({"name": i.name, "dtype": dtype, "shape": [d if isinstance(d, int) else (d if d in sizes or d in ("total_sequence", "past_sequence") else 1) for d in i.shape]})
+    try:
+        specs = session_specs(b.get_inputs(), sizes)
+    except ValueError as exc:
+        return {}, f"not run: {exc}"
     feeds = make_inputs(specs, sizes, seed=seed, vocab=_vocab(b))
     names = [o.name for o in b.get_outputs() if o.name in {x.name for x in a.get_outputs()}]
     try:

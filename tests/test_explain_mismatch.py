@@ -76,3 +76,17 @@ def test_a_failing_validation_names_the_first_node_that_parts_from_the_base_and_
     assert "artifacts/tiny-gpt2/failed/validate.int8/divergence/" in message
     kept = project / "artifacts" / "tiny-gpt2" / "failed" / "validate.int8" / "divergence"
     assert len(list(kept.glob("*.onnx"))) == 1 and len(list(kept.glob("*.inputs.npz"))) == 1
+
+
+def test_a_graph_source_variant_is_searched_with_seeded_inputs(project: Path) -> None:
+    """onnx and graph sources have no validation (no torch model): the search still runs,
+    with the variant's default tolerances, and says its inputs are not a validation case's."""
+    text = (project / "recipes" / "linear-regression.yaml").read_text(encoding="utf-8")
+    (project / "recipes" / "lr-int8.yaml").write_text(text + "quantize:\n  - {name: int8, method: dynamic}\n", encoding="utf-8")
+    runner = CliRunner()
+    built = runner.invoke(cli, ["make", "recipes/lr-int8.yaml"])
+    assert built.exit_code == 0, built.output
+    result = runner.invoke(cli, ["explain-mismatch", "recipes/lr-int8.yaml", "--variant", "int8"])
+    assert result.exit_code == 0, result.output
+    assert "int8 (artifacts/linear-regression/int8/model.onnx) against model at the sample, seeded inputs (validation runs no such case) (atol 3, rtol 0.5)" in result.output
+    assert "no divergence: 2 shared tensors compared" in result.output

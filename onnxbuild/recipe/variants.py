@@ -80,9 +80,10 @@ def tolerances(recipe: Recipe, v: Variant) -> dict[str, Any]:
         return {}
     own = (r["optimize"] or {}).get("validate", {}) if v.name == "optimized" else next(q["validate"] for q in r["quantize"] if q["name"] == v.name)
     defaults = dict(VARIANT_TOLERANCES[v.precision])
-    if r["validate"].get("top1_min") is None:
+    base = r.get("validate") or {}  # absent for onnx and graph sources: validation needs a torch model
+    if base.get("top1_min") is None:
         defaults.pop("top1_min")
-    if "cosine_min" not in r["validate"] or r["validate"].get("cosine_min") is None:
+    if base.get("cosine_min") is None:
         defaults.pop("cosine_min")
     return {**defaults, **own}
 

@@ -128,6 +128,27 @@ def input_specs(source: dict[str, Any], export: ExportSection, *, natural: bool)
     return specs
 
 
+ORT_TYPES = {
+    "tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64", "tensor(bool)": "bool",
+    "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(int16)": "int16", "tensor(int8)": "int8", "tensor(uint8)": "uint8",
+}
+"""ONNX Runtime's input types as make_inputs names them."""
+
+
+def session_specs(inputs: Any, sizes: dict[str, int], fallback: str | None = None) -> list[dict[str, Any]]:
+    """make_inputs' specs for an ONNX Runtime session's inputs (``get_inputs()``): a symbolic
+    dimension make_inputs cannot size from ``sizes`` is 1. An input of another type gets
+    ``fallback``, or raises ValueError naming it when there is none."""
+    known = {*sizes, "past_sequence", "total_sequence"}
+    specs = []
+    for i in inputs:
+        dtype = ORT_TYPES.get(i.type, fallback)
+        if dtype is None:
+            raise ValueError(f"input {i.name} has type {i.type}")
+        specs.append({"name": i.name, "dtype": dtype, "shape": [d if isinstance(d, int) or d in known else 1 for d in i.shape]})
+    return specs
+
+
 def make_inputs(specs: list[dict[str, Any]], sizes: dict[str, int], seed: int, vocab: int | None) -> dict[str, Any]:
     """Seeded numpy inputs: valid token ids below the vocabulary size, masks of ones."""
     import numpy as np

@@ -218,10 +218,8 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     # Top-1 agreement gates over every token of every shape together: a shape of 8 tokens
     # alone moves in steps of 12.5%, too coarse to hold a quantized model to 0.85.
     top1_hits = top1_total = 0
-    with_past = bool(export.get("with_past"))
-    padded = _free_batch(export) and validate.get("left_padding", True)
-    left_out = with_past and _free_batch(export) and not padded
-    for i, sizes in enumerate(cases(validate["shapes"], with_past, padded=padded)):
+    failing: dict[str, Any] | None = None  # the first numeric failure's inputs, for the search
+    for i, sizes in enumerate(validation_cases(validate, export)):
         feeds = make_inputs(specs, sizes, seed=int(validate["seed"]) + i, vocab=vocab)
         real = RealTokens.of(feeds, sizes)
         keep = real.keep
@@ -268,6 +266,8 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
                 ov_hits += round(case["top1_agreement"] * reference[0][..., 0].size)
                 ov_total += reference[0][..., 0].size
         shape_result["passed"] = ok
+        if not ok and failing is None:
+            failing = feeds
         results.append(shape_result)
 
     accuracy = _accuracy(validate["accuracy"], wrapped, session, export, ctx.recipe_dir) if validate["accuracy"] is not None else None
@@ -278,7 +278,8 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         embeddings = _embeddings(feeds, mask, validate.get("cosine_min"), wrapped, session, export)
 
     openvino = ov_target.report(results, ov_hits, ov_total) if ov_target is not None else None
-    return _finish(ctx, spec, record, source, validate, results, top1_hits, top1_total, accuracy, embeddings, web_note, provider, openvino, left_out, vocab)
+    left_out = bool(export.get("with_past")) and _free_batch(export) and not validate.get("left_padding", True)
+    return _finish(ctx, spec, record, source, validate, results, top1_hits, top1_total, accuracy, embeddings, web_note, provider, openvino, left_out, failing)
 
 
 def _finish(
@@ -296,10 +297,11 @@ def _finish(
     provider: str = "CPUExecutionProvider",
     openvino: OpenVinoVerdict | None = None,
     left_out: bool = False,
-    vocab: int | None = None,
+    failing: dict[str, Any] | None = None,
 ) -> StepResult:
     """The verdict, the report files and the step's summary (``left_out``: the recipe turned
-    the left-padded case off, which the report and summary say)."""
+    the left-padded case off, which the report and summary say; ``failing``: the inputs of
+    the first case that failed numerically, which the first-divergence search reruns)."""
     variant = spec.params.get("variant", "model")
     warn_only = validate["on_fail"] == "warn"  # part of every verdict: whether a failure ends the step
     rtol, atol = float(validate["rtol"]), float(validate["atol"])
@@ -360,25 +362,23 @@ def _finish(
         return StepResult(summary=summary, data=data, warnings=(message + " (validate.on_fail: warn)",))
     numeric = any(not r["passed"] and not r["error"] for r in results)
     hint = " Loosen validate.atol/rtol only if the difference is expected." if numeric else ""
-    if numeric and spec.params.get("base"):
-        hint += _first_divergence(ctx, spec, results, validate, vocab)
+    if numeric and spec.params.get("base") and failing is not None:
+        hint += _first_divergence(ctx, spec, results, validate, failing)
     raise StepError(f"{message}. Reports: artifacts/{ctx.recipe_name}/failed/{spec.name}/.{hint}")
 
 
-def _first_divergence(ctx: StepContext, spec: StepSpec, results: list[ShapeResult], validate: ValidateSection, vocab: int | None) -> str:
+def _first_divergence(ctx: StepContext, spec: StepSpec, results: list[ShapeResult], validate: ValidateSection, feeds: dict[str, Any]) -> str:
     """Where the failing variant first parts from the file it was made from, at the first
     failing shape (onnxbuild/divergence.py), as a sentence for the failure; its subgraph and
-    inputs go to the failed step's divergence/ folder."""
-    from onnxbuild.divergence import DIVERGENCE, feeds_for, first_divergence
+    inputs go to the failed step's divergence/ folder. ``feeds``: that shape's own inputs."""
+    from onnxbuild.divergence import DIVERGENCE, first_divergence
 
     base = spec.params["base"]
     variant = spec.params["variant"]
-    # the failing case's own inputs: its index in the cases picks make_inputs' seed
-    index, shape = next((i, r["shape"]) for i, r in enumerate(results) if not r["passed"] and not r["error"])
+    shape = next(r["shape"] for r in results if not r["passed"] and not r["error"])
     where = f"artifacts/{ctx.recipe_name}/failed/{spec.name}/{DIVERGENCE}/"
     try:
         candidate = ctx.input(spec.params["model_path"])
-        feeds = feeds_for(candidate, dict(shape), seed=int(validate["seed"]) + index, vocab=vocab)
         found = first_divergence(ctx.input(base["path"]), candidate, feeds, float(validate["rtol"]), float(validate["atol"]), ctx.output_dir / DIVERGENCE)
     except Exception as exc:  # the search is help for a failure, never a second failure
         return f" (The search for the first diverging node failed: {type(exc).__name__}: {brief(exc)}.)"
@@ -715,12 +715,15 @@ LEFT_OUT = "no left-padded batch validated (validate.left_padding: false)"
 def case_seed(validate: ValidateSection, export: ExportSection, sizes: dict[str, int]) -> int | None:
     """The seed validation made ``sizes``' inputs with (validate.seed + the case's index),
     or None when validation runs no such case."""
-    with_past = bool(export.get("with_past"))
-    padded = _free_batch(export) and validate.get("left_padding", True)
-    if with_past and "past_sequence" not in sizes:
+    if export.get("with_past") and "past_sequence" not in sizes:
         sizes = {**sizes, "past_sequence": 0}
-    all_cases = cases(validate["shapes"], with_past, padded=padded)
-    return next((int(validate["seed"]) + i for i, c in enumerate(all_cases) if c == sizes), None)
+    return next((int(validate["seed"]) + i for i, c in enumerate(validation_cases(validate, export)) if c == sizes), None)
+
+
+def validation_cases(validate: ValidateSection, export: ExportSection) -> list[dict[str, int]]:
+    """The cases a recipe's validation runs, in order (case i's inputs are seeded validate.seed + i)."""
+    padded = _free_batch(export) and validate.get("left_padding", True)
+    return cases(validate["shapes"], bool(export.get("with_past")), padded=padded)
 
 
 def _free_batch(export: ExportSection) -> bool:
