@@ -302,11 +302,13 @@ def _metrics(old_plan: Any, new_plan: Any, cache: Any) -> list[Metric]:
                 rows.append(Metric(f"validation {variant} max abs diff", a, b, ""))
     b_old = _read_output(cache, old.get("benchmark"), "benchmark.json")
     b_new = _read_output(cache, new.get("benchmark"), "benchmark.json")
-    if b_old and b_new:
+    # the same cached entry on both sides has the same figures; a rerun may time alike
+    rerun = bool(old.get("benchmark")) and bool(new.get("benchmark")) and old["benchmark"].key != new["benchmark"].key
+    if b_old and b_new and rerun:
         before_p50 = {(r["variant"], r["provider"], json.dumps(r.get("shape"), sort_keys=True)): r.get("p50_ms") for r in b_old["results"]}
         for r in b_new["results"]:
             k = (r["variant"], r["provider"], json.dumps(r.get("shape"), sort_keys=True))
-            if k in before_p50 and before_p50[k] and r.get("p50_ms") and before_p50[k] != r["p50_ms"]:  # equal: the same entry
+            if k in before_p50 and before_p50[k] and r.get("p50_ms"):
                 shape = ", ".join(f"{d}={n}" for d, n in (r.get("shape") or {}).items())
                 rows.append(Metric(f"p50 {r['variant']} on {str(r.get('provider', '')).replace('ExecutionProvider', '')} ({shape})", before_p50[k], r["p50_ms"], "ms"))
     return rows
