@@ -27,7 +27,7 @@ from onnx import TensorProto, helper
 import onnxbuild
 from onnxbuild.cli import cli
 from onnxbuild.errors import RecipeError, StepError
-from onnxbuild.fusion.decoder import build
+from onnxbuild.fusion.decoder import MASKED, build
 from onnxbuild.recipe.loader import load_recipe
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -112,7 +112,14 @@ def test_a_left_padded_batch_matches_pytorch(family: str, tmp_path: Path) -> Non
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
     path = tmp_path / "fused.onnx"
-    onnx.save_model(build(model, signature(config)).model, str(path))
+    graph = build(model, signature(config)).model
+    # every Attention adds a finite mask (MASKED, not the float minimum: a normal float after
+    # exp(), so sessions that keep denormals, as this one does, do not slow down on it)
+    made = {o: n for n in graph.graph.node for o in n.output}
+    masks = [made[n.input[3]] for n in graph.graph.node if n.op_type == "Attention"]
+    assert {(m.op_type, *m.input) for m in masks} == {("Where", "/model/attn_mask/visible4" if family == "mistral-window" else "/model/attn_mask/visible", "mask_seen", "mask_masked")}
+    assert {t.name: onnx.numpy_helper.to_array(t).item() for t in graph.graph.initializer if t.name.startswith("mask_")} == {"mask_seen": 0.0, "mask_masked": MASKED}
+    onnx.save_model(graph, str(path))
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
