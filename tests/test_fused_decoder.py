@@ -111,8 +111,15 @@ def test_a_left_padded_batch_matches_pytorch(family: str, tmp_path: Path) -> Non
     config = CONFIGS[family]()
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    if family == "qwen2":  # transformers initialises biases to zero, which the graph leaves out
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_(0, 0.5)
     path = tmp_path / "fused.onnx"
     graph = build(model, signature(config)).model
+    biased = [n.name for n in graph.graph.node if n.name.endswith("qkv_proj/Add")]
+    assert len(biased) == (config.num_hidden_layers if family in ("qwen2", "gpt2") else 0)
     # every Attention adds a finite mask (MASKED, not the float minimum: a normal float after
     # exp(), so sessions that keep denormals, as this one does, do not slow down on it)
     made = {o: n for n in graph.graph.node for o in n.output}

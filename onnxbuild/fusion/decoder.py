@@ -119,8 +119,10 @@ def build(model: Any, exported: Any) -> Built:
         else:
             qkv_w = np.concatenate([_linear_t(attn.q_proj), _linear_t(attn.k_proj), _linear_t(attn.v_proj)], axis=1)
         (qkv,) = node("MatMul", [x, weight(f"model.layers.{i}.attn.qkv_proj.weight", qkv_w)], [f"{p}/attn/qkv_proj/output"], f"{p}/attn/qkv_proj/MatMul")
-        if family.get("qkv_bias"):
-            bias = np.concatenate([attn.q_proj.bias.detach().float().numpy(), attn.k_proj.bias.detach().float().numpy(), attn.v_proj.bias.detach().float().numpy()])
+        bias = np.concatenate([attn.q_proj.bias.detach().float().numpy(), attn.k_proj.bias.detach().float().numpy(), attn.v_proj.bias.detach().float().numpy()]) if family.get("qkv_bias") else None
+        # an all-zero bias (transformers initialises biases to zero: a random-init Qwen2) adds
+        # nothing and costs a pass over Q, K and V: left out, as the model builder leaves it out
+        if bias is not None and bias.any():
             (qkv,) = node("Add", [qkv, weight(f"model.layers.{i}.attn.qkv_proj.bias", bias)], [f"{p}/attn/qkv_proj/biased"], f"{p}/attn/qkv_proj/Add")
         q, k, v = node("Split", [qkv, weight_i64(inits, f"model.qkv_split.{heads}.{kv_heads}", [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim])], [f"{p}/attn/q", f"{p}/attn/k", f"{p}/attn/v"], f"{p}/attn/Split", axis=-1)
         if family.get("qk_norm"):  # Qwen3 normalises each head of Q and K before the rotary embedding
