@@ -26,7 +26,7 @@ OWN_KEYS = ("level", "decoder", "transformer", "float16")
 """What of ``optimize:`` this step reads: its ``validate:`` block is the validate.optimized step's;
 ``skip_layer_norm`` enters resolved against the providers, as the ``skip_layer_norm`` param."""
 
-VERSION = 9  # 5: skip_layer_norm (Sum + LayerNormalization on CPU-only recipes); 6-8: fused decoders with ONNX Attention (opset 23); 9: their masks additive (fusion/decoder.MASKED)
+VERSION = 10  # 5: skip_layer_norm (Sum + LayerNormalization on CPU-only recipes); 6-8: fused decoders with ONNX Attention (opset 23); 9: their masks additive (fusion/decoder.MASKED); 10: all-zero q/k/v biases left out
 PACKAGES = ("onnxruntime", "onnx", "torch", "transformers")
 
 FUSED_OPS = (
