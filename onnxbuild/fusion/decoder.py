@@ -265,7 +265,7 @@ def _gpt2(model: Any, exported: Any, g: Graph, heads: int, head_dim: int) -> Bui
     (tok,) = g.node("Gather", [g.weight("transformer.wte.weight", arr(t.wte.weight)), "input_ids"], ["/model/wte/output"], "/model/wte/Gather")
     (pos,) = g.node("Gather", [g.weight("transformer.wpe.weight", arr(t.wpe.weight)), "position_ids"], ["/model/wpe/output"], "/model/wpe/Gather")
     (hidden,) = g.node("Add", [tok, pos], ["/model/embeddings"], "/model/embeddings/Add")
-    visible = _additive(g, _visible(g), -1)
+    mask = _additive(g, _visible(g), -1)
     residual: str | None = None
     pending_bias: str | None = None
 
@@ -291,7 +291,7 @@ def _gpt2(model: Any, exported: Any, g: Graph, heads: int, head_dim: int) -> Bui
         sizes = weight_i64(g.inits, "model.qkv_split", [heads * head_dim] * 3)
         q, k, v = g.node("Split", [qkv, sizes], [f"{p}/attn/q", f"{p}/attn/k", f"{p}/attn/v"], f"{p}/attn/Split", axis=-1)
         (out, _, _) = g.node(
-            "Attention", [q, k, v, visible, f"past_key_values.{i}.key", f"past_key_values.{i}.value"],
+            "Attention", [q, k, v, mask, f"past_key_values.{i}.key", f"past_key_values.{i}.value"],
             [f"{p}/attn/output", f"present.{i}.key", f"present.{i}.value"], f"{p}/attn/Attention",
             q_num_heads=heads, kv_num_heads=heads, scale=head_dim**-0.5,
         )
