@@ -1,10 +1,11 @@
 """A fused decoder graph for the Llama family, written from the model's weights.
 
 Per layer: SimplifiedLayerNormalization (first) or SkipSimplifiedLayerNormalization (the
-residual add fused in), one MatMul for packed Q, K and V (plus its bias for Qwen2), ONNX's
+residual add fused in), one MatMul for packed Q, K and V (plus its bias for Qwen2, unless all zero), ONNX's
 RotaryEmbedding on Q and K at the input's position_ids and ONNX's Attention (opset 23) with
-the mask built once from attention_mask (additive, masked keys at ``MASKED``) and the cache in the ``[batch, kv_heads,
-past_sequence, head_dim]`` layout the export uses, the output projection, and the gate, up (activation between) and down MatMuls. The inputs and outputs are
+the mask built once from attention_mask (additive, masked keys at ``MASKED``) and the cache
+in the ``[batch, kv_heads, past_sequence, head_dim]`` layout the export uses, the output
+projection, and the gate, up (activation between) and down MatMuls. The inputs and outputs are
 copied from the export, so validation and generation feed it exactly as they feed the
 export. Node names follow ``/model/layers.{i}/...`` and ``/lm_head/MatMul`` so that a
 quantize variant can keep chosen layers in higher precision by name.
@@ -124,7 +125,7 @@ def build(model: Any, exported: Any) -> Built:
         # nothing and costs a pass over Q, K and V: left out, as the model builder leaves it out
         if bias is not None and bias.any():
             (qkv,) = node("Add", [qkv, weight(f"model.layers.{i}.attn.qkv_proj.bias", bias)], [f"{p}/attn/qkv_proj/biased"], f"{p}/attn/qkv_proj/Add")
-        q, k, v = node("Split", [qkv, weight_i64(inits, f"model.qkv_split.{heads}.{kv_heads}", [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim])], [f"{p}/attn/q", f"{p}/attn/k", f"{p}/attn/v"], f"{p}/attn/Split", axis=-1)
+        q, k, v = node("Split", [qkv, constant(inits, f"model.qkv_split.{heads}.{kv_heads}", [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim])], [f"{p}/attn/q", f"{p}/attn/k", f"{p}/attn/v"], f"{p}/attn/Split", axis=-1)
         if family.get("qk_norm"):  # Qwen3 normalises each head of Q and K before the rotary embedding
             q = _head_norm(node, weight, inits, f"{p}/attn/q_norm", q, heads, head_dim, norm_weight(attn.q_norm), eps(attn.q_norm), f"model.layers.{i}.attn.q_norm.weight")
             k = _head_norm(node, weight, inits, f"{p}/attn/k_norm", k, kv_heads, head_dim, norm_weight(attn.k_norm), eps(attn.k_norm), f"model.layers.{i}.attn.k_norm.weight")
@@ -209,19 +210,18 @@ def _visible(g: Graph) -> str:
     Built once from the inputs, so a left-padded row attends as PyTorch's does."""
     from onnx import TensorProto
 
-    one = weight_i64(g.inits, "one_index", 1)
+    one = constant(g.inits, "one_index", 1)
     (mshape,) = g.node("Shape", ["attention_mask"], ["/model/attn_mask/mask_shape"], "/model/attn_mask/MaskShape")
     (total,) = g.node("Gather", [mshape, one], ["/model/attn_mask/total"], "/model/attn_mask/Total", axis=0)
     (ishape,) = g.node("Shape", ["input_ids"], ["/model/attn_mask/ids_shape"], "/model/attn_mask/IdsShape")
     (new,) = g.node("Gather", [ishape, one], ["/model/attn_mask/new"], "/model/attn_mask/New", axis=0)
     (past,) = g.node("Sub", [total, new], ["/model/attn_mask/past"], "/model/attn_mask/Past")
-    step = weight_i64(g.inits, "one_i64", 1)
-    (keys,) = g.node("Range", [weight_i64(g.inits, "zero_i64", 0), total, step], ["/model/attn_mask/keys"], "/model/attn_mask/Keys")
-    (queries,) = g.node("Range", [past, total, step], ["/model/attn_mask/queries"], "/model/attn_mask/Queries")
-    (column,) = g.node("Unsqueeze", [queries, weight_i64(g.inits, "last_axis", [-1])], ["/model/attn_mask/query_column"], "/model/attn_mask/QueryColumn")
+    (keys,) = g.node("Range", [constant(g.inits, "zero_i64", 0), total, one], ["/model/attn_mask/keys"], "/model/attn_mask/Keys")
+    (queries,) = g.node("Range", [past, total, one], ["/model/attn_mask/queries"], "/model/attn_mask/Queries")
+    (column,) = g.node("Unsqueeze", [queries, constant(g.inits, "last_axis", [-1])], ["/model/attn_mask/query_column"], "/model/attn_mask/QueryColumn")
     (causal,) = g.node("LessOrEqual", [keys, column], ["/model/attn_mask/causal"], "/model/attn_mask/Causal")
     (kept,) = g.node("Cast", ["attention_mask"], ["/model/attn_mask/kept"], "/model/attn_mask/Kept", to=TensorProto.BOOL)
-    (rows,) = g.node("Unsqueeze", [kept, weight_i64(g.inits, "axes_1_2", [1, 2])], ["/model/attn_mask/kept_rows"], "/model/attn_mask/KeptRows")
+    (rows,) = g.node("Unsqueeze", [kept, constant(g.inits, "axes_1_2", [1, 2])], ["/model/attn_mask/kept_rows"], "/model/attn_mask/KeptRows")
     (visible,) = g.node("And", [causal, rows], ["/model/attn_mask/visible"], "/model/attn_mask/Visible")
     return str(visible)
 
@@ -229,20 +229,16 @@ def _visible(g: Graph) -> str:
 def _additive(g: Graph, visible: str, window: int) -> str:
     """``visible`` (bool) as the float mask Attention adds to its scores: 0 where a key is seen,
     ``MASKED`` where not (why not the minimum: ``MASKED``)."""
-    import numpy as np
-
-    for name, value in (("mask_seen", 0.0), ("mask_masked", MASKED)):
-        if not any(t.name == name for t in g.inits):
-            g.weight(name, np.array(value, dtype=np.float32))
+    seen, masked = constant(g.inits, "mask_seen", 0.0, "float32"), constant(g.inits, "mask_masked", MASKED, "float32")
     suffix = "" if window < 0 else str(window)
-    (out,) = g.node("Where", [visible, "mask_seen", "mask_masked"], [f"/model/attn_mask/additive{suffix}"], f"/model/attn_mask/Additive{suffix}")
+    (out,) = g.node("Where", [visible, seen, masked], [f"/model/attn_mask/additive{suffix}"], f"/model/attn_mask/Additive{suffix}")
     return str(out)
 
 
 def _windowed(g: Graph, visible: str, window: int) -> str:
     """``visible`` narrowed to a sliding window: query i sees key j only when i - j < window."""
     (gap,) = g.node("Sub", ["/model/attn_mask/query_column", "/model/attn_mask/keys"], [f"/model/attn_mask/gap{window}"], f"/model/attn_mask/Gap{window}")
-    (near,) = g.node("Less", [gap, weight_i64(g.inits, f"window{window}", window)], [f"/model/attn_mask/near{window}"], f"/model/attn_mask/Near{window}")
+    (near,) = g.node("Less", [gap, constant(g.inits, f"window{window}", window)], [f"/model/attn_mask/near{window}"], f"/model/attn_mask/Near{window}")
     (out,) = g.node("And", [visible, near], [f"/model/attn_mask/visible{window}"], f"/model/attn_mask/Visible{window}")
     return str(out)
 
@@ -288,7 +284,7 @@ def _gpt2(model: Any, exported: Any, g: Graph, heads: int, head_dim: int) -> Bui
         (qkv,) = g.node("MatMul", [x, g.weight(f"transformer.h.{i}.attn.c_attn.weight", arr(block.attn.c_attn.weight))], [f"{p}/attn/qkv_proj/output"], f"{p}/attn/qkv_proj/MatMul")
         (qkv,) = g.node("Add", [qkv, g.weight(f"transformer.h.{i}.attn.c_attn.bias", arr(block.attn.c_attn.bias))], [f"{p}/attn/qkv_proj/biased"], f"{p}/attn/qkv_proj/Add")
         # sizes as an input, not num_outputs: ORT's symbolic shape inference (roofline.py) reads those
-        sizes = weight_i64(g.inits, "model.qkv_split", [heads * head_dim] * 3)
+        sizes = constant(g.inits, "model.qkv_split", [heads * head_dim] * 3)
         q, k, v = g.node("Split", [qkv, sizes], [f"{p}/attn/q", f"{p}/attn/k", f"{p}/attn/v"], f"{p}/attn/Split", axis=-1)
         (out, _, _) = g.node(
             "Attention", [q, k, v, mask, f"past_key_values.{i}.key", f"past_key_values.{i}.value"],
@@ -313,12 +309,13 @@ def _gpt2(model: Any, exported: Any, g: Graph, heads: int, head_dim: int) -> Bui
     return Built(g.model(exported, opset=23), {k: v for k, v in fused.items() if v}, "gpt2")
 
 
-def weight_i64(inits: list[Any], name: str, value: Any) -> str:
+def constant(inits: list[Any], name: str, value: Any, dtype: str = "int64") -> str:
+    """A small initializer shared by name: written the first time it is asked for."""
     import numpy as np
     from onnx import numpy_helper
 
     if not any(t.name == name for t in inits):
-        inits.append(numpy_helper.from_array(np.array(value, dtype=np.int64), name))
+        inits.append(numpy_helper.from_array(np.array(value, dtype=dtype), name))
     return name
 
 
@@ -335,9 +332,9 @@ def _norm(node: Any, weight: Any, fused: dict[str, int], prefix: str, x: str, re
 
 def _head_norm(node: Any, weight: Any, inits: list[Any], prefix: str, x: str, n: int, head_dim: int, gamma: Any, epsilon: float, wname: str) -> str:
     """RMSNorm over each head of a [batch, sequence, n * head_dim] tensor."""
-    (heads,) = node("Reshape", [x, weight_i64(inits, f"shape.heads{n}x{head_dim}", [0, 0, n, head_dim])], [f"{prefix}/heads"], f"{prefix}/Reshape")
+    (heads,) = node("Reshape", [x, constant(inits, f"shape.heads{n}x{head_dim}", [0, 0, n, head_dim])], [f"{prefix}/heads"], f"{prefix}/Reshape")
     (y,) = node("SimplifiedLayerNormalization", [heads, weight(wname, gamma)], [f"{prefix}/normed"], f"{prefix}/SimplifiedLayerNorm", epsilon=epsilon, axis=-1, stash_type=1)
-    (flat,) = node("Reshape", [y, weight_i64(inits, f"shape.flat{n * head_dim}", [0, 0, n * head_dim])], [f"{prefix}/output"], f"{prefix}/ReshapeBack")
+    (flat,) = node("Reshape", [y, constant(inits, f"shape.flat{n * head_dim}", [0, 0, n * head_dim])], [f"{prefix}/output"], f"{prefix}/ReshapeBack")
     return str(flat)
 
 
