@@ -160,3 +160,34 @@ def test_without_openvino_the_target_is_skipped_with_the_reason(tmp_path: Path) 
     assert {"name": "openvino", "status": "skipped", "reason": "the openvino package is not installed (pip install openvino)"} in bench["providers"]
     assert "- openvino: the openvino package is not installed (pip install openvino)" in (folder / "benchmark.md").read_text(encoding="utf-8")
 
+
+
+@pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
+def test_an_openvino_result_stays_intact_after_the_next_call(tmp_path: Path) -> None:
+    """The session reads OpenVINO's own output buffers (share_outputs) and copies them once:
+    a result must not change when the request reuses those buffers on the next call (a decode
+    loop feeds one call's presents back in as the next call's past)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from onnxbuild.openvino_target import load
+
+    w = np.arange(K * N, dtype=np.float32).reshape(K, N) / (K * N)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["Y"])],
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", K])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", N])],
+        [numpy_helper.from_array(w, "W")],
+    )
+    path = tmp_path / "one.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), path)
+    session = load(path, precision="f32", threads=1)
+    x1, x2 = np.ones((BATCH, K), np.float32), np.full((BATCH, K), -2.0, np.float32)
+    (first,) = session.run(None, {"X": x1})
+    kept = first.copy()
+    (second,) = session.run(["Y"], {"X": x2})
+    np.testing.assert_allclose(first, x1 @ w, rtol=1e-5)
+    np.testing.assert_array_equal(first, kept)
+    np.testing.assert_allclose(second, x2 @ w, rtol=1e-5)
