@@ -26,6 +26,13 @@ def markdown(report: dict[str, Any]) -> str:
             "`torch.set_flush_denormal(True)`. Set the same in your own session to get these figures.",
             "",
         ]
+    if any(r.get("provider") == "openvino" and "p50_ms" in r for r in report["results"]):
+        lines += [
+            "OpenVINO rows time the inference request with its outputs read in place (`share_outputs`), "
+            "as ONNX Runtime's `run()` hands over its own output buffers: a copy of every output on top "
+            "is what a caller that keeps them pays (GPT-2, 128 tokens: 35 MB).",
+            "",
+        ]
     if report.get("weights") == "random-init":
         lines += ["> weights: random-init (latency does not depend on weight values)", ""]
     lines += fastest(report)
