@@ -195,7 +195,6 @@ export:
         ("text-generation", "true", "generate: {max_new_tokens: 4, prompt: hi, prompt_ids: [1]}\n", "generate.prompt_ids: give either prompt (text) or prompt_ids (token ids), not both"),
         ("text-generation", "true", "generate: {prompt: hi}\n", "generate: missing required key 'max_new_tokens'"),
         ("text-generation", "true", "generate: {max_new_tokens: 0}\n", "generate.max_new_tokens:"),
-        ("text-generation", "true", "quantize: [{name: s8, method: static}]\n", "quantize[0].method: static calibration of a with-past decoder is not supported; use method: dynamic (or int4)"),
         ("text-generation", "true", "validate: {shapes: [{batch: 1, sequence: 2, past: 3}]}\n", "validate.shapes[0].past: unknown dimension (the inputs use: batch, sequence, past_sequence)"),
     ],
 )

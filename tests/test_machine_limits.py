@@ -147,6 +147,40 @@ def test_openvino_validates_model_at_its_precision_and_is_benchmarked(tiny_ov: P
     assert "(not validated here)" in (tiny_ov / "benchmark.md").read_text(encoding="utf-8")  # int8 on openvino
 
 
+@pytest.mark.skipif(unavailable() is not None, reason=f"OpenVINO cannot run here: {unavailable()}")
+def test_a_static_int8_decoder_calibrates_on_prefills_and_is_validated_on_openvino_to_int8_tolerances(tmp_path: Path) -> None:
+    """Static int8 of a decoder with a KV cache (calibrated on prefills, every past empty), with
+    symmetric int8 activations: the file OpenVINO runs in int8. OpenVINO validates it to the
+    variant's own int8 tolerances (its bf16 rounding comes on top of the file's)."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    doc = json.loads(json.dumps(TINY_OV))
+    doc["name"] = "tiny-s8"
+    doc["optimize"] = {"level": "basic", "transformer": {"model_type": "gpt2"}}
+    doc["quantize"] = [{"name": "s8", "method": "static", "from": "optimized", "activation_type": "int8", "op_types": ["MatMul"], "calibration": {"samples": 2}}]
+    doc["providers"][1]["options"]["variants"] = ["s8"]
+    folder = build(tmp_path, doc)
+
+    model = onnx.load(str(folder / "s8" / "model.onnx"))
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    quantize = [n for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    assert quantize and all(inits[n.input[2]].dtype == np.int8 and not inits[n.input[2]].any() for n in quantize)  # symmetric int8
+
+    validation = read(folder / "reports" / "validation.json")
+    s8 = validation["variants"]["s8"]
+    ov = s8["openvino"]
+    assert s8["passed"] and ov["passed"] and not ov["skipped"]
+    assert (ov["atol"], ov["rtol"]) == (3.0, 0.5) and ov["top1"]["min"] == 0.85  # int8's, not bf16's 0.1 / 0.05 / 0.9
+    assert len(s8["shapes"]) == 6 and all(c["openvino"]["passed"] for c in s8["shapes"])
+    bench = read(folder / "benchmark.json")
+    assert bench["validated"]["s8"] == ["CPUExecutionProvider", "openvino"]
+    rows = {(r["variant"], r["provider"]): r for r in bench["results"]}
+    assert rows[("s8", "openvino")]["p50_ms"] > 0 and rows[("s8", "openvino")]["roofline"]["precision"] == "int8"
+    assert "OpenVINO rows time the inference request with its outputs read in place" in (folder / "benchmark.md").read_text(encoding="utf-8")
+
+
 def test_without_openvino_the_target_is_skipped_with_the_reason(tmp_path: Path) -> None:
     """A machine where the package does not import: a build still passes, and says why."""
     shadow = tmp_path / "shadow" / "openvino"

@@ -141,8 +141,6 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
             yield problem(("optimize", "decoder"), f"no fused graph for model_type {model_type!r} (there is one for {', '.join(FUSED_DECODERS)}); use decoder: auto or export")
     for i, q in enumerate(doc.get("quantize", [])):
         earlier = [p["name"] for p in doc["quantize"][:i]]
-        if with_past and q.get("method") == "static":
-            yield problem(("quantize", i, "method"), "static calibration of a with-past decoder is not supported; use method: dynamic (or int4)")
         if q["name"] in ("model", "optimized"):
             yield problem(("quantize", i, "name"), f"{q['name']!r} names a built-in variant; choose another name (e.g. int8)")
         if q["name"] in earlier:

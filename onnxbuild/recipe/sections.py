@@ -106,6 +106,7 @@ QuantizeSection = TypedDict(
         "per_channel": bool,
         "reduce_range": bool,
         "weight_type": Literal["int8", "uint8"],
+        "activation_type": Literal["uint8", "int8"],
         "op_types": list[str] | None,
         "exclude_nodes": list[str],
         "calibration": Calibration,

@@ -19,6 +19,7 @@ from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
 VERSION = 4
+PAST = "past_key_values."
 PACKAGES = ("onnxruntime", "onnx", "numpy")
 
 # The recipe keys each method reads; the others keep their defaults but do nothing, so a
@@ -26,7 +27,7 @@ PACKAGES = ("onnxruntime", "onnx", "numpy")
 COMMON_KEYS = ("name", "method", "from", "exclude_nodes", "keep", "validate")
 METHOD_KEYS = {
     "dynamic": (*COMMON_KEYS, "per_channel", "reduce_range", "weight_type", "op_types"),
-    "static": (*COMMON_KEYS, "per_channel", "reduce_range", "weight_type", "op_types", "calibration"),
+    "static": (*COMMON_KEYS, "per_channel", "reduce_range", "weight_type", "activation_type", "op_types", "calibration"),
     "int4": (*COMMON_KEYS, "block_size", "symmetric", "accuracy_level", "embedding"),
 }
 
@@ -221,6 +222,7 @@ def _static(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: QuantizeS
     cal = q["calibration"]
     session = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
+    pasts = {i.name: [d if isinstance(d, int) else 0 for d in i.shape] for i in session.get_inputs() if i.name.startswith(PAST)}
     del session
     batches: list[dict[str, Any]]
     if cal["npz"]:
@@ -229,11 +231,12 @@ def _static(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: QuantizeS
             data = np.load(path)
         except OSError as exc:
             raise StepError(f"quantize.{q['name']}.calibration.npz: cannot read {cal['npz']}: {exc}") from None
-        missing = [n for n in names if n not in data]
+        missing = [n for n in names if n not in data and n not in pasts]
         if missing:
             raise StepError(f"quantize.{q['name']}.calibration.npz: {cal['npz']} lacks arrays for inputs {missing} (it has {sorted(data)})")
-        count = len(data[names[0]])
-        batches = [{n: data[n][i : i + 1] for n in names} for i in range(count)]
+        given = [n for n in names if n in data]
+        count = len(data[given[0]])
+        batches = [{n: data[n][i : i + 1] for n in given} for i in range(count)]
     else:
         from onnxbuild.sources.torchmodel import make_inputs
 
@@ -242,6 +245,11 @@ def _static(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: QuantizeS
         vocab = spec.params.get("vocab_size")
         batches = [make_inputs(specs, shapes[i % len(shapes)], seed=1000 + i, vocab=vocab) for i in range(cal["samples"])]
         batches = [{k: v for k, v in b.items() if k in names} for b in batches]
+    # A decoder with a KV cache calibrates on prefills: each past an empty [batch, heads, 0, dim].
+    for batch in batches:
+        rows = next((len(v) for k, v in batch.items() if not k.startswith(PAST)), 1)
+        for name, shape in pasts.items():
+            batch.setdefault(name, np.zeros([rows if i == 0 else 0 if i == 2 else d for i, d in enumerate(shape)], dtype=np.float32))
 
     class Reader(CalibrationDataReader):  # type: ignore[misc]
         def __init__(self) -> None:
@@ -259,9 +267,9 @@ def _static(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: QuantizeS
         op_types_to_quantize=q["op_types"],
         per_channel=q["per_channel"],
         reduce_range=q["reduce_range"],
-        activation_type=QuantType.QUInt8,
+        activation_type=QuantType.QInt8 if q["activation_type"] == "int8" else QuantType.QUInt8,
         weight_type=QuantType.QInt8 if q["weight_type"] == "int8" else QuantType.QUInt8,
         nodes_to_exclude=excluded(src, q) or None,
         calibrate_method=methods[cal["method"]],
-        extra_options={"DefaultTensorType": 1},
+        extra_options={"DefaultTensorType": 1, "ActivationSymmetric": q["activation_type"] == "int8"},
     )

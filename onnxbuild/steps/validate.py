@@ -213,7 +213,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         else:
             where = f", installed in {web.where()}" if web.where() else ""
             web_note = f"also validated in onnxruntime-web {web.version()} (wasm, Node.js{where})"
-    ov_target = _openvino_target(spec.params.get("openvino"), model_file, rtol, atol)
+    ov_target = _openvino_target(spec.params.get("openvino"), model_file, rtol, atol, validate.get("top1_min"))
     ov_hits = ov_total = 0
     # Top-1 agreement gates over every token of every shape together: a shape of 8 tokens
     # alone moves in steps of 12.5%, too coarse to hold a quantized model to 0.85.
@@ -526,8 +526,11 @@ class _OpenVino:
         }
 
 
-def _openvino_target(options: dict[str, Any] | None, model_file: Any, rtol: float, atol: float) -> _OpenVino | None:
-    """Compile the variant for OpenVINO and pick its tolerances from the precision it reports."""
+def _openvino_target(options: dict[str, Any] | None, model_file: Any, rtol: float, atol: float, top1_min: float | None = None) -> _OpenVino | None:
+    """Compile the variant for OpenVINO and pick its tolerances from the precision it reports.
+
+    The variant's own tolerances (``rtol``, ``atol``, ``top1_min``: an int8 file's are int8's)
+    are the floor: OpenVINO's rounding comes on top of the file's, never instead of it."""
     if options is None:
         return None
     from onnxbuild import openvino_target
@@ -540,9 +543,10 @@ def _openvino_target(options: dict[str, Any] | None, model_file: Any, rtol: floa
     except Exception as exc:
         return _OpenVino(None, options["precision"], atol, rtol, None, "failed", error=f"OpenVINO cannot compile the model: {brief(exc, lines=None, limit=400)}")
     used = session.precision
-    default_atol, default_rtol = openvino_target.TOLERANCES.get(used, (atol, rtol))
+    default_atol, default_rtol = (max(a, b) for a, b in zip(openvino_target.TOLERANCES.get(used, (atol, rtol)), (atol, rtol), strict=True))
     o_atol, o_rtol = float(options.get("atol", default_atol)), float(options.get("rtol", default_rtol))
-    floor = options.get("top1_min", openvino_target.TOP1_MIN if used != "f32" else None)
+    floors = [f for f in (top1_min, openvino_target.TOP1_MIN if used != "f32" else None) if f is not None]
+    floor = options.get("top1_min", min(floors) if floors else None)
     asked = "" if options["precision"] == "auto" else f", asked {options['precision']}"
     note = f"OpenVINO {openvino_target.version()} CPU, inference precision {used}{asked}; atol {o_atol:g}, rtol {o_rtol:g}"
     return _OpenVino(session, used, o_atol, o_rtol, None if floor is None else float(floor), note)
