@@ -83,7 +83,7 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
     # unknown keys, missing sections
     "unknown-top-key": ("9:1", "exprot: unknown key (did you mean 'export'? expected one of:"),
     "unknown-source-key": ("4:28", "source.onnx.checksum: unknown key (expected one of: path)"),
-    "unknown-quantize-key": ("17:35", "quantize[0].bits: unknown key (expected one of: accuracy_level, block_size, calibration,"),
+    "unknown-quantize-key": ("17:35", "quantize[0].bits: unknown key (expected one of: accuracy_level, activation_type, block_size, calibration,"),
     "missing-name": ("2:1", "missing required key 'name' (a name of letters, digits, '.', '_' or '-' (at most 64, no path separators), e.g. gpt2-small)"),
     "missing-source": ("2:1", "missing required key 'source' (exactly one of: onnx, graph, huggingface, pytorch, tensorflow)"),
     "source-empty": ("3:1", "source: must name exactly one of: onnx, graph, huggingface, pytorch, tensorflow (got nothing)"),
