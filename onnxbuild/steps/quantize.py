@@ -8,6 +8,7 @@ weights, no reduce_range.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, cast
 
@@ -242,6 +243,11 @@ def _static(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: QuantizeS
 
         specs = spec.params["inputs"]
         shapes = spec.params["shapes"]
+        if cal["method"] != "minmax":
+            # onnxruntime's histogram calibrators stack each tensor over every sample, so all
+            # samples take one shape: the largest (mixed shapes failed with numpy's
+            # "inhomogeneous shape" ValueError)
+            shapes = [max(shapes, key=lambda s: math.prod(v for v in s.values() if isinstance(v, int)))]
         vocab = spec.params.get("vocab_size")
         batches = [make_inputs(specs, shapes[i % len(shapes)], seed=1000 + i, vocab=vocab) for i in range(cal["samples"])]
         batches = [{k: v for k, v in b.items() if k in names} for b in batches]
