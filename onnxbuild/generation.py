@@ -18,6 +18,7 @@ from typing import Any
 from onnxbuild import sessions
 from onnxbuild._util import brief
 from onnxbuild.errors import UsageError
+from onnxbuild.sources.decoder import PAST_PREFIX
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
 
@@ -71,7 +72,7 @@ def run(artifact: str | Path, prompt: str, *, max_new_tokens: int = 32, variant:
         session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     except Exception as exc:
         raise UsageError(f"{path}: ONNX Runtime cannot load it: {brief(exc)}") from None
-    if not any(i.name.startswith("past_key_values.") for i in session.get_inputs()):
+    if not any(i.name.startswith(PAST_PREFIX) for i in session.get_inputs()):
         raise UsageError(f"{path} takes no past_key_values inputs: build it with export.with_past: true in the recipe to generate from it")
     decoder = OrtDecoder(session)
     config = _json(folder / "config.json")

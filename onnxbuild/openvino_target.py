@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from onnxbuild._util import brief
+from onnxbuild.sources.decoder import PAST_PREFIX as PAST
+from onnxbuild.sources.decoder import PRESENT_PREFIX as PRESENT
 
 NAME = "openvino"
 Precision = Literal["auto", "f32", "bf16", "f16"]
-PAST = "past_key_values."
-PRESENT = "present."
 
 
 def unavailable() -> str | None:

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 import onnxbuild
+from onnxbuild._util import format_ms
 from onnxbuild.environment import BF16_FLAGS, cpu_info
 from onnxbuild.openvino_target import unavailable
 from onnxbuild.report import benchmark_schema
@@ -144,7 +145,18 @@ def test_openvino_validates_model_at_its_precision_and_is_benchmarked(tiny_ov: P
     assert rows[("model", "openvino")]["roofline"]["precision"] == ("bf16" if ov["precision"] == "bf16" else "fp32")
     assert {d["engine"] for d in bench["decode"]} == {"pytorch", "onnxruntime", "openvino"}
     assert next(p for p in bench["providers"] if p["name"] == "openvino")["status"] == "used"
-    assert "(not validated here)" in (tiny_ov / "benchmark.md").read_text(encoding="utf-8")  # int8 on openvino
+    md = (tiny_ov / "benchmark.md").read_text(encoding="utf-8")
+    assert "(not validated here)" in md  # int8 on openvino
+    # the lead puts each shape's prefill winner beside its own decode step and the fastest validated one
+    for shape in {json.dumps(r["shape"], sort_keys=True) for r in bench["results"]}:
+        ok = [r for r in bench["results"] if json.dumps(r["shape"], sort_keys=True) == shape and r["provider"] in bench["validated"][r["variant"]]]
+        best = min(ok, key=lambda r: r["p50_ms"])
+        steps = [d for d in bench["decode"] if d["engine"] != "pytorch" and json.dumps(d["shape"], sort_keys=True) == shape and d["provider"] in bench["validated"][d["variant"]]]
+        own = next(d for d in steps if (d["variant"], d["provider"]) == (best["variant"], best["provider"]))
+        top = min(steps, key=lambda d: d["decode_p50_ms"])
+        (line,) = [x for x in md.splitlines() if x.startswith(f"- {', '.join(f'{k}={v}' for k, v in best['shape'].items())}: **{best['variant']} on ")]
+        assert f"; its decode step {format_ms(own['decode_p50_ms'])}, " in line
+        assert line.endswith("the fastest validated decode" if top is own else f"({top['variant']} on {top['provider'].replace('ExecutionProvider', '')} {format_ms(top['decode_p50_ms'])})")
 
 
 @pytest.mark.skipif(unavailable() is not None, reason=f"OpenVINO cannot run here: {unavailable()}")

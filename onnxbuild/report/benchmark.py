@@ -168,10 +168,32 @@ def fastest(report: dict[str, Any]) -> list[str]:
             continue
         against = [f"{x:.2f}x PyTorch {t}" for x, t in ((best.get("ratio_to_pytorch"), "fp32"), (best.get("ratio_to_pytorch_bf16"), "bf16")) if x]
         limit = f", {_limit(best)}" if best.get("roofline") else ""
-        out.append(f"- {_shape(best['shape'])}: **{best['variant']} on {_provider(best['provider'])}** {format_ms(best['p50_ms'])}" + (f" ({', '.join(against)}{limit})" if against or limit else ""))
+        out.append(f"- {_shape(best['shape'])}: **{best['variant']} on {_provider(best['provider'])}** {format_ms(best['p50_ms'])}" + (f" ({', '.join(against)}{limit})" if against or limit else "") + _its_decode(report, best))
     if not report.get("validated"):
         return ["Fastest per shape (no source model to validate against: check is this recipe's gate):", "", *(line.replace("no validated", "no") for line in out), ""]
     return ["Fastest validated (variant, provider) per shape:", "", *out, ""]
+
+
+def _its_decode(report: dict[str, Any], best: dict[str, Any]) -> str:
+    """For a decoder, the prefill winner's own decode step beside the fastest validated one at
+    the same shape: the file that prefills fastest need not decode fastest, and a reader picking
+    one (variant, provider) pays both."""
+    shape = json.dumps(best["shape"], sort_keys=True)
+    steps = [
+        d
+        for d in report.get("decode") or []
+        if d["engine"] != "pytorch" and "decode_p50_ms" in d and json.dumps(d["shape"], sort_keys=True) == shape and (not report.get("validated") or validated_on(report, d))
+    ]
+    own = next((d for d in steps if (d["variant"], d["provider"]) == (best["variant"], best["provider"])), None)
+    if own is None:
+        return ""
+    top = min(steps, key=lambda d: d["decode_p50_ms"])
+    if top is own:
+        return f"; its decode step {format_ms(own['decode_p50_ms'])}, the fastest{' validated' if report.get('validated') else ''} decode"
+    return (
+        f"; its decode step {format_ms(own['decode_p50_ms'])}, {own['decode_p50_ms'] / top['decode_p50_ms']:.2f}x the fastest"
+        f"{' validated' if report.get('validated') else ''} decode ({top['variant']} on {_provider(top['provider'])} {format_ms(top['decode_p50_ms'])})"
+    )
 
 
 def chart(report: dict[str, Any], path: Any) -> None:

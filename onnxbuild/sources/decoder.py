@@ -24,6 +24,8 @@ from onnxbuild.recipe.sections import ExportSection
 
 PAST = "past_key_values.{i}.{kv}"
 PRESENT = "present.{i}.{kv}"
+PAST_PREFIX = "past_key_values."
+PRESENT_PREFIX = "present."
 GENAI_INPUTS = ("input_ids", "attention_mask", "position_ids")
 """The token inputs onnxruntime-genai feeds a decoder by name (it has no token_type_ids)."""
 
@@ -59,7 +61,7 @@ def layout_of(config: Any) -> PastLayout:
 
 def layout_from_session(session: Any) -> PastLayout:
     """The KV-cache layout an ONNX model declares in its inputs."""
-    past = [i for i in session.get_inputs() if i.name.startswith("past_key_values.")]
+    past = [i for i in session.get_inputs() if i.name.startswith(PAST_PREFIX)]
     if not past:
         raise StepError("the model has no past_key_values.* inputs: it was not exported with export.with_past: true")
     shape = past[0].shape

@@ -14,6 +14,7 @@ from typing import Any
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import ExportSection
 from onnxbuild.recipe.tasks import TASKS, TOKEN_INPUTS
+from onnxbuild.sources.decoder import PAST_PREFIX, PRESENT_PREFIX
 
 POOLED_OUTPUTS = frozenset({"pooler_output", "text_embeds", "image_embeds"})
 """One vector per input, whatever the task's other outputs hold per token."""
@@ -60,11 +61,11 @@ def wrap(model: Any, source: dict[str, Any], input_names: list[str], output_name
 
         return KerasAdapter(model, input_names)
     hf = kind == "huggingface"
-    if hf and any(n.startswith("past_key_values.") for n in input_names):
+    if hf and any(n.startswith(PAST_PREFIX) for n in input_names):
         from onnxbuild.sources.decoder import layout_of, wrap_with_past
 
-        tokens = [n for n in input_names if not n.startswith("past_key_values.")]
-        outputs = [n for n in output_names if not n.startswith("present.")]
+        tokens = [n for n in input_names if not n.startswith(PAST_PREFIX)]
+        outputs = [n for n in output_names if not n.startswith(PRESENT_PREFIX)]
         return wrap_with_past(model, tokens, outputs, layout_of(model.config))
     params = set(inspect.signature(model.forward).parameters) if hf else set()
 
@@ -99,7 +100,7 @@ def output_axes(source: dict[str, Any], export: ExportSection) -> dict[str, dict
         ax: dict[int, str] = {}
         if batch:
             ax[0] = batch
-        if name.startswith("present."):
+        if name.startswith(PRESENT_PREFIX):
             axes[name] = {**ax, 2: "total_sequence"}
             continue
         per_token = kind == "huggingface" and TASKS[src["task"]]["per_token"] and name not in POOLED_OUTPUTS

@@ -34,11 +34,12 @@ from onnxbuild.recipe.sections import (
 )
 from onnxbuild.recipe.variants import SOURCE_RECORD
 from onnxbuild.report.benchmark import chart, markdown, validated_on
+from onnxbuild.sources.decoder import PAST_PREFIX
 from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 from onnxbuild.steps.machine import PEAKS
 
-VERSION = 7
+VERSION = 8
 PACKAGES = ("onnxruntime", "torch", "transformers", "numpy", "openvino")
 SCHEMA_VERSION = 1
 EXCLUSIVE = True
@@ -773,7 +774,7 @@ def _decode_feeds(names: list[str], layout: Any, sizes: dict[str, int], vocab: i
     """One decode step: a new token per sequence after a past as long as the shape's sequence."""
     from onnxbuild.sources.torchmodel import make_inputs
 
-    specs = [{"name": n, "dtype": "int64", "shape": ["batch", "total_sequence" if n == "attention_mask" else "sequence"]} for n in names if not n.startswith("past_key_values.")]
+    specs = [{"name": n, "dtype": "int64", "shape": ["batch", "total_sequence" if n == "attention_mask" else "sequence"]} for n in names if not n.startswith(PAST_PREFIX)]
     return make_inputs(specs + layout.past_specs(), {"batch": _batch(sizes), "sequence": 1, "past_sequence": sizes["sequence"]}, seed=900, vocab=vocab)
 
 
@@ -841,7 +842,7 @@ def _ort_decode(session: Any, variant: dict[str, Any], provider: str, sizes: dic
     names = [i.name for i in session.get_inputs()]
     vocab = next((int(o.shape[-1]) for o in session.get_outputs() if o.name == "logits" and isinstance(o.shape[-1], int)), 2)
     feeds = _decode_feeds(names, decoder.layout, sizes, vocab)
-    feeds = {k: v.astype(decoder.float) if k.startswith("past_key_values.") else v for k, v in feeds.items()}
+    feeds = {k: v.astype(decoder.float) if k.startswith(PAST_PREFIX) else v for k, v in feeds.items()}
     # OpenVINO's session times its call with the outputs left in place, as its prefill rows do
     call = session.infer if engine == "openvino" else (lambda f: session.run(None, f))
     timing = measure(lambda: call(feeds), _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])

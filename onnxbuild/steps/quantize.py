@@ -16,11 +16,11 @@ from onnxbuild._util import pick
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import QuantizeSection
 from onnxbuild.recipe.variants import vocab_size
+from onnxbuild.sources.decoder import PAST_PREFIX as PAST
 from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
 VERSION = 4
-PAST = "past_key_values."
 PACKAGES = ("onnxruntime", "onnx", "numpy")
 
 # The recipe keys each method reads; the others keep their defaults but do nothing, so a
