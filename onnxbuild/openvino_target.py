@@ -97,6 +97,25 @@ class Session:
         of logits and presents) was 5.5 ms of 31."""
         self._call(feeds, copy=False)
 
+    def kernels(self, feeds: dict[str, Any]) -> tuple[float, dict[str, float]]:
+        """One profiled call (the second: the first pays for allocations and shape changes): its
+        wall time in ms and the ms per (node type, implementation) from OpenVINO's own counters,
+        e.g. ``FullyConnectedQuantizedLegacy (brgemm_avx512_amx_i8)``. Needs a session loaded
+        with ``profile=True``."""
+        import time
+
+        self.infer(feeds)
+        t0 = time.perf_counter()
+        self.infer(feeds)
+        wall = (time.perf_counter() - t0) * 1000.0
+        per: dict[str, float] = {}
+        for node in self.request.profiling_info:
+            ms = node.real_time.total_seconds() * 1000.0
+            if ms > 0:
+                key = f"{node.node_type} ({node.exec_type})"
+                per[key] = per.get(key, 0.0) + ms
+        return wall, per
+
     def _call(self, feeds: dict[str, Any], *, copy: bool) -> dict[str, Any]:
         if self.masked_prefill and _empty_past(feeds):
             # refused once, refused always: asking first again would cost a failed call each time
@@ -144,8 +163,9 @@ def _empty_past(feeds: dict[str, Any]) -> bool:
     return any(n.startswith(PAST) and v.ndim == 4 and v.shape[2] == 0 for n, v in feeds.items())
 
 
-def load(path: Path, *, precision: Precision = "auto", threads: int | None = None) -> Session:
-    """Compile ``path`` for OpenVINO's CPU plugin (latency hint, ``threads`` inference threads)."""
+def load(path: Path, *, precision: Precision = "auto", threads: int | None = None, profile: bool = False) -> Session:
+    """Compile ``path`` for OpenVINO's CPU plugin (latency hint, ``threads`` inference threads;
+    ``profile``: with OpenVINO's per-node counters on, for ``Session.kernels``, never for a timed row)."""
     import onnx
     import openvino as ov
 
@@ -155,6 +175,8 @@ def load(path: Path, *, precision: Precision = "auto", threads: int | None = Non
         config["INFERENCE_NUM_THREADS"] = int(threads)
     if precision != "auto":
         config["INFERENCE_PRECISION_HINT"] = precision
+    if profile:
+        config["PERF_COUNT"] = True
     compiled = core.compile_model(core.read_model(str(path)), "CPU", config)
     graph = onnx.load_model(str(path), load_external_data=False).graph
     initializers = {i.name for i in graph.initializer}

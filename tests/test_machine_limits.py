@@ -5,6 +5,7 @@ Runtime, skipped with the reason where it cannot run)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +148,15 @@ def test_openvino_validates_model_at_its_precision_and_is_benchmarked(tiny_ov: P
     assert next(p for p in bench["providers"] if p["name"] == "openvino")["status"] == "used"
     md = (tiny_ov / "benchmark.md").read_text(encoding="utf-8")
     assert "(not validated here)" in md  # int8 on openvino
+    # OpenVINO names its kernels: the validated variant profiled at the largest shape, prefill and decode
+    largest = TINY_OV["benchmark"]["shapes"][-1]
+    calls = bench["openvino_kernels"]
+    assert list(calls) == ["model"] and [c["call"] for c in calls["model"]] == ["prefill", "decode"]
+    for c in calls["model"]:
+        assert c["shape"] == largest and c["run_ms"] > 0 and c["ops"]
+        assert all(re.fullmatch(r"\w+ \(\w+\)", o["op"]) and o["ms"] > 0 for o in c["ops"])
+        assert sum(o["share"] for o in c["ops"]) <= 1.001 and [o["ms"] for o in c["ops"]] == sorted((o["ms"] for o in c["ops"]), reverse=True)
+    assert "## Where the time goes (OpenVINO's profiler)" in md and f"| model | decode | {', '.join(f'{k}={v}' for k, v in largest.items())} |" in md
     # the lead puts each shape's prefill winner beside its own decode step and the fastest validated one
     for shape in {json.dumps(r["shape"], sort_keys=True) for r in bench["results"]}:
         ok = [r for r in bench["results"] if json.dumps(r["shape"], sort_keys=True) == shape and r["provider"] in bench["validated"][r["variant"]]]

@@ -107,6 +107,18 @@ def markdown(report: dict[str, Any]) -> str:
         for variant, k in report["kernels"].items():
             ops = ", ".join(f"{o['op']} {o['share']:.0%}" for o in k["ops"]) or f"error: {k.get('error')}"
             lines.append(f"| {variant} | {_shape(k['shape'])} | {format_ms(k['run_ms']) if k.get('run_ms') else '-'} | {ops} |")
+    if report.get("openvino_kernels"):
+        lines += [
+            "",
+            "## Where the time goes (OpenVINO's profiler)",
+            "",
+            "| variant | call | shape | one profiled call | node type (implementation) by time |",
+            "|---|---|---|---|---|",
+        ]
+        for variant, entries in report["openvino_kernels"].items():
+            for k in entries:
+                ops = ", ".join(f"{o['op']} {format_ms(o['ms'])} ({o['share']:.0%})" for o in k["ops"]) or f"error: {k.get('error')}"
+                lines.append(f"| {variant} | {k['call']} | {_shape(k['shape'])} | {format_ms(k['run_ms']) if k.get('run_ms') else '-'} | {ops} |")
     skipped = [p for p in report["providers"] if p["status"] == "skipped"]
     if skipped:
         lines += ["", "Providers skipped:"] + [f"- {p['name']}: {p['reason']}" for p in skipped]

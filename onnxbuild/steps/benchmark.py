@@ -191,6 +191,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     providers_report: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
     kernels: dict[str, Any] = {}
+    ov_kernels: dict[str, Any] = {}
     available = ort.get_available_providers()
     for prov in spec.params["providers"]:
         name, options = prov["name"], prov["options"]
@@ -198,7 +199,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
             providers_report.append(_web_benchmark(ctx, spec, shapes, feeds_by_shape, baseline, results))
             continue
         if name == "openvino":
-            providers_report.append(_openvino_benchmark(ctx, spec, shapes, feeds_by_shape, threads, layout, baseline, results, decode))
+            providers_report.append(_openvino_benchmark(ctx, spec, shapes, feeds_by_shape, threads, layout, baseline, results, decode, ov_kernels))
             continue
         if name not in available:
             providers_report.append({"name": name, "status": "skipped", "reason": f"not in this onnxruntime build (it has: {', '.join(available)})"})
@@ -245,6 +246,8 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     extra: dict[str, Any] = {"pytorch_bf16": bf16} if bf16 else {}
     if kernels:
         extra["kernels"] = kernels
+    if ov_kernels:
+        extra["openvino_kernels"] = ov_kernels
     if torch_source:
         extra["validated"] = _validated(spec)
     return _finish(ctx, record, bench, threads, baseline, providers_report, results, decode if layout is not None else None, extra=extra)
@@ -294,6 +297,30 @@ def _kernels(ctx: StepContext, path: Any, sizes: dict[str, int], feeds: dict[str
         "providers": sorted(providers),
         "ops": [{"op": op, "ms": round(ms, 3), "share": round(ms / total, 3)} for op, ms in top],
     }
+
+
+def _openvino_kernels(path: Any, precision: Any, threads: int, sizes: dict[str, int], feeds: dict[str, Any], layout: Any) -> list[dict[str, Any]]:
+    """Where one call's time goes in OpenVINO's CPU plugin, from its own per-node counters in a
+    separately compiled, profiled model (the timed rows run without them): per node type and
+    the implementation it picked (``brgemm_avx512_amx_i8``, ``ref_f32``: OpenVINO names the
+    kernel, where ONNX Runtime names only the op), at the largest shape, and for a decoder at
+    one decode step after a past as long as that prompt too."""
+    from onnxbuild import openvino_target
+
+    calls: list[tuple[str, dict[str, Any]]] = [("prefill" if layout is not None else "call", feeds)]
+    out: list[dict[str, Any]] = []
+    try:
+        session = openvino_target.load(path, precision=precision, threads=threads, profile=True)
+        if layout is not None:
+            calls.append(("decode", _decode_step(session, sizes)[1]))
+        for call, f in calls:
+            wall, per = session.kernels(f)
+            total = sum(per.values()) or 1.0
+            top = sorted(per.items(), key=lambda kv: -kv[1])[:KERNELS_SHOWN]
+            out.append({"call": call, "shape": dict(sizes), "run_ms": round(wall, 3), "ops": [{"op": op, "ms": round(ms, 3), "share": round(ms / total, 3)} for op, ms in top]})
+    except Exception as exc:  # profiling is an explanation, never a failure of the benchmark
+        out.append({"call": calls[len(out)][0] if len(out) < len(calls) else "call", "shape": dict(sizes), "error": str(exc)[:300], "ops": []})
+    return out
 
 
 def _validated(spec: StepSpec) -> dict[str, list[str]]:
@@ -570,11 +597,13 @@ def _openvino_benchmark(
     baseline: list[dict[str, Any]],
     results: list[dict[str, Any]],
     decode: list[dict[str, Any]],
+    kernels: dict[str, Any],
 ) -> dict[str, Any]:
     """Every variant in OpenVINO's CPU plugin, with the same inputs, threads and settings as ONNX
     Runtime's rows. Only the variants its options list (``options.variants``, default model)
     are validated there: the others' rows say so, and only the validated ones are timed at
-    decode too (on GPT-2 decode and generate() of the other three were 20 s of the step)."""
+    decode too (on GPT-2 decode and generate() of the other three were 20 s of the step) and
+    profiled (``kernels``: variant -> OpenVINO's time per node type at the largest shape)."""
     from onnxbuild import openvino_target
 
     why = openvino_target.unavailable()
@@ -610,6 +639,8 @@ def _openvino_benchmark(
         masked = masked or session.masked_prefill
         del session
         gc.collect()
+        if variant["name"] in listed and shapes:
+            kernels[variant["name"]] = _openvino_kernels(path, options.get("precision", "auto"), threads, shapes[-1], feeds_by_shape[-1], layout)
     note = f"OpenVINO {openvino_target.version()} CPU plugin, inference precision {', '.join(sorted(used)) or '-'}"
     if masked:
         note += "; prefill through a one-slot masked past (it refused an empty one)"
@@ -836,13 +867,7 @@ def feeds_prompt(sizes: dict[str, int], vocab: int) -> Any:
 
 def _ort_decode(session: Any, variant: dict[str, Any], provider: str, sizes: dict[str, int], prefill: Timing, bench: BenchmarkSection, decode: list[dict[str, Any]], engine: str = "onnxruntime") -> dict[str, Any]:
     """The same figures for one variant: its prefill (measured above), one decode step, a whole generation."""
-    from onnxbuild.sources.decoder import OrtDecoder
-
-    decoder = OrtDecoder(session)
-    names = [i.name for i in session.get_inputs()]
-    vocab = next((int(o.shape[-1]) for o in session.get_outputs() if o.name == "logits" and isinstance(o.shape[-1], int)), 2)
-    feeds = _decode_feeds(names, decoder.layout, sizes, vocab)
-    feeds = {k: v.astype(decoder.float) if k.startswith(PAST_PREFIX) else v for k, v in feeds.items()}
+    decoder, feeds, vocab = _decode_step(session, sizes)
     # OpenVINO's session times its call with the outputs left in place, as its prefill rows do
     call = session.infer if engine == "openvino" else (lambda f: session.run(None, f))
     timing = measure(lambda: call(feeds), _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
@@ -853,6 +878,18 @@ def _ort_decode(session: Any, variant: dict[str, Any], provider: str, sizes: dic
     row = _decode_row(sizes, prefill, timing, n, total, base["decode_p50_ms"] if base else None)
     row["decode_ratio_to_pytorch_bf16"] = round(timing["p50_ms"] / bf16["decode_p50_ms"], 3) if bf16 else None
     return {"engine": engine, "variant": variant["name"], "precision": variant["precision"], "provider": provider, **row, WORK: _shapes(feeds)}
+
+
+def _decode_step(session: Any, sizes: dict[str, int]) -> tuple[Any, dict[str, Any], int]:
+    """The feeds of one decode step after a past as long as the prompt of ``sizes`` (the decoder
+    loop over ``session``, the feeds, the vocabulary size)."""
+    from onnxbuild.sources.decoder import OrtDecoder
+
+    decoder = OrtDecoder(session)
+    names = [i.name for i in session.get_inputs()]
+    vocab = next((int(o.shape[-1]) for o in session.get_outputs() if o.name == "logits" and isinstance(o.shape[-1], int)), 2)
+    feeds = _decode_feeds(names, decoder.layout, sizes, vocab)
+    return decoder, {k: v.astype(decoder.float) if k.startswith(PAST_PREFIX) else v for k, v in feeds.items()}, vocab
 
 
 def _validate_schema(report: dict[str, Any]) -> None:
