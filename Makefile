@@ -21,7 +21,7 @@ install:
 	else echo "chromium not found (and no root apt-get): the report.html browser test will be skipped"; fi
 
 test: install
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q --durations=15
 
 test-fast:
 	$(PYTHON) -m pytest -q -m "not slow"

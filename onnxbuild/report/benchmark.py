@@ -112,7 +112,7 @@ def markdown(report: dict[str, Any]) -> str:
             "",
             "## Where the time goes (OpenVINO's profiler)",
             "",
-            "| variant | call | shape | one profiled call | node type (implementation) by time |",
+            "| variant | call | shape | profiled call (mean of 10) | node type (implementation): ms per call (share of the nodes' time) |",
             "|---|---|---|---|---|",
         ]
         for variant, entries in report["openvino_kernels"].items():
