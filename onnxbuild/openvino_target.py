@@ -98,8 +98,8 @@ class Session:
         of logits and presents) was 5.5 ms of 31."""
         self._call(feeds, copy=False)
 
-    def kernels(self, feeds: dict[str, Any], *, warmup: int = 3, calls: int = 10) -> tuple[float, dict[str, float]]:
-        """Where one call's time goes: the mean wall time in ms of ``calls`` calls after
+    def kernels(self, feeds: dict[str, Any], *, warmup: int = 3, repeat: int = 10) -> tuple[float, dict[str, float]]:
+        """Where one call's time goes: the mean wall time in ms of ``repeat`` calls after
         ``warmup``, and the ms per call per (node type, implementation) from OpenVINO's own
         counters, e.g. ``FullyConnectedQuantizedLegacy (brgemm_avx512_amx_i8)``. Needs a session
         loaded with ``profile=True``.
@@ -114,9 +114,9 @@ class Session:
             self.infer(feeds)
         before, n_before = self._node_totals(), self.calls
         t0 = time.perf_counter()
-        for _ in range(calls):
+        for _ in range(repeat):
             self.infer(feeds)
-        wall = (time.perf_counter() - t0) * 1000.0 / calls
+        wall = (time.perf_counter() - t0) * 1000.0 / repeat
         after, n_after = self._node_totals(), self.calls
         per: dict[str, float] = {}
         for name, (key, mean) in after.items():

@@ -227,21 +227,11 @@ def test_an_openvino_result_stays_intact_after_the_next_call(tmp_path: Path) -> 
     a result must not change when the request reuses those buffers on the next call (a decode
     loop feeds one call's presents back in as the next call's past)."""
     import numpy as np
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
 
     from onnxbuild.openvino_target import load
 
     w = np.arange(K * N, dtype=np.float32).reshape(K, N) / (K * N)
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["X", "W"], ["Y"])],
-        "g",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", K])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", N])],
-        [numpy_helper.from_array(w, "W")],
-    )
-    path = tmp_path / "one.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), path)
+    path = _one_matmul(tmp_path / "one.onnx", w)
     session = load(path, precision="f32", threads=1)
     x1, x2 = np.ones((BATCH, K), np.float32), np.full((BATCH, K), -2.0, np.float32)
     (first,) = session.run(None, {"X": x1})
@@ -260,24 +250,31 @@ def test_openvino_kernels_are_per_call_not_the_running_mean_since_compilation(tm
     decode step showed 22 ms of FullyConnected in a 14 ms call). ``kernels`` differences the
     totals around its own calls."""
     import numpy as np
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
 
     from onnxbuild.openvino_target import load
 
     w = np.random.default_rng(0).standard_normal((512, 512)).astype(np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["X", "W"], ["Y"])],
-        "g",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["rows", 512])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["rows", 512])],
-        [numpy_helper.from_array(w, "W")],
-    )
-    path = tmp_path / "one.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), path)
+    path = _one_matmul(tmp_path / "one.onnx", w)
     session = load(path, precision="f32", threads=1, profile=True)
     large_wall, large = session.kernels({"X": np.ones((1024, 512), np.float32)})  # 0.5 GFLOP a call
     small_wall, small = session.kernels({"X": np.ones((1, 512), np.float32)})
     assert sum(large.values()) <= large_wall and sum(small.values()) <= small_wall
     # the running mean would put about half a large call into each small one
     assert sum(small.values()) < 0.1 * sum(large.values()), (small, large)
+
+
+def _one_matmul(path: Path, w: Any) -> Path:
+    """An ONNX file of one MatMul by the constant ``w``, its rows a symbolic axis."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    k, n = w.shape
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["Y"])],
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["rows", k])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["rows", n])],
+        [numpy_helper.from_array(w, "W")],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), path)
+    return path
