@@ -205,6 +205,42 @@ def test_a_static_int8_decoder_calibrates_on_prefills_and_is_validated_on_openvi
     assert rows[("s8", "openvino")]["p50_ms"] > 0 and rows[("s8", "openvino")]["roofline"]["precision"] == "int8"
     assert "OpenVINO rows time the inference request with its outputs read in place" in (folder / "benchmark.md").read_text(encoding="utf-8")
 
+    # its fused attention reads as ScaledDotProductAttention: the cache is held in the model
+    assert "KV cache held in the model (stateful)" in ov["note"]
+    note = next(p for p in bench["providers"] if p["name"] == "openvino")["reason"]
+    assert "KV cache held in the model (stateful) for optimized, s8: decode steps are successive tokens after the past, set back untimed every 4" in note
+    assert next(d for d in bench["decode"] if d["engine"] == "openvino")["decode_p50_ms"] > 0
+    _stateful_matches_explicit(folder / "optimized" / "model.onnx", folder / "model.onnx")  # fp32: s8's quantized activations turn a 1e-6 difference into a step
+
+
+def _stateful_matches_explicit(path: Path, plain: Path) -> None:
+    """The stateful session (cache in variables) against the same fp32 file with the cache as
+    inputs and outputs, both in f32: the same logits and presents for an explicit past, the same
+    tokens from a decode loop that feeds kept() back; a stale marker is refused. The plain
+    export (decomposed attention) keeps its cache as inputs."""
+    import numpy as np
+
+    from onnxbuild.openvino_target import load
+    from onnxbuild.sources.decoder import OrtDecoder
+
+    held, explicit = load(path, precision="f32", threads=1), load(path, precision="f32", threads=1, stateful=False)
+    assert held.keeps_past and not explicit.keeps_past and not load(plain, precision="f32", threads=1).keeps_past
+    assert [i.name for i in held.get_inputs()] == [i.name for i in explicit.get_inputs()]
+    assert [o.name for o in held.get_outputs()] == [o.name for o in explicit.get_outputs()]
+    loop = OrtDecoder(explicit)
+    prompt = np.random.default_rng(1).integers(0, 1000, (2, 6))
+    first = explicit.run(None, loop.feeds(prompt, loop.empty_past(2), 0))
+    past = [dict(zip(loop.outputs, first, strict=True))[n] for n in loop.layout.present_names]
+    step = loop.feeds(prompt[:, :1], past, 6)
+    for a, b, name in zip(held.run(None, step), explicit.run(None, step), loop.outputs, strict=True):
+        assert a.shape == b.shape, name
+        np.testing.assert_allclose(a, b, atol=1e-4, err_msg=name)
+    assert OrtDecoder(held).generate(prompt, 5).tokens.tolist() == loop.generate(prompt, 5).tokens.tolist()
+    stale = held.kept()
+    held.run(["logits"], loop.feeds(prompt, loop.empty_past(2), 0))
+    with pytest.raises(ValueError, match="holds only the cache of its latest call"):
+        held.run(["logits"], loop.feeds(prompt[:, :1], stale, 6))
+
 
 def test_without_openvino_the_target_is_skipped_with_the_reason(tmp_path: Path) -> None:
     """A machine where the package does not import: a build still passes, and says why."""

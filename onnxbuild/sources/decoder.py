@@ -183,6 +183,11 @@ class OrtDecoder:
         return [np.zeros(shape, dtype=self.float) for _ in self.layout.past_names]
 
     def forward(self, ids: Any, past: list[Any], past_len: int) -> tuple[Any, list[Any]]:
+        if getattr(self.session, "keeps_past", False):
+            # a stateful OpenVINO session holds the cache: reading it out to feed it back in
+            # would copy it twice a step, so only the logits come out, and markers go back in
+            (logits,) = self.session.run(["logits"], self.feeds(ids, past, past_len))
+            return logits, self.session.kept()
         out = self.session.run(None, self.feeds(ids, past, past_len))
         named = dict(zip(self.outputs, out, strict=True))
         return named["logits"], [named[n] for n in self.layout.present_names]

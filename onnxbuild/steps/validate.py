@@ -67,6 +67,10 @@ from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 
 VERSION = 10
+OPENVINO_RUNNER = 2
+"""How the openvino target runs a variant, in the key of the variants it validates (only
+theirs rerun when it changes). 2: a decoder with fused attention holds its KV cache in the
+model (openvino_target's docstring)."""
 PACKAGES = ("torch", "transformers", "tokenizers", "onnxruntime", "numpy", "openvino")
 
 
@@ -102,7 +106,7 @@ def plan(p: Planning) -> list[StepSpec]:
         if v.name in chosen.get("web", ()):
             params["web"] = True  # meant for the browser: validated in onnxruntime-web too
         if ov and v.name in chosen["openvino"]:  # served by OpenVINO too: validated there, at its precision
-            params["openvino"] = {"precision": ov["options"].get("precision", "auto"), **pick(ov["options"], {"atol", "rtol", "top1_min"})}
+            params["openvino"] = {"precision": ov["options"].get("precision", "auto"), "runner": OPENVINO_RUNNER, **pick(ov["options"], {"atol", "rtol", "top1_min"})}
         if base is not None:
             params["base"] = {"variant": base.name, "path": base.path}
         steps.append(
@@ -548,7 +552,8 @@ def _openvino_target(options: dict[str, Any] | None, model_file: Any, rtol: floa
     floors = [f for f in (top1_min, openvino_target.TOP1_MIN if used != "f32" else None) if f is not None]
     floor = options.get("top1_min", min(floors) if floors else None)
     asked = "" if options["precision"] == "auto" else f", asked {options['precision']}"
-    note = f"OpenVINO {openvino_target.version()} CPU, inference precision {used}{asked}; atol {o_atol:g}, rtol {o_rtol:g}"
+    held = "; KV cache held in the model (stateful)" if session.keeps_past else ""
+    note = f"OpenVINO {openvino_target.version()} CPU, inference precision {used}{asked}{held}; atol {o_atol:g}, rtol {o_rtol:g}"
     return _OpenVino(session, used, o_atol, o_rtol, None if floor is None else float(floor), note)
 
 
