@@ -209,6 +209,7 @@ def test_a_static_int8_decoder_calibrates_on_prefills_and_is_validated_on_openvi
     assert "KV cache held in the model (stateful)" in ov["note"]
     note = next(p for p in bench["providers"] if p["name"] == "openvino")["reason"]
     assert "KV cache held in the model (stateful) for optimized, s8: decode steps are successive tokens after the past, set back untimed every 4" in note
+    assert f"\n{note}.\n" in (folder / "benchmark.md").read_text(encoding="utf-8")
     assert next(d for d in bench["decode"] if d["engine"] == "openvino")["decode_p50_ms"] > 0
     _stateful_matches_explicit(folder / "optimized" / "model.onnx", folder / "model.onnx")  # fp32: s8's quantized activations turn a 1e-6 difference into a step
 

@@ -33,6 +33,9 @@ def markdown(report: dict[str, Any]) -> str:
             "is what a caller that keeps them pays (GPT-2, 128 tokens: 35 MB).",
             "",
         ]
+        ov = next((p for p in report["providers"] if p["name"] == "openvino" and p["status"] == "used" and p["reason"]), None)
+        if ov is not None:  # the version, the precision it computed in, which variants held their cache
+            lines += [f"{ov['reason']}.", ""]
     if report.get("weights") == "random-init":
         lines += ["> weights: random-init (latency does not depend on weight values)", ""]
     lines += fastest(report)
