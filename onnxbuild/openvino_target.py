@@ -335,6 +335,22 @@ def _stateful(model: Any, pasts: list[str], outputs: list[str]) -> Any | None:
     return model
 
 
+def _compile(core: Any, path: Path, model: Any, pasts: list[str], outputs: list[str], config: dict[str, Any], precision: str) -> tuple[Any, bool]:
+    """The compiled model, and whether it holds its KV cache (``_stateful``), which is a speed-up
+    and never a reason to fail: where making it stateful or compiling that fails, the file is
+    compiled with its cache as inputs and outputs."""
+    try:
+        held = _stateful(model, pasts, outputs)
+        if held is not None:
+            # the plugin's default cache is u8 (quantized per token), a rounding the validation's
+            # tolerances, chosen from the inference precision, were not set for: keep it at that
+            kv = precision if precision != "auto" else core.get_property("CPU", "INFERENCE_PRECISION_HINT")
+            return core.compile_model(held, "CPU", {**config, "KV_CACHE_PRECISION": kv}), True
+    except Exception:
+        model = core.read_model(str(path))  # the transformation changed it in place
+    return core.compile_model(model, "CPU", config), False
+
+
 def load(path: Path, *, precision: Precision = "auto", threads: int | None = None, profile: bool = False, stateful: bool = True) -> Session:
     """Compile ``path`` for OpenVINO's CPU plugin (latency hint, ``threads`` inference threads;
     ``profile``: with OpenVINO's per-node counters on, for ``Session.kernels``, never for a timed
@@ -370,15 +386,10 @@ def load(path: Path, *, precision: Precision = "auto", threads: int | None = Non
     # the cache's ports as the ONNX graph has them, before they turn into variables
     cache = [(None, p) for _, p in ports(model.inputs, onnx_in, "input") + ports(model.outputs, onnx_out, "output") if p.name.startswith((PAST, PRESENT))]
     pasts = [p.name for _, p in cache if p.name.startswith(PAST)]
-    held = _stateful(model, pasts, onnx_out) if stateful else None
-    if held is not None:
-        # the plugin's default cache is u8 (quantized per token), a rounding the validation's
-        # tolerances, chosen from the inference precision, were not set for: keep it at that
-        config["KV_CACHE_PRECISION"] = precision if precision != "auto" else core.get_property("CPU", "INFERENCE_PRECISION_HINT")
-    compiled = core.compile_model(held or model, "CPU", config)
+    compiled, held = _compile(core, path, model, pasts, onnx_out, config, precision) if stateful else (core.compile_model(model, "CPU", config), False)
     request = compiled.create_infer_request()
     inference = compiled.get_property("INFERENCE_PRECISION_HINT")
-    if held is None:
+    if not held:
         return Session(compiled=compiled, request=request, precision=_precision_name(inference), inputs=ports(compiled.inputs, onnx_in, "input"), outputs=ports(compiled.outputs, onnx_out, "output"))
     beam = next(port for port in compiled.inputs if "beam_idx" in port.get_names())
     variables = {state.name: state for state in request.query_state()}
@@ -386,7 +397,7 @@ def load(path: Path, *, precision: Precision = "auto", threads: int | None = Non
         compiled=compiled,
         request=request,
         precision=_precision_name(inference),
-        inputs=sorted(ports([p for p in compiled.inputs if p is not beam and "beam_idx" not in p.get_names()], onnx_in, "input") + [c for c in cache if c[1].name in onnx_in], key=lambda p: onnx_in.index(p[1].name)),
+        inputs=sorted(ports([p for p in compiled.inputs if "beam_idx" not in p.get_names()], onnx_in, "input") + [c for c in cache if c[1].name in onnx_in], key=lambda p: onnx_in.index(p[1].name)),
         outputs=sorted(ports(compiled.outputs, onnx_out, "output") + [c for c in cache if c[1].name in onnx_out], key=lambda p: onnx_out.index(p[1].name)),
         states={p: variables[p + PRESENT + p[len(PAST) :]] for p in pasts},
         beam=beam,
