@@ -64,6 +64,27 @@ def test_a_folder_onnxbuild_did_not_make_is_refused_as_a_cache(project: Path, tm
     assert (home / "tmp" / "old-build" / "notes.txt").is_file() and (home / "objects" / "ab" / "photo.jpg").is_file()
 
 
+def test_a_cache_another_build_is_creating_at_that_moment_is_not_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two builds started at once on a new cache: one made the folder and is writing the tag
+    when the other looks for it (seen in CI: "no CACHEDIR.TAG, and it holds CACHEDIR.TAG").
+    Unit test of the engine: the first look for the tag misses, as it did in that race."""
+    root = tmp_path / "cache"
+    root.mkdir()
+    (root / TAG_NAME).write_text("", encoding="utf-8")  # the other build's tag, still being written
+    real = Path.is_file
+    missed: list[Path] = []
+
+    def late(self: Path) -> bool:
+        if self.name == TAG_NAME and not missed:
+            missed.append(self)
+            return False
+        return real(self)
+
+    monkeypatch.setattr(Path, "is_file", late)
+    Cache(root).ensure_writable()
+    assert missed and all((root / sub).is_dir() for sub in ("objects", "entries", "tmp"))
+
+
 def test_a_new_cache_is_tagged_and_an_old_untagged_one_adopted(project: Path, settings: onnxbuild.Settings) -> None:
     assert onnxbuild.build([LR], settings, in_process=True).ok
     tag = cache_of(project) / TAG_NAME

@@ -183,7 +183,9 @@ class Cache:
         if not self.root.is_dir():
             return
         if not (self.root / TAG_NAME).is_file():
-            others = sorted(p.name for p in self.root.iterdir() if p.name not in SUBFOLDERS)
+            # the tag may appear between the two looks: another build creating this same cache
+            # (mkdir, then the tag) at once; that one made it, so it is ours
+            others = sorted(p.name for p in self.root.iterdir() if p.name not in SUBFOLDERS and p.name != TAG_NAME)
             if others:
                 raise CacheError(
                     f"{self.root} is not an onnxbuild cache (no {TAG_NAME}, and it holds {', '.join(others[:3])}{', ...' if len(others) > 3 else ''}); "
