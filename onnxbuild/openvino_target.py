@@ -80,10 +80,13 @@ class Port:
 @dataclass(frozen=True)
 class Kept:
     """A past that a stateful session already holds: what ``Session.kept()`` hands a decode
-    loop in place of the presents, valid as the next call's past only (``call`` is the
-    session's call count when it was handed out)."""
+    loop in place of the presents, valid as that session's next past only: ``owner`` is the
+    session's ``id``, ``generation`` counts every change of its variables (a call, a past
+    written in, a reset), ``batch`` the rows the cache holds."""
 
-    call: int
+    owner: int
+    generation: int
+    batch: int
 
 
 @dataclass
@@ -104,6 +107,8 @@ class Session:
     outputs: list[tuple[Any, Port]]
     masked_prefill: bool = field(default=False)
     calls: int = field(default=0)  # completed inference requests, for ``kernels``
+    generation: int = field(default=0)  # changes of a stateful model's variables, for ``Kept``
+    batch: int = field(default=0)  # the rows its cache holds
     states: dict[str, Any] = field(default_factory=dict)
     beam: Any = field(default=None)  # a stateful model's ``beam_idx`` port (which cache row each batch row reads)
 
@@ -115,7 +120,7 @@ class Session:
     def kept(self) -> list[Kept]:
         """Markers for the cache this stateful session holds after its last call, one per
         present: fed back as the next call's past, they cost nothing."""
-        return [Kept(self.calls) for _ in self.states]
+        return [Kept(id(self), self.generation, self.batch) for _ in self.states]
 
     def get_inputs(self) -> list[Port]:
         return [p for _, p in self.inputs]
@@ -141,22 +146,25 @@ class Session:
 
         With the cache as inputs every step feeds the same past. A stateful session holds its
         cache, so its steps are successive tokens: the first after ``feeds``' past, the next
-        one token later (mask and positions move on), and after ``span`` steps ``prepare()``
+        step later (mask and positions move on), and after ``span`` steps ``prepare()``
         writes ``feeds``' past into the variables again, so no step reads a past longer than
-        ``span`` - 1 tokens beyond it."""
+        ``span`` - 1 steps beyond it."""
         if not self.keeps_past or _empty_past(feeds):
             return (lambda: None), (lambda: self.infer(feeds))
-        steps = [_moved_on(feeds, k) for k in range(span)]
-        done = [span]
+        new = int(feeds["input_ids"].shape[1])
+        steps = [_moved_on(feeds, k * new) for k in range(span)]
+        done = span
 
         def prepare() -> None:
-            if done[0] >= span:
+            nonlocal done
+            if done >= span:
                 self._take_past(feeds)
-                done[0] = 0
+                done = 0
 
         def step() -> None:
-            self._run_stateful({**steps[done[0]], **dict.fromkeys(self.states, Kept(self.calls))}, copy=False, wanted=[])
-            done[0] += 1
+            nonlocal done
+            self._run_stateful({**steps[done], **dict.fromkeys(self.states, Kept(id(self), self.generation, self.batch))}, copy=False, wanted=[])
+            done += 1
 
         return prepare, step
 
@@ -218,16 +226,16 @@ class Session:
 
         self._take_past(feeds)
         given = {port: feeds[p.name] for port, p in self.inputs if port is not None}
-        batch = next(iter(given.values())).shape[0]
-        given[self.beam] = np.arange(batch, dtype=np.int32)  # each row reads its own cache row
+        self.batch = int(feeds["input_ids"].shape[0])  # the graph sizes a new cache from input_ids
+        given[self.beam] = np.arange(self.batch, dtype=np.int32)  # each row reads its own cache row
+        self.generation += 1  # from here the variables are this call's, whether it succeeds or not
         result = self.request.infer(given, share_inputs=True, share_outputs=True)
         self.calls += 1
         got = {p.name: np.array(result[port]) if copy else result[port] for port, p in self.outputs if port is not None}
-        presents = {p.name for port, p in self.outputs if port is None}
         for past, state in self.states.items():
-            name = PRESENT + past[len(PAST) :]
-            if name in wanted and name in presents:
-                got[name] = np.array(state.state.data)  # the variable's own layout and precision, as float32
+            if _present_of(past) in wanted:
+                # read in the variable's declared type (the model's float32), whatever the cache holds
+                got[_present_of(past)] = np.array(state.state.data)
         return got
 
     def _take_past(self, feeds: dict[str, Any]) -> None:
@@ -239,9 +247,12 @@ class Session:
         given = [feeds[name] for name in self.states]
         held = [v for v in given if isinstance(v, Kept)]
         if held:
-            if len(held) != len(given) or any(k.call != self.calls for k in held):
-                raise ValueError("a stateful OpenVINO session holds only the cache of its latest call: feed kept() back after each call, or the past as arrays")
+            if len(held) != len(given):
+                raise ValueError("a past is either kept() markers for every cache tensor or arrays for every one, not a mix")
+            if any(k != Kept(id(self), self.generation, self.batch) for k in held) or int(feeds["input_ids"].shape[0]) != self.batch:
+                raise ValueError("a stateful OpenVINO session holds only the cache of its latest call: feed its kept() back after each call, or the past as arrays")
             return
+        self.generation += 1
         if _empty_past(feeds):
             self.request.reset_state()
             return
@@ -280,6 +291,10 @@ def _empty_past(feeds: dict[str, Any]) -> bool:
     return any(n.startswith(PAST) and getattr(v, "ndim", 0) == 4 and v.shape[2] == 0 for n, v in feeds.items())
 
 
+def _present_of(past: str) -> str:
+    return PRESENT + past[len(PAST) :]
+
+
 def _moved_on(feeds: dict[str, Any], tokens: int) -> dict[str, Any]:
     """The non-past inputs of the step ``tokens`` tokens after ``feeds``' step: the same new
     tokens, the mask ``tokens`` longer, the positions ``tokens`` further."""
@@ -307,7 +322,7 @@ def _stateful(model: Any, pasts: list[str], outputs: list[str]) -> Any | None:
     import openvino.opset13 as ops
     from openvino._offline_transformations import apply_make_stateful_transformation
 
-    pairs = {p: PRESENT + p[len(PAST) :] for p in pasts}
+    pairs = {p: _present_of(p) for p in pasts}
     ranks_ok = all(model.input(p).get_partial_shape().rank.get_length() == 4 for p in pasts)
     attention = sum(op.get_type_name() == "ScaledDotProductAttention" for op in model.get_ops())
     if not pasts or set(pairs.values()) - set(outputs) or not ranks_ok or attention * 2 != len(pasts) or "input_ids" not in {n for i in model.inputs for n in i.get_names()}:
@@ -330,7 +345,8 @@ def _stateful(model: Any, pasts: list[str], outputs: list[str]) -> Any | None:
             dims: list[Any] = [d.get_min_length() for d in op.get_output_partial_shape(0)]
             dims[0] = batch
             shape = ops.concat([d if not isinstance(d, int) else ops.constant(np.array([d], dtype=np.int64)) for d in dims], axis=0)
-            op.set_arguments([ops.broadcast(ops.constant(np.array(0.0, dtype=np.float32)), shape)])
+            zero = ops.convert(ops.constant(np.array(0.0, dtype=np.float32)), op.get_output_element_type(0))  # an f16 cache too
+            op.set_arguments([ops.broadcast(zero, shape)])
     model.validate_nodes_and_infer_types()
     return model
 
@@ -346,7 +362,7 @@ def _compile(core: Any, path: Path, model: Any, pasts: list[str], outputs: list[
             # tolerances, chosen from the inference precision, were not set for: keep it at that
             kv = precision if precision != "auto" else core.get_property("CPU", "INFERENCE_PRECISION_HINT")
             return core.compile_model(held, "CPU", {**config, "KV_CACHE_PRECISION": kv}), True
-    except Exception:
+    except RuntimeError:  # OpenVINO's errors; a bug of ours surfaces instead
         model = core.read_model(str(path))  # the transformation changed it in place
     return core.compile_model(model, "CPU", config), False
 
@@ -399,7 +415,7 @@ def load(path: Path, *, precision: Precision = "auto", threads: int | None = Non
         precision=_precision_name(inference),
         inputs=sorted(ports([p for p in compiled.inputs if "beam_idx" not in p.get_names()], onnx_in, "input") + [c for c in cache if c[1].name in onnx_in], key=lambda p: onnx_in.index(p[1].name)),
         outputs=sorted(ports(compiled.outputs, onnx_out, "output") + [c for c in cache if c[1].name in onnx_out], key=lambda p: onnx_out.index(p[1].name)),
-        states={p: variables[p + PRESENT + p[len(PAST) :]] for p in pasts},
+        states={p: variables[p + _present_of(p)] for p in pasts},  # MakeStateful names a variable by its pair
         beam=beam,
     )
 

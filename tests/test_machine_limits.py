@@ -208,9 +208,11 @@ def test_a_static_int8_decoder_calibrates_on_prefills_and_is_validated_on_openvi
     # its fused attention reads as ScaledDotProductAttention: the cache is held in the model
     assert "KV cache held in the model (stateful)" in ov["note"]
     note = next(p for p in bench["providers"] if p["name"] == "openvino")["reason"]
-    assert "KV cache held in the model (stateful) for optimized, s8: decode steps are successive tokens after the past, set back untimed every 4" in note
+    assert "KV cache held in the model (stateful) for s8: decode steps are successive tokens after the past, set back untimed every 8 steps" in note
     assert f"\n{note}.\n" in (folder / "benchmark.md").read_text(encoding="utf-8")
     assert next(d for d in bench["decode"] if d["engine"] == "openvino")["decode_p50_ms"] > 0
+    for c in bench["openvino_kernels"]["s8"]:  # profiled through the held cache too, prefill and decode
+        assert "error" not in c and c["ops"] and sum(o["ms"] for o in c["ops"]) <= c["run_ms"], c
     _stateful_matches_explicit(folder / "optimized" / "model.onnx", folder / "model.onnx")  # fp32: s8's quantized activations turn a 1e-6 difference into a step
 
 
@@ -232,15 +234,36 @@ def _stateful_matches_explicit(path: Path, plain: Path) -> None:
     prompt = np.random.default_rng(1).integers(0, 1000, (2, 6))
     first = explicit.run(None, loop.feeds(prompt, loop.empty_past(2), 0))
     past = [dict(zip(loop.outputs, first, strict=True))[n] for n in loop.layout.present_names]
-    step = loop.feeds(prompt[:, :1], past, 6)
-    for a, b, name in zip(held.run(None, step), explicit.run(None, step), loop.outputs, strict=True):
+    one = loop.feeds(prompt[:, :1], past, 6)
+    for a, b, name in zip(held.run(None, one), explicit.run(None, one), loop.outputs, strict=True):
         assert a.shape == b.shape, name
         np.testing.assert_allclose(a, b, atol=1e-4, err_msg=name)
     assert OrtDecoder(held).generate(prompt, 5).tokens.tolist() == loop.generate(prompt, 5).tokens.tolist()
+    # the benchmark's successive steps: the same token at positions 6, 7, 8 after the past of 6,
+    # which leaves the cache the explicit chain of those three calls leaves
+    prepare, step = held.decode_steps(one, 3)
+    prepare()
+    for _ in range(3):
+        step()
+    chain = past
+    for k in range(3):
+        out = dict(zip(loop.outputs, explicit.run(None, loop.feeds(prompt[:, :1], chain, 6 + k)), strict=True))
+        chain = [out[n] for n in loop.layout.present_names]
+    for name, want in zip(loop.layout.past_names, chain, strict=True):
+        np.testing.assert_allclose(np.array(held.states[name].state.data), want, atol=1e-4, err_msg=name)
+    # a marker is good for that session's next call only
     stale = held.kept()
     held.run(["logits"], loop.feeds(prompt, loop.empty_past(2), 0))
     with pytest.raises(ValueError, match="holds only the cache of its latest call"):
         held.run(["logits"], loop.feeds(prompt[:, :1], stale, 6))
+    fresh = held.kept()
+    held.run(["logits"], one)  # an explicit past written in
+    with pytest.raises(ValueError, match="holds only the cache of its latest call"):
+        held.run(["logits"], loop.feeds(prompt[:, :1], fresh, 7))
+    with pytest.raises(ValueError, match="holds only the cache of its latest call"):
+        held.run(["logits"], loop.feeds(prompt[:1, :1], held.kept(), 7))  # another batch
+    with pytest.raises(ValueError, match="not a mix"):
+        held.run(["logits"], {**one, loop.layout.past_names[0]: held.kept()[0]})
 
 
 def test_without_openvino_the_target_is_skipped_with_the_reason(tmp_path: Path) -> None:
