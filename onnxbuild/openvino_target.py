@@ -120,7 +120,10 @@ class Session:
     def kept(self) -> list[Kept]:
         """Markers for the cache this stateful session holds after its last call, one per
         present: fed back as the next call's past, they cost nothing."""
-        return [Kept(id(self), self.generation, self.batch) for _ in self.states]
+        return [self._marker()] * len(self.states)
+
+    def _marker(self) -> Kept:
+        return Kept(id(self), self.generation, self.batch)
 
     def get_inputs(self) -> list[Port]:
         return [p for _, p in self.inputs]
@@ -163,7 +166,7 @@ class Session:
 
         def step() -> None:
             nonlocal done
-            self._run_stateful({**steps[done], **dict.fromkeys(self.states, Kept(id(self), self.generation, self.batch))}, copy=False, wanted=[])
+            self._run_stateful({**steps[done], **dict.fromkeys(self.states, self._marker())}, copy=False, wanted=[])
             done += 1
 
         return prepare, step
@@ -226,7 +229,6 @@ class Session:
 
         self._take_past(feeds)
         given = {port: feeds[p.name] for port, p in self.inputs if port is not None}
-        self.batch = int(feeds["input_ids"].shape[0])  # the graph sizes a new cache from input_ids
         given[self.beam] = np.arange(self.batch, dtype=np.int32)  # each row reads its own cache row
         self.generation += 1  # from here the variables are this call's, whether it succeeds or not
         result = self.request.infer(given, share_inputs=True, share_outputs=True)
@@ -249,10 +251,11 @@ class Session:
         if held:
             if len(held) != len(given):
                 raise ValueError("a past is either kept() markers for every cache tensor or arrays for every one, not a mix")
-            if any(k != Kept(id(self), self.generation, self.batch) for k in held) or int(feeds["input_ids"].shape[0]) != self.batch:
+            if any(k != self._marker() for k in held) or int(feeds["input_ids"].shape[0]) != self.batch:
                 raise ValueError("a stateful OpenVINO session holds only the cache of its latest call: feed its kept() back after each call, or the past as arrays")
             return
         self.generation += 1
+        self.batch = int(feeds["input_ids"].shape[0])  # the graph sizes a new cache from input_ids
         if _empty_past(feeds):
             self.request.reset_state()
             return
@@ -323,9 +326,11 @@ def _stateful(model: Any, pasts: list[str], outputs: list[str]) -> Any | None:
     from openvino._offline_transformations import apply_make_stateful_transformation
 
     pairs = {p: _present_of(p) for p in pasts}
-    ranks_ok = all(model.input(p).get_partial_shape().rank.get_length() == 4 for p in pasts)
+    if not pasts or "input_ids" not in {n for i in model.inputs for n in i.get_names()}:
+        return None
+    paired = set(pairs.values()) <= set(outputs) and all(model.input(p).get_partial_shape().rank.get_length() == 4 for p in pasts)
     attention = sum(op.get_type_name() == "ScaledDotProductAttention" for op in model.get_ops())
-    if not pasts or set(pairs.values()) - set(outputs) or not ranks_ok or attention * 2 != len(pasts) or "input_ids" not in {n for i in model.inputs for n in i.get_names()}:
+    if not paired or attention * 2 != len(pasts):  # a key and a value per attention
         return None
     beam = ops.parameter([-1], ov.Type.i32, name="beam_idx")
     beam.output(0).get_tensor().set_names({"beam_idx"})
@@ -404,19 +409,21 @@ def load(path: Path, *, precision: Precision = "auto", threads: int | None = Non
     pasts = [p.name for _, p in cache if p.name.startswith(PAST)]
     compiled, held = _compile(core, path, model, pasts, onnx_out, config, precision) if stateful else (core.compile_model(model, "CPU", config), False)
     request = compiled.create_infer_request()
-    inference = compiled.get_property("INFERENCE_PRECISION_HINT")
-    if not held:
-        return Session(compiled=compiled, request=request, precision=_precision_name(inference), inputs=ports(compiled.inputs, onnx_in, "input"), outputs=ports(compiled.outputs, onnx_out, "output"))
-    beam = next(port for port in compiled.inputs if "beam_idx" in port.get_names())
-    variables = {state.name: state for state in request.query_state()}
+
+    def merged(found: Any, wanted: list[str], what: str) -> list[tuple[Any, Port]]:
+        """The compiled model's ports, and the cache's ports it no longer has (held, ``None``)."""
+        live = ports([p for p in found if "beam_idx" not in p.get_names()], wanted, what)
+        return sorted(live + [c for c in cache if held and c[1].name in wanted], key=lambda p: wanted.index(p[1].name))
+
+    variables = {state.name: state for state in request.query_state()} if held else {}
     return Session(
         compiled=compiled,
         request=request,
-        precision=_precision_name(inference),
-        inputs=sorted(ports([p for p in compiled.inputs if "beam_idx" not in p.get_names()], onnx_in, "input") + [c for c in cache if c[1].name in onnx_in], key=lambda p: onnx_in.index(p[1].name)),
-        outputs=sorted(ports(compiled.outputs, onnx_out, "output") + [c for c in cache if c[1].name in onnx_out], key=lambda p: onnx_out.index(p[1].name)),
-        states={p: variables[p + _present_of(p)] for p in pasts},  # MakeStateful names a variable by its pair
-        beam=beam,
+        precision=_precision_name(compiled.get_property("INFERENCE_PRECISION_HINT")),
+        inputs=merged(compiled.inputs, onnx_in, "input"),
+        outputs=merged(compiled.outputs, onnx_out, "output"),
+        states={p: variables[p + _present_of(p)] for p in pasts} if held else {},  # MakeStateful names a variable by its pair
+        beam=next((port for port in compiled.inputs if "beam_idx" in port.get_names()), None),
     )
 
 
