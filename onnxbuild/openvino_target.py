@@ -323,7 +323,7 @@ def _stateful(model: Any, pasts: list[str], outputs: list[str]) -> Any | None:
     import numpy as np
     import openvino as ov
     import openvino.opset13 as ops
-    from openvino._offline_transformations import apply_make_stateful_transformation
+    from openvino.passes import MakeStateful, Manager
 
     pairs = {p: _present_of(p) for p in pasts}
     if not pasts or "input_ids" not in {n for i in model.inputs for n in i.get_names()}:
@@ -342,7 +342,9 @@ def _stateful(model: Any, pasts: list[str], outputs: list[str]) -> Any | None:
             consumer.replace_source_output(reordered.output(0))
     model.add_parameters([beam])
     model.validate_nodes_and_infer_types()
-    apply_make_stateful_transformation(model, pairs)
+    manager = Manager()
+    manager.register_pass(MakeStateful(pairs))  # names each variable past + present
+    manager.run_passes(model)
     ids = model.input("input_ids")
     batch = ops.gather(ops.shape_of(ids, output_type="i64"), ops.constant(np.array([0], dtype=np.int64)), ops.constant(np.array(0, dtype=np.int64)))
     for op in model.get_ops():

@@ -210,7 +210,11 @@ def test_a_static_int8_decoder_calibrates_on_prefills_and_is_validated_on_openvi
     note = next(p for p in bench["providers"] if p["name"] == "openvino")["reason"]
     assert "KV cache held in the model (stateful) for s8: decode steps are successive tokens after the past, set back untimed every 8 steps" in note
     assert f"\n{note}.\n" in (folder / "benchmark.md").read_text(encoding="utf-8")
-    assert next(d for d in bench["decode"] if d["engine"] == "openvino")["decode_p50_ms"] > 0
+    held = next(d for d in bench["decode"] if d["engine"] == "openvino")
+    seq = held["shape"]["sequence"]
+    assert held["decode_p50_ms"] > 0 and held["decode_past"] == [seq, seq + 7]  # what its steps read, in the row
+    assert f"(past {seq}-{seq + 7})" in (folder / "benchmark.md").read_text(encoding="utf-8")
+    assert not any("decode_past" in d for d in bench["decode"] if d["engine"] != "openvino")  # every step after the prompt
     for c in bench["openvino_kernels"]["s8"]:  # profiled through the held cache too, prefill and decode
         assert "error" not in c and c["ops"] and sum(o["ms"] for o in c["ops"]) <= c["run_ms"], c
     _stateful_matches_explicit(folder / "optimized" / "model.onnx", folder / "model.onnx")  # fp32: s8's quantized activations turn a 1e-6 difference into a step

@@ -88,7 +88,8 @@ def markdown(report: dict[str, Any]) -> str:
                 "Encoder-decoder: prefill is the first token (the encoder, then the decoder's first step); decode is one "
                 f"decoder step through a cache of {report['encoder_decoder']['cached_tokens']} tokens. "
                 if report.get("encoder_decoder")
-                else "Prefill: the prompt with an empty past. Decode: one new token after a past as long as the prompt. "
+                else "Prefill: the prompt with an empty past. Decode: one new token after a past as long as the prompt "
+                "(a row whose model holds its cache, \"past a-b\": successive tokens after it, the past running from a to b). "
             )
             + "Generate: prefill plus all new tokens, end to end (PyTorch: transformers generate()).",
             "",
@@ -102,7 +103,7 @@ def markdown(report: dict[str, Any]) -> str:
                 ratio16 = "1.00x" if d.get("dtype") == "bf16" else ratio16
             who = {"pytorch": f"PyTorch {d.get('dtype', 'fp32')} generate()", "openvino": "OpenVINO"}.get(d["engine"], f"ONNX Runtime ({_provider(d['provider'] or '')})")
             lines.append(
-                f"| {who} | {d['variant'] or '-'} | {shape} | {d['new_tokens']} | {format_ms(d['prefill_p50_ms'])} | {format_ms(d['decode_p50_ms'])} | "
+                f"| {who} | {d['variant'] or '-'} | {shape} | {d['new_tokens']} | {format_ms(d['prefill_p50_ms'])} | {format_ms(d['decode_p50_ms'])}{_past(d)} | "
                 f"{format_ms(d['decode_p90_ms'])} | {d['tokens_per_s']:.1f} | {ratio} | {ratio16} | {_limit(d)} |"
             )
     if report.get("kernels"):
@@ -134,6 +135,12 @@ def _shape(shape: dict[str, int]) -> str:
 
 def _provider(name: str) -> str:
     return name.replace("ExecutionProvider", "")
+
+
+def _past(row: dict[str, Any]) -> str:
+    """" (past 128-135)" where a decode row's steps read a growing held cache, else nothing."""
+    past = row.get("decode_past")
+    return f" (past {past[0]}-{past[1]})" if past else ""
 
 
 def _ratio(x: float | None) -> str:

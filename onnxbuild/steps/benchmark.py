@@ -40,7 +40,7 @@ from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 from onnxbuild.steps.machine import PEAKS
 
-VERSION = 9
+VERSION = 10
 STATEFUL_SPAN = 8
 """A stateful OpenVINO decoder's timed decode steps run a past up to this many tokens - 1
 longer than the other rows' (GPT-2 after 128 tokens: 128-135)."""
@@ -903,6 +903,8 @@ def _ort_decode(session: Any, variant: dict[str, Any], provider: str, sizes: dic
     base, bf16 = ({d.get("dtype", "fp32"): d for d in decode if d["engine"] == "pytorch" and d["shape"] == dict(sizes)}.get(t) for t in ("fp32", "bf16"))
     row = _decode_row(sizes, prefill, timing, n, total, base["decode_p50_ms"] if base else None)
     row["decode_ratio_to_pytorch_bf16"] = round(timing["p50_ms"] / bf16["decode_p50_ms"], 3) if bf16 else None
+    if getattr(session, "keeps_past", False):  # the steps read pasts from the prompt's length on
+        row["decode_past"] = [sizes["sequence"], sizes["sequence"] + STATEFUL_SPAN - 1]
     return {"engine": engine, "variant": variant["name"], "precision": variant["precision"], "provider": provider, **row, WORK: _shapes(feeds)}
 
 
