@@ -891,11 +891,14 @@ def _ort_decode(session: Any, variant: dict[str, Any], provider: str, sizes: dic
     """The same figures for one variant: its prefill (measured above), one decode step, a whole generation."""
     decoder, feeds, vocab = _decode_step(session, sizes)
     n = int(bench["decode_tokens"])
+    held: dict[str, Any] = {}
     if engine == "openvino":
         # outputs left in place, as its prefill rows; a stateful model's steps are successive
         # tokens after the past, set back (untimed) every few steps so the past stays near its length
         prepare, step = session.decode_steps(feeds, STATEFUL_SPAN)
         timing = measure(step, _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"], before=prepare)
+        if session.keeps_past:  # the pasts its steps read, from the prompt's length on
+            held["decode_past"] = [sizes["sequence"], sizes["sequence"] + STATEFUL_SPAN - 1]
     else:
         timing = measure(lambda: session.run(None, feeds), _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
     prompt = feeds_prompt(sizes, vocab)
@@ -903,9 +906,7 @@ def _ort_decode(session: Any, variant: dict[str, Any], provider: str, sizes: dic
     base, bf16 = ({d.get("dtype", "fp32"): d for d in decode if d["engine"] == "pytorch" and d["shape"] == dict(sizes)}.get(t) for t in ("fp32", "bf16"))
     row = _decode_row(sizes, prefill, timing, n, total, base["decode_p50_ms"] if base else None)
     row["decode_ratio_to_pytorch_bf16"] = round(timing["p50_ms"] / bf16["decode_p50_ms"], 3) if bf16 else None
-    if getattr(session, "keeps_past", False):  # the steps read pasts from the prompt's length on
-        row["decode_past"] = [sizes["sequence"], sizes["sequence"] + STATEFUL_SPAN - 1]
-    return {"engine": engine, "variant": variant["name"], "precision": variant["precision"], "provider": provider, **row, WORK: _shapes(feeds)}
+    return {"engine": engine, "variant": variant["name"], "precision": variant["precision"], "provider": provider, **row, **held, WORK: _shapes(feeds)}
 
 
 def _decode_step(session: Any, sizes: dict[str, int]) -> tuple[Any, dict[str, Any], int]:
