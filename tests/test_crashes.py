@@ -241,3 +241,40 @@ def test_a_kill_loop_resumes_byte_identical_and_leaves_no_temp_files(project: Pa
     assert leftovers(cache, project / "artifacts") == []
     assert not [p for p in (project / ".onnxbuild").rglob("*.tmp")]
     assert scratch_dirs(cache) == []
+
+
+def test_a_build_interrupted_while_it_starts_a_step_process_prints_no_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    """Unit test of the engine: Ctrl-C arrives just after the step process was spawned, before
+    its task is written to it (CI's kill loop once hit that moment: the step process read a
+    closed pipe and printed "EOFError: Ran out of input" into the build's output). The build
+    is interrupted all the same, and the step process is stopped before it reads anything."""
+    import multiprocessing.util
+
+    from helpers_engine import fake, register_fake
+
+    from onnxbuild.engine.execute import ChildStep, Task
+    from onnxbuild.spec import StepContext
+
+    real = multiprocessing.util.spawnv_passfds
+    spawned: list[int] = []
+
+    def interrupted(path: Any, args: Any, passfds: Any) -> int:
+        pid = int(real(path, args, passfds))
+        if "spawn_main" in " ".join(map(str, args)):  # the step process (not multiprocessing's resource tracker)
+            spawned.append(pid)
+            signal.raise_signal(signal.SIGINT)
+        return pid
+
+    monkeypatch.setattr(multiprocessing.util, "spawnv_passfds", interrupted)
+    register_fake()
+    ctx = StepContext(recipe_name="r", recipe_path="recipes/r.yaml", recipe_dir=tmp_path, input_dir=tmp_path, output_dir=tmp_path / "out")
+    with pytest.raises(KeyboardInterrupt):
+        ChildStep(Task(fake("a"), ctx, str(tmp_path / "a.log")))
+    assert spawned
+    try:
+        _, status = os.waitpid(spawned[0], 0)  # where the build left it running, it ends on its own
+    except ChildProcessError:
+        status = None  # the build stopped and reaped it
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "EOFError" not in err, err
+    assert status is None, f"the step process was left to run (wait status {status})"

@@ -14,7 +14,8 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any
@@ -147,6 +148,31 @@ def _own_group() -> None:
             os._exit(1)
 
 
+@contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM held back until the block ends, then raised as they came.
+
+    A spawned process reads its task from a pipe its parent writes after starting it: a build
+    interrupted in between closed the pipe on a half-written task, and the step process
+    printed a traceback (EOFError) into the build's output (CI's kill loop saw it). Python
+    runs its handlers in the main thread only, so holding them there holds them all."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    before = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in held}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+        if got:
+            signal.raise_signal(got[0])  # to the handler it was meant for
+
+
 def _entry(conn: Connection, task: Task) -> None:
     _own_group()
     _child(conn, task)
@@ -168,8 +194,15 @@ class ChildStep:
         self._recv, send = self._context.Pipe(duplex=False)
         ctx = StepContext(**{**task.ctx.__dict__, "log": print})
         self.process = self._context.Process(target=_entry, args=(send, replace(task, ctx=ctx)), daemon=True)
-        self.process.start()
-        send.close()
+        try:
+            with _signals_deferred():
+                self.process.start()
+        except BaseException:  # interrupted once it had started: nobody else knows of it
+            if self.process.pid is not None:
+                self.kill()
+            raise
+        finally:
+            send.close()
         self.started = time.perf_counter()
         self.stopped: Outcome | None = None
         self._done = threading.Event()
