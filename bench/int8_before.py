@@ -21,6 +21,7 @@ anything):
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -48,12 +49,8 @@ def build_before(tmp: Path) -> Path | str:
     except (OSError, subprocess.CalledProcessError) as exc:
         return f"cannot read commit {BEFORE[:7]} from this checkout's history ({exc}); a full clone has it"
     src = tmp / "before"
-    src.mkdir()
-    with tempfile.TemporaryFile() as f:
-        f.write(tar)
-        f.seek(0)
-        with tarfile.open(fileobj=f) as archive:
-            archive.extractall(src, filter="data")
+    with tarfile.open(fileobj=io.BytesIO(tar)) as archive:
+        archive.extractall(src, filter="data")
     import yaml
 
     recipe = yaml.safe_load((src / "recipes" / "gpt2.yaml").read_text(encoding="utf-8"))
@@ -68,40 +65,38 @@ def build_before(tmp: Path) -> Path | str:
     return src / "artifacts" / "gpt2" / "int8" / "model.onnx"
 
 
-def fastest_at(bench: dict[str, Any], sequence: int) -> dict[str, Any] | None:
-    from onnxbuild.report.benchmark import validated_on
+def feeds(session: Any, past: int) -> dict[str, Any]:
+    """The benchmark step's own inputs: one new token after a seeded past of ``past`` tokens,
+    or (``past`` 0) its prompt of PAST tokens with an empty past."""
+    from onnxbuild.steps.benchmark import _decode_step, feeds_prompt
 
-    rows = [r for r in bench["results"] if "p50_ms" in r and not r.get("io_binding") and r["shape"] == {"batch": 1, "sequence": sequence} and validated_on(bench, r)]
-    return min(rows, key=lambda r: r["p50_ms"], default=None)
-
-
-def feeds(names: list[str], past: int, tokens: int, config: dict[str, Any]) -> dict[str, Any]:
-    """Seeded inputs of one call: ``tokens`` new tokens after a past of ``past``."""
-    import numpy as np
-
-    rng = np.random.default_rng(21)
-    out: dict[str, Any] = {
-        "input_ids": rng.integers(0, config["vocab_size"], size=(1, tokens), dtype=np.int64),
-        "attention_mask": np.ones((1, past + tokens), dtype=np.int64),
-        "position_ids": np.arange(past, past + tokens, dtype=np.int64)[None],
-    }
-    for name in names:
-        if name.startswith("past_key_values."):
-            out[name] = rng.standard_normal((1, config["n_head"], past, config["n_embd"] // config["n_head"])).astype(np.float32)
-    return {k: v for k, v in out.items() if k in names}
+    decoder, step, vocab = _decode_step(session, {"batch": 1, "sequence": past or PAST})
+    return step if past else decoder.feeds(feeds_prompt({"batch": 1, "sequence": PAST}, vocab), decoder.empty_past(1), 0)
 
 
 def p50(times: list[float]) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def block(fn: Callable[[], None], prepare: Callable[[], None], n: int) -> list[float]:
+    """ms of ``n`` calls, ``prepare()`` (untimed) before every SPAN-th."""
+    out = []
+    for i in range(n):
+        if i % SPAN == 0:
+            prepare()
+        t = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t) * 1000)
+    return out
+
+
 def main(artifacts: Path) -> None:
     import onnxruntime as ort
 
     from onnxbuild import openvino_target, sessions
+    from onnxbuild.report.benchmark import fastest_row
 
-    bench = json.loads((artifacts / "benchmark.json").read_text())
-    best = fastest_at(bench, PAST)
+    best = fastest_row(json.loads((artifacts / "benchmark.json").read_text()), {"batch": 1, "sequence": PAST})
     if best is None:
         print(f"issue 21's decode line: skipped, no validated row at batch 1, sequence {PAST} in {artifacts / 'benchmark.json'}")
         return
@@ -110,51 +105,31 @@ def main(artifacts: Path) -> None:
         if isinstance(before, str):
             print(f"issue 21's decode line: skipped, {before}")
             return
-        path = artifacts / ("model.onnx" if best["variant"] == "model" else f"{best['variant']}/model.onnx")
-        now_int8 = artifacts / "int8" / "model.onnx"
-        flushed, plain = sessions.options(), ort.SessionOptions()
-        cpu = ["CPUExecutionProvider"]
-        ort_sessions = {
-            f"int8 before the issue ({BEFORE[:7]}) on CPU, ORT defaults": ort.InferenceSession(str(before), plain, providers=cpu),
+        flushed, cpu = sessions.options(), ["CPUExecutionProvider"]
+        old = {  # how its code ran it, and how every session runs an artifact today
+            f"int8 before the issue ({BEFORE[:7]}) on CPU, ORT defaults": ort.InferenceSession(str(before), ort.SessionOptions(), providers=cpu),
             f"int8 before the issue ({BEFORE[:7]}) on CPU, denormals flushed": ort.InferenceSession(str(before), flushed, providers=cpu),
-            "int8 today on CPU": ort.InferenceSession(str(now_int8), flushed, providers=cpu),
         }
+        today = "int8 today on CPU"
         label = f"{best['variant']} on {best['provider'].replace('ExecutionProvider', '')} (fastest validated at {PAST})"
-        if best["provider"] == "openvino":
-            session: Any = openvino_target.load(path, precision="auto")
-        else:
-            session = ort.InferenceSession(str(path), flushed, providers=[best["provider"]])
-        names = [p.name for p in session.get_inputs()]
-        config = json.loads((artifacts / "config.json").read_text())
-
-        def block(fn: Callable[[], None], prepare: Callable[[], None] | None, n: int) -> list[float]:
-            out = []
-            for i in range(n):
-                if prepare is not None and i % SPAN == 0:
-                    prepare()
-                t = time.perf_counter()
-                fn()
-                out.append((time.perf_counter() - t) * 1000)
-            return out
-
-        held = bool(getattr(session, "keeps_past", False))
-        # label -> phase -> (call, untimed prepare): a prefill of PAST tokens, one decode step after each past
-        calls: dict[str, dict[str, tuple[Callable[[], None], Callable[[], None] | None]]] = {}
-        first = feeds(names, 0, PAST, config)
-        calls[label] = {"prefill": ((lambda: session.infer(first)) if best["provider"] == "openvino" else (lambda: session.run(None, first)), None)}
-        for past in PASTS:
-            step_feeds = feeds(names, past, 1, config)
-            if held:
-                prepare, step = session.decode_steps(step_feeds, SPAN)
-                calls[label][f"decode {past}"] = (step, prepare)
-            else:
-                calls[label][f"decode {past}"] = (lambda f=step_feeds: session.run(None, f), None)
-        for key, s in ort_sessions.items():
-            inputs = [i.name for i in s.get_inputs()]
+        path = artifacts / ("model.onnx" if best["variant"] == "model" else f"{best['variant']}/model.onnx")
+        openvino = best["provider"] == "openvino"
+        ours = openvino_target.load(path, precision="auto") if openvino else ort.InferenceSession(str(path), flushed, providers=[best["provider"]])
+        held = openvino and ours.keeps_past
+        runtimes = {label: ours, **old, today: ort.InferenceSession(str(artifacts / "int8" / "model.onnx"), flushed, providers=cpu)}
+        # label -> phase -> (call, untimed prepare): a prefill of PAST tokens, one decode step
+        # after each past; OpenVINO's calls as its benchmark rows make them (decode_steps, infer)
+        calls: dict[str, dict[str, tuple[Callable[[], None], Callable[[], None]]]] = {}
+        for key, session in runtimes.items():
             calls[key] = {}
-            for phase, past, tokens in (("prefill", 0, PAST), *((f"decode {p}", p, 1) for p in PASTS)):
-                f = feeds(inputs, past, tokens, config)
-                calls[key][phase] = (lambda s=s, f=f: s.run(None, f), None)
+            for past in (0, *PASTS):
+                f = feeds(session, past)
+                phase = f"decode {past}" if past else "prefill"
+                if key == label and openvino:
+                    prepare, step = session.decode_steps(f, SPAN)  # an empty past: infer() each call
+                    calls[key][phase] = (step, prepare)
+                else:
+                    calls[key][phase] = ((lambda s=session, f=f: s.run(None, f)), lambda: None)
         times: dict[str, dict[str, list[float]]] = {key: {phase: [] for phase in phases} for key, phases in calls.items()}
         for r in range(ROUNDS + 1):  # round 0 warms up
             for key, phases in calls.items():
@@ -163,16 +138,15 @@ def main(artifacts: Path) -> None:
                     times[key][phase] += got if r else []
     print(f"issue 21's decode line, in one process ({ROUNDS} interleaved rounds; batch 1; p50 of a prefill of {PAST} tokens and of one decode step after a past of "
           f"{' and '.join(map(str, PASTS))}{f', for a model that holds its cache {SPAN} successive steps from there' if held else ''}):")
-    then = {phase: min(p50(times[k][phase]) for k in ort_sessions if "before" in k) for phase in calls[label]}
+    then = {phase: min(p50(times[k][phase]) for k in old) for phase in calls[label]}
     for key, phases in times.items():
         figures = ", ".join(f"{phase} {p50(t):.2f} ms ({p50(t) / then[phase]:.2f}x)" for phase, t in phases.items())
         print(f"  {key:<62} {figures}")
     print("  (x: against the faster of the two runs of the int8 before the issue)")
     for past in PASTS:
-        ours, old = p50(times[label][f"decode {past}"]), then[f"decode {past}"]
-        now = p50(times["int8 today on CPU"][f"decode {past}"])
+        step, was, now = p50(times[label][f"decode {past}"]), then[f"decode {past}"], p50(times[today][f"decode {past}"])
         print(f"  target: the fastest validated file's decode step after {past} no slower than the int8 before the issue's: "
-              f"{'holds' if ours <= old else 'fails'} ({ours:.2f} against {old:.2f} ms, {ours / old:.2f}x; against today's int8 {now:.2f} ms, {ours / now:.2f}x)")
+              f"{'holds' if step <= was else 'fails'} ({step:.2f} against {was:.2f} ms, {step / was:.2f}x; against today's int8 {now:.2f} ms, {step / now:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -175,16 +175,26 @@ def validated_on(report: dict[str, Any], row: dict[str, Any]) -> bool:
     return row["provider"] in (report.get("validated") or {}).get(row["variant"], [])
 
 
+def _timed(report: dict[str, Any]) -> list[dict[str, Any]]:
+    return [r for r in report["results"] if "p50_ms" in r and not r.get("io_binding")]
+
+
+def fastest_row(report: dict[str, Any], shape: dict[str, int]) -> dict[str, Any] | None:
+    """The fastest row at ``shape`` whose (variant, provider) was validated (any row where the
+    recipe validates nothing), or None."""
+    here = [r for r in _timed(report) if r["shape"] == shape]
+    return min((r for r in here if not report.get("validated") or validated_on(report, r)), key=lambda r: r["p50_ms"], default=None)
+
+
 def fastest(report: dict[str, Any]) -> list[str]:
     """The lead: per shape, the fastest (variant, provider) whose validation ran on that provider."""
-    rows = [r for r in report["results"] if "p50_ms" in r and not r.get("io_binding")]
+    rows = _timed(report)
     if not rows:
         return []
     shapes = list(dict.fromkeys(json.dumps(r["shape"], sort_keys=True) for r in rows))
     out = []
     for shape in shapes:
-        here = [r for r in rows if json.dumps(r["shape"], sort_keys=True) == shape]
-        best = min((r for r in here if not report.get("validated") or validated_on(report, r)), key=lambda r: r["p50_ms"], default=None)
+        best = fastest_row(report, json.loads(shape))
         if best is None:
             out.append(f"- {_shape(json.loads(shape))}: no validated (variant, provider) was timed")
             continue
