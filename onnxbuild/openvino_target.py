@@ -42,6 +42,10 @@ from onnxbuild.sources.decoder import PAST_PREFIX as PAST
 from onnxbuild.sources.decoder import PRESENT_PREFIX as PRESENT
 
 NAME = "openvino"
+RUNNER = 2
+"""How this module runs a variant, in the validate step's key for the variants it checks on
+OpenVINO (only theirs rerun when it changes). 2: a decoder with fused attention holds its KV
+cache in the model (above)."""
 Precision = Literal["auto", "f32", "bf16", "f16"]
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import ExportSection
@@ -154,8 +154,23 @@ class Generation:
     """Last-position logits at each step, [batch, vocab] float32."""
 
 
+@runtime_checkable
+class HoldsCache(Protocol):
+    """A session that may keep its KV cache between calls (openvino_target.Session: a decoder
+    compiled stateful). When ``keeps_past`` is true its presents need not come out: ``kept()``
+    gives markers that stand for them as the next call's past."""
+
+    @property
+    def keeps_past(self) -> bool: ...
+
+    def kept(self) -> list[Any]: ...
+
+    def run(self, names: list[str] | None, feeds: dict[str, Any]) -> list[Any]: ...
+
+
 class OrtDecoder:
-    """Greedy or sampled decoding with an ONNX Runtime session of a with-past model."""
+    """Greedy or sampled decoding with a session of a with-past model: ONNX Runtime's, or any
+    with its ``get_inputs``/``get_outputs``/``run`` (OpenVINO's, which may hold the cache)."""
 
     def __init__(self, session: Any) -> None:
         self.session = session
@@ -183,7 +198,7 @@ class OrtDecoder:
         return [np.zeros(shape, dtype=self.float) for _ in self.layout.past_names]
 
     def forward(self, ids: Any, past: list[Any], past_len: int) -> tuple[Any, list[Any]]:
-        if getattr(self.session, "keeps_past", False):
+        if isinstance(self.session, HoldsCache) and self.session.keeps_past:
             # a stateful OpenVINO session holds the cache: reading it out to feed it back in
             # would copy it twice a step, so only the logits come out, and markers go back in
             (logits,) = self.session.run(["logits"], self.feeds(ids, past, past_len))

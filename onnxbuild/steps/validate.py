@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
-from onnxbuild import sessions
+from onnxbuild import openvino_target, sessions
 from onnxbuild._util import brief, pick, pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import (
@@ -67,10 +67,6 @@ from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 
 VERSION = 10
-OPENVINO_RUNNER = 2
-"""How the openvino target runs a variant, in the key of the variants it validates (only
-theirs rerun when it changes). 2: a decoder with fused attention holds its KV cache in the
-model (openvino_target's docstring)."""
 PACKAGES = ("torch", "transformers", "tokenizers", "onnxruntime", "numpy", "openvino")
 
 
@@ -106,7 +102,7 @@ def plan(p: Planning) -> list[StepSpec]:
         if v.name in chosen.get("web", ()):
             params["web"] = True  # meant for the browser: validated in onnxruntime-web too
         if ov and v.name in chosen["openvino"]:  # served by OpenVINO too: validated there, at its precision
-            params["openvino"] = {"precision": ov["options"].get("precision", "auto"), "runner": OPENVINO_RUNNER, **pick(ov["options"], {"atol", "rtol", "top1_min"})}
+            params["openvino"] = {"precision": ov["options"].get("precision", "auto"), "runner": openvino_target.RUNNER, **pick(ov["options"], {"atol", "rtol", "top1_min"})}
         if base is not None:
             params["base"] = {"variant": base.name, "path": base.path}
         steps.append(
@@ -537,8 +533,6 @@ def _openvino_target(options: dict[str, Any] | None, model_file: Any, rtol: floa
     are the floor: OpenVINO's rounding comes on top of the file's, never instead of it."""
     if options is None:
         return None
-    from onnxbuild import openvino_target
-
     why = openvino_target.unavailable()
     if why:
         return _OpenVino(None, options["precision"], atol, rtol, None, f"skipped: {why}")
