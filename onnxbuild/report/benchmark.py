@@ -191,12 +191,12 @@ def fastest(report: dict[str, Any]) -> list[str]:
     rows = _timed(report)
     if not rows:
         return []
-    shapes = list(dict.fromkeys(json.dumps(r["shape"], sort_keys=True) for r in rows))
+    shapes = {json.dumps(r["shape"], sort_keys=True): r["shape"] for r in rows}  # in first-seen order
     out = []
-    for shape in shapes:
-        best = fastest_row(report, json.loads(shape))
+    for shape in shapes.values():
+        best = fastest_row(report, shape)
         if best is None:
-            out.append(f"- {_shape(json.loads(shape))}: no validated (variant, provider) was timed")
+            out.append(f"- {_shape(shape)}: no validated (variant, provider) was timed")
             continue
         against = [f"{x:.2f}x PyTorch {t}" for x, t in ((best.get("ratio_to_pytorch"), "fp32"), (best.get("ratio_to_pytorch_bf16"), "bf16")) if x]
         limit = f", {_limit(best)}" if best.get("roofline") else ""
