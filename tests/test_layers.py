@@ -79,7 +79,9 @@ def test_kinds_import_no_engine_module(module: str) -> None:
     assert not upward, f"{module} imports {upward}: environment facts are in onnxbuild.environment, step types in onnxbuild.spec"
 
 
-SOURCE_KIND_MODULES = tuple(f"onnxbuild.sources.{k}" for k in ("onnx", "graph", "huggingface", "pytorch", "tensorflow"))
+SOURCE_KIND_MODULES = tuple(f"onnxbuild.sources.{k}" for k in ("onnx", "graph", "huggingface", "pytorch", "tensorflow", "gguf_header"))
+"""The source kinds, and gguf_header, the huggingface kind's reader of a GGUF file's header (core
+too: it imports only errors, and the kind calls it when it records the source)."""
 
 
 def test_the_core_imports_nothing_above_it() -> None:

@@ -72,10 +72,12 @@ def test_one_element_outside_tolerance() -> None:
 
 def test_worst_index_is_the_element_furthest_past_its_tolerance() -> None:
     # The largest absolute difference (at index 0, reference 1000) is within rtol;
-    # the smaller one at index 2 (reference 0) is not, so that is the worst.
+    # the smaller one at index 2 (reference 0) is not (atol 1e-4 in units of the output's
+    # range of 1000: 0.1), so that is the worst.
     ref = np.array([1000.0, 1.0, 0.0], dtype=np.float32)
-    got = np.array([1000.5, 1.0, 0.01], dtype=np.float32)
+    got = np.array([1000.5, 1.0, 0.2], dtype=np.float32)
     c = compare(ref, got, rtol=1e-3, atol=1e-4)
+    assert c["atol_scale"] == 1000.0
     assert c["worst_index"] == [2]
     assert c["mismatch_fraction"] == 1 / 3
     assert c["max_abs_diff"] == pytest.approx(0.5)
@@ -105,7 +107,20 @@ def test_non_finite_values_match_their_like() -> None:
     assert c["passed"] is True and c["max_abs_diff"] == 0.0
 
 
-# (reference, onnx, rtol, atol): compare must agree with numpy.allclose(onnx, reference, rtol, atol).
+def test_atol_is_in_units_of_the_outputs_range() -> None:
+    # A logit of 0.003 off by 1.6e-4 in an output that reaches 30 (a correct fp32 export of
+    # a trained 30-layer LLM): within atol 1e-4 x 30. The same difference in an output that
+    # stays below 1 is not, and neither is a difference of the output's own order.
+    logits = np.array([30.0, -12.0, 0.003], dtype=np.float32)
+    assert compare(logits, logits + np.array([0, 0, 1.6e-4], np.float32), rtol=1e-3, atol=1e-4)["passed"] is True
+    small = np.array([0.5, -0.2, 0.003], dtype=np.float32)
+    c = compare(small, small + np.array([0, 0, 1.6e-4], np.float32), rtol=1e-3, atol=1e-4)
+    assert (c["passed"], c["atol_scale"]) == (False, 1.0)
+    assert compare(logits, logits + np.array([0, 0, 0.5], np.float32), rtol=1e-3, atol=1e-4)["passed"] is False
+
+
+# (reference, onnx, rtol, atol): compare must agree with numpy.allclose(onnx, reference, rtol,
+# atol * max(1, |reference|)): one element, so its own magnitude is the output's range.
 ALLCLOSE_CASES = [
     pytest.param(1.0, 2.0, 0.5, 0.0, id="rtol-scales-the-reference-not-the-onnx-value"),
     pytest.param(2.0, 1.0, 0.5, 0.0, id="rtol-half-of-reference-2"),
@@ -125,7 +140,8 @@ ALLCLOSE_CASES = [
 @pytest.mark.parametrize(("ref", "got", "rtol", "atol"), ALLCLOSE_CASES)
 def test_tolerance_semantics_are_numpy_allclose(ref: float, got: float, rtol: float, atol: float) -> None:
     r, g = np.array([ref], dtype=np.float64), np.array([got], dtype=np.float64)
-    assert compare(r, g, rtol=rtol, atol=atol)["passed"] is bool(np.allclose(g, r, rtol=rtol, atol=atol))
+    scale = max(1.0, abs(ref)) if np.isfinite(ref) else 1.0
+    assert compare(r, g, rtol=rtol, atol=atol)["passed"] is bool(np.allclose(g, r, rtol=rtol, atol=atol * scale))
 
 
 def test_random_arrays_agree_with_numpy_isclose_elementwise() -> None:
@@ -134,7 +150,8 @@ def test_random_arrays_agree_with_numpy_isclose_elementwise() -> None:
     got = ref + rng.standard_normal(ref.shape).astype(np.float32) * 1e-3
     for rtol, atol in [(1e-3, 1e-4), (1e-2, 0.0), (0.0, 2e-3), (1e-5, 1e-5)]:
         c = compare(ref, got, rtol=rtol, atol=atol)
-        close = np.isclose(got.astype(np.float64), ref.astype(np.float64), rtol=rtol, atol=atol)
+        scale = max(1.0, float(np.abs(ref).max()))
+        close = np.isclose(got.astype(np.float64), ref.astype(np.float64), rtol=rtol, atol=atol * scale)
         assert c["mismatch_fraction"] == pytest.approx(1.0 - close.mean(), abs=0)
         assert c["passed"] is bool(close.all())
 

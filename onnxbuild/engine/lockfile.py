@@ -49,6 +49,8 @@ def write_lock(recipe: Recipe, steps: list[StepRecord], cache: Cache, specs: lis
             step["outputs"] = sorted(o["path"] for o in s["outputs"])
         else:
             step["outputs"] = {o["path"]: o["sha256"] for o in s["outputs"]}
+        if isinstance(s["data"].get("lock"), dict):  # what the step asks a review to see (a per-layer precision plan)
+            step["record"] = s["data"]["lock"]
         entries[s["name"]] = step
     data = {"lock_version": LOCK_VERSION, "name": recipe.name, "steps": entries}
     path = lock_path(recipe)

@@ -12,6 +12,7 @@ from onnxbuild.recipe.model import is_torch_source
 from onnxbuild.recipe.resolve import default_sample, symbolic_dims, validation_dims
 from onnxbuild.recipe.sections import TARGETS
 from onnxbuild.recipe.tasks import WITH_PAST_INPUTS
+from onnxbuild.recipe.variants import TEXT_GATES
 from onnxbuild.recipe.yamlpos import Path_, Positions, dotted
 from onnxbuild.sources import is_decoder, source_module, traced_kinds
 from onnxbuild.spec import STEP_KINDS
@@ -108,6 +109,31 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
             yield problem(("validate", "sentences"), f"needs a huggingface source, whose tokenizer turns the sentences into inputs (this recipe's source is {kind})", key=True)
         if validate.get("cosine_min") is not None and validate.get("sentences") is None:
             yield problem(("validate", "cosine_min"), "compares sentence embeddings; add validate.sentences (the text to embed)", key=True)
+        text = validate.get("text")
+        if isinstance(text, dict):
+            given = [k for k in ("file", "package", "inline") if text.get(k) is not None]
+            if not is_decoder(doc["source"]):
+                yield problem(("validate", "text"), "measures perplexity of a text-generation model (task: text-generation); for an encoder use validate.sentences", key=True)
+            elif len(given) != 1:
+                got = f"it has {' and '.join(given)}" if given else "it has none"
+                yield problem(("validate", "text"), f"give exactly one of file (beside the recipe), package (pkg/file.txt) and inline (the text itself); {got}", key=True)
+        for i, q in enumerate(doc.get("quantize") or []):
+            if isinstance(q, dict) and q.get("method") == "gguf" and not (kind == "huggingface" and str(src.get("package") or src.get("model") or "").lower().endswith(".gguf")):
+                yield problem(("quantize", i, "method"), "gguf carries a GGUF file's own blocks: the source must name a .gguf file (source.huggingface.model or package)")
+            elif isinstance(q, dict) and q.get("method") == "gguf" and q.get("from", "model") != "optimized":
+                yield problem(("quantize", i, "method"), "gguf writes the blocks into the fused decoder graph: add from: optimized (with optimize.decoder: fused)")
+            plan = q.get("budget") if isinstance(q, dict) else None
+            if isinstance(plan, dict) and plan.get("ppl_increase_max") is None and plan.get("kld_max") is None:
+                yield problem(("quantize", i, "budget"), "give ppl_increase_max and/or kld_max: the figures the plan keeps the file within (e.g. {ppl_increase_max: 0.05})", key=True)
+            elif isinstance(plan, dict) and q.get("method") not in ("int4", "weight_only"):
+                yield problem(("quantize", i, "budget"), f"plans weight-only precision per layer: method int4 or weight_only (this entry's is {q.get('method')})", key=True)
+            elif isinstance(plan, dict) and not is_decoder(doc["source"]):
+                yield problem(("quantize", i, "budget"), "measures perplexity on text: it applies to text-generation models", key=True)
+        gates = [g for g in TEXT_GATES if validate.get(g) is not None]
+        own = [(path, g) for path, section in _variant_validates(doc) for g in TEXT_GATES if g in section]
+        if text is None and (gates or own):
+            where, gate = (("validate", gates[0]), gates[0]) if gates else (own[0][0] + (own[0][1],), own[0][1])
+            yield problem(where, f"{gate} gates quality on real text; add validate.text (the text to measure on)", key=True)
     variant_names = ["model", *(["optimized"] if doc.get("optimize") else []), *(q.get("name") for q in doc.get("quantize", []))]
     for i, prov in enumerate(doc.get("providers", [])):
         if prov.get("name") == "openvino":
@@ -161,3 +187,13 @@ def _openvino_options(options: dict[str, Any], torch_source: bool) -> Iterable[t
             yield (key,), f"expected {OPENVINO_OPTIONS[key]}, got {value!r}", False
     if not torch_source and any(k in options for k in ("atol", "rtol", "top1_min")):
         yield (), "tolerances need a source model to validate against (this recipe's source is an ONNX file or graph: the openvino target is only benchmarked)", True
+
+
+def _variant_validates(doc: dict[str, Any]) -> Iterable[tuple[tuple[Any, ...], dict[str, Any]]]:
+    """Each variant's own ``validate:`` section, with where it is."""
+    opt = doc.get("optimize")
+    if isinstance(opt, dict) and isinstance(opt.get("validate"), dict):
+        yield ("optimize", "validate"), opt["validate"]
+    for i, q in enumerate(doc.get("quantize") or []):
+        if isinstance(q, dict) and isinstance(q.get("validate"), dict):
+            yield ("quantize", i, "validate"), q["validate"]

@@ -15,6 +15,7 @@ from typing import Any
 
 from onnxbuild.recipe.model import is_torch_source
 from onnxbuild.recipe.tasks import DERIVED_DIMS, WITH_PAST_INPUTS
+from onnxbuild.recipe.variants import TEXT_GATES, VARIANT_TOLERANCES
 from onnxbuild.sources import source_module
 
 DEFAULT_SAMPLE = {"batch": 2, "sequence": 16, "past_sequence": 4}
@@ -108,6 +109,10 @@ def resolve(doc: dict[str, Any]) -> dict[str, Any]:
         validate.setdefault("rtol", DEFAULT_RTOL)
         validate.setdefault("top1_min", DEFAULT_TOP1_MIN if getattr(kind_module, "top1", lambda _: False)(src) else None)
         validate.setdefault("cosine_min", DEFAULT_COSINE_MIN if validate["sentences"] else None)
+        if validate["text"] is not None:
+            validate["text"] = _with_defaults(validate["text"], deref("#/$defs/validate")["properties"]["text"])
+        for gate in TEXT_GATES:  # the exported model's (fp32); a variant's own come from its precision
+            validate.setdefault(gate, VARIANT_TOLERANCES["fp32"][gate] if validate["text"] is not None else None)
         if validate["accuracy"] is not None:
             validate["accuracy"] = _with_defaults(validate["accuracy"], deref("#/$defs/validate")["properties"]["accuracy"])
         out["validate"] = validate

@@ -42,6 +42,16 @@ class AccuracyCheck(TypedDict):
     min: float | None
 
 
+class TextSection(TypedDict):
+    """validate.text: real text a decoder's variants are measured on (exactly one source)."""
+
+    file: str | None
+    package: str | None
+    inline: str | None
+    window: int
+    max_windows: int
+
+
 class ValidateSection(TypedDict):
     shapes: list[Shape]
     atol: float
@@ -53,6 +63,10 @@ class ValidateSection(TypedDict):
     accuracy: AccuracyCheck | None
     sentences: list[str] | None
     cosine_min: float | None
+    text: TextSection | None
+    ppl_increase_max: float | None
+    kld_max: float | None
+    text_top1_min: float | None
 
 
 class VariantValidate(TypedDict, total=False):
@@ -62,6 +76,9 @@ class VariantValidate(TypedDict, total=False):
     rtol: float
     top1_min: float
     cosine_min: float
+    ppl_increase_max: float
+    kld_max: float
+    text_top1_min: float
 
 
 class TransformerOptions(TypedDict):
@@ -95,13 +112,26 @@ class Calibration(TypedDict):
     method: Literal["minmax", "entropy", "percentile"]
     samples: int
     npz: str | None
+    text: str | None
+    window: int
+
+
+class Budget(TypedDict, total=False):
+    """An accuracy budget (steps/budget.py): at least one figure."""
+
+    ppl_increase_max: float
+    kld_max: float
+    fallback: Literal[8, "float"]
 
 
 QuantizeSection = TypedDict(
     "QuantizeSection",
     {
         "name": str,
-        "method": Literal["dynamic", "static", "int4"],
+        "method": Literal["dynamic", "static", "int4", "weight_only", "gguf"],
+        "bits": Literal[4, 8],
+        "algorithm": Literal["rtn", "hqq"],
+        "budget": Budget | None,
         "from": Literal["model", "optimized"],  # a keyword: hence the functional form
         "per_channel": bool,
         "reduce_range": bool,

@@ -14,12 +14,17 @@ SOURCE_RECORD = "reports/source.json"
 # Tolerances per kind of variant, after ONNX Runtime's own GPT-2 parity helpers
 # (fp32 5e-4, fp16 0.2, int8 3.0 plus a top-1 match rate): one atol is the wrong gate
 # for quantized models, so each kind gets its own, and language models a top-1 floor.
+# The text gates (validate.text: perplexity increase, mean KL from PyTorch, top-1 agreement on
+# real text) per precision, from SmolLM2-135M on English prose: fp32 files measure +0.00% and
+# KL 0.0000, 8-bit weights +0.4% and KL 0.0014; the bounds leave room above the good files and
+# none for the failures seen (dynamic activation int8 +58%, round-to-nearest int4 +37-77%).
 VARIANT_TOLERANCES: dict[str, dict[str, float]] = {
-    "fp32": {"atol": 5e-4, "rtol": 1e-3, "top1_min": 0.99, "cosine_min": 0.999},
-    "fp16": {"atol": 0.2, "rtol": 0.05, "top1_min": 0.95, "cosine_min": 0.99},
-    "int8": {"atol": 3.0, "rtol": 0.5, "top1_min": 0.85, "cosine_min": 0.98},
-    "int4": {"atol": 3.0, "rtol": 0.5, "top1_min": 0.80, "cosine_min": 0.97},
+    "fp32": {"atol": 5e-4, "rtol": 1e-3, "top1_min": 0.99, "cosine_min": 0.999, "ppl_increase_max": 0.001, "kld_max": 0.001, "text_top1_min": 0.99},
+    "fp16": {"atol": 0.2, "rtol": 0.05, "top1_min": 0.95, "cosine_min": 0.99, "ppl_increase_max": 0.01, "kld_max": 0.01, "text_top1_min": 0.95},
+    "int8": {"atol": 3.0, "rtol": 0.5, "top1_min": 0.85, "cosine_min": 0.98, "ppl_increase_max": 0.01, "kld_max": 0.01, "text_top1_min": 0.9},
+    "int4": {"atol": 3.0, "rtol": 0.5, "top1_min": 0.80, "cosine_min": 0.97, "ppl_increase_max": 0.10, "kld_max": 0.1, "text_top1_min": 0.8},
 }
+TEXT_GATES = ("ppl_increase_max", "kld_max", "text_top1_min")
 
 
 @dataclass(frozen=True)
@@ -69,8 +74,18 @@ def variants(recipe: Recipe) -> list[Variant]:
     if r.get("optimize"):
         out.append(variant("optimized", "optimize", "optimized/", "fp16" if r["optimize"]["float16"] else "fp32"))
     for q in r.get("quantize", []):
-        out.append(variant(q["name"], f"quantize.{q['name']}", f"{q['name']}/", "int4" if q["method"] == "int4" else "int8"))
+        out.append(variant(q["name"], f"quantize.{q['name']}", f"{q['name']}/", quantized_precision(q)))
     return out
+
+
+def quantized_precision(q: dict[str, Any]) -> str:
+    """The tolerances a quantize entry's variant is held to. A GGUF-exact file computes in
+    float below accuracy_level 4 (its weights are the GGUF's, which are the source model's),
+    so it is held to fp32's; at 4 its activations are rounded to int8."""
+    if q["method"] == "gguf":
+        return "int8" if q["accuracy_level"] == 4 else "fp32"
+    four = q["method"] == "int4" or (q["method"] == "weight_only" and q["bits"] == 4)
+    return "int4" if four else "int8"
 
 
 def tolerances(recipe: Recipe, v: Variant) -> dict[str, Any]:
@@ -78,13 +93,25 @@ def tolerances(recipe: Recipe, v: Variant) -> dict[str, Any]:
     r = recipe.resolved
     if v.name == "model":
         return {}
-    own = (r["optimize"] or {}).get("validate", {}) if v.name == "optimized" else next(q["validate"] for q in r["quantize"] if q["name"] == v.name)
+    entry = None if v.name == "optimized" else next(q for q in r["quantize"] if q["name"] == v.name)
+    own = (r["optimize"] or {}).get("validate", {}) if entry is None else entry["validate"]
+    budget = (entry or {}).get("budget") or {}
+    # a budgeted variant is held, on the validation text, to the figures it was planned for
+    own = {**{k: budget[k] for k in TEXT_GATES if k in budget}, **own}
     defaults = dict(VARIANT_TOLERANCES[v.precision])
     base = r.get("validate") or {}  # absent for onnx and graph sources: validation needs a torch model
     if base.get("top1_min") is None:
         defaults.pop("top1_min")
     if base.get("cosine_min") is None:
         defaults.pop("cosine_min")
+    if base.get("text") is None:  # the text gates apply where there is text
+        for gate in TEXT_GATES:
+            defaults.pop(gate)
+    elif v.precision in ("int8", "int4"):
+        # where there is text, a quantized variant's top-1 is gated on it: on random token ids a
+        # trained model's next-token distribution is near-flat, and 4- or 8-bit noise flips the
+        # argmax of most (SmolLM2's int8 with +0.5% perplexity on text: 0.26 on random ids)
+        defaults.pop("top1_min", None)
     return {**defaults, **own}
 
 

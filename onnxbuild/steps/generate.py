@@ -22,7 +22,7 @@ from onnxbuild.report.generation import markdown
 from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 
-VERSION = 2
+VERSION = 3
 PACKAGES = ("torch", "transformers", "tokenizers", "onnxruntime", "numpy")
 
 
@@ -70,7 +70,7 @@ def prompt_ids(gen: GenerateSection, source: dict[str, Any], record: dict[str, A
             raise
     if gen["prompt"] is not None:
         assert tokenizer is not None  # load_tokenizer raised otherwise
-        ids = np.asarray([tokenizer.encode(gen["prompt"])], dtype=np.int64)
+        ids = np.asarray([_encode(tokenizer, gen["prompt"])], dtype=np.int64)
     elif gen["prompt_ids"] is not None:
         ids = np.asarray([gen["prompt_ids"]], dtype=np.int64)
     else:
@@ -80,6 +80,39 @@ def prompt_ids(gen: GenerateSection, source: dict[str, Any], record: dict[str, A
     if int(ids.max()) >= vocab:
         raise StepError(f"generate.prompt_ids: token id {int(ids.max())} is outside the vocabulary (size {vocab})")
     return ids, tokenizer
+
+
+def _end_tokens(model: Any) -> list[int]:
+    """The ids transformers' min_new_tokens suppresses: the generation config's end tokens."""
+    config = getattr(model, "generation_config", None)
+    eos = getattr(config, "eos_token_id", None) if config is not None else None
+    if eos is None:
+        eos = getattr(model.config, "eos_token_id", None)
+    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])]
+
+
+def _without(ends: list[int]) -> Any:
+    """Greedy choice with the end tokens ruled out."""
+    from onnxbuild.sources.decoder import greedy
+
+    def choose(logits: Any) -> Any:
+        if not ends:
+            return greedy(logits)
+        masked = logits.copy()
+        masked[..., ends] = -float("inf")
+        return greedy(masked)
+
+    return choose
+
+
+def _encode(tokenizer: Any, prompt: str) -> list[int]:
+    """A prompt as the model is asked things: through its chat template where the tokenizer
+    has one (an instruct model answers a bare prompt as text to continue), else as text."""
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
+        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+        return [int(i) for i in ids]
+    return [int(i) for i in tokenizer.encode(prompt)]
 
 
 def compare_runs(ref: Any, got: Any) -> dict[str, Any]:
@@ -244,6 +277,10 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     reference = hf_generate(model, prompt, n)
     sampling = Sampling(gen["seed"], float(gen["sampling"]["temperature"]), int(gen["sampling"]["top_k"])) if gen["sampling"] is not None else None
     sampled_ref = torch_generate(model, prompt, n, sampling.chooser()) if sampling else None
+    # transformers' generate() ran with end-of-text suppressed (min_new_tokens), so lengths
+    # match; the variants are decoded by the same rule, or a trained model that answers in
+    # seven tokens "diverges" where PyTorch was barred from stopping
+    choose = _without(_end_tokens(model))
     del model
 
     results: dict[str, Any] = {}
@@ -255,7 +292,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         except Exception as exc:
             raise StepError(f"ONNX Runtime cannot load {variant['path']}: {brief(exc)}") from None
         decoder = OrtDecoder(session)
-        greedy_cmp = compare_runs(reference, decoder.generate(prompt, n))
+        greedy_cmp = compare_runs(reference, decoder.generate(prompt, n, choose))
         forced = teacher_forced(decoder, prompt, reference.tokens)
         entry: dict[str, Any] = {"precision": variant["precision"], "greedy": greedy_cmp, "teacher_forced_agreement": forced}
         if sampling and sampled_ref is not None:
