@@ -300,6 +300,11 @@ def _metrics(old_plan: Any, new_plan: Any, cache: Any) -> list[Metric]:
             a = max((c["max_abs_diff"] or 0) for s in w["shapes"] for c in s["outputs"].values())
             if a != b:
                 rows.append(Metric(f"validation {variant} max abs diff", a, b, ""))
+            # quality on real text (validate.text): what a reviewer of a quantization change reads
+            t_old, t_new = w.get("text") or {}, v.get("text") or {}
+            for key, label in (("perplexity", "perplexity"), ("kld_mean", "mean KL from PyTorch"), ("top1_agreement", "top-1 on text")):
+                if key in t_new and t_old.get(key) != t_new[key]:
+                    rows.append(Metric(f"validation {variant} {label}", t_old.get(key), t_new[key], ""))
     b_old = _read_output(cache, old.get("benchmark"), "benchmark.json")
     b_new = _read_output(cache, new.get("benchmark"), "benchmark.json")
     # the same cached entry on both sides has the same figures; a rerun may time alike

@@ -149,14 +149,10 @@ class Blocks:
     def packed_zero_points(self) -> Any:
         """Zero points as ``MatMulNBits`` takes them: uint8 [N, ceil(k_blocks * bits / 8)]
         packed like B, or float32 [N, k_blocks]; None for the default."""
-        import numpy as np
-
         z = self.zero_points
         if z is None or z.dtype.kind == "f" or self.bits == 8:
             return z
-        if z.shape[1] % 2:  # a row's last byte holds one zero point; the high nibble is unused
-            z = np.concatenate([z, np.zeros((z.shape[0], 1), np.uint8)], axis=1)
-        return np.ascontiguousarray(z[:, 0::2] | (z[:, 1::2] << 4)).astype(np.uint8)
+        return pack_zero_points(z, self.bits)
 
     def dequantize(self) -> Any:
         """The weight the ops stand for, float32 [K, N]: ``(q - zp) * scale (+ offset)``, each
@@ -279,7 +275,7 @@ def carry(
     mapped = _read(GGUFReader(gguf_path), sorted(outputs), outputs)
 
     made: dict[tuple[str, str], list[str]] = {}  # (weight, op) -> its new initializers
-    sums: dict[str, str] = {}  # activation -> its block sums
+    sums: BlockSums = {}
     rewritten: dict[int, list[Any]] = {}  # position -> the nodes in its place
     carried: list[Carried] = []
     replaced: set[str] = set()
@@ -322,21 +318,10 @@ def carry(
             rewritten[position] = [helper.make_node(op, [data, node.input[1], scales, *rest], list(node.output), name=f"{prefix}_Q{b.bits}", domain=MS, **attrs)]
         else:
             attrs = {"K": b.k, "N": b.n, "bits": b.bits, "block_size": BLOCK, **({"accuracy_level": accuracy_level} if accuracy_level else {})}
-            a, out = node.input[0], node.output[0]
-            if b.offsets is None:
-                rewritten[position] = [helper.make_node(op, [a, data, scales, *rest], [out], name=f"{prefix}_Q{b.bits}", domain=MS, **attrs)]
-            else:
-                zp, offsets = rest
-                new = []
-                if a not in sums:  # sum_k over each block of 32, once per activation
-                    sums[a] = f"{a}_block_sums"
-                    new.append(helper.make_node("MatMul", [a, _block_sum_matrix(graph, b.k)], [sums[a]], name=f"{prefix}_block_sums"))
-                new += [
-                    helper.make_node(op, [a, data, scales, zp], [f"{out}_codes"], name=f"{prefix}_Q{b.bits}", domain=MS, **attrs),
-                    helper.make_node("MatMul", [sums[a], offsets], [f"{out}_offsets"], name=f"{prefix}_offsets"),
-                    helper.make_node("Add", [f"{out}_codes", f"{out}_offsets"], [out], name=f"{prefix}_offsets_add"),
-                ]
-                rewritten[position] = new
+            offsets = rest.pop() if b.offsets is not None else None
+            rewritten[position] = split_matmul_nbits(
+                graph, sums, activation=node.input[0], output=node.output[0], prefix=prefix, name=f"{prefix}_Q{b.bits}", weights=[data, scales, *rest], offsets=offsets, attributes=attrs
+            )
         replaced.add(weight)
         carried += [Carried(name, kind, weight, op, b.bits, BLOCK, b.zero_point_kind, True, "", error) for name, kind in b.sources]
 
@@ -385,17 +370,85 @@ def _initializers(graph: Any, weight: str, b: Blocks, op: str) -> list[str]:
     return list(arrays)
 
 
-def _block_sum_matrix(graph: Any, k: int) -> str:
-    """A [K, K/32] float initializer of ones on each block's 32 rows: ``a @ it`` sums each block
-    of the activation (shared by every weight of that K)."""
+BlockSums = dict[tuple[str, int], str]
+"""(activation, block size) -> the tensor holding that activation's block sums, for one graph:
+every split ``MatMulNBits`` on one activation shares one block-sum MatMul."""
+
+
+def split_matmul_nbits(
+    graph: Any,
+    sums: BlockSums,
+    *,
+    activation: str,
+    output: str,
+    prefix: str,
+    name: str,
+    weights: Sequence[str],
+    offsets: str | None,
+    attributes: Mapping[str, Any],
+) -> list[Any]:
+    """The nodes computing ``output`` as ``MatMulNBits(activation, *weights)`` (``weights``: B,
+    scales, then optional uint8 zero points, g_idx, bias, as the op numbers its inputs from 1)
+    plus, where ``offsets`` names a float [k_blocks, N] initializer, ``block_sums(activation) @
+    offsets``: the split form of a weight ``(q - z) * s + r`` with one float r per block. A
+    weight with float zero points or Q4_1 offsets runs so on ONNX Runtime's fast prepacked (and,
+    at ``accuracy_level`` 4, int8) kernels, which have no float zero points (module docstring);
+    what those cannot hold is a [K/block, N] float MatMul, small beside the weight.
+
+    ``attributes`` (K, N, bits, block_size, accuracy_level, ...) go onto ``MatMulNBits`` as they
+    are. The block sums (``activation @ ones``, a [K, k_blocks] matrix from
+    :func:`block_sum_matrix`; a last, partial block sums its rows only) are computed once per
+    activation and block size and remembered in ``sums``; the caller puts the returned nodes
+    where the node they replace was, so the first one using an activation precedes the rest.
+    Node names start with ``prefix``; ``MatMulNBits`` is named ``name``."""
+    from onnx import helper
+
+    inputs = [activation, *weights]
+    while inputs and not inputs[-1]:  # optional inputs left out at the end are dropped
+        inputs.pop()
+    if offsets is None:
+        return [helper.make_node("MatMulNBits", inputs, [output], name=name, domain=MS, **attributes)]
+    k, block = int(attributes["K"]), int(attributes["block_size"])
+    nodes = []
+    key = (activation, block)
+    if key not in sums:  # sum_k over each block, once per activation
+        sums[key] = f"{activation}_block_sums" if block == BLOCK else f"{activation}_block_sums_{block}"
+        nodes.append(helper.make_node("MatMul", [activation, block_sum_matrix(graph, k, block)], [sums[key]], name=f"{prefix}_block_sums"))
+    nodes += [
+        helper.make_node("MatMulNBits", inputs, [f"{output}_codes"], name=name, domain=MS, **attributes),
+        helper.make_node("MatMul", [sums[key], offsets], [f"{output}_offsets"], name=f"{prefix}_offsets"),
+        helper.make_node("Add", [f"{output}_codes", f"{output}_offsets"], [output], name=f"{prefix}_offsets_add"),
+    ]
+    return nodes
+
+
+def block_sum_matrix(graph: Any, k: int, block: int = BLOCK) -> str:
+    """A [K, ceil(K / block)] float initializer of ones on each block's rows (the last block's
+    K % block where K is not a multiple): ``a @ it`` sums each block of the activation; added to
+    ``graph`` once per (K, block), shared by every weight of that K."""
     import numpy as np
     from onnx import numpy_helper
 
-    name = f"gguf.block_sums.{k}"
+    name = f"gguf.block_sums.{k}" if block == BLOCK else f"gguf.block_sums.{k}.{block}"
     if not any(t.name == name for t in graph.initializer):
-        ones = np.kron(np.eye(k // BLOCK, dtype=np.float32), np.ones((BLOCK, 1), np.float32))
+        k_blocks = -(-k // block)
+        ones = (np.arange(k)[:, None] // block == np.arange(k_blocks)[None, :]).astype(np.float32)
         graph.initializer.append(numpy_helper.from_array(ones, name))
     return name
+
+
+def pack_zero_points(z: Any, bits: int) -> Any:
+    """uint8 zero points [N, k_blocks] as ``MatMulNBits`` takes them: 4-bit packed like B, two to
+    a byte (block 2i in the low nibble, 2i + 1 in the high one, a row's last high nibble unused
+    where k_blocks is odd), uint8 [N, ceil(k_blocks / 2)]; 8-bit as they are."""
+    import numpy as np
+
+    z = np.asarray(z, np.uint8)
+    if bits == 8:
+        return np.ascontiguousarray(z)
+    if z.shape[1] % 2:
+        z = np.concatenate([z, np.zeros((z.shape[0], 1), np.uint8)], axis=1)
+    return np.ascontiguousarray(z[:, 0::2] | (z[:, 1::2] << 4)).astype(np.uint8)
 
 
 def _drop_unused(graph: Any, names: set[str]) -> None:

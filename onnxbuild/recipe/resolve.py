@@ -129,6 +129,8 @@ def resolve(doc: dict[str, Any]) -> dict[str, Any]:
         q.setdefault("validate", {})
         q.setdefault("op_types", None)
         q["calibration"] = _with_defaults(q.get("calibration", {}), deref("#/$defs/quantize")["properties"]["calibration"])
+        if q.get("budget") is not None:
+            q["budget"] = _with_defaults(q["budget"], deref("#/$defs/quantize")["properties"]["budget"])
     limits = doc.get("limits") or {}
     out["limits"] = {"memory_mb": limits.get("memory_mb"), "seconds": limits.get("seconds"), "steps": dict(limits.get("steps", {}))}
     gen = doc.get("generate")

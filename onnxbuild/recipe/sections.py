@@ -122,6 +122,7 @@ class Budget(TypedDict, total=False):
     ppl_increase_max: float
     kld_max: float
     fallback: Literal[8, "float"]
+    margin: float
 
 
 QuantizeSection = TypedDict(

@@ -200,10 +200,19 @@ def fastest(report: dict[str, Any]) -> list[str]:
             continue
         against = [f"{x:.2f}x PyTorch {t}" for x, t in ((best.get("ratio_to_pytorch"), "fp32"), (best.get("ratio_to_pytorch_bf16"), "bf16")) if x]
         limit = f", {_limit(best)}" if best.get("roofline") else ""
-        out.append(f"- {_shape(best['shape'])}: **{best['variant']} on {_provider(best['provider'])}** {format_ms(best['p50_ms'])}" + (f" ({', '.join(against)}{limit})" if against or limit else "") + _its_decode(report, best))
+        out.append(f"- {_shape(best['shape'])}: **{best['variant']} on {_provider(best['provider'])}** {format_ms(best['p50_ms'])}" + (f" ({', '.join(against)}{limit})" if against or limit else "") + _its_decode(report, best) + _quality(report, best["variant"]))
     if not report.get("validated"):
         return ["Fastest per shape (no source model to validate against: check is this recipe's gate):", "", *(line.replace("no validated", "no") for line in out), ""]
     return ["Fastest validated (variant, provider) per shape:", "", *out, ""]
+
+
+def _quality(report: dict[str, Any], variant: str) -> str:
+    """The variant's quality on validate.text, beside its speed (where the recipe measures text)."""
+    q = (report.get("quality") or {}).get(variant)
+    if not q:
+        return ""
+    verdict = "" if q["passed"] else "; its validation FAILED"
+    return f"; on text: perplexity {q['perplexity']:.3f} ({q['ppl_increase']:+.2%} vs PyTorch), mean KL {q['kld_mean']:.4f}, top-1 {q['top1_agreement']:.3f}{verdict}"
 
 
 def _its_decode(report: dict[str, Any], best: dict[str, Any]) -> str:

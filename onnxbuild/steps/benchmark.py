@@ -40,7 +40,7 @@ from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 from onnxbuild.steps.machine import PEAKS
 
-VERSION = 10
+VERSION = 11
 STATEFUL_SPAN = 8
 """A stateful OpenVINO decoder's timed decode steps run a past up to this many tokens - 1
 longer than the other rows' (GPT-2 after 128 tokens: 128-135)."""
@@ -66,6 +66,9 @@ def plan(p: Planning) -> list[StepSpec]:
     with_past = bool(r.get("export") and r["export"]["with_past"])
     if with_past:
         inputs.append(StepInput("export", "config.json"))
+    if p.recipe.torch_source and (r.get("validate") or {}).get("text"):
+        # quality on text beside speed in the lead: each variant's validation report
+        inputs += [StepInput(v.validate_step, f"reports/validation/{v.name}.json") for v in p.variants]
     # PyTorch is timed beside a traced source only; decode steps with a past or a decoder file
     decodes = with_past or bool(p.variants and p.variants[0].files)
     unread = {*(() if p.recipe.torch_source else ("baseline",)), *(() if decodes else ("decode_tokens",))}
@@ -259,10 +262,29 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         extra["openvino_kernels"] = ov_kernels
     if torch_source:
         extra["validated"] = _validated(spec)
+        quality = _quality(ctx, spec)
+        if quality:
+            extra["quality"] = quality
     return _finish(ctx, record, bench, threads, baseline, providers_report, results, decode if layout is not None else None, extra=extra)
 
 
 KERNELS_SHOWN = 6
+
+
+def _quality(ctx: StepContext, spec: StepSpec) -> dict[str, Any]:
+    """variant -> its figures on validate.text and whether its validation passed, where the
+    recipe measures text (the benchmark then takes the validation reports as inputs)."""
+    out: dict[str, Any] = {}
+    for v in spec.params["variants"]:
+        try:
+            report = json.loads(ctx.input(f"reports/validation/{v['name']}.json").read_text(encoding="utf-8"))
+        except (KeyError, OSError, ValueError):
+            return {}
+        entry = report["variants"][v["name"]]
+        if entry.get("text"):
+            t = entry["text"]
+            out[v["name"]] = {"passed": bool(entry["passed"]), "perplexity": t["perplexity"], "ppl_increase": t["ppl_increase"], "kld_mean": t["kld_mean"], "top1_agreement": t["top1_agreement"]}
+    return out
 
 
 def _kernels(ctx: StepContext, path: Any, sizes: dict[str, int], feeds: dict[str, Any], threads: int) -> dict[str, Any]:

