@@ -39,6 +39,8 @@ bench: install
 	$(PYTHON) bench/run.py
 	@# Llama- and Qwen2-shaped decoders beside onnxruntime-genai's model builder (a separate venv under bench/out)
 	$(PYTHON) bench/decoders.py
+	@# SmolLM2-135M with real weights: quality on text beside speed, every variant, dynamic int8 and the model builder's int4
+	$(PYTHON) bench/smollm2.py
 
 demo: install
 	onnxbuild make recipes/gpt2.yaml

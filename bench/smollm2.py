@@ -36,6 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out" / "smollm2"
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 RECIPE = ROOT / "recipes" / "smollm2-135m.yaml"
+KV_LAYOUT = {1: 3, 3: 64}
+"""SmolLM2-135M's cache: 3 key-value heads of 64."""
 sys.path.insert(0, str(ROOT / "bench"))
 
 
@@ -131,7 +133,8 @@ class OrtFile:
         import numpy as np
 
         def shape(name: str) -> list[int]:
-            return [1 if i == 0 else 0 if i == 2 else int(d) for i, d in enumerate(self.inputs[name].shape)]
+            # [batch, kv heads, past, head dim]; the builder names every axis
+            return [1 if i == 0 else 0 if i == 2 else d if isinstance(d, int) else KV_LAYOUT[i] for i, d in enumerate(self.inputs[name].shape)]
 
         return {n: np.zeros(shape(n), np.float16 if "float16" in self.inputs[n].type else np.float32) for n in self.past}
 
@@ -203,7 +206,7 @@ def main() -> None:
     sessions = {label: OrtFile(path) for label, path in files.items()}
     for label, f in sessions.items():
         q = text_quality.measure(model, f.logits, windows, section, {})  # type: ignore[arg-type]
-        rows[label] = {"perplexity": q["perplexity"], "ppl_increase": q["ppl_increase"], "kld": q["kld_mean"], "top1": q["top1_agreement"], "reference": q["perplexity_reference"], "mb": files[label].stat().st_size / 1e6}
+        rows[label] = {"perplexity": q["perplexity"], "ppl_increase": q["ppl_increase"], "kld": q["kld_mean"], "top1": q["top1_agreement"], "reference": q["perplexity_reference"], "mb": sum(f.stat().st_size for f in files[label].parent.glob(files[label].name + "*")) / 1e6}
     bf16 = load_model({**src, "dtype": "bfloat16"}, {"weights": "pretrained"}, ROOT)
     timers = {"PyTorch fp32 (eager, sdpa)": torch_timers(model, prompt), "PyTorch bf16 (eager, sdpa)": torch_timers(bf16, prompt)}
     timers.update({label: f.timers(prompt) for label, f in sessions.items()})
@@ -215,7 +218,7 @@ def main() -> None:
     ref = next(iter(rows.values()))["reference"]
     bf16_prefill, bf16_decode = best["PyTorch bf16 (eager, sdpa)"]
     print(f"\nQuality on recipes/text/eval.txt ({len(windows)} windows of 256 tokens), against PyTorch fp32 (perplexity {ref:.3f}); speed: best of {ROUNDS} rounds of p50, batch 1")
-    print(f"| file | MB | perplexity | vs fp32 | mean KL | top-1 | prefill 128 | decode after 128 | prefill vs PyTorch bf16 | decode vs bf16 |")
+    print("| file | MB | perplexity | vs fp32 | mean KL | top-1 | prefill 128 | decode after 128 | prefill vs PyTorch bf16 | decode vs bf16 |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for label, (prefill_ms, decode_ms) in best.items():
         r = rows.get(label)

@@ -151,6 +151,12 @@ def _validation(report: Any) -> str:
         t = v.get("top1") if isinstance(v, dict) else None
         if isinstance(t, dict) and isinstance(t.get("agreement"), (int, float)):
             gates.append(f"<li>{escape(variant)}: top-1 agreement {t['agreement']:.3f} over {escape(str(t.get('tokens', '?')))} tokens (floor {escape(str(t.get('min')))}) {_mark(bool(t.get('passed')))}</li>")
+        q = v.get("text") if isinstance(v, dict) else None
+        if isinstance(q, dict) and isinstance(q.get("perplexity"), (int, float)):
+            gates.append(
+                f"<li>{escape(variant)}: on text ({escape(str(q.get('text')))}, {escape(str(q.get('predictions')))} predictions): perplexity {q['perplexity']:.3f} "
+                f"({q.get('ppl_increase', 0):+.2%} vs PyTorch {q.get('perplexity_reference', 0):.3f}), mean KL {q.get('kld_mean', 0):.4f}, top-1 {q.get('top1_agreement', 0):.3f} {_mark(bool(q.get('passed')))}</li>"
+            )
         a = v.get("accuracy") if isinstance(v, dict) else None
         if isinstance(a, dict) and isinstance(a.get("onnxruntime"), (int, float)):
             gates.append(f"<li>{escape(variant)}: accuracy ONNX Runtime {a['onnxruntime']:.4f} vs source {a.get('pytorch', 0):.4f} on {escape(str(a.get('samples', '?')))} samples {_mark(bool(a.get('passed')))}</li>")

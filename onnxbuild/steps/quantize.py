@@ -39,7 +39,7 @@ METHOD_KEYS = {
 
 KEYED = {method: tuple(k for k in keys if k not in ("validate", "from")) for method, keys in METHOD_KEYS.items()}
 BUDGETED = ("int4", "weight_only")
-DEFAULT_MARGIN = 0.7
+DEFAULT_MARGIN = 0.5
 """budget.margin: the share of each budget figure the plan must meet on the calibration text."""
 """The methods an accuracy budget plans (steps/budget.py); without one, their calibration is unread."""
 """What enters a quantize step's key: its method's keys, less ``validate:`` (the variant's
@@ -261,8 +261,8 @@ def _budgeted(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: Quantiz
     cfg = cast(dict[str, Any], q["budget"])
     wanted = {k: float(cfg[k]) for k in b.METRICS if cfg.get(k) is not None}
     # planned within a margin of the budget on the calibration text, so that other text (the
-    # validation's, a user's) stays within the budget itself: SmolLM2 planned to +4.49% on the
-    # calibration text measured +6.09% on the held-out text against a 5% budget
+    # validation's, a user's) stays within the budget itself: SmolLM2's plan for a 5% budget met
+    # at 70% (+3.40% on 8 windows of the calibration text) measured +6.09% on the held-out text
     margin = float(cfg.get("margin", DEFAULT_MARGIN))
     target = {k: v * margin for k, v in wanted.items()}
     fallback = None if cfg.get("fallback") == "float" else 8
