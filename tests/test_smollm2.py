@@ -42,7 +42,7 @@ validate:
 optimize: {decoder: fused}
 quantize:
   - {name: int8, method: weight_only, from: optimized, bits: 8, block_size: 32, symmetric: false, accuracy_level: 4}
-  - {name: gguf, method: gguf, from: optimized, accuracy_level: 4}
+  - {name: gguf, method: gguf, from: optimized, accuracy_level: 4, embedding: true}
 """
 
 
@@ -85,7 +85,7 @@ def test_quantized_variants_are_gated_on_real_text(built: Path) -> None:
         assert (text["ppl_increase_max"], text["kld_max"], text["text_top1_min"]) == (0.01, 0.01, 0.9)  # int8's defaults
         assert text["passed"] and text["ppl_increase"] <= 0.01 and text["kld_mean"] <= 0.01
     carried = read(built / "artifacts" / "smol" / "reports" / "quantize" / "gguf.json")
-    assert len(carried["carried"]) == 211 and carried["not_carried"] == []  # 210 Q4_1 linears, the Q8_0 table (embedding and lm_head)
+    assert len(carried["carried"]) == 212 and carried["not_carried"] == []  # 210 Q4_1 linears, the Q8_0 table twice (embedding and lm_head)
     md = (built / "artifacts" / "smol" / "reports" / "validation.md").read_text(encoding="utf-8")
     assert "quality on text (file text/eval.txt: 3 windows of 128 tokens, 381 next-token predictions)" in md
 
