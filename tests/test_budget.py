@@ -9,7 +9,7 @@ the layer's largest. The output never sees those weights, but they set their blo
 scale, which then rounds the block's other weights away: the layer's output error is ~100% at
 4 bits and small at 8, where every other MatMul's is ~1%. Measured: mean KL from the float
 file on the calibration windows 0.0129 with all 11 MatMuls at 4 bits, 0.0036 with that one at 8,
-0.0031 with two; the budget (0.007) lies between.
+0.0031 with two; the plan's target (0.005: the budget of 0.01 times budget.margin 0.5) lies between.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ quantize:
     method: int4
     from: optimized
     block_size: 32
-    budget: {kld_max: 0.007}
+    budget: {kld_max: 0.01}
     calibration: {samples: 4, window: 32}
     validate: {top1_min: 0.3}   # seeded weights: near-flat logits on random ids, as llama-125m's int4
 """
@@ -73,7 +73,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
         mp.setenv("HF_HUB_OFFLINE", "1")
         result = run("--cache-dir", str(root / "cache"), "make", "b.yaml", "--lock")
     assert result.exit_code == 0, result.output
-    assert "budget kld_max 0.007: 1 of 11 MatMuls kept at 8 bits" in result.output
+    assert "budget kld_max 0.01: 1 of 11 MatMuls kept at 8 bits" in result.output
     return root
 
 
@@ -85,9 +85,9 @@ def bits_by_node(path: Path) -> dict[str, int]:
 def test_the_sensitive_layer_and_no_other_stays_at_8_bits(built: Path) -> None:
     plan = json.loads((built / "artifacts" / "b" / "reports" / "quantize" / "int4.json").read_text(encoding="utf-8"))
     assert [k["node"] for k in plan["kept"]] == [SENSITIVE] and plan["kept"][0]["bits"] == 8
-    assert plan["matmuls"] == 11 and plan["figures"]["kld_mean"] <= 0.007
+    assert plan["matmuls"] == 11 and plan["figures"]["kld_mean"] <= 0.005  # planned to margin 0.5 of the budget
     others = [c for c in plan["tried"] if c["kept"] == 0]
-    assert others and others[0]["kld_mean"] > 0.007  # every MatMul at 4 bits misses the budget
+    assert others and others[0]["kld_mean"] > 0.01  # every MatMul at 4 bits misses the budget itself
     bits = bits_by_node(built / "artifacts" / "b" / "int4" / "model.onnx")
     assert len(bits) == 11
     assert {name.removesuffix("_Q8").removesuffix("_Q4"): b for name, b in bits.items() if b == 8} == {SENSITIVE: 8}
@@ -97,7 +97,7 @@ def test_the_plan_is_in_the_lock_so_a_review_sees_which_layers_changed_precision
     lock = json.loads((built / "b.lock.json").read_text(encoding="utf-8"))
     step = lock["steps"]["quantize.int4"]
     assert step["record"]["kept"] == {SENSITIVE: 8}
-    assert step["record"]["figures"]["kld_mean"] <= 0.007
+    assert step["record"]["figures"]["kld_mean"] <= 0.005
 
 
 def test_the_same_inputs_give_the_same_plan(built: Path, monkeypatch: pytest.MonkeyPatch) -> None:
