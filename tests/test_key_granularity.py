@@ -91,6 +91,7 @@ TRY_FIRST: dict[str, list[Any]] = {
     "op_type": ["Add", "Mul"],
     "dataset": ["digits_mlp.py:build"],
     "factory": ["digits_mlp.py:test_set"],
+    "bits": [4],
 }
 TRY_FIRST_AT: dict[str, list[Any]] = {
     "providers[0].name": ["CUDAExecutionProvider"],
@@ -99,6 +100,7 @@ TRY_FIRST_AT: dict[str, list[Any]] = {
     "providers[1].options": [{"variants": ["int8"]}],
     "expect.optimized.ops.SkipLayerNormalization": [">= 5"],
     "expect.all.inputs.input_ids": ["int64[batch, tokens]"],
+    "quantize[0].calibration.text": ["calibration.txt"],
 }
 
 NO_OTHER_VALUE: dict[str, str] = {
@@ -107,6 +109,11 @@ NO_OTHER_VALUE: dict[str, str] = {
     "export.with_past": "generate: wants a past",
     "validate.sentences": "sentences are for sentence encoders",
     "validate.cosine_min": "a cosine floor needs validate.sentences",
+    "validate.text": "perplexity on text needs a text-generation model and its tokenizer: random-init tiny-gpt2 has none (tests/test_smollm2.py)",
+    "validate.ppl_increase_max": "a text gate needs validate.text",
+    "validate.kld_max": "a text gate needs validate.text",
+    "validate.text_top1_min": "a text gate needs validate.text",
+    "quantize[0].budget": "a budget plans int4/weight_only entries; these are dynamic (tests/test_budget.py)",
     "source.pytorch.checkpoint": "no checkpoint file beside the recipe",
     "source.graph.inputs[0].name": "a graph's names tie its nodes together: one alone cannot change",
     "source.graph.outputs[0].name": "as above",
