@@ -208,8 +208,8 @@ def test_with_past_recipe_mistakes_are_named(tmp_path: Path, task: str, with_pas
 
 def test_a_local_model_with_a_tokenizer_generates_text_and_run_applies_its_chat_template(tmp_path: Path) -> None:
     """A save_pretrained folder with a (tiny, trained here) tokenizer: the tokenizer is copied
-    beside model.onnx, the recipe's text prompt is encoded with it, and ``onnxbuild run``
-    applies its chat template."""
+    beside model.onnx, the recipe's text prompt is encoded with it through its chat template
+    (the generate step asks as a user would), and ``onnxbuild run`` applies it too."""
     import torch
     import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
@@ -237,7 +237,7 @@ def test_a_local_model_with_a_tokenizer_generates_text_and_run_applies_its_chat_
     art = tmp_path / "artifacts" / "tiny-lm"
     assert (art / "tokenizer.json").is_file() and (art / "tokenizer_config.json").is_file()
     gen = read(art / "reports" / "generation.json")
-    assert gen["prompt_ids"] == fast.encode("the quick brown fox")
+    assert gen["prompt_ids"] == fast.encode("<user>the quick brown fox<assistant>")  # through the chat template, as a user asks
     assert gen["variants"]["model"]["greedy"]["identical"] is True
     assert gen["variants"]["model"]["text"] == gen["pytorch"]["text"] == fast.decode(gen["pytorch"]["greedy_tokens"])
     result = CliRunner().invoke(cli, ["run", str(art), "--prompt", "hello", "-n", "5", "--json"])

@@ -31,7 +31,7 @@ class OutputComparison(TypedDict):
 def atol_shown(c: OutputComparison) -> str:
     """``atol=1e-4`` or, where the output's range scales it, ``atol=1e-4x31.2``."""
     scale = c.get("atol_scale", 1.0)
-    return f"atol={c['atol']:g}" + (f"x{scale:.3g}" if scale != 1.0 else "")
+    return f"atol={c['atol']:g}" + (f"x{scale:.3g}" if scale != 1.0 and c["atol"] else "")
 
 
 class WebResult(TypedDict):
