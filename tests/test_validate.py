@@ -150,7 +150,7 @@ def test_random_arrays_agree_with_numpy_isclose_elementwise() -> None:
     got = ref + rng.standard_normal(ref.shape).astype(np.float32) * 1e-3
     for rtol, atol in [(1e-3, 1e-4), (1e-2, 0.0), (0.0, 2e-3), (1e-5, 1e-5)]:
         c = compare(ref, got, rtol=rtol, atol=atol)
-        scale = max(1.0, float(np.abs(ref).max()))
+        scale = max(1.0, float(ref.max() - ref.min()), float(np.abs(ref).max()))
         close = np.isclose(got.astype(np.float64), ref.astype(np.float64), rtol=rtol, atol=atol * scale)
         assert c["mismatch_fraction"] == pytest.approx(1.0 - close.mean(), abs=0)
         assert c["passed"] is bool(close.all())
