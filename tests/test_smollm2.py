@@ -100,6 +100,8 @@ def test_a_wrong_weight_planted_in_the_fused_file_is_still_caught(built: Path, m
     onnx.save_model(model, str(built / "planted.onnx"))
     monkeypatch.chdir(built)
     result = run("--cache-dir", str(built / "cache"), "explain-mismatch", "smol.yaml", "--variant", "optimized", "--file", "planted.onnx", "--out", "found")
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 1, result.output  # the final logits are outside optimized's tolerance
+    # the fused graph shares only its inputs and caches with the export, so the first shared
+    # tensor after the planted layer 15 is layer 16's cache
     first = next(line for line in result.output.splitlines() if "first divergence" in line)
-    assert "/model/layers.15/mlp/down_proj/" in first, result.output
+    assert "present.16.key" in first, result.output
