@@ -180,7 +180,6 @@ def p50(fn: Any, n: int) -> float:
 
 
 def main() -> None:
-    import numpy as np
     import torch
 
     from onnxbuild.sources.huggingface import load_model
@@ -226,7 +225,6 @@ def main() -> None:
         print(f"| {label} | {quality} | {prefill_ms:.1f} ms | {decode_ms:.2f} ms | {prefill_ms / bf16_prefill:.2f}x | {decode_ms / bf16_decode:.2f}x |")
     (OUT / "results.json").write_text(json.dumps({"cpu": cpu(), "quality": rows, "timing_ms": best}, indent=2), encoding="utf-8")
     print(f"\n(written to {OUT / 'results.json'})")
-    del np
 
 
 if __name__ == "__main__":
