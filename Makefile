@@ -6,7 +6,7 @@ PIP := $(PYTHON) -m pip
 # accepts any torch >= 2.4.
 CONSTRAINTS := constraints.txt
 
-.PHONY: install test test-fast lint type bench demo clean
+.PHONY: install test test-slow test-all lint type docs bench demo clean
 
 install:
 	$(PIP) install -q -c $(CONSTRAINTS) -e '.[dev]'
@@ -23,11 +23,19 @@ install:
 	  || echo "could not install chromium: the report.html browser test will be skipped"; \
 	else echo "chromium not found (and no root apt-get): the report.html browser test will be skipped"; fi
 
+# The everyday suite: tiny models, under 15 minutes on 2 cores. Full-size builds (GPT-2, Llama-125M,
+# SmolLM2 with real weights, ...) are marked `slow` and run by `make test-slow`; CI runs both.
 test: install
-	$(PYTHON) -m pytest -q --durations=15
+	$(PYTHON) -m pytest -q -m "not slow" --durations=15
 
-test-fast:
-	$(PYTHON) -m pytest -q -m "not slow"
+test-slow: install
+	$(PYTHON) -m pytest -q -m slow --durations=15
+
+# The documentation site: docs/gen.py writes the recipe reference (from the schema) and the figures
+# page (from `make bench` output under bench/results/), then mkdocs builds with warnings as errors.
+docs:
+	$(PYTHON) docs/gen.py
+	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict --site-dir build/site
 
 lint:
 	$(PYTHON) -m ruff check onnxbuild tests

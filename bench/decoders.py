@@ -158,7 +158,11 @@ def main(recipes: list[str]) -> None:
             print(f"  {line}")
         fused = json.loads((artifacts / "reports" / "optimize.json").read_text(encoding="utf-8"))["fused_ops"]
         print(f"  onnxbuild optimized fused ops: {fused}")
+        from onnxbuild.environment import cpu_info
+
         (OUT / f"{name}.json").write_text(json.dumps(best, indent=2), encoding="utf-8")
+        # committed: docs/gen.py renders bench/results/*.json into the site's figures page
+        (ROOT / "bench" / "results" / f"decoders-{name}.json").write_text(json.dumps({"cpu": cpu_info()[0], **best}, indent=2), encoding="utf-8")
         if genai:
             genai_loads(genai, artifacts)
 

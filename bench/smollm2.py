@@ -223,8 +223,11 @@ def main() -> None:
         r = rows.get(label)
         quality = f"{r['mb']:.0f} | {r['perplexity']:.2f} | {r['ppl_increase']:+.2%} | {r['kld']:.4f} | {r['top1']:.3f}" if r else f"- | {ref:.2f} | - | - | -"
         print(f"| {label} | {quality} | {prefill_ms:.1f} ms | {decode_ms:.2f} ms | {prefill_ms / bf16_prefill:.2f}x | {decode_ms / bf16_decode:.2f}x |")
-    (OUT / "results.json").write_text(json.dumps({"cpu": cpu(), "quality": rows, "timing_ms": best}, indent=2), encoding="utf-8")
-    print(f"\n(written to {OUT / 'results.json'})")
+    text = json.dumps({"cpu": cpu(), "quality": rows, "timing_ms": best}, indent=2)
+    (OUT / "results.json").write_text(text, encoding="utf-8")
+    # committed: docs/gen.py renders bench/results/*.json into the site's figures page
+    (ROOT / "bench" / "results" / "smollm2.json").write_text(text, encoding="utf-8")
+    print(f"\n(written to {OUT / 'results.json'} and bench/results/smollm2.json)")
 
 
 if __name__ == "__main__":

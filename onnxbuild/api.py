@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from onnxbuild.engine.cache import Cache
+from onnxbuild.engine.cache import TAG_NAME, Cache
 from onnxbuild.engine.graph import Plan
 from onnxbuild.engine.runner import BuildReport, Reporter
 from onnxbuild.errors import CacheError, OnnxbuildError, RecipeError, UsageError
@@ -47,7 +47,8 @@ class Settings:
 
 def load_recipes(paths: Sequence[str | Path], settings: Settings | None = None) -> list[Recipe]:
     """Load every recipe, reporting the problems of all of them together."""
-    memo = settings.cache_dir / "state" / "recipes" if settings is not None else None
+    # a memo is read only from a cache onnxbuild made (tagged), as it is written only there
+    memo = settings.cache_dir / "state" / "recipes" if settings is not None and (settings.cache_dir / TAG_NAME).is_file() else None
     if not paths:
         raise UsageError("name at least one recipe, e.g. onnxbuild make recipes/gpt2.yaml")
     recipes: list[Recipe] = []
@@ -59,12 +60,20 @@ def load_recipes(paths: Sequence[str | Path], settings: Settings | None = None) 
             problems.extend(exc.problems)
     if problems:
         raise RecipeError(problems)
-    if memo is not None:
-        from onnxbuild.recipe.loader import remember
-
-        for recipe in recipes:  # only once all loaded: a failed command leaves nothing behind
-            remember(recipe, memo)
+    _remember(recipes, settings)  # only once all loaded: a failed command leaves nothing behind
     return recipes
+
+
+def _remember(recipes: Sequence[Recipe], settings: Settings | None) -> None:
+    """Each recipe's resolved form in the cache's memo, so the next command skips YAML and the
+    schema; only in a cache onnxbuild made (a folder it would refuse gets nothing written), so a
+    first build writes it once its cache exists."""
+    if settings is None or not (settings.cache_dir / TAG_NAME).is_file():
+        return
+    from onnxbuild.recipe.loader import remember
+
+    for recipe in recipes:
+        remember(recipe, settings.cache_dir / "state" / "recipes")
 
 
 def plan(
@@ -126,6 +135,7 @@ def build(
     recipes = load_recipes(paths, settings)
     cache = settings.cache(reporter)
     cache.ensure_writable()
+    _remember(recipes, settings)
     expected = _frozen(recipes, cache) if frozen else None
     from onnxbuild.pipeline import steps_for
 

@@ -54,9 +54,17 @@ SMALL_INITIALIZER = 1024
 """Initializers with fewer elements keep their values for shape inference (a Reshape's
 shape, a Slice's ends); bigger ones are weights, and only their dims are needed."""
 
-GEMM_SIZE = 1024
-"""Square GEMM size of the compute peaks: 2 GFLOP a call, big enough that the time is the
-kernel's and small enough to repeat many times within a budget of a second."""
+GEMM_SIZES = (1024, 2048)
+"""Square GEMM sizes of the compute peaks, the best one kept. One size understates them: on an
+AMX core torch.mm bf16 gives 470 GFLOP/s at 1024 and 1,890 at 2048, and a benchmark row then
+read "180% of bf16 GEMM"."""
+
+INT8_SHAPES = ((1024, 1024, 1024), (2048, 2048, 2048), (256, 2048, 2048))
+"""(M, K, N) of the int8 peak: square ones and a prefill's (few rows, wide weights)."""
+
+LOADED_BELOW = 0.8
+"""A measurement got less than this share of its threads' CPU time (process CPU time over
+wall time x threads): something else ran on the cores, so its figures are low."""
 
 MEMORY_BYTES = 512 * 2**20
 """The read-bandwidth buffer: beyond all but the largest L3 caches, within the memory a build step may use."""
@@ -80,6 +88,7 @@ class PeaksDict(TypedDict):
     memory_gbps: float
     threads: int
     how: dict[str, str]
+    cpu_share: float | None
 
 
 class RooflineDict(TypedDict):
@@ -117,6 +126,13 @@ class Peaks:
     threads: int
     how: dict[str, str] = field(default_factory=dict, hash=False)
     """One line per figure on how it was measured (or why it was not)."""
+    cpu_share: float | None = None
+    """The share of its threads' CPU time the timed calls got (None: not known); below
+    :data:`LOADED_BELOW` the machine was loaded and the figures are low."""
+
+    @property
+    def loaded(self) -> bool:
+        return self.cpu_share is not None and self.cpu_share < LOADED_BELOW
 
     def as_dict(self) -> PeaksDict:
         return {
@@ -126,7 +142,26 @@ class Peaks:
             "memory_gbps": self.memory_gbps,
             "threads": self.threads,
             "how": dict(self.how),
+            "cpu_share": self.cpu_share,
         }
+
+    def at_least(self, other: Peaks) -> Peaks:
+        """Each figure the higher of the two (a peak is a best case), with the lines saying how."""
+
+        def best(key: str, a: float | None, b: float | None) -> float | None:
+            if a is None or (b is not None and b > a):
+                how[key] = other.how.get(key, how.get(key, ""))
+                return b
+            return a
+
+        how = dict(self.how)
+        fp32 = best("fp32_gflops", self.fp32_gflops, other.fp32_gflops)
+        memory = best("memory_gbps", self.memory_gbps, other.memory_gbps)
+        assert fp32 is not None and memory is not None
+        bf16 = best("bf16_gflops", self.bf16_gflops, other.bf16_gflops)
+        int8 = best("int8_gops", self.int8_gops, other.int8_gops)
+        shares = [s for s in (self.cpu_share, other.cpu_share) if s is not None]
+        return Peaks(fp32, bf16, int8, memory, self.threads, how, min(shares) if shares else None)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Peaks:
@@ -148,7 +183,7 @@ class Peaks:
             raise ValueError(f"peaks.how: must map figure names to strings (got {how!r})")
         fp32, memory = number("fp32_gflops"), number("memory_gbps")
         assert fp32 is not None and memory is not None
-        return cls(fp32, number("bf16_gflops", True), number("int8_gops", True), memory, threads, dict(how))
+        return cls(fp32, number("bf16_gflops", True), number("int8_gops", True), memory, threads, dict(how), number("cpu_share", True))
 
 
 @dataclass(frozen=True)
@@ -558,16 +593,20 @@ def _einsum_flops(node: onnx.NodeProto, operands: list[Shape]) -> int:
 def measure_peaks(threads: int, budget_s: float = 1.0) -> Peaks:
     """Measure this CPU's best GEMM throughput per precision and its memory read bandwidth.
 
-    Each figure is the best of as many repeats as fit in ``budget_s`` (after two warm-up
-    calls): a peak is a best case. bf16 and int8 are measured only where the CPU has native
-    instructions for them (``BF16_FLAGS``, ``INT8_FLAGS``) and are None elsewhere: emulated,
-    they would be no limit anyone reaches for. About ``4 * budget_s`` seconds plus imports,
-    and a 512 MiB buffer.
+    Each figure is the best over the sizes in :data:`GEMM_SIZES` (int8: :data:`INT8_SHAPES`)
+    and, for fp32, over two libraries (torch's BLAS and onnxruntime's MLAS: on some CPUs one
+    is twice the other), each the best of as many repeats as fit in ``budget_s`` (after a
+    warm-up call): a peak is a best case. bf16 and int8 are measured only where the CPU has
+    native instructions for them (``BF16_FLAGS``, ``INT8_FLAGS``) and are None elsewhere:
+    emulated, they would be no limit anyone reaches for. ``cpu_share`` says how much of its
+    threads' CPU time the timed calls got: a loaded machine gives low figures
+    (:attr:`Peaks.loaded`). About ``10 * budget_s`` seconds plus imports and the calls
+    themselves, and a 512 MiB buffer.
 
     Args:
         threads: the threads each benchmark uses (set for torch, and as onnxruntime's
             intra-op threads), as the timed rows do.
-        budget_s: the time spent repeating each figure.
+        budget_s: the time spent repeating each figure at each size.
     """
     import torch
 
@@ -577,80 +616,140 @@ def measure_peaks(threads: int, budget_s: float = 1.0) -> Peaks:
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     how: dict[str, str] = {}
+    clock = _Clock()
     try:
-        n = GEMM_SIZE
-        fp32, how["fp32_gflops"] = _torch_gemm(torch.float32, n, threads, budget_s)
+        fp32, how["fp32_gflops"] = max(
+            [_torch_gemm(torch.float32, n, threads, budget_s, clock) for n in GEMM_SIZES] + [_ort_gemm(n, threads, budget_s, clock) for n in GEMM_SIZES]
+        )
         bf16: float | None = None
         if flags & set(BF16_FLAGS):
-            bf16, how["bf16_gflops"] = _torch_gemm(torch.bfloat16, n, threads, budget_s)
+            bf16, how["bf16_gflops"] = max(_torch_gemm(torch.bfloat16, n, threads, budget_s, clock) for n in GEMM_SIZES)
         else:
             how["bf16_gflops"] = f"not measured: no native bf16 on this CPU (flags {', '.join(sorted(BF16_FLAGS))})"
         int8: float | None = None
         if flags & set(INT8_FLAGS):
-            int8, how["int8_gops"] = _ort_int8_gemm(n, threads, budget_s)
+            int8, how["int8_gops"] = max(_ort_int8_gemm(shape, threads, budget_s, clock) for shape in INT8_SHAPES)
         else:
             how["int8_gops"] = f"not measured: no int8 dot-product instructions on this CPU (flags {', '.join(sorted(INT8_FLAGS))})"
-        memory, how["memory_gbps"] = _read_bandwidth(threads, budget_s)
+        memory, how["memory_gbps"] = _read_bandwidth(threads, budget_s, clock)
     finally:
         torch.set_num_threads(before)
-    return Peaks(_sig(fp32), None if bf16 is None else _sig(bf16), None if int8 is None else _sig(int8), _sig(memory), threads, how)
+    share = clock.share(threads)
+    return Peaks(_sig(fp32), None if bf16 is None else _sig(bf16), None if int8 is None else _sig(int8), _sig(memory), threads, how, round(share, 3))
 
 
-def _best(call: Callable[[], object], budget_s: float, warmup: int = 2) -> tuple[float, int]:
+class _Clock:
+    """Wall time and this process's CPU time (all its threads) over the timed calls."""
+
+    def __init__(self) -> None:
+        self.wall = self.cpu = 0.0
+
+    def share(self, threads: int) -> float:
+        return min(1.0, self.cpu / (self.wall * threads)) if self.wall > 0 else 1.0
+
+
+def cpu_share(threads: int, seconds: float = 0.3) -> float:
+    """The share of ``threads`` threads' CPU time a short onnxruntime GEMM loop gets now: about
+    1 on an idle machine, about 0.5 where another job keeps every core busy."""
+    import numpy as np
+    import onnx
+
+    n = 384
+    session = _session(
+        [onnx.helper.make_node("MatMul", ["A", "B"], ["Y"])],
+        [onnx.helper.make_tensor_value_info("A", onnx.TensorProto.FLOAT, [n, n])],
+        [onnx.helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, [n, n])],
+        [onnx.numpy_helper.from_array(np.ones((n, n), np.float32), "B")], threads,
+    )  # fmt: skip
+    feeds = {"A": np.ones((n, n), np.float32)}
+    clock = _Clock()
+    _best(lambda: session.run(None, feeds), seconds, clock=clock)
+    return round(clock.share(threads), 3)
+
+
+def _best(call: Callable[[], object], budget_s: float, warmup: int = 1, clock: _Clock | None = None) -> tuple[float, int]:
     """The shortest time of ``call`` (seconds) over at least 3 repeats and ``budget_s``, and the repeat count."""
     for _ in range(warmup):
         call()
     best, count = math.inf, 0
     end = time.perf_counter() + budget_s
+    cpu0, wall0 = time.process_time(), time.perf_counter()
     while count < 3 or time.perf_counter() < end:
         start = time.perf_counter()
         call()
         best = min(best, time.perf_counter() - start)
         count += 1
+    if clock is not None:
+        clock.cpu += time.process_time() - cpu0
+        clock.wall += time.perf_counter() - wall0
     return best, count
 
 
-def _torch_gemm(dtype: Any, n: int, threads: int, budget_s: float) -> tuple[float, str]:
+def _torch_gemm(dtype: Any, n: int, threads: int, budget_s: float, clock: _Clock | None = None) -> tuple[float, str]:
     import torch
 
     a = torch.randn(n, n, generator=torch.Generator().manual_seed(0)).to(dtype)
     b = torch.randn(n, n, generator=torch.Generator().manual_seed(1)).to(dtype)
     out = torch.empty(n, n, dtype=dtype)
     with torch.inference_mode():
-        seconds, count = _best(lambda: torch.mm(a, b, out=out), budget_s)
+        seconds, count = _best(lambda: torch.mm(a, b, out=out), budget_s, clock=clock)
     name = str(dtype).removeprefix("torch.")
-    return 2 * n**3 / seconds / 1e9, f"torch.mm {n}x{n} {name}, {threads} thread(s), best of {count}: 2n^3 / time"
+    return 2 * n**3 / seconds / 1e9, f"torch.mm {n}x{n} {name}, {threads} thread(s), best of {count}: 2n^3 / time (best of sizes {', '.join(map(str, GEMM_SIZES))})"
 
 
-def _ort_int8_gemm(n: int, threads: int, budget_s: float) -> tuple[float, str]:
-    """onnxruntime's int8 GEMM (MLAS, as dynamic quantization's MatMulInteger runs it): u8 x s8."""
-    import numpy as np
+def _session(nodes: Any, inputs: Any, outputs: Any, weights: Any, threads: int) -> Any:
     import onnx
     import onnxruntime as ort
 
-    rng = np.random.default_rng(0)
-    weight = onnx.numpy_helper.from_array(rng.integers(-128, 128, (n, n), dtype=np.int8), "B")
-    graph = onnx.helper.make_graph(
-        [onnx.helper.make_node("MatMulInteger", ["A", "B"], ["Y"])], "int8_gemm",
-        [onnx.helper.make_tensor_value_info("A", onnx.TensorProto.UINT8, [n, n])],
-        [onnx.helper.make_tensor_value_info("Y", onnx.TensorProto.INT32, [n, n])], [weight],
-    )  # fmt: skip
+    graph = onnx.helper.make_graph(nodes, "peak", inputs, outputs, weights)
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)], ir_version=8)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    feeds = {"A": rng.integers(0, 256, (n, n), dtype=np.uint8)}
-    seconds, count = _best(lambda: session.run(None, feeds), budget_s)
-    return 2 * n**3 / seconds / 1e9, f"onnxruntime MatMulInteger uint8 {n}x{n} x int8 {n}x{n}, {threads} intra-op thread(s), best of {count}: 2n^3 / time"
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def _read_bandwidth(threads: int, budget_s: float) -> tuple[float, str]:
+def _ort_gemm(n: int, threads: int, budget_s: float, clock: _Clock | None = None) -> tuple[float, str]:
+    """onnxruntime's fp32 MatMul (MLAS, as every fp32 ONNX row runs it)."""
+    import numpy as np
+    import onnx
+
+    rng = np.random.default_rng(0)
+    weight = onnx.numpy_helper.from_array(rng.standard_normal((n, n), dtype=np.float32), "B")
+    session = _session(
+        [onnx.helper.make_node("MatMul", ["A", "B"], ["Y"])],
+        [onnx.helper.make_tensor_value_info("A", onnx.TensorProto.FLOAT, [n, n])],
+        [onnx.helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, [n, n])], [weight], threads,
+    )  # fmt: skip
+    feeds = {"A": rng.standard_normal((n, n), dtype=np.float32)}
+    seconds, count = _best(lambda: session.run(None, feeds), budget_s, clock=clock)
+    return 2 * n**3 / seconds / 1e9, f"onnxruntime MatMul float32 {n}x{n}, {threads} intra-op thread(s), best of {count}: 2n^3 / time (best of torch and onnxruntime at sizes {', '.join(map(str, GEMM_SIZES))})"
+
+
+def _ort_int8_gemm(shape: tuple[int, int, int], threads: int, budget_s: float, clock: _Clock | None = None) -> tuple[float, str]:
+    """onnxruntime's int8 GEMM (MLAS, as dynamic quantization's MatMulInteger runs it): u8 x s8."""
+    import numpy as np
+    import onnx
+
+    m, k, n = shape
+    rng = np.random.default_rng(0)
+    weight = onnx.numpy_helper.from_array(rng.integers(-128, 128, (k, n), dtype=np.int8), "B")
+    session = _session(
+        [onnx.helper.make_node("MatMulInteger", ["A", "B"], ["Y"])],
+        [onnx.helper.make_tensor_value_info("A", onnx.TensorProto.UINT8, [m, k])],
+        [onnx.helper.make_tensor_value_info("Y", onnx.TensorProto.INT32, [m, n])], [weight], threads,
+    )  # fmt: skip
+    feeds = {"A": rng.integers(0, 256, (m, k), dtype=np.uint8)}
+    seconds, count = _best(lambda: session.run(None, feeds), budget_s, clock=clock)
+    return 2 * m * k * n / seconds / 1e9, f"onnxruntime MatMulInteger uint8 {m}x{k} x int8 {k}x{n}, {threads} intra-op thread(s), best of {count}: 2mkn / time (best of {', '.join(f'{a}x{b}x{c}' for a, b, c in INT8_SHAPES)})"
+
+
+def _read_bandwidth(threads: int, budget_s: float, clock: _Clock | None = None) -> tuple[float, str]:
     import torch
 
     buffer = torch.ones(MEMORY_BYTES // 4, dtype=torch.float32)
     with torch.inference_mode():
-        seconds, count = _best(buffer.sum, budget_s, warmup=1)
+        seconds, count = _best(buffer.sum, budget_s, clock=clock)
     return MEMORY_BYTES / seconds / 1e9, f"torch sum of a {MEMORY_BYTES // 2**20} MiB float32 tensor, {threads} thread(s), best of {count}: bytes / time"
 
 

@@ -123,6 +123,10 @@ class StepResult:
     data: dict[str, Any] = field(default_factory=dict)
     extra_outputs: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    keep: bool = True
+    """False: this build uses the outputs, but the cache keeps no entry for them (nor pushes
+    one), so the next build runs the step again; for figures a step knows to be untrustworthy,
+    such as machine limits measured while another job ran."""
 
 
 @dataclass(frozen=True)

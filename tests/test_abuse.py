@@ -60,7 +60,7 @@ def test_a_folder_onnxbuild_did_not_make_is_refused_as_a_cache(project: Path, tm
     for command in (("make", LR), ("gc",), ("cache", "verify")):
         result = run("--cache-dir", str(home), *command)
         assert result.exit_code == 1, (command, result.output)
-        assert result.stderr.startswith(f"Error: {home} is not an onnxbuild cache (no {TAG_NAME}, and it holds .bashrc); "), result.stderr
+        assert result.stderr.startswith(f"Error: {home} is not an onnxbuild cache (no {TAG_NAME}, and it holds .bashrc, objects/ab, tmp/old-build); "), result.stderr
     assert (home / "tmp" / "old-build" / "notes.txt").is_file() and (home / "objects" / "ab" / "photo.jpg").is_file()
 
 
@@ -85,13 +85,33 @@ def test_a_cache_another_build_is_creating_at_that_moment_is_not_refused(tmp_pat
     assert missed and all((root / sub).is_dir() for sub in ("objects", "entries", "tmp"))
 
 
-def test_a_new_cache_is_tagged_and_an_old_untagged_one_adopted(project: Path, settings: onnxbuild.Settings) -> None:
+def test_a_new_cache_is_tagged_and_a_look_alike_without_the_tag_is_refused(project: Path, settings: onnxbuild.Settings, tmp_path: Path) -> None:
+    """#39: a folder with onnxbuild's subfolder names (tmp/, objects/) holding files, and no tag,
+    was adopted: make wrote the tag and emptied its tmp/, gc deleted in its objects/. Names
+    prove nothing about an owner; only empty folders (or onnxbuild's lock files) are taken."""
     assert onnxbuild.build([LR], settings, in_process=True).ok
     tag = cache_of(project) / TAG_NAME
     assert tag.read_text(encoding="utf-8").startswith("Signature: 8a477f597d28d172789f06886806bc55")
-    tag.unlink()  # a cache written before the tag existed holds only onnxbuild's own folders
-    assert run("gc").exit_code == 0
-    assert tag.is_file()
+    look_alike = tmp_path / "look-alike"
+    for sub in ("tmp/job-1", "objects/ab"):
+        (look_alike / sub).mkdir(parents=True)
+    (look_alike / "tmp" / "job-1" / "draft.txt").write_text("mine\n", encoding="utf-8")
+    (look_alike / "objects" / "ab" / "abc").write_bytes(b"mine")
+    for command in (("make", LR), ("gc",), ("cache", "verify")):
+        result = run("--cache-dir", str(look_alike), *command)
+        assert result.exit_code == 1, (command, result.output)
+        assert result.stderr == (
+            f"Error: {look_alike} is not an onnxbuild cache (no {TAG_NAME}, and it holds objects/ab, tmp/job-1); "
+            "onnxbuild deletes inside its cache, so it uses only a new or empty folder: pass another --cache-dir or ONNXBUILD_CACHE_DIR\n"
+        )
+    assert (look_alike / "tmp" / "job-1" / "draft.txt").is_file() and (look_alike / "objects" / "ab" / "abc").read_bytes() == b"mine"
+    assert not (look_alike / TAG_NAME).exists()
+    empty = tmp_path / "empty-subfolders"  # onnxbuild's own names, nothing in them: taken and tagged
+    for sub in ("objects", "tmp", "locks"):
+        (empty / sub).mkdir(parents=True)
+    (empty / "locks" / "gc.lock").write_text("", encoding="utf-8")
+    assert run("--cache-dir", str(empty), "gc").exit_code == 0
+    assert (empty / TAG_NAME).is_file()
 
 
 def test_gc_never_follows_a_link_inside_objects(project: Path, settings: onnxbuild.Settings) -> None:

@@ -150,6 +150,7 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
     "quantize-name-dotdot": ("17:12", f'quantize[0].name: {NAME_PATTERN} (got "../x")'),
     "quantize-name-slash": ("17:12", f'quantize[0].name: {NAME_PATTERN} (got "int8/fast")'),
     "provider-bad-name": ("5:20", 'providers[0].name: must be an ONNX Runtime provider name such as CPUExecutionProvider or CUDAExecutionProvider, web (onnxruntime-web under Node.js) or openvino (the OpenVINO CPU plugin) (got "cuda")'),
+    "provider-unknown-name": ("5:20", "providers[0].name: unknown execution provider 'TensorRTExecutionProvider'; did you mean TensorrtExecutionProvider? onnxruntime knows: ACLExecutionProvider, ArmNNExecutionProvider, AzureExecutionProvider, CANNExecutionProvider, CPUExecutionProvider, CUDAExecutionProvider, CoreMLExecutionProvider, DmlExecutionProvider, DnnlExecutionProvider, JsExecutionProvider, MIGraphXExecutionProvider, NnapiExecutionProvider, NvTensorRTRTXExecutionProvider, OpenVINOExecutionProvider, QNNExecutionProvider, ROCMExecutionProvider, RknpuExecutionProvider, SNPEExecutionProvider, TensorrtExecutionProvider, VSINPUExecutionProvider, VitisAIExecutionProvider, WebGpuExecutionProvider, WebNNExecutionProvider, XnnpackExecutionProvider (or web, openvino)"),
     "openvino-bad-precision": ("7:26", "providers[0].options.precision: expected one of auto, f32, bf16, f16, got 'int8'"),
     "openvino-unknown-option": ("7:15", "providers[0].options.variant: unknown option for the openvino target (it takes: variants, precision, atol, rtol, top1_min)"),
     "openvino-unknown-variant": ("7:26", "providers[0].options.variants[0]: no variant 'int8' (this recipe has: model)"),
@@ -273,3 +274,13 @@ def test_the_real_command_exits_2_without_a_traceback(name: str, tmp_path: Path)
     located = f"{recipe}:{where}" if where else str(recipe)
     assert proc.stderr == f"Error: 1 problem in the recipe:\n  {located}: {message}\n"
     assert everything_under(tmp_path) == []
+
+
+def test_the_known_provider_names_hold_every_name_the_installed_onnxruntime_knows() -> None:
+    """#39: a provider name onnxruntime does not know (a typo) passed with exit 0; the static list
+    that refuses it must not refuse a real one."""
+    import onnxruntime
+
+    from onnxbuild.recipe.checks import KNOWN_PROVIDERS
+
+    assert set(onnxruntime.get_all_providers()) <= set(KNOWN_PROVIDERS)

@@ -342,3 +342,109 @@ def _one_matmul(path: Path, w: Any) -> Path:
     )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), path)
     return path
+
+
+# ---------------------------------------------------------------- #39: limits measured low
+
+
+def _one_matmul_file(folder: Path) -> Path:
+    import numpy as np
+    import onnx
+
+    w = onnx.numpy_helper.from_array(np.ones((K, N), np.float32), "W")
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("MatMul", ["X", "W"], ["Y"])], "g",
+        [onnx.helper.make_tensor_value_info("X", onnx.TensorProto.FLOAT, ["batch", K])],
+        [onnx.helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, ["batch", N])], [w],
+    )  # fmt: skip
+    path = folder / "model.onnx"
+    onnx.save_model(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)], ir_version=10), str(path))
+    return path
+
+
+def test_a_row_over_its_limit_measures_the_peaks_again_and_one_still_over_is_marked_not_printed_as_a_share(tmp_path: Path) -> None:
+    """#39: the machine step measured one 1024^2 GEMM, which on an AMX core gives a third of
+    torch.mm's bf16 at 2048^2, and benchmark.md printed "180% of bf16 GEMM". A row over its
+    limit now has the peaks measured again (best of sizes and libraries); a row still over
+    it is marked, and the report says the limit is low instead of printing the share."""
+    import numpy as np
+
+    from onnxbuild.report.benchmark import limit_text
+    from onnxbuild.roofline import Peaks
+    from onnxbuild.spec import StepContext
+    from onnxbuild.steps.benchmark import PEAKS, _attach_roofline, _work_of
+
+    low = Peaks(fp32_gflops=0.01, bf16_gflops=None, int8_gops=None, memory_gbps=0.01, threads=1, how={"fp32_gflops": "planted: a busy machine"})
+    (tmp_path / "in" / "reports").mkdir(parents=True)
+    (tmp_path / "in" / PEAKS).write_text(json.dumps(low.as_dict()), encoding="utf-8")
+    ctx = StepContext(recipe_name="r", recipe_path="r.yaml", recipe_dir=tmp_path, input_dir=tmp_path / "in", output_dir=tmp_path / "out")
+    model = _one_matmul_file(tmp_path)
+    feeds = {"X": np.ones((BATCH, K), np.float32)}
+    real = {"variant": "model", "provider": "CPUExecutionProvider", "shape": {"batch": BATCH}, "p50_ms": 0.02, **_work_of(model, "fp32", feeds, phase="")}
+    impossible = {"variant": "optimized", "provider": "CPUExecutionProvider", "shape": {"batch": BATCH}, "p50_ms": 1e-9, **_work_of(model, "fp32", feeds, phase="")}
+    peaks = _attach_roofline(ctx, [real, impossible], threads=1)
+    assert peaks is not None
+    assert peaks["fp32_gflops"] > 1 and peaks["memory_gbps"] > 1  # measured again: the planted figures were beaten
+    assert peaks["remeasured"].startswith(f"model at batch={BATCH} reached ") and peaks["remeasured"].endswith(" rose")
+    assert "fp32_gflops" in peaks["remeasured"] and "memory_gbps" in peaks["remeasured"]
+    assert "onnxruntime MatMul" in peaks["how"]["fp32_gflops"] or "torch.mm" in peaks["how"]["fp32_gflops"]
+    assert real["roofline"]["fraction"] <= 1.0 and "over_limit" not in real["roofline"]
+    assert impossible["roofline"]["over_limit"] is True and impossible["roofline"]["fraction"] > 1
+    assert limit_text(impossible).startswith(f"over the measured {impossible['roofline']['limit']} limit (")
+    assert limit_text(impossible).endswith(": the limit is low)") and limit_text(real).endswith(f"% of {real['roofline']['limit']}")
+
+
+def test_the_fp32_peak_is_the_best_of_torch_and_onnxruntime_at_two_sizes() -> None:
+    """#39: one size and one library understate the peak (torch.mm fp32 83 GFLOP/s on this
+    EPYC while onnxruntime's MLAS ran MiniLM's MatMuls at 172): the peak is the best of both."""
+    from onnxbuild.roofline import GEMM_SIZES, _ort_gemm, _torch_gemm, measure_peaks
+
+    peaks = measure_peaks(threads=1, budget_s=0.05)
+    import torch
+
+    each = [_torch_gemm(torch.float32, n, 1, 0.05)[0] for n in GEMM_SIZES] + [_ort_gemm(n, 1, 0.05)[0] for n in GEMM_SIZES]
+    # a best case: no lower than the second-best single measurement made just after it (noise aside)
+    assert peaks.fp32_gflops >= sorted(each)[-2] * 0.8, (peaks.fp32_gflops, each)
+    assert peaks.cpu_share is not None and 0 < peaks.cpu_share <= 1
+
+
+# ---------------------------------------------------------------- #39: a busy machine
+
+
+class _Busy:
+    """One spinning process per core: the load another CI job puts on the machine."""
+
+    def __enter__(self) -> _Busy:
+        import os
+        import subprocess
+        import sys
+
+        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for p in self.procs:
+            p.kill()
+            p.wait()
+
+
+def test_limits_measured_on_a_busy_machine_are_marked_and_not_cached(tmp_path: Path) -> None:
+    """#39: while another job ran, fp32 GEMM measured 33 GFLOP/s against 241 quiet, and that was
+    cached under the CPU fingerprint for good. Now the timed calls' share of CPU time is
+    measured with them: under load the limits and the times are marked, and the machine step
+    keeps no cache entry, so the next build measures again."""
+    with _Busy():
+        folder = build(tmp_path, ONE_MATMUL)
+    machine = read(folder / "reports" / "machine.json")
+    assert machine["loaded"] is True and machine["cpu_share"] < 0.8, machine
+    bench = read(folder / "benchmark.json")
+    jsonschema.validate(bench, benchmark_schema())
+    assert bench["load"]["loaded"] is True and bench["peaks"]["loaded"] is True
+    md = (folder / "benchmark.md").read_text(encoding="utf-8")
+    assert "> **Measured on a busy machine:**" in md and "> The limits were measured on a busy machine (" in md
+    assert not list((tmp_path / "cache" / "entries").rglob("*.json")) or all(
+        read(e)["step"] != "machine" for e in (tmp_path / "cache" / "entries").rglob("*.json")
+    )
+    report = onnxbuild.build([tmp_path / "recipes" / "one-matmul.yaml"], onnxbuild.Settings(cache_dir=tmp_path / "cache", artifacts_dir=tmp_path / "artifacts"), jobs=1)
+    status = {s["name"]: s["status"] for s in report.recipes[0].steps}
+    assert status["machine"] == "built"  # measured again, now quiet (unless this machine is busy of itself)

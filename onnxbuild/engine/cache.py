@@ -178,7 +178,9 @@ class Cache:
         Building, ``gc`` and ``cache verify`` delete inside objects/, entries/ and tmp/; a
         folder someone else owns (``ONNXBUILD_CACHE_DIR=$HOME``) or a subfolder that is a
         symbolic link (a cloned repository can carry one) would make them delete other files.
-        A cache from an onnxbuild before the tag (only its own subfolders) is adopted.
+        An untagged folder is taken only while nothing in it could be someone else's: empty, or
+        onnxbuild's own subfolders with nothing inside but lock files. A look-alike (``tmp/`` and
+        ``objects/`` holding files, no tag) is refused: its names prove nothing about its owner.
         """
         if not self.root.is_dir():
             return
@@ -186,7 +188,11 @@ class Cache:
             # the tag may appear between the two looks: another build creating this same cache
             # (mkdir, then the tag) at once; that one made it, so it is ours
             others = sorted(p.name for p in self.root.iterdir() if p.name not in SUBFOLDERS and p.name != TAG_NAME)
-            if others:
+            for sub in SUBFOLDERS:
+                folder = self.root / sub
+                if folder.is_dir() and not folder.is_symlink():
+                    others += sorted(f"{sub}/{p.name}" for p in folder.iterdir() if not (sub == "locks" and p.suffix == ".lock" and p.is_file()))
+            if others and not (self.root / TAG_NAME).is_file():
                 raise CacheError(
                     f"{self.root} is not an onnxbuild cache (no {TAG_NAME}, and it holds {', '.join(others[:3])}{', ...' if len(others) > 3 else ''}); "
                     "onnxbuild deletes inside its cache, so it uses only a new or empty folder: pass another --cache-dir or ONNXBUILD_CACHE_DIR"
@@ -265,8 +271,12 @@ class Cache:
     def discard(self, key: str) -> None:
         self._drop(self.entry_path(key))
 
-    def commit(self, key: str, step: str, kind: str, ingredients: dict[str, Any], workdir: Path, files: Iterable[str], data: dict[str, Any]) -> EntryRecord:
-        """Move a step's output files into the object store, then write its entry (the commit point)."""
+    def commit(
+        self, key: str, step: str, kind: str, ingredients: dict[str, Any], workdir: Path, files: Iterable[str], data: dict[str, Any], *, keep: bool = True
+    ) -> EntryRecord:
+        """Move a step's output files into the object store, then write its entry (the commit
+        point); with ``keep=False`` no entry is written or pushed: the objects serve this build's
+        artifacts only (``gc`` drops them once no artifact names them)."""
         outputs: list[OutputRecord] = []
         for rel in sorted(set(files)):
             src = workdir / rel
@@ -284,6 +294,9 @@ class Cache:
             if len(outputs) == 1:
                 pause_for_tests("cache-write", step)  # one object stored, the rest still in scratch, no entry yet
         entry: EntryRecord = {"key": key, "step": step, "kind": kind, "ingredients": ingredients, "outputs": outputs, "data": data}
+        if not keep:
+            self.discard(key)  # an entry an earlier build kept is not this build's figures
+            return entry
         atomic_write_text(self.entry_path(key), pretty_json(entry))
         if self.remote is not None:
             try:

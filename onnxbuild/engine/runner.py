@@ -469,7 +469,7 @@ def _finish(st: _State, outcome: Outcome, workdir: Path, cache: Cache, reporter:
                 if result.warnings:
                     data["warnings"] = list(result.warnings)
                 files = sorted(declared | (extra & written))
-                entry = cache.commit(p.key, p.spec.name, p.spec.kind, p.ingredients, out, files, data)
+                entry = cache.commit(p.key, p.spec.name, p.spec.kind, p.ingredients, out, files, data, keep=result.keep)
                 differs = _differs_from_lock(st, entry)
                 if differs:
                     st.record = _record(p, p.key, "failed", differs, None)

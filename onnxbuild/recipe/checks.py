@@ -136,6 +136,9 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
             yield problem(where, f"{gate} gates quality on real text; add validate.text (the text to measure on)", key=True)
     variant_names = ["model", *(["optimized"] if doc.get("optimize") else []), *(q.get("name") for q in doc.get("quantize", []))]
     for i, prov in enumerate(doc.get("providers", [])):
+        unknown = _unknown_provider(prov.get("name"))
+        if unknown:
+            yield problem(("providers", i, "name"), unknown)
         if prov.get("name") == "openvino":
             yield from (problem(("providers", i, "options", *path), message, key=at_key) for path, message, at_key in _openvino_options(prov.get("options") or {}, torch_source))
         wanted = (prov.get("options") or {}).get("variants") if prov.get("name") in TARGETS else None
@@ -197,3 +200,38 @@ def _variant_validates(doc: dict[str, Any]) -> Iterable[tuple[tuple[Any, ...], d
     for i, q in enumerate(doc.get("quantize") or []):
         if isinstance(q, dict) and isinstance(q.get("validate"), dict):
             yield ("quantize", i, "validate"), q["validate"]
+
+
+KNOWN_PROVIDERS = (
+    "CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider", "NvTensorRTRTXExecutionProvider",
+    "MIGraphXExecutionProvider", "OpenVINOExecutionProvider", "DnnlExecutionProvider", "VitisAIExecutionProvider",
+    "QNNExecutionProvider", "NnapiExecutionProvider", "VSINPUExecutionProvider", "JsExecutionProvider",
+    "CoreMLExecutionProvider", "ACLExecutionProvider", "DmlExecutionProvider", "RknpuExecutionProvider",
+    "WebNNExecutionProvider", "WebGpuExecutionProvider", "XnnpackExecutionProvider", "CANNExecutionProvider",
+    "AzureExecutionProvider", "ROCMExecutionProvider", "ArmNNExecutionProvider", "SNPEExecutionProvider",
+)
+"""Every provider name onnxruntime knows (``onnxruntime.get_all_providers()`` of 1.31, and older
+ones still in use), whether or not this machine's build has it: a typo is a recipe error, a
+provider missing here is the benchmark's "not in this onnxruntime build"."""
+
+
+def _unknown_provider(name: Any) -> str | None:
+    """Why ``name`` is no execution provider, or None. The schema checks the shape
+    (``...ExecutionProvider``); a name outside :data:`KNOWN_PROVIDERS` is looked up in the
+    installed onnxruntime (only then imported: a newer one may know more) before it is refused."""
+    if not isinstance(name, str) or not name.endswith("ExecutionProvider") or name in KNOWN_PROVIDERS:
+        return None
+    known = list(KNOWN_PROVIDERS)
+    try:
+        import onnxruntime
+
+        known += [p for p in onnxruntime.get_all_providers() if p not in known]
+    except Exception:  # no onnxruntime here: the static list decides
+        pass
+    if name in known:
+        return None
+    import difflib
+
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]}? " if close else ""
+    return f"unknown execution provider {name!r}; {hint}onnxruntime knows: {', '.join(sorted(known))} (or web, openvino)"

@@ -39,9 +39,20 @@ def markdown(report: dict[str, Any]) -> str:
     if report.get("weights") == "random-init":
         lines += ["> weights: random-init (latency does not depend on weight values)", ""]
     lines += fastest(report)
+    load = report.get("load")
+    if load and load["loaded"]:
+        lines += [
+            f"> **Measured on a busy machine:** a GEMM loop got {load['cpu_share_before']:.0%} of the threads' CPU time before the timed calls and "
+            f"{load['cpu_share_after']:.0%} after; another job ran, and every time below is slower than this machine is.",
+            "",
+        ]
     peaks = report.get("peaks")
     if peaks:
         lines += [f"Machine limits (measured once per CPU fingerprint, {peaks['threads']} threads): {limits_line(peaks)}.", ""]
+        if peaks.get("loaded"):
+            lines += [f"> The limits were measured on a busy machine ({peaks['cpu_share']:.0%} of the threads' CPU time): they are low, and the next build measures them again.", ""]
+        if peaks.get("remeasured"):
+            lines += [f"> A row beat the cached limits: {peaks['remeasured']}.", ""]
     bf16 = report.get("pytorch_bf16")
     if bf16 and bf16["status"] == "skipped":
         lines += [f"PyTorch bf16 not timed: {bf16['reason']}.", ""]
@@ -58,7 +69,7 @@ def markdown(report: dict[str, Any]) -> str:
         vs32 = f"{b['p50_ms'] / fp['p50_ms']:.2f}x" if fp else "-"
         lines.append(
             f"| PyTorch {dtype} ({b['mode']}{', ' + b['attention'] if b.get('attention') else ''}) | - | {shape} | {format_ms(b['p50_ms'])} | {format_ms(b['p90_ms'])} | "
-            f"{format_ms(b['p99_ms'])} | {b['throughput']:.1f} | {vs32} | {vs16} | {_work(b)} | {_limit(b)} |"
+            f"{format_ms(b['p99_ms'])} | {b['throughput']:.1f} | {vs32} | {vs16} | {_work(b)} | {limit_text(b)} |"
         )
     for r in report["results"]:
         if "p50_ms" not in r:
@@ -70,7 +81,7 @@ def markdown(report: dict[str, Any]) -> str:
             precision += " (not validated here)"
         lines.append(
             f"| {r['variant']}{bound} | {_provider(r['provider'])}{precision} | {_shape(r['shape'])} | {format_ms(r['p50_ms'])} | {format_ms(r['p90_ms'])} | {format_ms(r['p99_ms'])} | "
-            f"{r['throughput']:.1f} | {_ratio(r.get('ratio_to_pytorch'))} | {_ratio(r.get('ratio_to_pytorch_bf16'))} | {_work(r)} | {_limit(r)} |"
+            f"{r['throughput']:.1f} | {_ratio(r.get('ratio_to_pytorch'))} | {_ratio(r.get('ratio_to_pytorch_bf16'))} | {_work(r)} | {limit_text(r)} |"
         )
     lines += [
         "",
@@ -104,7 +115,7 @@ def markdown(report: dict[str, Any]) -> str:
             who = {"pytorch": f"PyTorch {d.get('dtype', 'fp32')} generate()", "openvino": "OpenVINO"}.get(d["engine"], f"ONNX Runtime ({_provider(d['provider'] or '')})")
             lines.append(
                 f"| {who} | {d['variant'] or '-'} | {shape} | {d['new_tokens']} | {format_ms(d['prefill_p50_ms'])} | {format_ms(d['decode_p50_ms'])}{_past(d)} | "
-                f"{format_ms(d['decode_p90_ms'])} | {d['tokens_per_s']:.1f} | {ratio} | {ratio16} | {_limit(d)} |"
+                f"{format_ms(d['decode_p90_ms'])} | {d['tokens_per_s']:.1f} | {ratio} | {ratio16} | {limit_text(d)} |"
             )
     if report.get("kernels"):
         lines += ["", "## Where the time goes (ONNX Runtime's profiler, CPU provider)", "", "| variant | shape | one profiled call | kernels by time |", "|---|---|---|---|"]
@@ -154,10 +165,13 @@ def _work(row: dict[str, Any]) -> str:
     return f"{w['flops'] / 1e9:.3g} GFLOP, {w['weight_bytes'] / 1e6:.3g} MB"
 
 
-def _limit(row: dict[str, Any]) -> str:
+def limit_text(row: dict[str, Any]) -> str:
+    """A row's share of its limit, for benchmark.md and report.html."""
     r = row.get("roofline")
-    if not r:
+    if not isinstance(r, dict) or not isinstance(r.get("fraction"), (int, float)):
         return "-"
+    if r.get("over_limit"):  # the limit is wrong, not the row fast: never a bare "180%"
+        return f"over the measured {r['limit']} limit ({r['fraction']:.0%}: the limit is low)"
     return f"{r['fraction']:.0%} of {r['limit']}"
 
 
@@ -199,7 +213,7 @@ def fastest(report: dict[str, Any]) -> list[str]:
             out.append(f"- {_shape(shape)}: no validated (variant, provider) was timed")
             continue
         against = [f"{x:.2f}x PyTorch {t}" for x, t in ((best.get("ratio_to_pytorch"), "fp32"), (best.get("ratio_to_pytorch_bf16"), "bf16")) if x]
-        limit = f", {_limit(best)}" if best.get("roofline") else ""
+        limit = f", {limit_text(best)}" if best.get("roofline") else ""
         out.append(f"- {_shape(best['shape'])}: **{best['variant']} on {_provider(best['provider'])}** {format_ms(best['p50_ms'])}" + (f" ({', '.join(against)}{limit})" if against or limit else "") + _its_decode(report, best) + _quality(report, best["variant"]))
     if not report.get("validated"):
         return ["Fastest per shape (no source model to validate against: check is this recipe's gate):", "", *(line.replace("no validated", "no") for line in out), ""]

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxbuild._util import atomic_write_text, format_ms
+from onnxbuild.report.benchmark import limit_text
 from onnxbuild.report.diffview import RecipeDiff, model_lines, show, summary_line
 
 CSS = """
@@ -193,13 +194,6 @@ def _generation(report: Any) -> str:
     )
 
 
-def _limit(row: dict[str, Any]) -> str:
-    r = row.get("roofline")
-    if not isinstance(r, dict) or not isinstance(r.get("fraction"), (int, float)):
-        return "-"
-    return f"{r['fraction']:.0%} of {r.get('limit', '?')}"
-
-
 def _benchmark(folder: Path, report: Any) -> str:
     if report is None:
         return ""
@@ -212,7 +206,7 @@ def _benchmark(folder: Path, report: Any) -> str:
             fp32 = b.get("dtype", "fp32") == "fp32"
             rows.append(
                 f'<tr class="baseline"><td>PyTorch {escape(str(b.get("dtype", "fp32")))} ({escape(str(b.get("mode", "")))})</td><td>-</td><td>{escape(_shape(b.get("shape")))}</td>'
-                f'<td class="num">{format_ms(b.get("p50_ms"))}</td><td class="num">{format_ms(b.get("p90_ms"))}</td><td class="num">{"1.00x" if fp32 else "-"}</td><td class="num">{"-" if fp32 else "1.00x"}</td><td>{escape(_limit(b))}</td></tr>'
+                f'<td class="num">{format_ms(b.get("p50_ms"))}</td><td class="num">{format_ms(b.get("p90_ms"))}</td><td class="num">{"1.00x" if fp32 else "-"}</td><td class="num">{"-" if fp32 else "1.00x"}</td><td>{escape(limit_text(b))}</td></tr>'
             )
     for r in report["results"]:
         if not isinstance(r, dict):
@@ -224,13 +218,13 @@ def _benchmark(folder: Path, report: Any) -> str:
             continue
         rows.append(
             f'<tr data-variant="{escape(str(r.get("variant")))}"><td>{escape(str(r.get("variant")))}</td><td>{escape(provider)}</td><td>{escape(_shape(r.get("shape")))}</td>'
-            f'<td class="num">{format_ms(r.get("p50_ms"))}</td><td class="num">{format_ms(r.get("p90_ms"))}</td><td class="num">{"-" if not ratio else f"{ratio:.2f}x"}</td><td class="num">{"-" if not ratio16 else f"{ratio16:.2f}x"}</td><td>{escape(_limit(r))}</td></tr>'
+            f'<td class="num">{format_ms(r.get("p50_ms"))}</td><td class="num">{format_ms(r.get("p90_ms"))}</td><td class="num">{"-" if not ratio else f"{ratio:.2f}x"}</td><td class="num">{"-" if not ratio16 else f"{ratio16:.2f}x"}</td><td>{escape(limit_text(r))}</td></tr>'
         )
     decode = []
     for d in report.get("decode", []) if isinstance(report.get("decode"), list) else []:
         if isinstance(d, dict):
             who = f"PyTorch {d.get('dtype', 'fp32')} generate()" if d.get("engine") == "pytorch" else f"{d.get('variant')} ({str(d.get('provider') or '').replace('ExecutionProvider', '')})"
-            decode.append(f'<tr><td>{escape(who)}</td><td>{escape(_shape(d.get("shape")))}</td><td class="num">{format_ms(d.get("prefill_p50_ms"))}</td><td class="num">{format_ms(d.get("decode_p50_ms"))}</td><td class="num">{escape(str(d.get("tokens_per_s", "-")))}</td><td>{escape(_limit(d))}</td></tr>')
+            decode.append(f'<tr><td>{escape(who)}</td><td>{escape(_shape(d.get("shape")))}</td><td class="num">{format_ms(d.get("prefill_p50_ms"))}</td><td class="num">{format_ms(d.get("decode_p50_ms"))}</td><td class="num">{escape(str(d.get("tokens_per_s", "-")))}</td><td>{escape(limit_text(d))}</td></tr>')
     png = folder / "benchmark.png"
     chart = ""
     if png.is_file() and not png.is_symlink() and png.stat().st_size < 8 << 20:
