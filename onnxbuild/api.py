@@ -411,8 +411,9 @@ def explain_mismatch(path: str | Path, variant: str, settings: Settings | None =
     was made from, at one of the recipe's validation shapes, with the variant's tolerances:
     (``divergence.Search``, what was compared with what)."""
     from onnxbuild.divergence import feeds_for, first_divergence
+    from onnxbuild.pipeline import variants
     from onnxbuild.recipe.sections import ExportSection, ValidateSection
-    from onnxbuild.recipe.variants import tolerances, variants, vocab_size
+    from onnxbuild.recipe.variants import tolerances, vocab_size
     from onnxbuild.steps.validate import case_seed
 
     settings = settings or Settings()
@@ -422,11 +423,11 @@ def explain_mismatch(path: str | Path, variant: str, settings: Settings | None =
     if variant not in by_name:
         raise UsageError(f"--variant: {recipe.name} has no variant {variant!r} (it has: {', '.join(by_name)})")
     v = by_name[variant]
-    if v.name == "model":
+    if v.base is None:
         raise UsageError("--variant: model is the export itself; explain-mismatch compares a variant with the file it was made from (optimized, or a quantize entry)")
     if v.files:
         raise UsageError(f"--variant: {variant} is {len(v.files)} files (an encoder and a decoder); explain-mismatch takes one-file variants")
-    base_name = "model" if v.name == "optimized" else next(q["from"] for q in r["quantize"] if q["name"] == v.name)
+    base_name = v.base
     folder = settings.artifacts_dir / recipe.name
     reference = folder / by_name[base_name].path
     candidate = Path(file) if file is not None else folder / v.path

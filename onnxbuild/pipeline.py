@@ -24,12 +24,23 @@ from dataclasses import replace
 
 from onnxbuild import testhooks
 from onnxbuild.recipe.model import Recipe
-from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD, VARIANT_TOLERANCES, Variant, variants
+from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD, VARIANT_TOLERANCES, model_variant
 from onnxbuild.sources import recorded, source_module
-from onnxbuild.spec import STEP_KINDS, Limits, Planning, Resources, StepSpec
+from onnxbuild.spec import STEP_KINDS, Limits, Planning, Resources, StepSpec, Variant
 from onnxbuild.steps import describe, step_module
 
 __all__ = ["MODEL", "SOURCE_RECORD", "VARIANT_TOLERANCES", "Variant", "steps_for", "variants"]
+
+
+def variants(recipe: Recipe) -> list[Variant]:
+    """The exported model, then what each kind that makes variants makes (its module's
+    ``variants(recipe)``), in the registry's order."""
+    out = [model_variant(recipe)]
+    for kind in STEP_KINDS:
+        made = getattr(step_module(kind), "variants", None)
+        if made is not None:
+            out += made(recipe)
+    return out
 
 
 def steps_for(recipe: Recipe) -> list[StepSpec]:

@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from onnxbuild.recipe.model import Recipe
-    from onnxbuild.recipe.variants import Variant
 
-STEP_KINDS: tuple[str, ...] = ("source", "export", "check", "optimize", "quantize", "expect", "validate", "report", "generate", "machine", "benchmark")
+STEP_KINDS: tuple[str, ...] = ("source", "export", "check", "optimize", "quantize", "convert", "expect", "validate", "report", "generate", "machine", "benchmark")
 """Every step kind, in pipeline order, one module each at ``onnxbuild.steps.<kind>``: the
 registry. ``pipeline.steps_for`` asks each in this order for its steps, the loader checks
 ``limits.steps`` against it."""
@@ -127,6 +126,43 @@ class StepResult:
     """False: this build uses the outputs, but the cache keeps no entry for them (nor pushes
     one), so the next build runs the step again; for figures a step knows to be untrustworthy,
     such as machine limits measured while another job ran."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One ONNX model the build produces: its name, the step that writes it and its path.
+
+    A step kind that makes variants says so with a ``variants(recipe) -> list[Variant]``
+    function in its module (``pipeline.variants`` asks every kind in the registry's order);
+    everything after it (validate, expect, generate, benchmark, report) reads them from
+    :class:`Planning` and names no kind."""
+
+    name: str
+    step: str
+    path: str
+    precision: str
+    """Which default tolerances hold it (``recipe.variants.VARIANT_TOLERANCES``): fp32, fp16, int8, int4."""
+    files: tuple[str, ...] = ()
+    """Every ONNX file of the variant when it is more than one (an encoder-decoder's
+    encoder_model.onnx and decoder_model.onnx); ``path`` is then the decoder's."""
+    base: str | None = None
+    """The variant it was made from (None for the exported model): a failed validation looks
+    for the first node where the two part."""
+    own: dict[str, Any] = field(default_factory=dict, hash=False)
+    """Its recipe entry's own ``validate:`` tolerances, over its precision's defaults."""
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return self.files or (self.path,)
+
+    @property
+    def validate_step(self) -> str:
+        """The step that validates it: ``validate`` for the exported model, ``validate.<name>`` else."""
+        return "validate" if self.name == "model" else f"validate.{self.name}"
+
+    def as_param(self) -> dict[str, Any]:
+        """How a step's params name it (generate, benchmark)."""
+        return {"name": self.name, "path": self.path, "precision": self.precision, **({"files": list(self.files)} if self.files else {})}
 
 
 @dataclass(frozen=True)

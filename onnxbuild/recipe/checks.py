@@ -9,7 +9,7 @@ from typing import Any
 
 from onnxbuild.errors import Problem
 from onnxbuild.recipe.model import is_torch_source
-from onnxbuild.recipe.resolve import default_sample, symbolic_dims, validation_dims
+from onnxbuild.recipe.resolve import default_sample, schema, symbolic_dims, validation_dims
 from onnxbuild.recipe.sections import TARGETS
 from onnxbuild.recipe.tasks import WITH_PAST_INPUTS
 from onnxbuild.recipe.variants import TEXT_GATES
@@ -134,7 +134,8 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
         if text is None and (gates or own):
             where, gate = (("validate", gates[0]), gates[0]) if gates else (own[0][0] + (own[0][1],), own[0][1])
             yield problem(where, f"{gate} gates quality on real text; add validate.text (the text to measure on)", key=True)
-    variant_names = ["model", *(["optimized"] if doc.get("optimize") else []), *(q.get("name") for q in doc.get("quantize", []))]
+    entries = list(variant_entries(doc))
+    variant_names: list[str] = ["model", *(["optimized"] if doc.get("optimize") else []), *(e["name"] for _, _, e in entries)]
     for i, prov in enumerate(doc.get("providers", [])):
         unknown = _unknown_provider(prov.get("name"))
         if unknown:
@@ -154,7 +155,7 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
         if variant != "all" and variant not in variant_names:
             yield problem(("expect", variant), f"no variant {variant!r} (this recipe has: {', '.join(variant_names)}; `all` for every one)", key=True)
     kinds = set(STEP_KINDS)
-    named = {f"{kind}.{q['name']}" for q in doc.get("quantize", []) for kind in ("quantize", "validate", "expect")} | {"validate.optimized", "expect.optimized"}
+    named = {f"{kind}.{e['name']}" for section, _, e in entries for kind in (section, "validate", "expect")} | {"validate.optimized", "expect.optimized"}
     for step in (doc.get("limits") or {}).get("steps", {}):
         if step not in kinds and step not in named:
             yield problem(("limits", "steps", step), f"no such step or step kind (kinds: {', '.join(sorted(kinds))}; steps such as {', '.join(sorted(named)) or 'validate.int8'})", key=True)
@@ -168,14 +169,24 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
             yield problem(("optimize", "decoder"), "fused graphs are for text-generation models exported with export.with_past: true; use decoder: auto or export")
         elif model_type is not None and model_type not in FUSED_DECODERS:
             yield problem(("optimize", "decoder"), f"no fused graph for model_type {model_type!r} (there is one for {', '.join(FUSED_DECODERS)}); use decoder: auto or export")
-    for i, q in enumerate(doc.get("quantize", [])):
-        earlier = [p["name"] for p in doc["quantize"][:i]]
-        if q["name"] in ("model", "optimized"):
-            yield problem(("quantize", i, "name"), f"{q['name']!r} names a built-in variant; choose another name (e.g. int8)")
-        if q["name"] in earlier:
-            yield problem(("quantize", i, "name"), f"variant name {q['name']!r} is used twice; names must be unique")
-        if q.get("from") == "optimized" and not doc.get("optimize"):
-            yield problem(("quantize", i, "from"), "quantizes the optimized variant, but the recipe has no optimize section")
+    for n, (section, i, e) in enumerate(entries):
+        earlier = [p["name"] for _, _, p in entries[:n]]
+        if e["name"] in ("model", "optimized"):
+            yield problem((section, i, "name"), f"{e['name']!r} names a built-in variant; choose another name (e.g. int8)")
+        if e["name"] in earlier:
+            yield problem((section, i, "name"), f"variant name {e['name']!r} is used twice; names must be unique")
+        if e.get("from") == "optimized" and not doc.get("optimize"):
+            yield problem((section, i, "from"), f"{section}s the optimized variant, but the recipe has no optimize section")
+
+
+def variant_entries(doc: dict[str, Any]) -> Iterable[tuple[str, int, dict[str, Any]]]:
+    """(section, index, entry) for every entry of a section the schema marks ``x-variants``
+    (quantize, convert, ...): a list whose entries are variants named by ``name``, made from
+    the variant ``from`` names by step ``<section>.<name>``, with their own ``validate:``."""
+    for section, prop in schema()["properties"].items():
+        value = doc.get(section)
+        if prop.get("x-variants") and isinstance(value, list):
+            yield from ((section, i, e) for i, e in enumerate(value) if isinstance(e, dict) and isinstance(e.get("name"), str))
 
 
 OPENVINO_OPTIONS = {"variants": "a list of variant names", "precision": "one of auto, f32, bf16, f16", "atol": "a number >= 0", "rtol": "a number >= 0", "top1_min": "a number from 0 to 1"}
@@ -197,9 +208,9 @@ def _variant_validates(doc: dict[str, Any]) -> Iterable[tuple[tuple[Any, ...], d
     opt = doc.get("optimize")
     if isinstance(opt, dict) and isinstance(opt.get("validate"), dict):
         yield ("optimize", "validate"), opt["validate"]
-    for i, q in enumerate(doc.get("quantize") or []):
-        if isinstance(q, dict) and isinstance(q.get("validate"), dict):
-            yield ("quantize", i, "validate"), q["validate"]
+    for section, i, e in variant_entries(doc):
+        if isinstance(e.get("validate"), dict):
+            yield (section, i, "validate"), e["validate"]
 
 
 KNOWN_PROVIDERS = (

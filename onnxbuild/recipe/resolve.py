@@ -146,8 +146,16 @@ def resolve(doc: dict[str, Any]) -> dict[str, Any]:
     # defaults and so reaches that kind's key; the sections above need more than defaults.
     for key, value in doc.items():
         if key not in out:
-            ref = schema()["properties"][key].get("$ref") or next((a["$ref"] for a in schema()["properties"][key].get("anyOf", []) if "$ref" in a), None)
-            out[key] = _with_defaults(value, deref(ref)) if isinstance(value, dict) and ref else value
+            prop = schema()["properties"][key]
+            ref = prop.get("$ref") or next((a["$ref"] for a in prop.get("anyOf", []) if "$ref" in a), None)
+            items = (prop.get("items") or {}).get("$ref")
+            if isinstance(value, list) and items:  # a list of entries (a variant-making kind's): each with its defaults
+                out[key] = [_with_defaults(e, deref(items)) if isinstance(e, dict) else e for e in value]
+                for e in out[key]:
+                    if isinstance(e, dict) and "validate" in deref(items).get("properties", {}):
+                        e.setdefault("validate", {})
+            else:
+                out[key] = _with_defaults(value, deref(ref)) if isinstance(value, dict) and ref else value
     return out
 
 

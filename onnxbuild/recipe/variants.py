@@ -3,10 +3,10 @@ each kind of variant is validated with."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from onnxbuild.recipe.model import Recipe
+from onnxbuild.spec import Variant
 
 MODEL = "model.onnx"
 SOURCE_RECORD = "reports/source.json"
@@ -27,32 +27,6 @@ VARIANT_TOLERANCES: dict[str, dict[str, float]] = {
 TEXT_GATES = ("ppl_increase_max", "kld_max", "text_top1_min")
 
 
-@dataclass(frozen=True)
-class Variant:
-    """One ONNX model the build produces: its name, the step that writes it and its path."""
-
-    name: str
-    step: str
-    path: str
-    precision: str
-    files: tuple[str, ...] = ()
-    """Every ONNX file of the variant when it is more than one (an encoder-decoder's
-    encoder_model.onnx and decoder_model.onnx); ``path`` is then the decoder's."""
-
-    @property
-    def paths(self) -> tuple[str, ...]:
-        return self.files or (self.path,)
-
-    @property
-    def validate_step(self) -> str:
-        """The step that validates it: ``validate`` for the exported model, ``validate.<name>`` else."""
-        return "validate" if self.name == "model" else f"validate.{self.name}"
-
-    def as_param(self) -> dict[str, Any]:
-        """How a step's params name it (generate, benchmark)."""
-        return {"name": self.name, "path": self.path, "precision": self.precision, **({"files": list(self.files)} if self.files else {})}
-
-
 def model_files(recipe: Recipe) -> tuple[str, ...]:
     """The ONNX files of the exported model: model.onnx, or the source kind's several files."""
     from onnxbuild.sources import source_module
@@ -61,43 +35,23 @@ def model_files(recipe: Recipe) -> tuple[str, ...]:
     return tuple(kind_files(recipe.source)) if kind_files is not None and recipe.torch_source else (MODEL,)
 
 
-def variants(recipe: Recipe) -> list[Variant]:
-    r = recipe.resolved
-    base = "export" if recipe.torch_source else "source"
-    names = model_files(recipe)
-
-    def variant(name: str, step: str, folder: str, precision: str) -> Variant:
-        files = tuple(f"{folder}{n}" for n in names)
-        return Variant(name, step, files[-1], precision, files if len(files) > 1 else ())
-
-    out = [variant("model", base, "", "fp32")]
-    if r.get("optimize"):
-        out.append(variant("optimized", "optimize", "optimized/", "fp16" if r["optimize"]["float16"] else "fp32"))
-    for q in r.get("quantize", []):
-        out.append(variant(q["name"], f"quantize.{q['name']}", f"{q['name']}/", quantized_precision(q)))
-    return out
+def model_variant(recipe: Recipe) -> Variant:
+    """The exported model (``export``'s for a traced source, else ``source``'s), held to fp32."""
+    return variant(recipe, "model", "export" if recipe.torch_source else "source", "", "fp32")
 
 
-def quantized_precision(q: dict[str, Any]) -> str:
-    """The tolerances a quantize entry's variant is held to. A GGUF-exact file computes in
-    float below accuracy_level 4 (its weights are the GGUF's, which are the source model's),
-    so it is held to fp32's; at 4 its activations are rounded to int8."""
-    if q["method"] == "gguf":
-        return "int8" if q["accuracy_level"] == 4 else "fp32"
-    four = q["method"] == "int4" or (q["method"] == "weight_only" and q["bits"] == 4)
-    return "int4" if four else "int8"
+def variant(recipe: Recipe, name: str, step: str, folder: str, precision: str, base: str | None = None, own: dict[str, Any] | None = None) -> Variant:
+    """A variant written by ``step`` under ``folder``, one file per file of the exported model."""
+    files = tuple(f"{folder}{n}" for n in model_files(recipe))
+    return Variant(name, step, files[-1], precision, files if len(files) > 1 else (), base, dict(own or {}))
 
 
 def tolerances(recipe: Recipe, v: Variant) -> dict[str, Any]:
-    """The base validate section's tolerances for the exported model; the variant's own otherwise."""
+    """The base validate section's tolerances for the exported model; the variant's own
+    (``v.own``, its entry's ``validate:``) over its precision's defaults otherwise."""
     r = recipe.resolved
     if v.name == "model":
         return {}
-    entry = None if v.name == "optimized" else next(q for q in r["quantize"] if q["name"] == v.name)
-    own = (r["optimize"] or {}).get("validate", {}) if entry is None else entry["validate"]
-    budget = (entry or {}).get("budget") or {}
-    # a budgeted variant is held, on the validation text, to the figures it was planned for
-    own = {**{k: budget[k] for k in TEXT_GATES if k in budget}, **own}
     defaults: dict[str, float | None] = dict(VARIANT_TOLERANCES[v.precision])
     base = r.get("validate") or {}  # absent for onnx and graph sources: validation needs a torch model
     if base.get("top1_min") is None:
@@ -114,7 +68,7 @@ def tolerances(recipe: Recipe, v: Variant) -> dict[str, Any]:
         # top-1 0.955 on text, 0.858 on random ids; its GGUF blocks at int8 compute: +0.38%,
         # 0.965 on text, 0.902 on random ids)
         defaults["top1_min"] = None
-    return {**defaults, **own}
+    return {**defaults, **v.own}
 
 
 def vocab_size(recipe: Recipe) -> int | None:

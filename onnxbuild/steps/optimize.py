@@ -16,10 +16,11 @@ from typing import Any, cast
 from onnxbuild import environment
 from onnxbuild._util import pick, pretty_json
 from onnxbuild.errors import StepError
+from onnxbuild.recipe.model import Recipe
 from onnxbuild.recipe.sections import TARGETS, OptimizeSection
-from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD
+from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD, variant
 from onnxbuild.sources import is_decoder, section_for
-from onnxbuild.spec import Planning, StepInput
+from onnxbuild.spec import Planning, StepInput, Variant
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 
 OWN_KEYS = ("level", "decoder", "transformer", "float16")
@@ -51,6 +52,14 @@ HARDWARE_BOUND = frozenset({"extended", "layout", "all"})
 
 
 MEMORY = (4, 400)
+
+
+def variants(recipe: Recipe) -> list[Variant]:
+    """``optimized``, from the exported model, where the recipe has an optimize section."""
+    opt = recipe.resolved.get("optimize")
+    if not opt:
+        return []
+    return [variant(recipe, "optimized", "optimize", "optimized/", "fp16" if opt["float16"] else "fp32", "model", opt.get("validate") or {})]
 
 
 def plan(p: Planning) -> list[StepSpec]:

@@ -14,11 +14,12 @@ from typing import Any, cast
 
 from onnxbuild._util import pick, pretty_json
 from onnxbuild.errors import StepError
+from onnxbuild.recipe.model import Recipe
 from onnxbuild.recipe.sections import QuantizeSection
-from onnxbuild.recipe.variants import SOURCE_RECORD, vocab_size
+from onnxbuild.recipe.variants import SOURCE_RECORD, TEXT_GATES, variant, vocab_size
 from onnxbuild.sources import section_for
 from onnxbuild.sources.decoder import PAST_PREFIX as PAST
-from onnxbuild.spec import Planning, StepInput
+from onnxbuild.spec import Planning, StepInput, Variant
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 from onnxbuild.steps.budget import PrecisionPlan
 
@@ -48,13 +49,34 @@ validate step reads it) and ``from`` (the input file it names is in the key alre
 MEMORY = (3, 400)
 
 
+def variants(recipe: Recipe) -> list[Variant]:
+    """One per entry, made from the variant its ``from`` names. A budgeted entry is held, on
+    the validation text, to the figures it was planned for (its own ``validate:`` over those)."""
+    out = []
+    for q in recipe.resolved.get("quantize", []):
+        budget = q.get("budget") or {}
+        own = {**{k: budget[k] for k in TEXT_GATES if k in budget}, **q["validate"]}
+        out.append(variant(recipe, q["name"], f"quantize.{q['name']}", f"{q['name']}/", precision(cast(QuantizeSection, q)), q["from"], own))
+    return out
+
+
+def precision(q: QuantizeSection) -> str:
+    """The tolerances an entry's variant is held to. A GGUF-exact file computes in float below
+    accuracy_level 4 (its weights are the GGUF's, which are the source model's), so it is held
+    to fp32's; at 4 its activations are rounded to int8."""
+    if q["method"] == "gguf":
+        return "int8" if q["accuracy_level"] == 4 else "fp32"
+    four = q["method"] == "int4" or (q["method"] == "weight_only" and q["bits"] == 4)
+    return "int4" if four else "int8"
+
+
 def plan(p: Planning) -> list[StepSpec]:
     """One step per ``quantize`` entry, from the variant it names."""
     r = p.recipe.resolved
     by_name = {v.name: v for v in p.variants}
     steps = []
     for q in r.get("quantize", []):
-        base = by_name["optimized"] if q["from"] == "optimized" else by_name["model"]
+        base = by_name[q["from"]]
         # static int8 calibrates on seeded inputs of the validation shapes unless given an .npz
         seeded = q["method"] == "static" and not q["calibration"]["npz"] and p.recipe.torch_source
         keyed = KEYED[q["method"]]

@@ -89,8 +89,7 @@ def plan(p: Planning) -> list[StepSpec]:
     for v in p.variants:
         name = v.validate_step
         # the file the variant was made from: a failed validation looks for where they part
-        base_name = None if v.name == "model" or v.files else "model" if v.name == "optimized" else next(q["from"] for q in r["quantize"] if q["name"] == v.name)
-        base = by_name.get(base_name) if base_name else None
+        base = by_name.get(v.base) if v.base and not v.files else None
         # the tokenizer is read for validate.sentences and validate.text only, the export's sample never
         source = section_for(r["source"], drop=() if r["validate"].get("sentences") or r["validate"].get("text") else ("tokenizer",), unset=("package",))
         validate = r["validate"] | tolerances(p.recipe, v)
@@ -121,6 +120,14 @@ def plan(p: Planning) -> list[StepSpec]:
             )
         )
     return steps
+
+
+def _as_declared(session: Any, feeds: dict[str, Any]) -> dict[str, Any]:
+    """``feeds`` with float32 arrays cast to float16 where the session declares float16."""
+    import numpy as np
+
+    halves = {i.name for i in session.get_inputs() if i.type == "tensor(float16)"}
+    return {k: v.astype(np.float16) if k in halves and getattr(v, "dtype", None) == np.float32 else v for k, v in feeds.items()}
 
 
 def compare(ref: Any, got: Any, rtol: float, atol: float) -> OutputComparison:
@@ -245,7 +252,9 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
             ) from None
         shape_result: ShapeResult = {"shape": dict(sizes), "passed": False, "error": None, "outputs": {}, "top1_agreement": None}
         try:
-            whole = session.run(export["outputs"], feeds)
+            # a file with float16 inputs (a float16 variant without keep_io_types) takes the
+            # same values rounded to float16; its float16 outputs compare as float32
+            whole = [np.asarray(o, np.float32) if getattr(o, "dtype", None) == np.float16 else o for o in session.run(export["outputs"], _as_declared(session, feeds))]
             produced = [keep(n, p) for n, p in zip(export["outputs"], whole, strict=True)]
         except Exception as exc:
             shape_result["error"] = f"ONNX Runtime refused the inputs: {brief(exc, lines=None, limit=500)}{_fixed_axis_hint(export, feeds)}"
