@@ -96,8 +96,8 @@ def block(fn: Callable[[], None], prepare: Callable[[], None], n: int) -> list[f
 def main(artifacts: Path) -> None:
     import onnxruntime as ort
 
-    from onnxbuild import openvino_target, sessions
     from onnxbuild.report.benchmark import fastest_row
+    from onnxbuild.runtimes import openvino_target, sessions
 
     best = fastest_row(json.loads((artifacts / "benchmark.json").read_text()), {"batch": 1, "sequence": PAST})
     if best is None:

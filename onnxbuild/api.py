@@ -410,10 +410,10 @@ def explain_mismatch(path: str | Path, variant: str, settings: Settings | None =
     """The first node where a built variant (or ``file`` in its place) parts from the file it
     was made from, at one of the recipe's validation shapes, with the variant's tolerances:
     (``divergence.Search``, what was compared with what)."""
-    from onnxbuild.divergence import feeds_for, first_divergence
     from onnxbuild.pipeline import variants
     from onnxbuild.recipe.sections import ExportSection, ValidateSection
     from onnxbuild.recipe.variants import tolerances, vocab_size
+    from onnxbuild.review.divergence import feeds_for, first_divergence
     from onnxbuild.steps.validate import case_seed
 
     settings = settings or Settings()
@@ -460,7 +460,7 @@ def upgrade_check(paths: Sequence[str | Path], withs: Sequence[str], settings: S
     touched: the other side has its own cache and artifacts under .onnxbuild/upgrade/."""
     import sys
 
-    from onnxbuild import upgrade
+    from onnxbuild.review import upgrade
 
     settings = settings or Settings()
     recipes = load_recipes(paths, settings)

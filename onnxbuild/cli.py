@@ -343,7 +343,7 @@ def diff_command(ctx: click.Context, recipes: tuple[str, ...], base: str | None,
     """
     import os
 
-    from onnxbuild.diff import diff, render
+    from onnxbuild.review.diff import diff, render
 
     resolved_base, diffs = diff(list(recipes), base, _settings(ctx).cache())
     text = render(resolved_base, diffs, fmt)
@@ -378,7 +378,7 @@ def verify_command(ctx: click.Context, recipes: tuple[str, ...], jobs: int, as_j
     Example:
       onnxbuild verify recipes/gpt2.yaml
     """
-    from onnxbuild.verify import verify
+    from onnxbuild.review.verify import verify
 
     verdicts = verify(list(recipes), _settings(ctx).artifacts_dir, jobs=jobs)
     if as_json:
@@ -610,7 +610,7 @@ def run_command(artifact: str, prompt: str, max_new_tokens: int, variant: str, n
     Example:
       onnxbuild run artifacts/gpt2 --prompt "464 2068 7586" --max-new-tokens 16
     """
-    from onnxbuild.generation import run
+    from onnxbuild.runtimes.generation import run
     from onnxbuild.sources.decoder import Sampling
 
     result = run(artifact, prompt, max_new_tokens=max_new_tokens, variant=variant, chat=not no_chat_template, sampling=Sampling(seed, temperature, top_k) if sample else None)
@@ -644,7 +644,7 @@ def providers(as_json: bool) -> None:
     Example:
       onnxbuild providers
     """
-    from onnxbuild.providers import probe
+    from onnxbuild.runtimes.providers import probe
 
     found = probe()
     if as_json:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from onnxbuild import testhooks
+from onnxbuild.engine import testhooks
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD, VARIANT_TOLERANCES, model_variant
 from onnxbuild.sources import recorded, source_module

@@ -27,7 +27,7 @@ import pytest
 from helpers_engine import entry_files, leftovers, read_json, scratch_dirs, whole_entries
 
 import onnxbuild
-from onnxbuild.testhooks import TEST_PAUSE_ENV
+from onnxbuild.engine.testhooks import TEST_PAUSE_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 LR = "recipes/linear-regression.yaml"
@@ -163,7 +163,7 @@ def test_killed_while_materialising_artifacts(project: Path, reference: Path, fi
 
 
 def test_the_pause_hook_does_nothing_unless_asked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from onnxbuild.testhooks import pause_for_tests
+    from onnxbuild.engine.testhooks import pause_for_tests
 
     marker = tmp_path / "marker"
     monkeypatch.setenv(TEST_PAUSE_ENV, f"materialise:model.onnx:0:{marker}")

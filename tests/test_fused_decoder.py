@@ -230,9 +230,9 @@ def test_the_first_divergence_search_feeds_each_case_its_validation_inputs(built
     """A search (the failure's own, or explain-mismatch's) reproduces the case that failed:
     divergence.feeds_for gives every validation case, padded and decode ones too, the very
     inputs validation gave it, and explain-mismatch finds the seed of its prefill cases."""
-    from onnxbuild.divergence import feeds_for
     from onnxbuild.pipeline import steps_for
     from onnxbuild.recipe.variants import vocab_size as recipe_vocab
+    from onnxbuild.review.divergence import feeds_for
     from onnxbuild.sources.torchmodel import (
         full_export,
         input_specs,

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 import onnxbuild
 from onnxbuild.cli import cli
-from onnxbuild.openvino_target import unavailable
+from onnxbuild.runtimes.openvino_target import unavailable
 
 pytestmark = pytest.mark.slow
 

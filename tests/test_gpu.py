@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def _cuda_reason() -> str | None:
     import torch
 
-    from onnxbuild.providers import probe
+    from onnxbuild.runtimes.providers import probe
 
     if not torch.cuda.is_available():
         return "no CUDA device visible to torch"

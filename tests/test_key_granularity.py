@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 import onnxbuild
-from onnxbuild import testhooks
+from onnxbuild.engine import testhooks
 from onnxbuild.engine.graph import DEPENDS
 from onnxbuild.errors import OnnxbuildError
 from onnxbuild.recipe.loader import load_recipe

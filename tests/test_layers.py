@@ -69,7 +69,7 @@ KINDS = ("onnxbuild.pipeline", "onnxbuild.steps", "onnxbuild.sources", "onnxbuil
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if within(m, "onnxbuild.engine")))
 def test_the_engine_imports_no_kind(module: str) -> None:
-    upward = sorted(i for i in MODULES[module] if within(i, *KINDS, "onnxbuild.api", "onnxbuild.cli", "onnxbuild.diff", "onnxbuild.verify"))
+    upward = sorted(i for i in MODULES[module] if within(i, *KINDS, "onnxbuild.api", "onnxbuild.cli", "onnxbuild.review.diff", "onnxbuild.review.verify"))
     assert not upward, f"{module} imports {upward}: the engine plans and runs plain specs (onnxbuild.spec); pass what it needs in"
 
 
@@ -85,7 +85,7 @@ too: it imports only errors, and the kind calls it when it records the source)."
 
 
 def test_the_core_imports_nothing_above_it() -> None:
-    core = ("onnxbuild.spec", "onnxbuild.environment", "onnxbuild.errors", "onnxbuild._util", "onnxbuild.recipe", "onnxbuild.usercode", *SOURCE_KIND_MODULES)
+    core = ("onnxbuild.spec", "onnxbuild.environment", "onnxbuild.errors", "onnxbuild._util", "onnxbuild.recipe", "onnxbuild.sources.usercode", *SOURCE_KIND_MODULES)
     for module in (m for m in MODULES if within(m, *core)):
         upward = sorted(i for i in MODULES[module] if not (within(i, *core, "onnxbuild._version") or i == "onnxbuild.sources"))
         assert not upward, f"{module} imports {upward}"

@@ -16,8 +16,8 @@ import yaml
 import onnxbuild
 from onnxbuild._util import format_ms
 from onnxbuild.environment import BF16_FLAGS, cpu_info
-from onnxbuild.openvino_target import unavailable
 from onnxbuild.report import benchmark_schema
+from onnxbuild.runtimes.openvino_target import unavailable
 from tests.helpers_tiny import TINY_GPT2_SOURCE
 
 BATCH, K, N = 4, 64, 32
@@ -227,7 +227,7 @@ def _stateful_matches_explicit(path: Path, plain: Path) -> None:
     export (decomposed attention) keeps its cache as inputs."""
     import numpy as np
 
-    from onnxbuild.openvino_target import load
+    from onnxbuild.runtimes.openvino_target import load
     from onnxbuild.sources.decoder import OrtDecoder
 
     held, explicit = load(path, precision="f32", threads=1), load(path, precision="f32", threads=1, stateful=False)
@@ -292,7 +292,7 @@ def test_an_openvino_result_stays_intact_after_the_next_call(tmp_path: Path) -> 
     loop feeds one call's presents back in as the next call's past)."""
     import numpy as np
 
-    from onnxbuild.openvino_target import load
+    from onnxbuild.runtimes.openvino_target import load
 
     w = np.arange(K * N, dtype=np.float32).reshape(K, N) / (K * N)
     path = _one_matmul(tmp_path / "one.onnx", w)
@@ -315,7 +315,7 @@ def test_openvino_kernels_are_per_call_not_the_running_mean_since_compilation(tm
     totals around its own calls."""
     import numpy as np
 
-    from onnxbuild.openvino_target import load
+    from onnxbuild.runtimes.openvino_target import load
 
     w = np.random.default_rng(0).standard_normal((512, 512)).astype(np.float32)
     path = _one_matmul(tmp_path / "one.onnx", w)
@@ -370,9 +370,9 @@ def test_a_row_over_its_limit_measures_the_peaks_again_and_one_still_over_is_mar
     import numpy as np
 
     from onnxbuild.report.benchmark import limit_text
-    from onnxbuild.roofline import Peaks
     from onnxbuild.spec import StepContext
     from onnxbuild.steps.benchmark import PEAKS, _attach_roofline, _work_of
+    from onnxbuild.steps.roofline import Peaks
 
     low = Peaks(fp32_gflops=0.01, bf16_gflops=None, int8_gops=None, memory_gbps=0.01, threads=1, how={"fp32_gflops": "planted: a busy machine"})
     (tmp_path / "in" / "reports").mkdir(parents=True)
@@ -397,7 +397,7 @@ def test_a_row_over_its_limit_measures_the_peaks_again_and_one_still_over_is_mar
 def test_the_fp32_peak_is_the_best_of_torch_and_onnxruntime_at_two_sizes() -> None:
     """#39: one size and one library understate the peak (torch.mm fp32 83 GFLOP/s on this
     EPYC while onnxruntime's MLAS ran MiniLM's MatMuls at 172): the peak is the best of both."""
-    from onnxbuild.roofline import GEMM_SIZES, _ort_gemm, _torch_gemm, measure_peaks
+    from onnxbuild.steps.roofline import GEMM_SIZES, _ort_gemm, _torch_gemm, measure_peaks
 
     peaks = measure_peaks(threads=1, budget_s=0.05)
     import torch

@@ -1,4 +1,4 @@
-"""Work per call, machine peaks and the roofline (onnxbuild/roofline.py).
+"""Work per call, machine peaks and the roofline (onnxbuild/steps/roofline.py).
 
 Every graph here is a few nodes built with onnx.helper; the ones with contrib ops are run
 once in ONNX Runtime first, so the counts are of graphs ORT accepts. Expected FLOPs are
@@ -19,7 +19,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxbuild.environment import cpu_info
-from onnxbuild.roofline import Peaks, Work, graph_work, measure_peaks, roofline
+from onnxbuild.steps.roofline import Peaks, Work, graph_work, measure_peaks, roofline
 
 MS = "com.microsoft"
 RNG = np.random.default_rng(0)

@@ -29,8 +29,8 @@ from onnxbuild.sources.torchmodel import (
     make_inputs,
     sentence_inputs,
 )
+from onnxbuild.sources.usercode import load_function
 from onnxbuild.steps.validate import RealTokens, cases, compare, cosine_rows, json_safe, mean_pool
-from onnxbuild.usercode import load_function
 
 # ---------------------------------------------------------------- compare
 

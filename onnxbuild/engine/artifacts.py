@@ -22,8 +22,8 @@ from typing import Any
 from onnxbuild._util import read_regular_text, sha256_file, temp_owner
 from onnxbuild.engine.cache import Cache, OutputRecord, process_alive
 from onnxbuild.engine.graph import Plan, PlannedStep
+from onnxbuild.engine.testhooks import pause_for_tests
 from onnxbuild.errors import UsageError
-from onnxbuild.testhooks import pause_for_tests
 
 
 def out_of_step(plan: Plan, artifacts_root: Path, cache: Cache) -> list[str]:

@@ -41,9 +41,9 @@ from onnxbuild._util import (
     temp_owner,
 )
 from onnxbuild.engine.locks import FileLock
+from onnxbuild.engine.testhooks import pause_for_tests
 from onnxbuild.environment import Versions
 from onnxbuild.errors import CacheError
-from onnxbuild.testhooks import pause_for_tests
 
 
 class OutputRecord(TypedDict):

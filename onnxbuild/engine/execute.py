@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any
 
-from onnxbuild import testhooks
+from onnxbuild.engine import testhooks
 from onnxbuild.errors import OnnxbuildError
 from onnxbuild.spec import Limits, StepContext, StepResult, StepSpec
 

@@ -48,10 +48,10 @@ from onnxbuild.engine.executors import Executor, Handle, LocalExecutor
 from onnxbuild.engine.graph import FORCED, Plan, PlannedStep, explain, ingredients, input_digests
 from onnxbuild.engine.locks import FileLock
 from onnxbuild.engine.manifest import StepRecord, make_manifest
+from onnxbuild.engine.testhooks import pause_for_tests
 from onnxbuild.errors import BuildFailed
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.spec import StepContext
-from onnxbuild.testhooks import pause_for_tests
 
 LOCK_TIMEOUT_S = 6 * 3600.0
 RETRY_S = 0.1

@@ -37,7 +37,7 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
     if hasattr(module, "check"):
         for path, message, at_key in module.check(src, doc):
             yield problem(path, message, key=at_key)
-    from onnxbuild.usercode import ref_problem
+    from onnxbuild.sources.usercode import ref_problem
 
     accuracy = (doc.get("validate") or {}).get("accuracy")
     if isinstance(accuracy, dict) and isinstance(accuracy.get("dataset"), str):

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onnxbuild._util import format_duration, format_ms
-from onnxbuild.modeldiff import ModelDiff, ModelRow
+from onnxbuild.review.modeldiff import ModelDiff, ModelRow
 from onnxbuild.spec import MISSING
 
 

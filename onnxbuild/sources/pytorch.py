@@ -10,8 +10,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from onnxbuild import usercode
 from onnxbuild.errors import StepError
+from onnxbuild.sources import usercode
 
 
 def factory_files(src: dict[str, Any], recipe_dir: Path) -> dict[str, Path]:

@@ -19,9 +19,9 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
-from onnxbuild import sessions
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.tasks import DECODER_FILE, DEFAULT_DECODER_SEQUENCE, ENCODER_FILE
+from onnxbuild.runtimes import sessions
 from onnxbuild.sources.decoder import Generation, PastLayout
 
 ENCODER, DECODER = ENCODER_FILE, DECODER_FILE

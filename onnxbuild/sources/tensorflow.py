@@ -14,10 +14,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from onnxbuild import usercode
 from onnxbuild._util import brief
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import ExportSection
+from onnxbuild.sources import usercode
 
 PACKAGES = ("tensorflow", "tensorflow-cpu", "tf2onnx", "keras")
 

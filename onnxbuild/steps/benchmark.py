@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypedDict, cast
 
-from onnxbuild import environment, sessions
+from onnxbuild import environment
 from onnxbuild._util import format_ms, pick, pretty_json
 from onnxbuild.environment import BF16_FLAGS, missing_feature
 from onnxbuild.errors import StepError
@@ -35,6 +35,7 @@ from onnxbuild.recipe.sections import (
 )
 from onnxbuild.recipe.variants import SOURCE_RECORD
 from onnxbuild.report.benchmark import chart, markdown, validated_on
+from onnxbuild.runtimes import sessions
 from onnxbuild.sources.decoder import PAST_PREFIX
 from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
@@ -177,7 +178,7 @@ def machine(threads: int) -> dict[str, Any]:
 def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     import onnxruntime as ort
 
-    from onnxbuild.roofline import cpu_share
+    from onnxbuild.steps.roofline import cpu_share
 
     bench = cast(BenchmarkSection, spec.params["benchmark"])
     export = cast(ExportSection, spec.params["export"])
@@ -343,7 +344,7 @@ def _openvino_kernels(path: Any, precision: Any, threads: int, sizes: dict[str, 
     past as long as that prompt too (a stateful model's: successive tokens after it). The node
     times add up to less than the call: the rest is spent outside OpenVINO's nodes (about 1 ms
     of GPT-2's 7 ms decode step)."""
-    from onnxbuild import openvino_target
+    from onnxbuild.runtimes import openvino_target
 
     out: list[dict[str, Any]] = []
     call = "prefill" if layout is not None else "call"
@@ -390,7 +391,7 @@ def _finish(
     ``load_before`` and a second look now (:func:`roofline.cpu_share`) bracket the timed calls:
     below ``LOADED_BELOW`` another job ran, and the report says every time is slow."""
     from onnxbuild.environment import versions
-    from onnxbuild.roofline import LOADED_BELOW, cpu_share
+    from onnxbuild.steps.roofline import LOADED_BELOW, cpu_share
 
     report: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
@@ -448,7 +449,7 @@ def _shapes(feeds: dict[str, Any]) -> dict[str, list[int]]:
 
 def _attach_roofline(ctx: StepContext, rows: list[dict[str, Any]], threads: int) -> dict[str, Any] | None:
     """Each row noted by ``_work_of``: the matrix-product FLOPs and weight bytes of one call,
-    and its share of the machine's limit (onnxbuild/roofline.py); returns the peaks used.
+    and its share of the machine's limit (onnxbuild/steps/roofline.py); returns the peaks used.
 
     PyTorch's rows count the exported graph's products (the same matrices), with weights half
     as many bytes in bf16. Rows on a GPU, in wasm or of an encoder-decoder get none.
@@ -457,7 +458,7 @@ def _attach_roofline(ctx: StepContext, rows: list[dict[str, Any]], threads: int)
     small): the peaks are measured again here, at a longer budget, each figure the higher of
     the two; a row still over it is marked ``over_limit``, and the report says the limit is
     wrong rather than print "180% of bf16 GEMM" as if it were a figure."""
-    from onnxbuild.roofline import Peaks, measure_peaks
+    from onnxbuild.steps.roofline import Peaks, measure_peaks
 
     notes = [(row, row.pop(WORK + "_of", None), row.pop(WORK, None)) for row in rows]
     try:
@@ -506,7 +507,7 @@ def _works(notes: list[tuple[dict[str, Any], Any, Any]]) -> list[Counted]:
 
     import onnx
 
-    from onnxbuild.roofline import graph_work
+    from onnxbuild.steps.roofline import graph_work
 
     loaded: tuple[str, Any] | None = None
     counted: dict[str, Any] = {}  # graph and shapes -> its work (PyTorch's fp32 and bf16 rows, OpenVINO's rows share ONNX Runtime's)
@@ -535,7 +536,7 @@ def _works(notes: list[tuple[dict[str, Any], Any, Any]]) -> list[Counted]:
 
 
 def _rooflines(works: list[Counted], peaks: Any) -> None:
-    from onnxbuild.roofline import roofline
+    from onnxbuild.steps.roofline import roofline
 
     for row, (work, precision, phase, ms) in works:
         row["roofline"] = {**roofline(work, ms, precision, peaks, phase).as_dict(), "precision": precision, "phase": phase}
@@ -560,7 +561,7 @@ def _seq2seq_benchmark(
     source = json.loads(json.dumps(spec.params["source"]))
     source["huggingface"]["attn_implementation"] = "sdpa"
     torch.set_num_threads(threads)
-    torch.set_flush_denormal(True)  # as ONNX Runtime's sessions run (onnxbuild/sessions.py)
+    torch.set_flush_denormal(True)  # as ONNX Runtime's sessions run (onnxbuild/runtimes/sessions.py)
     model = load_source_model(source, record, ctx.recipe_dir)
     layout = seq2seq.layout_of(model.config)
     names = [t["name"] for t in export["inputs"]]
@@ -709,7 +710,7 @@ def _openvino_benchmark(
     are validated there: the others' rows say so, and only the validated ones are timed at
     decode too (on GPT-2 decode and generate() of the other three were 20 s of the step) and
     profiled (``kernels``: variant -> OpenVINO's time per node type at the largest shape)."""
-    from onnxbuild import openvino_target
+    from onnxbuild.runtimes import openvino_target
 
     why = openvino_target.unavailable()
     if why:
@@ -856,7 +857,7 @@ def _pytorch_baseline(
         source["huggingface"]["attn_implementation"] = "sdpa"
         attention = "sdpa"
     torch.set_num_threads(threads)
-    torch.set_flush_denormal(True)  # as ONNX Runtime's sessions run (onnxbuild/sessions.py)
+    torch.set_flush_denormal(True)  # as ONNX Runtime's sessions run (onnxbuild/runtimes/sessions.py)
     model = load_source_model(source, record, ctx.recipe_dir)
     export = cast(ExportSection, spec.params["export"])
     names = [t["name"] for t in export["inputs"]] + (layout.past_names if layout is not None else [])

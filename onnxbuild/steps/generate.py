@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from onnxbuild import sessions
 from onnxbuild._util import brief, pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import GenerateSection
 from onnxbuild.recipe.variants import SOURCE_RECORD
 from onnxbuild.report.generation import markdown
+from onnxbuild.runtimes import sessions
 from onnxbuild.spec import Planning, StepInput
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 

@@ -4,7 +4,7 @@ measured once per CPU and thread count and kept in the cache like any output.
 Its key is the CPU's model and feature flags, the thread count and the packages that run
 the micro-benchmarks, and nothing of the recipe: every recipe's benchmark on this machine
 reads the same entry, and a runner of another kind measures its own (see
-onnxbuild/roofline.py for what is measured and how).
+onnxbuild/steps/roofline.py for what is measured and how).
 
 Figures measured while another job ran are low (fp32 GEMM 33 GFLOP/s against 241 quiet, seen
 once and then cached for good): the timed calls' share of their threads' CPU time is measured
@@ -54,7 +54,7 @@ def measured(params: dict[str, object]) -> str:
 
 def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     from onnxbuild.report.benchmark import limits_line
-    from onnxbuild.roofline import measure_peaks
+    from onnxbuild.steps.roofline import measure_peaks
 
     threads = int(spec.params["benchmark"]["threads"] or (os.cpu_count() or 1))
     measured = measure_peaks(threads, budget_s=BUDGET_S)

@@ -28,7 +28,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
-from onnxbuild import openvino_target, sessions
 from onnxbuild._util import atol_scale_of, brief, pick, pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import (
@@ -52,6 +51,7 @@ from onnxbuild.report.validation import (
     markdown,
     text_summary,
 )
+from onnxbuild.runtimes import openvino_target, sessions
 from onnxbuild.sources import section_for
 from onnxbuild.sources.torchmodel import (
     full_export,
@@ -413,9 +413,9 @@ def _finish(
 
 def _first_divergence(ctx: StepContext, spec: StepSpec, results: list[ShapeResult], validate: ValidateSection, feeds: dict[str, Any]) -> str:
     """Where the failing variant first parts from the file it was made from, at the first
-    failing shape (onnxbuild/divergence.py), as a sentence for the failure; its subgraph and
+    failing shape (onnxbuild/review/divergence.py), as a sentence for the failure; its subgraph and
     inputs go to the failed step's divergence/ folder. ``feeds``: that shape's own inputs."""
-    from onnxbuild.divergence import DIVERGENCE, first_divergence
+    from onnxbuild.review.divergence import DIVERGENCE, first_divergence
 
     base = spec.params["base"]
     variant = spec.params["variant"]
@@ -658,7 +658,7 @@ def _accuracy(cfg: AccuracyCheck, wrapped: Any, session: Any, export: ExportSect
     import numpy as np
 
     key = "validate.accuracy.dataset"
-    from onnxbuild.usercode import load_function
+    from onnxbuild.sources.usercode import load_function
 
     fn = load_function(cfg["dataset"], recipe_dir, key)
     try:

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from onnxbuild.errors import RecipeError, UsageError
-from onnxbuild.modeldiff import model_diffs
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.report import diffview
 from onnxbuild.report.diffview import Cost, Metric, RecipeDiff
+from onnxbuild.review.modeldiff import model_diffs
 from onnxbuild.spec import MISSING
 from onnxbuild.steps.quantize import METHOD_KEYS
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from onnxbuild import sessions
 from onnxbuild._util import brief
 from onnxbuild.errors import UsageError
+from onnxbuild.runtimes import sessions
 from onnxbuild.sources.decoder import PAST_PREFIX
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
