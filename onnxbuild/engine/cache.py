@@ -397,6 +397,8 @@ class Cache:
         return self._hashes
 
     def save_state(self) -> None:
+        if not (self.root / TAG_NAME).is_file():
+            return  # a plan before the first build: the folder is not made yet (nor ours to write in)
         self.versions.save()
         if self._hashes_dirty and self._hashes is not None:
             with contextlib.suppress(OSError):  # only a speed-up; losing it costs a re-hash
