@@ -172,3 +172,41 @@ def atol_scale_of(values: Any) -> float:
         return 1.0
     values = np.asarray(values, dtype=np.float64)
     return float(max(1.0, float(values.max() - values.min()), float(np.abs(values).max())))
+
+
+MISSING: Any = object()
+"""A key one side of a recipe change does not have (plan reasons and diff lines say "added" or "removed")."""
+
+
+def _named(items: list[Any]) -> bool:
+    names = [i.get("name") for i in items if isinstance(i, dict)]
+    return len(names) == len(items) and all(isinstance(n, str) for n in names) and len(set(names)) == len(names)
+
+
+def json_changes(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """Leaf-level differences between two JSON values, as (dotted path, old, new); a key only one
+    side has is ``MISSING`` on the other (plan reasons and diff lines say "added" or "removed")."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[tuple[str, Any, Any]] = []
+        for k in sorted(set(old) | set(new)):
+            path = f"{prefix}.{k}" if prefix else k
+            out.extend(json_changes(old.get(k, MISSING), new.get(k, MISSING), path))
+        return out
+    if isinstance(old, list) and isinstance(new, list) and len(old) != len(new) and _named(old) and _named(new):
+        # Lists of named items (inputs, quantize variants) that grew or shrank: match by name,
+        # so a reader sees "export.inputs[attention_mask] added" rather than two long lists.
+        before, after = {i["name"]: i for i in old}, {i["name"]: i for i in new}
+        out = []
+        for name in [*before, *(n for n in after if n not in before)]:
+            out.extend(json_changes(before.get(name, MISSING), after.get(name, MISSING), f"{prefix}[{name}]"))
+        return out
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        out = []
+        for i, (a, b) in enumerate(zip(old, new, strict=True)):
+            out.extend(json_changes(a, b, f"{prefix}[{i}]"))
+        return out
+    if old is MISSING and new is MISSING:
+        return []
+    if old is MISSING or new is MISSING or old != new:
+        return [(prefix, old, new)]
+    return []

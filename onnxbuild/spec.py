@@ -19,9 +19,6 @@ STEP_KINDS: tuple[str, ...] = ("source", "export", "check", "optimize", "quantiz
 registry. ``pipeline.steps_for`` asks each in this order for its steps, the loader checks
 ``limits.steps`` against it."""
 
-MISSING: Any = object()
-"""A key one side of a recipe change does not have (plan reasons and diff lines say "added" or "removed")."""
-
 
 @dataclass(frozen=True)
 class StepInput:

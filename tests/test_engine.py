@@ -344,7 +344,8 @@ def test_steps_alike_but_for_their_outputs_have_different_keys(cache: Cache, tmp
 
 
 def test_a_named_list_that_grew_is_explained_item_by_item() -> None:
-    from onnxbuild.engine.graph import _change_words, _changes
+    from onnxbuild._util import json_changes as _changes
+    from onnxbuild.engine.graph import _change_words
 
     old = {"inputs": [{"name": "input_ids", "shape": ["batch", "sequence"]}]}
     new = {"inputs": [{"name": "input_ids", "shape": ["batch", 16]}, {"name": "position_ids", "shape": ["batch", "sequence"]}]}

@@ -11,10 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from onnxbuild._util import MISSING, json_changes
 from onnxbuild.engine.cache import Cache, EntryRecord, step_key
 from onnxbuild.errors import Problem, RecipeError, UsageError
 from onnxbuild.recipe.model import Recipe
-from onnxbuild.spec import MISSING, StepSpec
+from onnxbuild.spec import StepSpec
 
 Action = Literal["run", "cached", "outside"]
 """``outside``: a step beyond ``--target`` whose inputs are still to be rebuilt: taken from the
@@ -255,7 +256,7 @@ def explain(last: dict[str, Any] | None, now: dict[str, Any], key: str) -> list[
         reasons.append(f"the {now['kind']} step's implementation changed (v{before.get('version')} -> v{now['version']})")
     if before.get("outputs") != now["outputs"]:
         reasons.append(f"its declared outputs changed ({_short(before.get('outputs'))} -> {_short(now['outputs'])})")
-    for path, old, new in _changes(before.get("params", {}), now["params"]):
+    for path, old, new in json_changes(before.get("params", {}), now["params"]):
         reasons.append(f"{path} {_change_words(old, new)}")
     for name in sorted(set(before.get("packages", {})) | set(now["packages"])):
         old, new = before.get("packages", {}).get(name), now["packages"].get(name)
@@ -266,7 +267,7 @@ def explain(last: dict[str, Any] | None, now: dict[str, Any], key: str) -> list[
         if old == new or old is None or new is None:
             continue  # a file newly named or no longer named shows up as a params change
         reasons.append(f"{label} is missing" if new == "missing" else f"the contents of {label} changed")
-    for path, old, new in _changes(before.get("identity", {}), now["identity"]):
+    for path, old, new in json_changes(before.get("identity", {}), now["identity"]):
         reasons.append(f"{path} {_change_words(old, new)}")
     changed_inputs = sorted({k.split(":", 1)[0] for k in set(before.get("inputs", {})) | set(now["inputs"]) if before.get("inputs", {}).get(k) != now["inputs"].get(k)})
     if changed_inputs:
@@ -287,36 +288,3 @@ def _short(value: Any) -> str:
 
     text = json.dumps(value, sort_keys=True)
     return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _named(items: list[Any]) -> bool:
-    names = [i.get("name") for i in items if isinstance(i, dict)]
-    return len(names) == len(items) and all(isinstance(n, str) for n in names) and len(set(names)) == len(names)
-
-
-def _changes(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
-    """Leaf-level differences between two JSON values, as (dotted path, old, new)."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        out: list[tuple[str, Any, Any]] = []
-        for k in sorted(set(old) | set(new)):
-            path = f"{prefix}.{k}" if prefix else k
-            out.extend(_changes(old.get(k, MISSING), new.get(k, MISSING), path))
-        return out
-    if isinstance(old, list) and isinstance(new, list) and len(old) != len(new) and _named(old) and _named(new):
-        # Lists of named items (inputs, quantize variants) that grew or shrank: match by name,
-        # so a reader sees "export.inputs[attention_mask] added" rather than two long lists.
-        before, after = {i["name"]: i for i in old}, {i["name"]: i for i in new}
-        out = []
-        for name in [*before, *(n for n in after if n not in before)]:
-            out.extend(_changes(before.get(name, MISSING), after.get(name, MISSING), f"{prefix}[{name}]"))
-        return out
-    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
-        out = []
-        for i, (a, b) in enumerate(zip(old, new, strict=True)):
-            out.extend(_changes(a, b, f"{prefix}[{i}]"))
-        return out
-    if old is MISSING and new is MISSING:
-        return []
-    if old is MISSING or new is MISSING or old != new:
-        return [(prefix, old, new)]
-    return []

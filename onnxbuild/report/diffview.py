@@ -7,9 +7,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from onnxbuild._util import format_duration, format_ms
+from onnxbuild._util import MISSING, format_duration, format_ms
 from onnxbuild.review.modeldiff import ModelDiff, ModelRow
-from onnxbuild.spec import MISSING
 
 
 @dataclass

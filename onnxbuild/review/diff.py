@@ -14,12 +14,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from onnxbuild._util import MISSING
 from onnxbuild.errors import RecipeError, UsageError
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.report import diffview
 from onnxbuild.report.diffview import Cost, Metric, RecipeDiff
 from onnxbuild.review.modeldiff import model_diffs
-from onnxbuild.spec import MISSING
 from onnxbuild.steps.quantize import METHOD_KEYS
 
 __all__ = ["Cost", "Metric", "RecipeDiff", "diff", "render"]
@@ -182,7 +182,8 @@ def _package_changes(new: Recipe, base: str, root: Path) -> tuple[list[tuple[str
 def diff(paths: list[str], base: str | None, cache: Any, cwd: Path | None = None) -> tuple[str, list[RecipeDiff]]:
     """Each recipe as the base commit has it against the working tree. ``cache`` (with its
     remote, if any) supplies the figures of both sides where their steps were built."""
-    from onnxbuild.engine.graph import _changes, plan
+    from onnxbuild._util import json_changes
+    from onnxbuild.engine.graph import plan
     from onnxbuild.pipeline import steps_for
 
     cwd = cwd or Path.cwd()
@@ -233,7 +234,7 @@ def diff(paths: list[str], base: str | None, cache: Any, cwd: Path | None = None
             continue
         if rel in moved:
             entry.status = f"renamed from {moved[rel]}"
-        entry.changes = _expand(_changes(old.resolved, new.resolved))
+        entry.changes = _expand(json_changes(old.resolved, new.resolved))
         files, changed_files = _file_changes(old, new, base, root)
         packages, changed_packages = _package_changes(new, base, root)
         entry.changes += files + packages
