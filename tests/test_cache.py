@@ -182,6 +182,7 @@ def test_entry_under_the_wrong_key_is_damaged(tmp_path: Path) -> None:
 
 def test_clean_scratch_removes_only_dead_builds_folders(tmp_path: Path) -> None:
     cache = Cache(tmp_path / "cache")
+    cache.ensure_writable()  # as every build does first: a cache onnxbuild made (tagged)
     mine = cache.scratch()
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
     theirs = tmp_path / "cache" / "tmp" / f"{dead.stdout.strip()}-abcd"

@@ -74,6 +74,7 @@ def test_rebuild_in_another_directory_and_process_is_byte_identical(project: Pat
     assert shas[0] == shas[1]
 
 
+@pytest.mark.slow  # the dynamo exporter, twice: make test-slow
 def test_dynamo_export_is_reproducible_and_validates(project: Path, settings: onnxbuild.Settings, tmp_path: Path) -> None:
     recipe = write_variant(project, "tiny-dynamo", "  exporter: dynamo\n")
     report = onnxbuild.build([recipe], settings, jobs=2)

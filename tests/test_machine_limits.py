@@ -109,6 +109,7 @@ def tiny_ov(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build(tmp_path_factory.mktemp("ov"), TINY_OV)
 
 
+@pytest.mark.slow  # OpenVINO beside ONNX Runtime on a decoder: make test-slow
 def test_pytorch_bf16_is_timed_beside_fp32_where_the_cpu_has_native_bf16(tiny_ov: Path) -> None:
     bench = read(tiny_ov / "benchmark.json")
     native = bool(set(cpu_info()[1].split()) & set(BF16_FLAGS))
@@ -125,6 +126,7 @@ def test_pytorch_bf16_is_timed_beside_fp32_where_the_cpu_has_native_bf16(tiny_ov
 
 
 @pytest.mark.skipif(unavailable() is not None, reason=f"OpenVINO cannot run here: {unavailable()}")
+@pytest.mark.slow  # OpenVINO beside ONNX Runtime on a decoder: make test-slow
 def test_openvino_validates_model_at_its_precision_and_is_benchmarked(tiny_ov: Path) -> None:
     validation = read(tiny_ov / "reports" / "validation.json")
     ov = validation["variants"]["model"]["openvino"]
@@ -172,6 +174,7 @@ def test_openvino_validates_model_at_its_precision_and_is_benchmarked(tiny_ov: P
 
 
 @pytest.mark.skipif(unavailable() is not None, reason=f"OpenVINO cannot run here: {unavailable()}")
+@pytest.mark.slow  # OpenVINO beside ONNX Runtime on a decoder: make test-slow
 def test_a_static_int8_decoder_calibrates_on_prefills_and_is_validated_on_openvino_to_int8_tolerances(tmp_path: Path) -> None:
     """Static int8 of a decoder with a KV cache (calibrated on prefills, every past empty), with
     symmetric int8 activations: the file OpenVINO runs in int8. OpenVINO validates it to the

@@ -93,6 +93,7 @@ def build_in(root: Path, recipes: list[Path], **kwargs: object) -> onnxbuild.Bui
         os.chdir(here)
 
 
+@pytest.mark.slow  # starts a Ray instance and builds through it: make test-slow
 def test_ray_builds_the_same_artifacts_and_manifests_as_the_local_executor(cluster: Path, tmp_path: Path) -> None:
     local, remote = project(tmp_path / "local"), project(tmp_path / "ray")
     assert build_in(local, recipes_in(local), jobs=2).ok
@@ -160,6 +161,7 @@ def test_a_cluster_by_address_needs_the_remote_cache(cluster: Path, tmp_path: Pa
         onnxbuild.build(recipes_in(root)[:1], settings(root), executor="ray", ray_address="ray://head:10001")
 
 
+@pytest.mark.slow  # starts a Ray instance and builds through it: make test-slow
 def test_through_the_remote_cache_steps_read_nothing_of_this_machine_but_digests(cluster: Path, tmp_path: Path) -> None:
     """The multi-node path, on this machine: inputs pulled and outputs pushed by digest."""
     local = project(tmp_path / "local")

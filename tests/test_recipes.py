@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import onnxbuild
 
 TOKEN_INPUTS = [
@@ -45,6 +47,7 @@ def assert_shapes_pass(model: dict[str, Any], output: str, max_abs_diff: float) 
 # ---------------------------------------------------------------- digits-mlp
 
 
+@pytest.mark.slow  # a shipped recipe built whole (real weights, full size or TensorFlow): make test-slow
 def test_digits_mlp_trains_exports_and_scores_the_held_out_split(project: Path, settings: onnxbuild.Settings) -> None:
     folder = build_ok("recipes/digits-mlp.yaml", settings)
     validation = read(folder / "reports" / "validation.json")
@@ -71,6 +74,7 @@ def test_digits_mlp_trains_exports_and_scores_the_held_out_split(project: Path, 
     assert {s["status"] for s in again.recipes[0].steps} == {"cached"}
 
 
+@pytest.mark.slow  # a shipped recipe built whole (real weights, full size or TensorFlow): make test-slow
 def test_digits_cnn_is_the_image_path_with_real_weights(project: Path, settings: onnxbuild.Settings) -> None:
     """scikit-learn's digits as [batch, 1, height, width] images: a CNN trained at build time,
     validated at three image sizes and scored on the held-out split, its int8 variant too."""
@@ -89,10 +93,9 @@ def test_digits_cnn_is_the_image_path_with_real_weights(project: Path, settings:
 # ---------------------------------------------------------------- keras-mlp
 
 
+@pytest.mark.slow  # a shipped recipe built whole (real weights, full size or TensorFlow): make test-slow
 def test_keras_mlp_converts_with_tf2onnx_and_scores_like_tensorflow_byte_identically(project: Path, settings: onnxbuild.Settings) -> None:
     import hashlib
-
-    import pytest
 
     pytest.importorskip("tf2onnx", reason="the tensorflow extra is not installed (pip install 'onnxbuild[tensorflow]')")
     folder = build_ok("recipes/keras-mlp.yaml", settings)
@@ -153,6 +156,7 @@ def test_an_accuracy_floor_fails_the_build_with_the_figures(project: Path, setti
 # ---------------------------------------------------------------- all-minilm-l6-v2
 
 
+@pytest.mark.slow  # a shipped recipe built whole (real weights, full size or TensorFlow): make test-slow
 def test_all_minilm_l6_v2_real_weights_from_a_package(project: Path, settings: onnxbuild.Settings) -> None:
     folder = build_ok("recipes/all-minilm-l6-v2.yaml", settings)
     source = read(folder / "reports" / "source.json")
@@ -176,6 +180,7 @@ def test_all_minilm_l6_v2_real_weights_from_a_package(project: Path, settings: o
 # ---------------------------------------------------------------- bert-base-uncased
 
 
+@pytest.mark.slow  # a shipped recipe built whole (real weights, full size or TensorFlow): make test-slow
 def test_bert_base_uncased_random_init_with_dynamic_axes(project: Path, settings: onnxbuild.Settings) -> None:
     folder = build_ok("recipes/bert-base-uncased.yaml", settings)
     validation = read(folder / "reports" / "validation.json")

@@ -151,6 +151,7 @@ def chromium(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--host-resolver-rules=MAP * ~NOTFOUND", *args], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow  # a headless Chromium renders the page: make test-slow
 def test_the_report_of_a_build_renders_in_chromium(project: Path, settings: onnxbuild.Settings) -> None:
     shutil.copy(DATA / "tiny-variants.yaml", project / "recipes")
     report = onnxbuild.build(["recipes/tiny-variants.yaml"], settings)

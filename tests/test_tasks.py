@@ -16,6 +16,8 @@ import pytest
 
 import onnxbuild
 
+pytestmark = pytest.mark.slow  # every Hugging Face task at three shapes, built together (about 3 minutes): make test-slow
+
 TASKS = Path(__file__).resolve().parent / "data" / "tasks"
 RECIPES = sorted(p.stem for p in TASKS.glob("*.yaml"))
 

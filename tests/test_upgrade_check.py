@@ -11,11 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import onnxruntime
+import pytest
 import yaml
 from click.testing import CliRunner
 from helpers_tiny import TINY_GPT2_SOURCE
 
 from onnxbuild.cli import cli
+
+pytestmark = pytest.mark.slow  # builds twice, once in a throwaway environment with another onnxruntime: make test-slow
 
 RECIPE = {
     "name": "tiny-gpt2",
