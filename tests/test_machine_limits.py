@@ -273,6 +273,7 @@ def _stateful_matches_explicit(path: Path, plain: Path) -> None:
         held.run(["logits"], {**one, loop.layout.past_names[0]: held.kept()[0]})
 
 
+@pytest.mark.slow  # builds a decoder for the OpenVINO target: make test-slow
 def test_without_openvino_the_target_is_skipped_with_the_reason(tmp_path: Path) -> None:
     """A machine where the package does not import: a build still passes, and says why."""
     shadow = tmp_path / "shadow" / "openvino"
@@ -398,14 +399,20 @@ def test_a_row_over_its_limit_measures_the_peaks_again_and_one_still_over_is_mar
 
 
 def test_the_fp32_peak_is_the_best_of_torch_and_onnxruntime_at_two_sizes() -> None:
-    """#39: one size and one library understate the peak (torch.mm fp32 83 GFLOP/s on this
-    EPYC while onnxruntime's MLAS ran MiniLM's MatMuls at 172): the peak is the best of both."""
+    """#39: one size and one library understate the peak (on an AMX core torch.mm bf16 gives 470
+    GFLOP/s at 1024 and 1,890 at 2048; here, one thread, torch.mm fp32 ran at about twice
+    onnxruntime's MatMul): the peak is the best of both libraries at both sizes."""
+    import torch
+
     from onnxbuild.steps.roofline import GEMM_SIZES, _ort_gemm, _torch_gemm, measure_peaks
 
     peaks = measure_peaks(threads=1, budget_s=0.05)
-    import torch
-
-    each = [_torch_gemm(torch.float32, n, 1, 0.05)[0] for n in GEMM_SIZES] + [_ort_gemm(n, 1, 0.05)[0] for n in GEMM_SIZES]
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # as measure_peaks ran them
+    try:
+        each = [_torch_gemm(torch.float32, n, 1, 0.05)[0] for n in GEMM_SIZES] + [_ort_gemm(n, 1, 0.05)[0] for n in GEMM_SIZES]
+    finally:
+        torch.set_num_threads(before)
     # a best case: no lower than the second-best single measurement made just after it (noise aside)
     assert peaks.fp32_gflops >= sorted(each)[-2] * 0.8, (peaks.fp32_gflops, each)
     assert peaks.cpu_share is not None and 0 < peaks.cpu_share <= 1

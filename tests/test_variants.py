@@ -116,6 +116,7 @@ def _cuda_present() -> bool:
     return bool(torch.cuda.is_available())
 
 
+@pytest.mark.slow  # two builds with a provider that cannot run: make test-slow
 def test_an_unusable_provider_is_skipped_and_strict_fails(project: Path) -> None:
     import onnxruntime as ort
 
