@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from click.testing import CliRunner
 from helpers_tiny import TINY_GPT2_SOURCE
@@ -59,6 +60,7 @@ def test_the_contracts_hold_and_each_rule_is_reported(project: Path) -> None:
     assert share["ok"] and float(share["actual"].rstrip("%")) > 10
 
 
+@pytest.mark.slow  # a second optimized build with a fusion switched off: make test-slow
 def test_a_fusion_that_stops_firing_fails_the_build_naming_it(project: Path) -> None:
     doc = json.loads(json.dumps(TINY_GPT2))
     doc["optimize"]["decoder"] = "export"  # ONNX Runtime's optimizer on the export: no attention fused
