@@ -1,6 +1,6 @@
 """The main job, recipes/gpt2.yaml, end to end: GPT-2 small (124M) with every variant.
 
-Marked slow (about 5 minutes on 2 cores); `make test` runs it, `make test-fast` skips it.
+Marked slow (about 5 minutes on 2 cores): `make test-slow` runs it, `make test` skips it.
 Latency ratios are printed by `make bench`, not asserted here: timed assertions on
 shared machines are noise.
 """
