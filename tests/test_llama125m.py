@@ -1,7 +1,7 @@
 """recipes/llama-125m.yaml end to end: a Llama-architecture decoder with GPT-2-small
 dimensions (12 layers, hidden 768, GQA 12/4, vocab 32000), fused from its weights.
 
-Marked slow (about 2.5 minutes on 2 cores); `make test` (CI) runs it. The latency
+Marked slow (about 2 minutes on 2 cores): `make test-slow` (CI) runs it. The latency
 comparison with onnxruntime-genai's model builder is `make bench` (bench/decoders.py).
 """
 
