@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from onnxbuild.engine.cache import TAG_NAME, Cache
+from onnxbuild.engine.cache import Cache, tagged
 from onnxbuild.engine.graph import Plan
 from onnxbuild.engine.runner import BuildReport, Reporter
 from onnxbuild.errors import CacheError, OnnxbuildError, RecipeError, UsageError
@@ -47,8 +47,7 @@ class Settings:
 
 def load_recipes(paths: Sequence[str | Path], settings: Settings | None = None) -> list[Recipe]:
     """Load every recipe, reporting the problems of all of them together."""
-    # a memo is read only from a cache onnxbuild made (tagged), as it is written only there
-    memo = settings.cache_dir / "state" / "recipes" if settings is not None and (settings.cache_dir / TAG_NAME).is_file() else None
+    memo = _memo_dir(settings)
     if not paths:
         raise UsageError("name at least one recipe, e.g. onnxbuild make recipes/gpt2.yaml")
     recipes: list[Recipe] = []
@@ -68,12 +67,19 @@ def _remember(recipes: Sequence[Recipe], settings: Settings | None) -> None:
     """Each recipe's resolved form in the cache's memo, so the next command skips YAML and the
     schema; only in a cache onnxbuild made (a folder it would refuse gets nothing written), so a
     first build writes it once its cache exists."""
-    if settings is None or not (settings.cache_dir / TAG_NAME).is_file():
+    memo = _memo_dir(settings)
+    if memo is None:
         return
     from onnxbuild.recipe.loader import remember
 
     for recipe in recipes:
-        remember(recipe, settings.cache_dir / "state" / "recipes")
+        remember(recipe, memo)
+
+
+def _memo_dir(settings: Settings | None) -> Path | None:
+    """Where resolved recipes are remembered: only in a cache onnxbuild made (tagged), so a
+    memo is neither read from nor written into a folder it would refuse as a cache."""
+    return settings.cache_dir / "state" / "recipes" if settings is not None and tagged(settings.cache_dir) else None
 
 
 def plan(

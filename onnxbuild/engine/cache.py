@@ -111,6 +111,12 @@ ever deletes inside folders it made (backup tools skip it too)."""
 SUBFOLDERS = ("objects", "entries", "tmp", "locks", "last", "state")
 
 
+def tagged(root: Path) -> bool:
+    """Whether ``root`` is a cache onnxbuild made (it holds the tag): the only folder it writes
+    state or memos into, or deletes inside."""
+    return (root / TAG_NAME).is_file()
+
+
 def step_key(ingredients: dict[str, Any]) -> str:
     """The cache key: sha256 of the canonical JSON of everything that can change a step's output."""
     return sha256_text(canonical_json(ingredients))
@@ -184,7 +190,7 @@ class Cache:
         """
         if not self.root.is_dir():
             return
-        if not (self.root / TAG_NAME).is_file():
+        if not tagged(self.root):
             # the tag may appear between the two looks: another build creating this same cache
             # (mkdir, then the tag) at once; that one made it, so it is ours
             others = sorted(p.name for p in self.root.iterdir() if p.name not in SUBFOLDERS and p.name != TAG_NAME)
@@ -192,7 +198,7 @@ class Cache:
                 folder = self.root / sub
                 if folder.is_dir() and not folder.is_symlink():
                     others += sorted(f"{sub}/{p.name}" for p in folder.iterdir() if not (sub == "locks" and p.suffix == ".lock" and p.is_file()))
-            if others and not (self.root / TAG_NAME).is_file():
+            if others and not tagged(self.root):
                 raise CacheError(
                     f"{self.root} is not an onnxbuild cache (no {TAG_NAME}, and it holds {', '.join(others[:3])}{', ...' if len(others) > 3 else ''}); "
                     "onnxbuild deletes inside its cache, so it uses only a new or empty folder: pass another --cache-dir or ONNXBUILD_CACHE_DIR"
@@ -397,7 +403,7 @@ class Cache:
         return self._hashes
 
     def save_state(self) -> None:
-        if not (self.root / TAG_NAME).is_file():
+        if not tagged(self.root):
             return  # a plan before the first build: the folder is not made yet (nor ours to write in)
         self.versions.save()
         if self._hashes_dirty and self._hashes is not None:

@@ -150,9 +150,10 @@ def resolve(doc: dict[str, Any]) -> dict[str, Any]:
             ref = prop.get("$ref") or next((a["$ref"] for a in prop.get("anyOf", []) if "$ref" in a), None)
             items = (prop.get("items") or {}).get("$ref")
             if isinstance(value, list) and items:  # a list of entries (a variant-making kind's): each with its defaults
-                out[key] = [_with_defaults(e, deref(items)) if isinstance(e, dict) else e for e in value]
+                entry = deref(items)
+                out[key] = [_with_defaults(e, entry) if isinstance(e, dict) else e for e in value]
                 for e in out[key]:
-                    if isinstance(e, dict) and "validate" in deref(items).get("properties", {}):
+                    if isinstance(e, dict) and "validate" in entry.get("properties", {}):
                         e.setdefault("validate", {})
             else:
                 out[key] = _with_defaults(value, deref(ref)) if isinstance(value, dict) and ref else value

@@ -61,7 +61,7 @@ def markdown(report: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for b in report["baseline"]:
-        shape = _shape(b["shape"])
+        shape = shape_text(b["shape"])
         dtype = b.get("dtype", "fp32")
         bf = next((x for x in report["baseline"] if x.get("dtype") == "bf16" and x["shape"] == b["shape"]), None)
         vs16 = f"{b['p50_ms'] / bf['p50_ms']:.2f}x" if bf else "-"
@@ -73,14 +73,14 @@ def markdown(report: dict[str, Any]) -> str:
         )
     for r in report["results"]:
         if "p50_ms" not in r:
-            lines.append(f"| {r['variant']} | {r['provider']} | {_shape(r['shape']) if r.get('shape') else '-'} | error: {r.get('error')} | | | | | | | |")
+            lines.append(f"| {r['variant']} | {r['provider']} | {shape_text(r['shape']) if r.get('shape') else '-'} | error: {r.get('error')} | | | | | | | |")
             continue
         bound = " (IOBinding)" if r.get("io_binding") else ""
         precision = f" ({r['inference_precision']})" if r.get("inference_precision") else ""
         if report.get("validated") and not validated_on(report, r):
             precision += " (not validated here)"
         lines.append(
-            f"| {r['variant']}{bound} | {_provider(r['provider'])}{precision} | {_shape(r['shape'])} | {format_ms(r['p50_ms'])} | {format_ms(r['p90_ms'])} | {format_ms(r['p99_ms'])} | "
+            f"| {r['variant']}{bound} | {_provider(r['provider'])}{precision} | {shape_text(r['shape'])} | {format_ms(r['p50_ms'])} | {format_ms(r['p90_ms'])} | {format_ms(r['p99_ms'])} | "
             f"{r['throughput']:.1f} | {_ratio(r.get('ratio_to_pytorch'))} | {_ratio(r.get('ratio_to_pytorch_bf16'))} | {_work(r)} | {limit_text(r)} |"
         )
     lines += [
@@ -121,7 +121,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", "## Where the time goes (ONNX Runtime's profiler, CPU provider)", "", "| variant | shape | one profiled call | kernels by time |", "|---|---|---|---|"]
         for variant, k in report["kernels"].items():
             ops = ", ".join(f"{o['op']} {o['share']:.0%}" for o in k["ops"]) or f"error: {k.get('error')}"
-            lines.append(f"| {variant} | {_shape(k['shape'])} | {format_ms(k['run_ms']) if k.get('run_ms') else '-'} | {ops} |")
+            lines.append(f"| {variant} | {shape_text(k['shape'])} | {format_ms(k['run_ms']) if k.get('run_ms') else '-'} | {ops} |")
     if report.get("openvino_kernels"):
         lines += [
             "",
@@ -133,14 +133,15 @@ def markdown(report: dict[str, Any]) -> str:
         for variant, entries in report["openvino_kernels"].items():
             for k in entries:
                 ops = ", ".join(f"{o['op']} {format_ms(o['ms'])} ({o['share']:.0%})" for o in k["ops"]) or f"error: {k.get('error')}"
-                lines.append(f"| {variant} | {k['call']} | {_shape(k['shape'])} | {format_ms(k['run_ms']) if k.get('run_ms') else '-'} | {ops} |")
+                lines.append(f"| {variant} | {k['call']} | {shape_text(k['shape'])} | {format_ms(k['run_ms']) if k.get('run_ms') else '-'} | {ops} |")
     skipped = [p for p in report["providers"] if p["status"] == "skipped"]
     if skipped:
         lines += ["", "Providers skipped:"] + [f"- {p['name']}: {p['reason']}" for p in skipped]
     return "\n".join(lines) + "\n"
 
 
-def _shape(shape: dict[str, int]) -> str:
+def shape_text(shape: dict[str, int]) -> str:
+    """``batch=1, sequence=128``."""
     return ", ".join(f"{k}={v}" for k, v in shape.items())
 
 
@@ -210,11 +211,11 @@ def fastest(report: dict[str, Any]) -> list[str]:
     for shape in shapes.values():
         best = fastest_row(report, shape)
         if best is None:
-            out.append(f"- {_shape(shape)}: no validated (variant, provider) was timed")
+            out.append(f"- {shape_text(shape)}: no validated (variant, provider) was timed")
             continue
         against = [f"{x:.2f}x PyTorch {t}" for x, t in ((best.get("ratio_to_pytorch"), "fp32"), (best.get("ratio_to_pytorch_bf16"), "bf16")) if x]
         limit = f", {limit_text(best)}" if best.get("roofline") else ""
-        out.append(f"- {_shape(best['shape'])}: **{best['variant']} on {_provider(best['provider'])}** {format_ms(best['p50_ms'])}" + (f" ({', '.join(against)}{limit})" if against or limit else "") + _its_decode(report, best) + _quality(report, best["variant"]))
+        out.append(f"- {shape_text(best['shape'])}: **{best['variant']} on {_provider(best['provider'])}** {format_ms(best['p50_ms'])}" + (f" ({', '.join(against)}{limit})" if against or limit else "") + _its_decode(report, best) + _quality(report, best["variant"]))
     if not report.get("validated"):
         return ["Fastest per shape (no source model to validate against: check is this recipe's gate):", "", *(line.replace("no validated", "no") for line in out), ""]
     return ["Fastest validated (variant, provider) per shape:", "", *out, ""]

@@ -34,7 +34,7 @@ from onnxbuild.recipe.sections import (
     target_variants,
 )
 from onnxbuild.recipe.variants import SOURCE_RECORD
-from onnxbuild.report.benchmark import chart, markdown, validated_on
+from onnxbuild.report.benchmark import chart, markdown, shape_text, validated_on
 from onnxbuild.runtimes import sessions
 from onnxbuild.sources.decoder import PAST_PREFIX
 from onnxbuild.spec import Planning, StepInput
@@ -384,7 +384,8 @@ def _finish(
     results: list[dict[str, Any]],
     decode: list[dict[str, Any]] | None,
     extra: dict[str, Any] | None = None,
-    load_before: float = 1.0,
+    *,
+    load_before: float,
 ) -> StepResult:
     """benchmark.json (checked against its schema), the Markdown and the chart.
 
@@ -474,7 +475,7 @@ def _attach_roofline(ctx: StepContext, rows: list[dict[str, Any]], threads: int)
         again = peaks.at_least(measure_peaks(threads, budget_s=REMEASURE_S))
         rose = [k for k in ("fp32_gflops", "bf16_gflops", "int8_gops", "memory_gbps") if getattr(again, k) != getattr(peaks, k)]
         remeasured = (
-            f"{first['variant']} at {_shape_text(first)} reached {first['roofline']['fraction']:.0%} of {first['roofline']['limit']}: measured again, "
+            f"{first['variant']} at {shape_text(first.get('shape') or {})} reached {first['roofline']['fraction']:.0%} of {first['roofline']['limit']}: measured again, "
             + (f"{', '.join(rose)} rose" if rose else "no figure rose")
         )
         peaks = again
@@ -490,11 +491,6 @@ def _attach_roofline(ctx: StepContext, rows: list[dict[str, Any]], threads: int)
 
 REMEASURE_S = 0.5
 """Seconds per figure and size when a row beat the cached peaks (the machine step uses 0.15)."""
-
-
-def _shape_text(row: dict[str, Any]) -> str:
-    shape = row.get("shape") or {}
-    return ", ".join(f"{k}={v}" for k, v in shape.items()) if isinstance(shape, dict) else str(shape)
 
 
 Counted = tuple[dict[str, Any], tuple[Any, str, Any, float]]
