@@ -386,14 +386,18 @@ def test_a_row_over_its_limit_measures_the_peaks_again_and_one_still_over_is_mar
     feeds = {"X": np.ones((BATCH, K), np.float32)}
     real = {"variant": "model", "provider": "CPUExecutionProvider", "shape": {"batch": BATCH}, "p50_ms": 0.02, **_work_of(model, "fp32", feeds, phase="")}
     impossible = {"variant": "optimized", "provider": "CPUExecutionProvider", "shape": {"batch": BATCH}, "p50_ms": 1e-9, **_work_of(model, "fp32", feeds, phase="")}
-    peaks = _attach_roofline(ctx, [real, impossible], threads=1)
+    # A PyTorch baseline row carries no variant: the CI run of 2bdd58c failed the GPT-2 benchmark
+    # with a KeyError when the first row over its limit was PyTorch's.
+    baseline = {"engine": "pytorch", "dtype": "fp32", "shape": {"batch": BATCH}, "p50_ms": 1e-9, **_work_of(model, "fp32", feeds, phase="")}
+    peaks = _attach_roofline(ctx, [baseline, real, impossible], threads=1)
     assert peaks is not None
     assert peaks["fp32_gflops"] > 1 and peaks["memory_gbps"] > 1  # measured again: the planted figures were beaten
-    assert peaks["remeasured"].startswith(f"model at batch={BATCH} reached ") and peaks["remeasured"].endswith(" rose")
+    assert peaks["remeasured"].startswith(f"PyTorch fp32 at batch={BATCH} reached ") and peaks["remeasured"].endswith(" rose")
     assert "fp32_gflops" in peaks["remeasured"] and "memory_gbps" in peaks["remeasured"]
     assert "onnxruntime MatMul" in peaks["how"]["fp32_gflops"] or "torch.mm" in peaks["how"]["fp32_gflops"]
     assert real["roofline"]["fraction"] <= 1.0 and "over_limit" not in real["roofline"]
     assert impossible["roofline"]["over_limit"] is True and impossible["roofline"]["fraction"] > 1
+    assert baseline["roofline"]["over_limit"] is True
     assert limit_text(impossible).startswith(f"over the measured {impossible['roofline']['limit']} limit (")
     assert limit_text(impossible).endswith(": the limit is low)") and limit_text(real).endswith(f"% of {real['roofline']['limit']}")
 

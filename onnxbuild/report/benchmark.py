@@ -145,6 +145,14 @@ def shape_text(shape: dict[str, int]) -> str:
     return ", ".join(f"{k}={v}" for k, v in shape.items())
 
 
+def row_name(row: dict[str, Any]) -> str:
+    """A timed row as a reader names it: its variant, or the PyTorch baseline and its dtype
+    (baseline and decode rows of PyTorch carry no variant)."""
+    if "variant" in row:
+        return str(row["variant"])
+    return f"PyTorch {row.get('dtype', 'fp32')}" if row.get("engine") == "pytorch" else str(row.get("engine", "a row"))
+
+
 def _provider(name: str) -> str:
     return name.replace("ExecutionProvider", "")
 

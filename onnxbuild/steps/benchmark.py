@@ -34,7 +34,7 @@ from onnxbuild.recipe.sections import (
     target_variants,
 )
 from onnxbuild.recipe.variants import SOURCE_RECORD
-from onnxbuild.report.benchmark import chart, markdown, shape_text, validated_on
+from onnxbuild.report.benchmark import chart, markdown, row_name, shape_text, validated_on
 from onnxbuild.runtimes import sessions
 from onnxbuild.sources.decoder import PAST_PREFIX
 from onnxbuild.spec import Planning, StepInput
@@ -475,7 +475,7 @@ def _attach_roofline(ctx: StepContext, rows: list[dict[str, Any]], threads: int)
         again = peaks.at_least(measure_peaks(threads, budget_s=REMEASURE_S))
         rose = [k for k in ("fp32_gflops", "bf16_gflops", "int8_gops", "memory_gbps") if getattr(again, k) != getattr(peaks, k)]
         remeasured = (
-            f"{first['variant']} at {shape_text(first.get('shape') or {})} reached {first['roofline']['fraction']:.0%} of {first['roofline']['limit']}: measured again, "
+            f"{row_name(first)} at {shape_text(first.get('shape') or {})} reached {first['roofline']['fraction']:.0%} of {first['roofline']['limit']}: measured again, "
             + (f"{', '.join(rose)} rose" if rose else "no figure rose")
         )
         peaks = again
