@@ -8,10 +8,11 @@ a step was built, taken from the cache or resumed after a kill. What varies run 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal, TypedDict
 
 from onnxbuild.engine.cache import OutputRecord
-from onnxbuild.environment import platform_info, versions
+from onnxbuild.environment import package_version, platform_info, versions
 
 Status = Literal["built", "cached", "failed", "skipped"]
 
@@ -64,12 +65,12 @@ class Manifest(TypedDict):
     platform: dict[str, str]
 
 
-def make_manifest(name: str, recipe: RecipeRecord, steps: list[StepRecord]) -> Manifest:
+def make_manifest(name: str, recipe: RecipeRecord, steps: list[StepRecord], lookup: Callable[[str], str] = package_version) -> Manifest:
     return {
         "schema_version": MANIFEST_SCHEMA_VERSION,
         "name": name,
         "recipe": recipe,
         "steps": [manifest_step(s) for s in steps],
-        "versions": versions(),
+        "versions": versions(lookup=lookup),
         "platform": platform_info(),
     }

@@ -519,7 +519,7 @@ def _finish_recipe(recipe: Recipe, states: list[_State], cache: Cache, artifacts
             shutil.rmtree(failed, ignore_errors=True)
     with contextlib.suppress(OSError):
         (folder / "failed").rmdir()
-    manifest = make_manifest(recipe.name, {"path": _display_path(recipe), "digest": recipe.digest, "resolved": recipe.resolved}, records)
+    manifest = make_manifest(recipe.name, {"path": _display_path(recipe), "digest": recipe.digest, "resolved": recipe.resolved}, records, lookup=cache.versions.get)
     folder.mkdir(parents=True, exist_ok=True)
     write_if_changed(folder / "manifest.json", pretty_json(manifest), lambda: pause_for_tests("manifest-write", recipe.name))
     last = cache.last_build(recipe.name)
