@@ -16,6 +16,7 @@ from onnxbuild.engine.runner import BuildReport, Reporter
 from onnxbuild.errors import CacheError, OnnxbuildError, RecipeError, UsageError
 from onnxbuild.recipe.loader import load_recipe
 from onnxbuild.recipe.model import Recipe
+from onnxbuild.report.pagekey import is_current
 
 CACHE_ENV = "ONNXBUILD_CACHE_DIR"
 RAY_JOBS = 256
@@ -184,9 +185,11 @@ def _frozen(recipes: list[Recipe], cache: Cache) -> dict[str, dict[str, str]]:
 
 def _write_html(folder: Path, reporter: Reporter | None) -> Path | None:
     """report.html for a built folder; a page that cannot be written is a warning, never a failed build."""
-    from onnxbuild.report.page import write_report
-
     try:
+        if is_current(folder):
+            return folder / "report.html"
+        from onnxbuild.report.page import write_report
+
         return write_report(folder)
     except (OnnxbuildError, OSError, ValueError) as exc:
         if reporter is not None:

@@ -109,6 +109,31 @@ def test_write_report_never_writes_through_a_link(tmp_path: Path) -> None:
     assert not path.is_symlink() and elsewhere.read_text(encoding="utf-8") == "theirs"
 
 
+def test_a_page_is_written_again_only_when_what_it_shows_or_the_page_itself_changed(project: Path, settings: onnxbuild.Settings) -> None:
+    """#39: a no-op make rewrote report.html each time (20 ms of a 0.15 s goal). The page
+    carries the key of what it is rendered from and the digest of the rest of it; a no-op
+    leaves it alone, a build that changes a step, or a page edited by hand, writes it again."""
+    from onnxbuild.report.pagekey import is_current
+
+    for _ in range(2):  # a build, then a no-op (whose page says "cached" where the first said "built")
+        assert onnxbuild.build(["recipes/linear-regression.yaml"], settings).ok
+    folder = settings.artifacts_dir / "linear-regression"
+    page = folder / "report.html"
+    assert is_current(folder)
+    before = page.stat()
+    assert onnxbuild.build(["recipes/linear-regression.yaml"], settings).ok  # another no-op
+    assert page.stat().st_ino == before.st_ino and page.stat().st_mtime_ns == before.st_mtime_ns
+
+    page.write_text(page.read_text(encoding="utf-8").replace("Build OK", "Build 0K"), encoding="utf-8")
+    assert not is_current(folder)
+    assert onnxbuild.build(["recipes/linear-regression.yaml"], settings).ok
+    assert is_current(folder) and "Build OK" in page.read_text(encoding="utf-8")
+
+    timings = folder / "timings.json"
+    timings.write_text(timings.read_text(encoding="utf-8").replace('"cached"', '"built"'), encoding="utf-8")
+    assert not is_current(folder)  # what the page shows changed under it
+
+
 def test_onnxbuild_report_needs_a_build_first(project: Path) -> None:
     result = CliRunner().invoke(cli, ["report", "recipes/linear-regression.yaml"])
     assert result.exit_code == 2

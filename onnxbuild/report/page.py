@@ -21,6 +21,7 @@ from typing import Any
 from onnxbuild._util import atomic_write_text, format_ms
 from onnxbuild.report.benchmark import limit_text
 from onnxbuild.report.diffview import RecipeDiff, model_lines, show, summary_line
+from onnxbuild.report.pagekey import page_key, with_marker
 
 CSS = """
 :root { --ok: #1a7f37; --bad: #cf222e; --warn: #9a6700; --muted: #57606a; --line: #d0d7de; --bg: #f6f8fa; }
@@ -75,13 +76,14 @@ def render_report(folder: Path) -> str:
     ]
     recipe = manifest.get("recipe", {}) if isinstance(manifest, dict) else {}
     where = escape(str(recipe.get("path", ""))) if isinstance(recipe, dict) else ""
-    return (
-        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{escape(title)}: onnxbuild report</title>'
+    rest = (
+        f'<html lang="en"><head><meta charset="utf-8"><title>{escape(title)}: onnxbuild report</title>'
         f"<style>{CSS}</style></head><body><main>\n<h1>{escape(title)}</h1>\n"
         f'<div class="sub">onnxbuild report of <code>{escape(str(folder))}/</code>{" from <code>" + where + "</code>" if where else ""}</div>\n'
         + "\n".join(p for p in parts if p)
         + "\n</main></body></html>\n"
     )
+    return with_marker(page_key(folder), "<!DOCTYPE html>", rest)
 
 
 # ---------------------------------------------------------------- sections
