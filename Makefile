@@ -38,7 +38,8 @@ docs:
 	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict --site-dir build/site
 
 lint:
-	$(PYTHON) -m ruff check onnxbuild tests
+	$(PYTHON) -m ruff check onnxbuild tests bench docs
+	$(PYTHON) -m ruff format --check onnxbuild tests bench docs
 
 type:
 	$(PYTHON) -m mypy onnxbuild

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out" / "decoders"
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
 
-TIME_ONE = r'''
+TIME_ONE = r"""
 import json, sys, time
 import numpy as np, onnxruntime as ort
 path, layers, kv, head_dim, vocab = sys.argv[1], *map(int, sys.argv[2:6])
@@ -70,9 +70,9 @@ for flush in (False, True):
     out.update({f"{k}_daz" if flush else k: v for k, v in time_both(s).items()})
     del s
 print(json.dumps(out))
-'''
+"""
 
-SAVE_HF = r'''
+SAVE_HF = r"""
 import json, sys
 from pathlib import Path
 from onnxbuild.recipe.loader import load_recipe
@@ -91,7 +91,7 @@ PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
 print(json.dumps({"layers": model.config.num_hidden_layers, "kv": model.config.num_key_value_heads,
                   "head_dim": getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads,
                   "vocab": model.config.vocab_size}))
-'''
+"""
 
 
 def genai_python() -> str | None:
@@ -102,11 +102,17 @@ def genai_python() -> str | None:
     python = venv / "bin" / "python"
     if not python.exists():
         print(f"  making {venv} (onnxruntime-genai, with this environment's torch and transformers)")
-        done = subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], capture_output=True, text=True)
+        done = subprocess.run(
+            [sys.executable, "-m", "venv", "--system-site-packages", str(venv)], capture_output=True, text=True
+        )
         if done.returncode == 0:
-            done = subprocess.run([str(python), "-m", "pip", "install", "-q", "onnxruntime-genai"], capture_output=True, text=True)
+            done = subprocess.run(
+                [str(python), "-m", "pip", "install", "-q", "onnxruntime-genai"], capture_output=True, text=True
+            )
         if done.returncode != 0:
-            print(f"  onnxruntime-genai could not be installed ({done.stderr.strip()[-300:]}); the builder's rows are skipped")
+            print(
+                f"  onnxruntime-genai could not be installed ({done.stderr.strip()[-300:]}); the builder's rows are skipped"
+            )
             return None
     return str(python)
 
@@ -119,22 +125,61 @@ def main(recipes: list[str]) -> None:
     for recipe in recipes:
         src = ROOT / recipe
         (work / "recipes" / src.name).write_text(src.read_text(encoding="utf-8"), encoding="utf-8")
-        built = subprocess.run([sys.executable, "-m", "onnxbuild", "make", f"recipes/{src.name}", "-j", "2"], cwd=work, capture_output=True, text=True)
+        built = subprocess.run(
+            [sys.executable, "-m", "onnxbuild", "make", f"recipes/{src.name}", "-j", "2"],
+            cwd=work,
+            capture_output=True,
+            text=True,
+        )
         if built.returncode != 0:
             print(f"{recipe}: onnxbuild make failed:\n{built.stderr[-2000:]}")
             continue
-        name = next(line.split(":", 1)[1].strip() for line in src.read_text(encoding="utf-8").splitlines() if line.startswith("name:"))
+        name = next(
+            line.split(":", 1)[1].strip()
+            for line in src.read_text(encoding="utf-8").splitlines()
+            if line.startswith("name:")
+        )
         artifacts = work / "artifacts" / name
         hf = OUT / name / "hf"
-        dims = json.loads(subprocess.run([sys.executable, "-c", SAVE_HF, str(work / "recipes" / src.name), str(artifacts), str(hf)], capture_output=True, text=True, check=True).stdout)
+        dims = json.loads(
+            subprocess.run(
+                [sys.executable, "-c", SAVE_HF, str(work / "recipes" / src.name), str(artifacts), str(hf)],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+        )
         files = {f"onnxbuild {v}": artifacts / v / "model.onnx" for v in ("optimized", "int8", "int4")}
         files = {"onnxbuild model": artifacts / "model.onnx", **files}
         if genai:
             # its defaults (int4: block 32), and int4 at block 128 as our recipes quantize, so
             # the 4-bit rows compare like with like as well as against what a user gets
-            for label, precision, extra in (("fp32", "fp32", []), ("int4", "int4", []), ("int4 b128", "int4", ["--extra_options", "block_size=128"])):
+            for label, precision, extra in (
+                ("fp32", "fp32", []),
+                ("int4", "int4", []),
+                ("int4 b128", "int4", ["--extra_options", "block_size=128"]),
+            ):
                 out = OUT / name / f"builder-{label.replace(' ', '-')}"
-                done = subprocess.run([genai, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", str(out), "-p", precision, "-e", "cpu", "-c", str(OUT / "cache"), *extra], capture_output=True, text=True)
+                done = subprocess.run(
+                    [
+                        genai,
+                        "-m",
+                        "onnxruntime_genai.models.builder",
+                        "-i",
+                        str(hf),
+                        "-o",
+                        str(out),
+                        "-p",
+                        precision,
+                        "-e",
+                        "cpu",
+                        "-c",
+                        str(OUT / "cache"),
+                        *extra,
+                    ],
+                    capture_output=True,
+                    text=True,
+                )
                 if done.returncode == 0:
                     files[f"model builder {label}"] = out / "model.onnx"
                 else:
@@ -142,7 +187,20 @@ def main(recipes: list[str]) -> None:
         best: dict[str, dict[str, float]] = {}
         for _ in range(ROUNDS):  # alternate, so a noisy minute hits every row
             for label, path in files.items():
-                done = subprocess.run([sys.executable, "-c", TIME_ONE, str(path), str(dims["layers"]), str(dims["kv"]), str(dims["head_dim"]), str(dims["vocab"])], capture_output=True, text=True)
+                done = subprocess.run(
+                    [
+                        sys.executable,
+                        "-c",
+                        TIME_ONE,
+                        str(path),
+                        str(dims["layers"]),
+                        str(dims["kv"]),
+                        str(dims["head_dim"]),
+                        str(dims["vocab"]),
+                    ],
+                    capture_output=True,
+                    text=True,
+                )
                 if done.returncode != 0:
                     print(f"  {label}: could not be timed: {done.stderr.strip()[-300:]}")
                     continue
@@ -151,9 +209,13 @@ def main(recipes: list[str]) -> None:
                 best[label] = {k: min(b[k], t[k]) for k in t}
         print(f"{name} (batch 1; best of {ROUNDS} rounds of p50; one process per file):")
         print(f"  {'':<24} {'denormals as they come':>31}   {'denormals flushed (onnxbuild run)':>33}")
-        print(f"  {'file':<24} {'prefill 128':>12} {'decode after 128':>17}   {'prefill 128':>14} {'decode after 128':>17}")
+        print(
+            f"  {'file':<24} {'prefill 128':>12} {'decode after 128':>17}   {'prefill 128':>14} {'decode after 128':>17}"
+        )
         for label, t in best.items():
-            print(f"  {label:<24} {t['prefill_ms']:>9.1f} ms {t['decode_ms']:>14.2f} ms   {t['prefill_ms_daz']:>11.1f} ms {t['decode_ms_daz']:>14.2f} ms")
+            print(
+                f"  {label:<24} {t['prefill_ms']:>9.1f} ms {t['decode_ms']:>14.2f} ms   {t['prefill_ms_daz']:>11.1f} ms {t['decode_ms_daz']:>14.2f} ms"
+            )
         for line in verdicts(best):
             print(f"  {line}")
         fused = json.loads((artifacts / "reports" / "optimize.json").read_text(encoding="utf-8"))["fused_ops"]
@@ -162,7 +224,9 @@ def main(recipes: list[str]) -> None:
 
         (OUT / f"{name}.json").write_text(json.dumps(best, indent=2), encoding="utf-8")
         # committed: docs/gen.py renders bench/results/*.json into the site's figures page
-        (ROOT / "bench" / "results" / f"decoders-{name}.json").write_text(json.dumps({"cpu": cpu_info()[0], **best}, indent=2), encoding="utf-8")
+        (ROOT / "bench" / "results" / f"decoders-{name}.json").write_text(
+            json.dumps({"cpu": cpu_info()[0], **best}, indent=2), encoding="utf-8"
+        )
         if genai:
             genai_loads(genai, artifacts)
 
@@ -181,7 +245,12 @@ def verdicts(best: dict[str, dict[str, float]]) -> list[str]:
         if theirs not in best or not any(o in best for o in ours):
             continue
         cells = []
-        for key, label in (("prefill_ms", "prefill"), ("decode_ms", "decode"), ("prefill_ms_daz", "prefill flushed"), ("decode_ms_daz", "decode flushed")):
+        for key, label in (
+            ("prefill_ms", "prefill"),
+            ("decode_ms", "decode"),
+            ("prefill_ms_daz", "prefill flushed"),
+            ("decode_ms_daz", "decode flushed"),
+        ):
             mine = min(best[o][key] for o in ours if o in best)
             gap = 100 * (mine / best[theirs][key] - 1)
             cells.append(f"{label} {'ok' if gap <= 0 else 'SLOWER'} ({gap:+.1f}%)")
@@ -195,14 +264,20 @@ def genai_loads(genai: str, artifacts: Path) -> None:
     prompt = [str(t) for t in gen["prompt_ids"]]
     for variant in ("model", "optimized", "int4"):
         folder = artifacts if variant == "model" else artifacts / variant
-        done = subprocess.run([genai, str(ROOT / "bench" / "genai_check.py"), str(folder), *prompt], capture_output=True, text=True)
+        done = subprocess.run(
+            [genai, str(ROOT / "bench" / "genai_check.py"), str(folder), *prompt], capture_output=True, text=True
+        )
         if done.returncode != 0:
-            print(f"  onnxruntime-genai could not generate from {folder.relative_to(artifacts.parent)}: {done.stderr.strip()[-300:]}")
+            print(
+                f"  onnxruntime-genai could not generate from {folder.relative_to(artifacts.parent)}: {done.stderr.strip()[-300:]}"
+            )
             continue
         tokens = [int(t) for t in done.stdout.split()]
         ours = gen["variants"][variant]["greedy"]["tokens"][: len(tokens)]
         same = "the same greedy tokens as" if tokens == ours else "DIFFERENT tokens from"
-        print(f"  onnxruntime-genai on {folder.relative_to(artifacts.parent)}/: {len(tokens)} tokens, {same} onnxbuild's generate step")
+        print(
+            f"  onnxruntime-genai on {folder.relative_to(artifacts.parent)}/: {len(tokens)} tokens, {same} onnxbuild's generate step"
+        )
 
 
 if __name__ == "__main__":

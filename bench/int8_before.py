@@ -62,9 +62,17 @@ def build_before(tmp: Path) -> Path | str:
         recipe.pop(key, None)
     (src / "recipes" / "gpt2-int8.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False), encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": str(src), "ONNXBUILD_CACHE_DIR": str(src / ".cache"), "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, "-m", "onnxbuild", "make", "recipes/gpt2-int8.yaml"], cwd=src, env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "onnxbuild", "make", "recipes/gpt2-int8.yaml"],
+        cwd=src,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
-        return f"the code of {BEFORE[:7]} did not build it (exit {done.returncode}): {(done.stdout + done.stderr)[-600:]}"
+        return (
+            f"the code of {BEFORE[:7]} did not build it (exit {done.returncode}): {(done.stdout + done.stderr)[-600:]}"
+        )
     return src / "artifacts" / "gpt2" / "int8" / "model.onnx"
 
 
@@ -74,7 +82,9 @@ def feeds(session: Any, past: int) -> dict[str, Any]:
     from onnxbuild.steps.benchmark import _decode_step, feeds_prompt
 
     decoder, step, vocab = _decode_step(session, {"batch": 1, "sequence": past or PAST})
-    return step if past else decoder.feeds(feeds_prompt({"batch": 1, "sequence": PAST}, vocab), decoder.empty_past(1), 0)
+    return (
+        step if past else decoder.feeds(feeds_prompt({"batch": 1, "sequence": PAST}, vocab), decoder.empty_past(1), 0)
+    )
 
 
 def p50(times: list[float]) -> float:
@@ -101,7 +111,9 @@ def main(artifacts: Path) -> None:
 
     best = fastest_row(json.loads((artifacts / "benchmark.json").read_text()), {"batch": 1, "sequence": PAST})
     if best is None:
-        print(f"issue 21's decode line: skipped, no validated row at batch 1, sequence {PAST} in {artifacts / 'benchmark.json'}")
+        print(
+            f"issue 21's decode line: skipped, no validated row at batch 1, sequence {PAST} in {artifacts / 'benchmark.json'}"
+        )
         return
     with tempfile.TemporaryDirectory(prefix="onnxbuild-int8-before-") as tmp:
         before = build_before(Path(tmp))
@@ -110,16 +122,30 @@ def main(artifacts: Path) -> None:
             return
         flushed, cpu = sessions.options(), ["CPUExecutionProvider"]
         old = {  # how its code ran it, and how every session runs an artifact today
-            f"int8 before the issue ({BEFORE[:7]}) on CPU, ORT defaults": ort.InferenceSession(str(before), ort.SessionOptions(), providers=cpu),
-            f"int8 before the issue ({BEFORE[:7]}) on CPU, denormals flushed": ort.InferenceSession(str(before), flushed, providers=cpu),
+            f"int8 before the issue ({BEFORE[:7]}) on CPU, ORT defaults": ort.InferenceSession(
+                str(before), ort.SessionOptions(), providers=cpu
+            ),
+            f"int8 before the issue ({BEFORE[:7]}) on CPU, denormals flushed": ort.InferenceSession(
+                str(before), flushed, providers=cpu
+            ),
         }
         today = "int8 today on CPU"
-        label = f"{best['variant']} on {best['provider'].replace('ExecutionProvider', '')} (fastest validated at {PAST})"
+        label = (
+            f"{best['variant']} on {best['provider'].replace('ExecutionProvider', '')} (fastest validated at {PAST})"
+        )
         path = artifacts / ("model.onnx" if best["variant"] == "model" else f"{best['variant']}/model.onnx")
         openvino = best["provider"] == "openvino"
-        ours = openvino_target.load(path, precision="auto") if openvino else ort.InferenceSession(str(path), flushed, providers=[best["provider"]])
+        ours = (
+            openvino_target.load(path, precision="auto")
+            if openvino
+            else ort.InferenceSession(str(path), flushed, providers=[best["provider"]])
+        )
         held = openvino and ours.keeps_past
-        runtimes = {label: ours, **old, today: ort.InferenceSession(str(artifacts / "int8" / "model.onnx"), flushed, providers=cpu)}
+        runtimes = {
+            label: ours,
+            **old,
+            today: ort.InferenceSession(str(artifacts / "int8" / "model.onnx"), flushed, providers=cpu),
+        }
         # label -> phase -> (call, untimed prepare): a prefill of PAST tokens, one decode step
         # after each past; OpenVINO's calls as its benchmark rows make them (decode_steps, infer)
         calls: dict[str, dict[str, tuple[Callable[[], None], Callable[[], None]]]] = {}
@@ -133,25 +159,39 @@ def main(artifacts: Path) -> None:
                     calls[key][phase] = (step, prepare)
                 else:
                     calls[key][phase] = ((lambda s=session, f=f: s.run(None, f)), lambda: None)
-        times: dict[str, dict[str, list[float]]] = {key: {phase: [] for phase in phases} for key, phases in calls.items()}
+        times: dict[str, dict[str, list[float]]] = {
+            key: {phase: [] for phase in phases} for key, phases in calls.items()
+        }
         for r in range(ROUNDS + 1):  # round 0 warms up
             for key, phases in calls.items():
                 for phase, (fn, prepare) in phases.items():
                     got = block(fn, prepare, 3 if phase == "prefill" else 6 * SPAN)
                     times[key][phase] += got if r else []
-    print(f"issue 21's decode line, in one process ({ROUNDS} interleaved rounds; batch 1; p50 of a prefill of {PAST} tokens and of one decode step after a past of "
-          f"{' and '.join(map(str, PASTS))}{f', for a model that holds its cache {SPAN} successive steps from there' if held else ''}):")
+    print(
+        f"issue 21's decode line, in one process ({ROUNDS} interleaved rounds; batch 1; p50 of a prefill of {PAST} tokens and of one decode step after a past of "
+        f"{' and '.join(map(str, PASTS))}{f', for a model that holds its cache {SPAN} successive steps from there' if held else ''}):"
+    )
     then = {phase: min(p50(times[k][phase]) for k in old) for phase in calls[label]}
     for key, phases in times.items():
         figures = ", ".join(f"{phase} {p50(t):.2f} ms ({p50(t) / then[phase]:.2f}x)" for phase, t in phases.items())
         print(f"  {key:<62} {figures}")
     print("  (x: against the faster of the two runs of the int8 before the issue)")
     for past in PASTS:
-        step, was, now = p50(times[label][f"decode {past}"]), then[f"decode {past}"], p50(times[today][f"decode {past}"])
+        step, was, now = (
+            p50(times[label][f"decode {past}"]),
+            then[f"decode {past}"],
+            p50(times[today][f"decode {past}"]),
+        )
         verdict = "holds" if step <= was else "fails"
-        what = "the target" if past == PAST else f"not the target's shape (it names the {PAST}-token prefill), for short prompts"
-        print(f"  decode step after {past}, {what}: the fastest validated file's no slower than the int8 before the issue's: "
-              f"{verdict} ({step:.2f} against {was:.2f} ms, {step / was:.2f}x; against today's int8 {now:.2f} ms, {step / now:.2f}x)")
+        what = (
+            "the target"
+            if past == PAST
+            else f"not the target's shape (it names the {PAST}-token prefill), for short prompts"
+        )
+        print(
+            f"  decode step after {past}, {what}: the fastest validated file's no slower than the int8 before the issue's: "
+            f"{verdict} ({step:.2f} against {was:.2f} ms, {step / was:.2f}x; against today's int8 {now:.2f} ms, {step / now:.2f}x)"
+        )
 
 
 if __name__ == "__main__":

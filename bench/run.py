@@ -26,7 +26,7 @@ import int8_before  # bench/, beside this script
 
 ROOT = Path(__file__).resolve().parent.parent
 
-BARE_EXPORT = r'''
+BARE_EXPORT = r"""
 # The same export as recipes/gpt2.yaml (with the KV cache), written by hand.
 import sys, time, torch, transformers, yaml
 from transformers import DynamicCache
@@ -56,7 +56,7 @@ axes.update({n: {0: "batch", 2: "past_sequence"} for n in pasts})
 axes.update({n: {0: "batch", 2: "total_sequence"} for n in presents})
 torch.onnx.export(Wrapped(model), args, sys.argv[2], dynamo=False, input_names=["input_ids", "attention_mask", "position_ids", *pasts],
                   output_names=["logits", *presents], dynamic_axes=axes, opset_version=18)
-'''
+"""
 
 
 def run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> float:
@@ -79,13 +79,17 @@ def main() -> None:
         run([onnxbuild, "make", "recipes/linear-regression.yaml"], work, env)
         run([onnxbuild, "make", "recipes/linear-regression.yaml"], work, env)  # warm the memo files
         noop = [run([onnxbuild, "make", "recipes/linear-regression.yaml"], work, env) for _ in range(7)]
-        print(f"no-op make (linear-regression, all cached): median {statistics.median(noop):.3f} s, "
-              f"min {min(noop):.3f} s over {len(noop)} runs (target < 0.3 s)")
+        print(
+            f"no-op make (linear-regression, all cached): median {statistics.median(noop):.3f} s, "
+            f"min {min(noop):.3f} s over {len(noop)} runs (target < 0.3 s)"
+        )
 
         bare = run([sys.executable, "-c", BARE_EXPORT, "recipes/gpt2.yaml", str(work / "bare.onnx")], work, env)
         via = run([onnxbuild, "make", "recipes/gpt2.yaml", "--target", "export"], work, env)
-        print(f"GPT-2 export: bare torch.onnx.export script {bare:.1f} s, onnxbuild (source + export, cold) {via:.1f} s: "
-              f"overhead {100 * (via / bare - 1):+.1f}% (target < 10%)")
+        print(
+            f"GPT-2 export: bare torch.onnx.export script {bare:.1f} s, onnxbuild (source + export, cold) {via:.1f} s: "
+            f"overhead {100 * (via / bare - 1):+.1f}% (target < 10%)"
+        )
 
         shutil.rmtree(work / ".onnxbuild")
         shutil.rmtree(work / "artifacts")
@@ -99,13 +103,17 @@ def main() -> None:
                     steps[name] = t
         peak = max((t["peak_rss_mb"] or 0) for t in steps.values())
         per_step = ", ".join(f"{name} {t['seconds']:.1f} s / {t['peak_rss_mb']:.0f} MB" for name, t in steps.items())
-        print(f"GPT-2 cold build of source, export, check, validate (-j 1): {cold:.1f} s wall (target < 180 s); "
-              f"peak step RSS {peak / 1024:.2f} GB (target < 4 GB)")
+        print(
+            f"GPT-2 cold build of source, export, check, validate (-j 1): {cold:.1f} s wall (target < 180 s); "
+            f"peak step RSS {peak / 1024:.2f} GB (target < 4 GB)"
+        )
         print(f"  per step: {per_step}")
         validation = json.loads((work / "artifacts" / "gpt2" / "reports" / "validation" / "model.json").read_text())
         shapes = validation["variants"]["model"]["shapes"]
         worst = max(o["max_abs_diff"] for s in shapes for o in s["outputs"].values())
-        print(f"  validation: passed={validation['passed']} at {len(shapes)} shapes, logits max abs diff {worst:.2e}, weights {validation['weights']}")
+        print(
+            f"  validation: passed={validation['passed']} at {len(shapes)} shapes, logits max abs diff {worst:.2e}, weights {validation['weights']}"
+        )
         model_sha = hashlib.sha256((work / "artifacts" / "gpt2" / "model.onnx").read_bytes()).hexdigest()
         print(f"  model.onnx sha256 {model_sha} (compare across directories and machines)")
         again = run([onnxbuild, "make", "recipes/gpt2.yaml", "--target", "validate"], work, env)
@@ -114,13 +122,17 @@ def main() -> None:
         full = run([onnxbuild, "make", "recipes/gpt2.yaml"], work, env)
         timings = json.loads((work / "artifacts" / "gpt2" / "timings.json").read_text())["steps"]
         peak = max((t["peak_rss_mb"] or 0) for t in timings.values())
-        print(f"GPT-2 whole recipe after the core path (optimize, int8, int4, their validations, benchmark): {full:.1f} s more; peak step RSS {peak / 1024:.2f} GB")
+        print(
+            f"GPT-2 whole recipe after the core path (optimize, int8, int4, their validations, benchmark): {full:.1f} s more; peak step RSS {peak / 1024:.2f} GB"
+        )
         bench = json.loads((work / "artifacts" / "gpt2" / "benchmark.json").read_text())
         validation = json.loads((work / "artifacts" / "gpt2" / "reports" / "validation.json").read_text())
         print_benchmark(bench, validation)
         generation = json.loads((work / "artifacts" / "gpt2" / "reports" / "generation.json").read_text())
         same = [v for v, r in generation["variants"].items() if r["greedy"]["identical"]]
-        print(f"  greedy generation of {generation['max_new_tokens']} tokens identical to PyTorch generate(): {', '.join(same)}")
+        print(
+            f"  greedy generation of {generation['max_new_tokens']} tokens identical to PyTorch generate(): {', '.join(same)}"
+        )
         int8_before.main(work / "artifacts" / "gpt2")
 
         run([onnxbuild, "make", "recipes/all-minilm-l6-v2.yaml"], work, env)
@@ -128,7 +140,9 @@ def main() -> None:
         bench = json.loads((folder / "benchmark.json").read_text())
         validation = json.loads((folder / "reports" / "validation.json").read_text())
         base = bench["baseline"][0]
-        print(f"all-MiniLM-L6-v2 (real weights), seq {base['shape']['sequence']}: PyTorch eager ({base['attention']}) p50 {base['p50_ms']:.1f} ms")
+        print(
+            f"all-MiniLM-L6-v2 (real weights), seq {base['shape']['sequence']}: PyTorch eager ({base['attention']}) p50 {base['p50_ms']:.1f} ms"
+        )
         for r in bench["results"]:
             cos = validation["variants"][r["variant"]].get("embedding_cosine") or {}
             extra = f", embedding cosine mean {cos['mean']:.4f} min {cos['min']:.4f}" if cos else ""
@@ -158,27 +172,49 @@ def print_benchmark(bench: dict, validation: dict) -> None:
         return f"{r['fraction']:.0%} of {r['limit']}" if r else "-"
 
     for b in bench["baseline"]:
-        print(f"  seq {b['shape']['sequence']:>4}  PyTorch {b.get('dtype', 'fp32')} eager ({b['attention']}){'':<9} p50 {b['p50_ms']:7.1f} ms  {limit(b)}")
+        print(
+            f"  seq {b['shape']['sequence']:>4}  PyTorch {b.get('dtype', 'fp32')} eager ({b['attention']}){'':<9} p50 {b['p50_ms']:7.1f} ms  {limit(b)}"
+        )
     for r in bench["results"]:
         if "p50_ms" not in r:
             print(f"  {r['variant']} on {r['provider']}: error: {r.get('error')}")
             continue
-        where = r["provider"].replace("ExecutionProvider", "") + (f" {r['inference_precision']}" if r.get("inference_precision") else "")
+        where = r["provider"].replace("ExecutionProvider", "") + (
+            f" {r['inference_precision']}" if r.get("inference_precision") else ""
+        )
         checked = "validated" if validated_on(bench, r) else "not validated here"
         top1 = validation["variants"].get(r["variant"], {}).get("top1") or {}
         agree = f", top-1 {top1['agreement']:.3f}" if top1 and r["provider"] == "CPUExecutionProvider" else ""
-        ratios = ", ".join(f"{x:.2f}x PyTorch {t}" for x, t in ((r.get("ratio_to_pytorch"), "fp32"), (r.get("ratio_to_pytorch_bf16"), "bf16")) if x)
-        print(f"  seq {r['shape']['sequence']:>4}  {r['variant']:<9} on {where:<13} p50 {r['p50_ms']:7.1f} ms = {ratios}; {limit(r)} ({checked}{agree})")
+        ratios = ", ".join(
+            f"{x:.2f}x PyTorch {t}"
+            for x, t in ((r.get("ratio_to_pytorch"), "fp32"), (r.get("ratio_to_pytorch_bf16"), "bf16"))
+            if x
+        )
+        print(
+            f"  seq {r['shape']['sequence']:>4}  {r['variant']:<9} on {where:<13} p50 {r['p50_ms']:7.1f} ms = {ratios}; {limit(r)} ({checked}{agree})"
+        )
     for d in bench.get("decode", []):
-        who = f"PyTorch {d.get('dtype', 'fp32')}" if d["engine"] == "pytorch" else f"{d['variant']} on {d['provider'].replace('ExecutionProvider', '')}"
-        ratio = f" = {d['decode_ratio_to_pytorch']:.2f}x PyTorch fp32" if d["engine"] != "pytorch" and d.get("decode_ratio_to_pytorch") else ""
-        print(f"  decode after {d['shape']['sequence']:>4}: {who:<22} prefill {d['prefill_p50_ms']:7.1f} ms, per token {d['decode_p50_ms']:6.2f} ms{ratio}, "
-              f"{d['tokens_per_s']:.1f} tokens/s; {limit(d)}")
+        who = (
+            f"PyTorch {d.get('dtype', 'fp32')}"
+            if d["engine"] == "pytorch"
+            else f"{d['variant']} on {d['provider'].replace('ExecutionProvider', '')}"
+        )
+        ratio = (
+            f" = {d['decode_ratio_to_pytorch']:.2f}x PyTorch fp32"
+            if d["engine"] != "pytorch" and d.get("decode_ratio_to_pytorch")
+            else ""
+        )
+        print(
+            f"  decode after {d['shape']['sequence']:>4}: {who:<22} prefill {d['prefill_p50_ms']:7.1f} ms, per token {d['decode_p50_ms']:6.2f} ms{ratio}, "
+            f"{d['tokens_per_s']:.1f} tokens/s; {limit(d)}"
+        )
     for line in fastest(bench):  # benchmark.md's lead, as printed there
         if line:
             print(f"  {line.replace('**', '')}")
-    print("  target (seq 128, a CPU with native bf16): fastest validated <= 0.5x PyTorch bf16; its decode step no slower than int8's"
-          " (today's above; the int8 of before issue 21 below)")
+    print(
+        "  target (seq 128, a CPU with native bf16): fastest validated <= 0.5x PyTorch bf16; its decode step no slower than int8's"
+        " (today's above; the int8 of before issue 21 below)"
+    )
 
 
 def screenshots(work: Path, onnxbuild: str, env: dict[str, str]) -> None:
@@ -190,15 +226,37 @@ def screenshots(work: Path, onnxbuild: str, env: dict[str, str]) -> None:
         return
     OUT.mkdir(parents=True, exist_ok=True)
     for recipe in sorted((work / "recipes").glob("*.yaml")):
-        done = subprocess.run([onnxbuild, "make", str(recipe.relative_to(work))], cwd=work, env=env, capture_output=True, text=True)
-        name = next((line.split(":", 1)[1].strip() for line in recipe.read_text(encoding="utf-8").splitlines() if line.startswith("name:")), recipe.stem)
+        done = subprocess.run(
+            [onnxbuild, "make", str(recipe.relative_to(work))], cwd=work, env=env, capture_output=True, text=True
+        )
+        name = next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in recipe.read_text(encoding="utf-8").splitlines()
+                if line.startswith("name:")
+            ),
+            recipe.stem,
+        )
         page = work / "artifacts" / name / "report.html"
         if not page.is_file():
             print(f"  report of {recipe.name}: not written (make exited {done.returncode})")
             continue
         shot = OUT / f"report-{name}.png"
-        subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--host-resolver-rules=MAP * ~NOTFOUND",
-                        f"--screenshot={shot}", "--window-size=1280,2400", page.as_uri()], capture_output=True, timeout=120)
+        subprocess.run(
+            [
+                chromium,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--hide-scrollbars",
+                "--host-resolver-rules=MAP * ~NOTFOUND",
+                f"--screenshot={shot}",
+                "--window-size=1280,2400",
+                page.as_uri(),
+            ],
+            capture_output=True,
+            timeout=120,
+        )
         shutil.copy(page, OUT / f"report-{name}.html")
         print(f"  report of {recipe.name}: {shot.relative_to(ROOT)} (and .html)")
 
@@ -217,7 +275,11 @@ def executors() -> None:
         print("executors: ray is not installed (pip install 'onnxbuild[ray]'); skipped")
         return
     figures = []
-    for label, extra in (("local -j 1", ["-j", "1"]), ("local -j 2", ["-j", "2"]), ("ray (local instance, 2 CPUs)", ["--executor", "ray"])):
+    for label, extra in (
+        ("local -j 1", ["-j", "1"]),
+        ("local -j 2", ["-j", "2"]),
+        ("ray (local instance, 2 CPUs)", ["--executor", "ray"]),
+    ):
         with tempfile.TemporaryDirectory(prefix="onnxbuild-bench-") as tmp:
             work = Path(tmp)
             (work / "recipes").mkdir()
@@ -225,7 +287,9 @@ def executors() -> None:
                 shutil.copy(ROOT / "recipes" / name, work / "recipes" / name)
             took = run([onnxbuild, "make", *(f"recipes/{n}" for n in SMALL), *extra], work, env)
             figures.append(f"{label} {took:.1f} s")
-    print(f"{len(SMALL)} small recipes from a cold cache: " + "; ".join(figures) + " (ray includes starting the instance)")
+    print(
+        f"{len(SMALL)} small recipes from a cold cache: " + "; ".join(figures) + " (ray includes starting the instance)"
+    )
 
 
 if __name__ == "__main__":

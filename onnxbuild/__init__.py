@@ -29,8 +29,12 @@ if TYPE_CHECKING:
 # to install their signal handlers before anything slow is imported, so a Ctrl-C or SIGTERM
 # that lands during start-up still ends with exit 130 and no traceback.
 _HOME = {
-    **dict.fromkeys(("Settings", "build", "clean", "dag", "gc", "load_recipes", "plan", "schema_text", "show"), "onnxbuild.api"),
-    **dict.fromkeys(("BuildFailed", "CacheError", "OnnxbuildError", "RecipeError", "StepError", "UsageError"), "onnxbuild.errors"),
+    **dict.fromkeys(
+        ("Settings", "build", "clean", "dag", "gc", "load_recipes", "plan", "schema_text", "show"), "onnxbuild.api"
+    ),
+    **dict.fromkeys(
+        ("BuildFailed", "CacheError", "OnnxbuildError", "RecipeError", "StepError", "UsageError"), "onnxbuild.errors"
+    ),
     "load_recipe": "onnxbuild.recipe.loader",
 }
 

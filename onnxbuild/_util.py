@@ -39,7 +39,9 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
     return h.hexdigest()
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, before_replace: Callable[[], None] | None = None) -> None:
+def atomic_write_bytes(
+    path: str | os.PathLike[str], data: bytes, before_replace: Callable[[], None] | None = None
+) -> None:
     """Write ``data`` so that readers see either the old file or the whole new one.
 
     ``before_replace`` runs once the temporary file is complete (a test hook's pause point).

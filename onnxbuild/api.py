@@ -84,7 +84,13 @@ def _memo_dir(settings: Settings | None) -> Path | None:
 
 
 def plan(
-    paths: Sequence[str | Path], settings: Settings | None = None, *, force: bool = False, target: str | None = None, single: bool = False, reporter: Reporter | None = None
+    paths: Sequence[str | Path],
+    settings: Settings | None = None,
+    *,
+    force: bool = False,
+    target: str | None = None,
+    single: bool = False,
+    reporter: Reporter | None = None,
 ) -> Plan:
     """What a build would do, and why, without doing it."""
     from onnxbuild.engine.graph import plan as make_plan
@@ -152,10 +158,24 @@ def build(
         from onnxbuild.engine.executors import RayExecutor, RaySettings
 
         if ray_address is not None and settings.cache_read_only:
-            raise UsageError("--executor ray on a cluster pushes each step's outputs to the remote cache; drop --cache-read-only")
-        runner_executor = RayExecutor(RaySettings(address=ray_address, max_retries=ray_retries, remote_url=settings.cache_url))
+            raise UsageError(
+                "--executor ray on a cluster pushes each step's outputs to the remote cache; drop --cache-read-only"
+            )
+        runner_executor = RayExecutor(
+            RaySettings(address=ray_address, max_retries=ray_retries, remote_url=settings.cache_url)
+        )
     try:
-        report = execute(the_plan, cache, settings.artifacts_dir, jobs=jobs, keep_going=keep_going, in_process=in_process, reporter=reporter, executor=runner_executor, expected=expected)
+        report = execute(
+            the_plan,
+            cache,
+            settings.artifacts_dir,
+            jobs=jobs,
+            keep_going=keep_going,
+            in_process=in_process,
+            reporter=reporter,
+            executor=runner_executor,
+            expected=expected,
+        )
     finally:
         if runner_executor is not None:
             runner_executor.close()
@@ -179,7 +199,11 @@ def _frozen(recipes: list[Recipe], cache: Cache) -> dict[str, dict[str, str]]:
             continue
         expected.update(expected_outputs(recipe, read_lock(recipe)))
     if problems:
-        raise BuildFailed("--frozen: the lock files do not match the recipes:\n  " + "\n  ".join(problems) + "\nrun `onnxbuild make RECIPE --lock` and commit the locks")
+        raise BuildFailed(
+            "--frozen: the lock files do not match the recipes:\n  "
+            + "\n  ".join(problems)
+            + "\nrun `onnxbuild make RECIPE --lock` and commit the locks"
+        )
     return expected
 
 
@@ -261,7 +285,9 @@ def show(path: str | Path) -> str:
 
     recipe = load_recipe(path)
     header = f"# {recipe.path}, resolved (every default filled in)\n"
-    return header + yaml.safe_dump(recipe.resolved, sort_keys=False, default_flow_style=None, width=100, allow_unicode=True)
+    return header + yaml.safe_dump(
+        recipe.resolved, sort_keys=False, default_flow_style=None, width=100, allow_unicode=True
+    )
 
 
 def schema_text() -> str:
@@ -278,7 +304,7 @@ def dag(path: str | Path, fmt: str = "text") -> str:
     steps = steps_for(recipe)
     if fmt == "mermaid":
         lines = ["flowchart TD"]
-        lines += [f"    {s.name.replace('.', '_')}[\"{s.name} ({s.kind})\"]" for s in steps]
+        lines += [f'    {s.name.replace(".", "_")}["{s.name} ({s.kind})"]' for s in steps]
         lines += [f"    {d.replace('.', '_')} --> {s.name.replace('.', '_')}" for s in steps for d in s.deps]
         return "\n".join(lines) + "\n"
     if fmt == "dot":
@@ -317,7 +343,9 @@ def clean(paths: Sequence[str | Path], settings: Settings | None = None) -> list
             for folder in targets:
                 lock = cache.lock(f"recipe-{folder.name}", what=f"recipe {folder.name}")
                 if not lock.try_acquire():
-                    raise CacheError(f"another onnxbuild is building {folder.name}; run `onnxbuild clean` again when it ends")
+                    raise CacheError(
+                        f"another onnxbuild is building {folder.name}; run `onnxbuild clean` again when it ends"
+                    )
                 locks.append(lock)
             return _remove_folders(targets)
         finally:
@@ -395,7 +423,9 @@ def verify_cache(settings: Settings | None = None) -> tuple[int, list[str]]:
 def verify_remote(settings: Settings) -> tuple[int, list[str]]:
     """Re-read the remote cache's entries and objects; repair from the local cache where it can."""
     if not settings.cache_url:
-        raise UsageError("--remote needs a remote cache: --cache-url URL, ONNXBUILD_CACHE_URL or [tool.onnxbuild] cache_url")
+        raise UsageError(
+            "--remote needs a remote cache: --cache-url URL, ONNXBUILD_CACHE_URL or [tool.onnxbuild] cache_url"
+        )
     cache = settings.cache()
     cache.ensure_writable()
     return cache.remote.verify(cache)  # type: ignore[no-any-return]
@@ -408,14 +438,38 @@ def _take_alone(cache: Cache, command: str) -> Any:
     if not lock.try_acquire():
         from onnxbuild.errors import CacheError
 
-        raise CacheError(f"another onnxbuild is building with the cache {cache.root}; {command} would delete what it is using: run it again when that build ends")
+        raise CacheError(
+            f"another onnxbuild is building with the cache {cache.root}; {command} would delete what it is using: run it again when that build ends"
+        )
     return lock
 
 
-__all__ = ["OnnxbuildError", "Settings", "build", "clean", "dag", "gc", "load_recipes", "plan", "report", "schema_text", "show", "verify_cache"]
+__all__ = [
+    "OnnxbuildError",
+    "Settings",
+    "build",
+    "clean",
+    "dag",
+    "gc",
+    "load_recipes",
+    "plan",
+    "report",
+    "schema_text",
+    "show",
+    "verify_cache",
+]
 
 
-def explain_mismatch(path: str | Path, variant: str, settings: Settings | None = None, *, file: str | Path | None = None, out: str | Path | None = None, shape: int = 0, left_padding: int = 0) -> tuple[Any, dict[str, Any]]:
+def explain_mismatch(
+    path: str | Path,
+    variant: str,
+    settings: Settings | None = None,
+    *,
+    file: str | Path | None = None,
+    out: str | Path | None = None,
+    shape: int = 0,
+    left_padding: int = 0,
+) -> tuple[Any, dict[str, Any]]:
     """The first node where a built variant (or ``file`` in its place) parts from the file it
     was made from, at one of the recipe's validation shapes, with the variant's tolerances:
     (``divergence.Search``, what was compared with what)."""
@@ -433,9 +487,13 @@ def explain_mismatch(path: str | Path, variant: str, settings: Settings | None =
         raise UsageError(f"--variant: {recipe.name} has no variant {variant!r} (it has: {', '.join(by_name)})")
     v = by_name[variant]
     if v.base is None:
-        raise UsageError("--variant: model is the export itself; explain-mismatch compares a variant with the file it was made from (optimized, or a quantize entry)")
+        raise UsageError(
+            "--variant: model is the export itself; explain-mismatch compares a variant with the file it was made from (optimized, or a quantize entry)"
+        )
     if v.files:
-        raise UsageError(f"--variant: {variant} is {len(v.files)} files (an encoder and a decoder); explain-mismatch takes one-file variants")
+        raise UsageError(
+            f"--variant: {variant} is {len(v.files)} files (an encoder and a decoder); explain-mismatch takes one-file variants"
+        )
     base_name = v.base
     folder = settings.artifacts_dir / recipe.name
     reference = folder / by_name[base_name].path
@@ -452,15 +510,32 @@ def explain_mismatch(path: str | Path, variant: str, settings: Settings | None =
     if left_padding:
         length = int(sizes.get("sequence", 1))
         if not 0 < left_padding < length:
-            raise UsageError(f"--left-padding: {left_padding} must leave a real token in the padded row: between 1 and {length - 1} for validate.shapes[{shape}] (sequence {length})")
+            raise UsageError(
+                f"--left-padding: {left_padding} must leave a real token in the padded row: between 1 and {length - 1} for validate.shapes[{shape}] (sequence {length})"
+            )
         sizes = {**sizes, "batch": max(2, int(sizes.get("batch", 1))), "left_padding": left_padding}
     rtol, atol = float(limits.get("rtol", 1e-3)), float(limits.get("atol", 1e-4))
     out_dir = Path(out) if out is not None else Path("divergence") / f"{recipe.name}-{variant}"
-    seed = case_seed(cast(ValidateSection, validate), cast(ExportSection, r["export"]), sizes) if recipe.torch_source else None
+    seed = (
+        case_seed(cast(ValidateSection, validate), cast(ExportSection, r["export"]), sizes)
+        if recipe.torch_source
+        else None
+    )
     # validation's own inputs for that case where it runs one, else seeded alike
-    feeds = feeds_for(candidate, sizes, seed=int(validate.get("seed", 0)) if seed is None else seed, vocab=vocab_size(recipe))
+    feeds = feeds_for(
+        candidate, sizes, seed=int(validate.get("seed", 0)) if seed is None else seed, vocab=vocab_size(recipe)
+    )
     found = first_divergence(reference, candidate, feeds, rtol, atol, out_dir)
-    return found, {"recipe": recipe.name, "variant": variant, "base": base_name, "candidate": str(candidate), "shape": sizes, "rtol": rtol, "atol": atol, "validation_case": seed is not None}
+    return found, {
+        "recipe": recipe.name,
+        "variant": variant,
+        "base": base_name,
+        "candidate": str(candidate),
+        "shape": sizes,
+        "rtol": rtol,
+        "atol": atol,
+        "validation_case": seed is not None,
+    }
 
 
 def upgrade_check(paths: Sequence[str | Path], withs: Sequence[str], settings: Settings | None = None) -> Any:

@@ -51,7 +51,9 @@ class Group(click.Group):
             exc.show()
             ctx.exit(1)
         except RecipeError as exc:
-            click.echo(f"Error: {len(exc.problems)} problem{'s' if len(exc.problems) != 1 else ''} in the recipe:", err=True)
+            click.echo(
+                f"Error: {len(exc.problems)} problem{'s' if len(exc.problems) != 1 else ''} in the recipe:", err=True
+            )
             for p in exc.problems:
                 click.echo(f"  {p}", err=True)
             ctx.exit(1 if detailed else exc.exit_code)
@@ -64,14 +66,23 @@ class Group(click.Group):
         except OSError as exc:
             # the disk is full, the cache or artifacts folder is read-only: say which, no traceback
             where = f" ({exc.filename})" if exc.filename else ""
-            hint = {28: "free some space or point --cache-dir/--artifacts-dir at a bigger disk", 30: "the file system is read-only; pass a writable --cache-dir/--artifacts-dir", 13: "permission denied; pass a folder you can write to"}
-            click.echo(f"Error: {exc.strerror or exc}{where}; {hint.get(exc.errno or 0, 'check the disk and the folder')}", err=True)
+            hint = {
+                28: "free some space or point --cache-dir/--artifacts-dir at a bigger disk",
+                30: "the file system is read-only; pass a writable --cache-dir/--artifacts-dir",
+                13: "permission denied; pass a folder you can write to",
+            }
+            click.echo(
+                f"Error: {exc.strerror or exc}{where}; {hint.get(exc.errno or 0, 'check the disk and the folder')}",
+                err=True,
+            )
             ctx.exit(1)
 
 
 DETAILED = "--detailed-exitcode"
 detailed_option = click.option(
-    DETAILED, "detailed", is_flag=True,
+    DETAILED,
+    "detailed",
+    is_flag=True,
     help="Exit codes as Terraform's plan -detailed-exitcode: 0 nothing changes, 2 something changes, 1 any error (recipe errors included).",
 )
 
@@ -83,12 +94,37 @@ def _settings(ctx: click.Context) -> api.Settings:
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="onnxbuild")
-@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), envvar=api.CACHE_ENV, default=None, help="Cache folder (default .onnxbuild/cache; env ONNXBUILD_CACHE_DIR).")
-@click.option("--artifacts-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("artifacts"), show_default=True, help="Where artifacts/<recipe-name>/ folders are written.")
-@click.option("--cache-url", envvar="ONNXBUILD_CACHE_URL", default=None, metavar="URL", help="Remote cache shared with other machines (any fsspec URL: file://, s3://, gs://); env ONNXBUILD_CACHE_URL or [tool.onnxbuild] cache_url.")
-@click.option("--cache-read-only", is_flag=True, envvar="ONNXBUILD_CACHE_READ_ONLY", help="Pull from the remote cache but never push (untrusted pull-request builds).")
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    envvar=api.CACHE_ENV,
+    default=None,
+    help="Cache folder (default .onnxbuild/cache; env ONNXBUILD_CACHE_DIR).",
+)
+@click.option(
+    "--artifacts-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("artifacts"),
+    show_default=True,
+    help="Where artifacts/<recipe-name>/ folders are written.",
+)
+@click.option(
+    "--cache-url",
+    envvar="ONNXBUILD_CACHE_URL",
+    default=None,
+    metavar="URL",
+    help="Remote cache shared with other machines (any fsspec URL: file://, s3://, gs://); env ONNXBUILD_CACHE_URL or [tool.onnxbuild] cache_url.",
+)
+@click.option(
+    "--cache-read-only",
+    is_flag=True,
+    envvar="ONNXBUILD_CACHE_READ_ONLY",
+    help="Pull from the remote cache but never push (untrusted pull-request builds).",
+)
 @click.pass_context
-def cli(ctx: click.Context, cache_dir: Path | None, artifacts_dir: Path, cache_url: str | None, cache_read_only: bool) -> None:
+def cli(
+    ctx: click.Context, cache_dir: Path | None, artifacts_dir: Path, cache_url: str | None, cache_read_only: bool
+) -> None:
     """Build ONNX model artifacts from YAML recipes, cached and reproducible.
 
     \b
@@ -103,7 +139,12 @@ def cli(ctx: click.Context, cache_dir: Path | None, artifacts_dir: Path, cache_u
         config = config_from_project(Path.cwd())
         cache_url = config.get("cache_url")
         cache_read_only = cache_read_only or bool(config.get("cache_read_only", False))
-    ctx.obj = api.Settings(cache_dir=cache_dir or Path(".onnxbuild/cache"), artifacts_dir=artifacts_dir, cache_url=cache_url, cache_read_only=cache_read_only)
+    ctx.obj = api.Settings(
+        cache_dir=cache_dir or Path(".onnxbuild/cache"),
+        artifacts_dir=artifacts_dir,
+        cache_url=cache_url,
+        cache_read_only=cache_read_only,
+    )
 
 
 def _override(field: str) -> Any:
@@ -124,10 +165,38 @@ def settings_options(command: Any) -> Any:
     (``onnxbuild make --cache-url URL recipe.yaml``), as people type them; they override
     the same options given before it."""
     options = [
-        click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None, expose_value=False, callback=_override("cache_dir"), help="Cache folder (also accepted before the command)."),
-        click.option("--artifacts-dir", type=click.Path(file_okay=False, path_type=Path), default=None, expose_value=False, callback=_override("artifacts_dir"), help="Where artifacts/<recipe-name>/ folders are written (also before the command)."),
-        click.option("--cache-url", default=None, metavar="URL", expose_value=False, callback=_override("cache_url"), help="Remote cache URL (also before the command)."),
-        click.option("--cache-read-only", is_flag=True, default=False, expose_value=False, callback=_override("cache_read_only"), help="Pull from the remote cache, never push (also before the command)."),
+        click.option(
+            "--cache-dir",
+            type=click.Path(file_okay=False, path_type=Path),
+            default=None,
+            expose_value=False,
+            callback=_override("cache_dir"),
+            help="Cache folder (also accepted before the command).",
+        ),
+        click.option(
+            "--artifacts-dir",
+            type=click.Path(file_okay=False, path_type=Path),
+            default=None,
+            expose_value=False,
+            callback=_override("artifacts_dir"),
+            help="Where artifacts/<recipe-name>/ folders are written (also before the command).",
+        ),
+        click.option(
+            "--cache-url",
+            default=None,
+            metavar="URL",
+            expose_value=False,
+            callback=_override("cache_url"),
+            help="Remote cache URL (also before the command).",
+        ),
+        click.option(
+            "--cache-read-only",
+            is_flag=True,
+            default=False,
+            expose_value=False,
+            callback=_override("cache_read_only"),
+            help="Pull from the remote cache, never push (also before the command).",
+        ),
     ]
     for option in reversed(options):
         command = option(command)
@@ -162,18 +231,62 @@ class Printer:
 
 @cli.command(epilog=EPILOG_MAKE)
 @click.argument("recipes", nargs=-1, required=True)
-@click.option("--target", "-t", metavar="STEP", help="Build only this step and what it needs (e.g. check); other steps' current outputs stay in the artifact folder.")
-@click.option("--force", is_flag=True, help="Rerun steps even if cached: every step (with --target: the target and every step it needs).")
-@click.option("--single", is_flag=True, help="With --force and --target: rerun only the target step; what it needs comes from the cache (built if missing).")
-@click.option("--jobs", "-j", type=int, default=None, help="Steps to run at once (default 1; with --executor ray, as many as the cluster places).")
+@click.option(
+    "--target",
+    "-t",
+    metavar="STEP",
+    help="Build only this step and what it needs (e.g. check); other steps' current outputs stay in the artifact folder.",
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Rerun steps even if cached: every step (with --target: the target and every step it needs).",
+)
+@click.option(
+    "--single",
+    is_flag=True,
+    help="With --force and --target: rerun only the target step; what it needs comes from the cache (built if missing).",
+)
+@click.option(
+    "--jobs",
+    "-j",
+    type=int,
+    default=None,
+    help="Steps to run at once (default 1; with --executor ray, as many as the cluster places).",
+)
 @click.option("--keep-going", "-k", is_flag=True, help="After a failure, build everything that does not depend on it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the build report as JSON on stdout.")
 @click.option("--strict-providers", is_flag=True, help="Fail the build when a target provider cannot be used here.")
-@click.option("--lock", "write_lock", is_flag=True, help="Write <recipe>.lock.json (step keys, ingredients, output digests) beside each recipe that built.")
-@click.option("--frozen", is_flag=True, help="CI: fail when a recipe's lock is stale, or when an output, built or pulled, differs from the digest in the lock.")
-@click.option("--executor", type=click.Choice(["local", "ray"]), default=None, help="Where steps run: local processes (default) or Ray tasks; or [tool.onnxbuild] executor.")
-@click.option("--ray-address", metavar="ADDRESS", default=None, help="A Ray cluster (auto, ray://host:port); default: start a local Ray instance. Or [tool.onnxbuild] ray_address.")
-@click.option("--ray-retries", type=click.IntRange(0, 20), default=2, show_default=True, help="Times Ray reruns a step whose worker died.")
+@click.option(
+    "--lock",
+    "write_lock",
+    is_flag=True,
+    help="Write <recipe>.lock.json (step keys, ingredients, output digests) beside each recipe that built.",
+)
+@click.option(
+    "--frozen",
+    is_flag=True,
+    help="CI: fail when a recipe's lock is stale, or when an output, built or pulled, differs from the digest in the lock.",
+)
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "ray"]),
+    default=None,
+    help="Where steps run: local processes (default) or Ray tasks; or [tool.onnxbuild] executor.",
+)
+@click.option(
+    "--ray-address",
+    metavar="ADDRESS",
+    default=None,
+    help="A Ray cluster (auto, ray://host:port); default: start a local Ray instance. Or [tool.onnxbuild] ray_address.",
+)
+@click.option(
+    "--ray-retries",
+    type=click.IntRange(0, 20),
+    default=2,
+    show_default=True,
+    help="Times Ray reruns a step whose worker died.",
+)
 @settings_options
 @click.pass_context
 def make(
@@ -205,7 +318,18 @@ def make(
         ray_address = ray_address or config.get("ray_address")
     printer = Printer(quiet=False)
     report = api.build(
-        recipes, _settings(ctx), jobs=jobs, keep_going=keep_going, force=force, target=target, single=single, reporter=printer, executor=executor, ray_address=ray_address, ray_retries=ray_retries, frozen=frozen
+        recipes,
+        _settings(ctx),
+        jobs=jobs,
+        keep_going=keep_going,
+        force=force,
+        target=target,
+        single=single,
+        reporter=printer,
+        executor=executor,
+        ray_address=ray_address,
+        ray_retries=ray_retries,
+        frozen=frozen,
     )
     if as_json:
         click.echo(json.dumps(_report_json(report), indent=2, sort_keys=True))
@@ -227,7 +351,13 @@ def _report_json(report: Any) -> dict[str, Any]:
         "ok": report.ok,
         "seconds": round(report.seconds, 3),
         "recipes": [
-            {"name": r.recipe.name, "recipe": r.recipe.path, "artifacts": str(r.artifacts), "ok": r.ok, "steps": r.steps}
+            {
+                "name": r.recipe.name,
+                "recipe": r.recipe.path,
+                "artifacts": str(r.artifacts),
+                "ok": r.ok,
+                "steps": r.steps,
+            }
             for r in report.recipes
         ],
     }
@@ -241,11 +371,17 @@ def _summary(report: Any) -> str:
             counts[s["status"]] = counts.get(s["status"], 0) + 1
         state = "ok" if r.ok else "FAILED"
         pulled = sum(1 for s in r.steps if s["status"] == "cached" and s["reason"] == "pulled from the remote cache")
-        lines.append(f"{r.recipe.name}: {state} ({', '.join(f'{n} {k}' for k, n in counts.items())}{f'; {pulled} pulled from the remote cache' if pulled else ''})")
+        lines.append(
+            f"{r.recipe.name}: {state} ({', '.join(f'{n} {k}' for k, n in counts.items())}{f'; {pulled} pulled from the remote cache' if pulled else ''})"
+        )
         width = max(len(s["name"]) for s in r.steps) if r.steps else 4
         for s in r.steps:
             secs = r.timings["steps"].get(s["name"], {}).get("seconds", 0.0)
-            took = f"{secs:6.1f}s" if s["status"] == "built" else ("pulled " if s["reason"] == "pulled from the remote cache" else "       ")
+            took = (
+                f"{secs:6.1f}s"
+                if s["status"] == "built"
+                else ("pulled " if s["reason"] == "pulled from the remote cache" else "       ")
+            )
             outs = ", ".join(o["path"] for o in s["outputs"])
             lines.append(f"  {s['name']:<{width}}  {s['status']:<7} {took}  {outs}")
         weights = next((s["data"].get("weights") for s in r.steps if s["data"].get("weights")), None)
@@ -263,11 +399,25 @@ def _summary(report: Any) -> str:
 @click.option("--force", is_flag=True, help="Plan as if --force were given to make.")
 @click.option("--single", is_flag=True, help="Plan as if --single were given to make.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-@click.option("--check", "check_lock", is_flag=True, help="Only check that each <recipe>.lock.json matches its recipe; exit 1 if stale.")
+@click.option(
+    "--check",
+    "check_lock",
+    is_flag=True,
+    help="Only check that each <recipe>.lock.json matches its recipe; exit 1 if stale.",
+)
 @detailed_option
 @settings_options
 @click.pass_context
-def plan(ctx: click.Context, recipes: tuple[str, ...], target: str | None, force: bool, single: bool, as_json: bool, check_lock: bool, detailed: bool) -> None:
+def plan(
+    ctx: click.Context,
+    recipes: tuple[str, ...],
+    target: str | None,
+    force: bool,
+    single: bool,
+    as_json: bool,
+    check_lock: bool,
+    detailed: bool,
+) -> None:
     """Show what `make` would do and why, without doing it.
 
     Exits 0 when everything is up to date, 1 when some step would run (or a file
@@ -292,18 +442,40 @@ def plan(ctx: click.Context, recipes: tuple[str, ...], target: str | None, force
             from onnxbuild.errors import BuildFailed
 
             if detailed:
-                click.echo("Error: the lock files do not match the recipes; run `onnxbuild make RECIPE --lock` and commit the locks", err=True)
+                click.echo(
+                    "Error: the lock files do not match the recipes; run `onnxbuild make RECIPE --lock` and commit the locks",
+                    err=True,
+                )
                 ctx.exit(2)
-            raise BuildFailed("the lock files do not match the recipes; run `onnxbuild make RECIPE --lock` and commit the locks")
+            raise BuildFailed(
+                "the lock files do not match the recipes; run `onnxbuild make RECIPE --lock` and commit the locks"
+            )
         if not as_json:
             click.echo("locks match the recipes")
         return
     result = api.plan(recipes, _settings(ctx), force=force, target=target, single=single, reporter=Printer())
     pulls = sum(1 for s in result.steps if s.action == "cached" and s.reason.startswith("in the remote cache"))
     if as_json:
-        click.echo(json.dumps({"up_to_date": result.up_to_date, "estimate_s": result.estimate_s, "artifacts_out_of_step": list(result.out_of_step), "steps": [
-            {"recipe": s.recipe.name, "step": s.spec.name, "action": s.action, "reasons": list(s.reasons), "key": s.key} for s in result.steps
-        ]}, indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "up_to_date": result.up_to_date,
+                    "estimate_s": result.estimate_s,
+                    "artifacts_out_of_step": list(result.out_of_step),
+                    "steps": [
+                        {
+                            "recipe": s.recipe.name,
+                            "step": s.spec.name,
+                            "action": s.action,
+                            "reasons": list(s.reasons),
+                            "key": s.key,
+                        }
+                        for s in result.steps
+                    ],
+                },
+                indent=2,
+            )
+        )
     else:
         for s in result.steps:
             verb = {"run": "will run", "cached": "cached", "outside": "outside target"}[s.action]
@@ -313,9 +485,17 @@ def plan(ctx: click.Context, recipes: tuple[str, ...], target: str | None, force
         n = len(result.would_run)
         stale = len(result.out_of_step)
         cached = sum(1 for s in result.steps if s.action == "cached") - pulls
-        took = f", {format_duration(result.estimate_s)} by the last build's timings" if n and result.estimate_s is not None else (", never built here: no estimate" if n else "")
+        took = (
+            f", {format_duration(result.estimate_s)} by the last build's timings"
+            if n and result.estimate_s is not None
+            else (", never built here: no estimate" if n else "")
+        )
         pulled = f", {pulls} to pull" if pulls else ""
-        said = [f"{n} step{'s' if n != 1 else ''} would run{pulled}, {cached} cached{took}"] if n else ([f"{pulls} step{'s' if pulls != 1 else ''} to pull from the remote cache"] if pulls else [])
+        said = (
+            [f"{n} step{'s' if n != 1 else ''} would run{pulled}, {cached} cached{took}"]
+            if n
+            else ([f"{pulls} step{'s' if pulls != 1 else ''} to pull from the remote cache"] if pulls else [])
+        )
         said += [f"{stale} artifact file{'s' if stale != 1 else ''} out of step with the cache"] if stale else []
         click.echo("; ".join(said) if said else "everything is up to date")
     ctx.exit(0 if result.up_to_date and not pulls else 2 if detailed else 1)
@@ -354,10 +534,14 @@ def diff_command(ctx: click.Context, recipes: tuple[str, ...], base: str | None,
             with open(summary, "a", encoding="utf-8") as f:
                 f.write(text)
         except OSError as exc:
-            raise UsageError(f"cannot append to $GITHUB_STEP_SUMMARY ({summary}: {exc.strerror}); the diff above is complete") from None
+            raise UsageError(
+                f"cannot append to $GITHUB_STEP_SUMMARY ({summary}: {exc.strerror}); the diff above is complete"
+            ) from None
     invalid = [d.path for d in diffs if d.status == "invalid"]
     if invalid:
-        raise UsageError(f"{len(invalid)} recipe{'s' if len(invalid) != 1 else ''} cannot be loaded: {', '.join(invalid)} (see above)")
+        raise UsageError(
+            f"{len(invalid)} recipe{'s' if len(invalid) != 1 else ''} cannot be loaded: {', '.join(invalid)} (see above)"
+        )
     if detailed and any(d.status != "unchanged" for d in diffs):
         ctx.exit(2)
 
@@ -382,7 +566,15 @@ def verify_command(ctx: click.Context, recipes: tuple[str, ...], jobs: int, as_j
 
     verdicts = verify(list(recipes), _settings(ctx).artifacts_dir, jobs=jobs)
     if as_json:
-        click.echo(json.dumps([{"recipe": v.recipe, "reproducible": v.reproducible, "steps": [s.__dict__ for s in v.steps]} for v in verdicts], indent=2))
+        click.echo(
+            json.dumps(
+                [
+                    {"recipe": v.recipe, "reproducible": v.reproducible, "steps": [s.__dict__ for s in v.steps]}
+                    for v in verdicts
+                ],
+                indent=2,
+            )
+        )
     else:
         for v in verdicts:
             click.echo(f"{v.recipe}: {'byte-identical' if v.reproducible else 'NOT reproducible'}")
@@ -415,14 +607,31 @@ def report_command(ctx: click.Context, recipes: tuple[str, ...]) -> None:
 
 @cli.command("explain-mismatch")
 @click.argument("recipe")
-@click.option("--variant", required=True, metavar="NAME", help="The variant to examine: optimized, or a quantize entry's name.")
-@click.option("--file", "file", metavar="PATH", help="Examine this ONNX file in the variant's place (one built elsewhere).")
-@click.option("--shape", type=int, default=0, show_default=True, help="Which of the recipe's validation shapes to feed.")
-@click.option("--left-padding", type=int, default=0, show_default=True, metavar="N", help="Feed that shape as validation's left-padded batch: at least two rows, the last one's first N tokens padding.")
-@click.option("--out", metavar="DIR", help="Where the extracted subgraph goes (default: divergence/<recipe>-<variant>/).")
+@click.option(
+    "--variant", required=True, metavar="NAME", help="The variant to examine: optimized, or a quantize entry's name."
+)
+@click.option(
+    "--file", "file", metavar="PATH", help="Examine this ONNX file in the variant's place (one built elsewhere)."
+)
+@click.option(
+    "--shape", type=int, default=0, show_default=True, help="Which of the recipe's validation shapes to feed."
+)
+@click.option(
+    "--left-padding",
+    type=int,
+    default=0,
+    show_default=True,
+    metavar="N",
+    help="Feed that shape as validation's left-padded batch: at least two rows, the last one's first N tokens padding.",
+)
+@click.option(
+    "--out", metavar="DIR", help="Where the extracted subgraph goes (default: divergence/<recipe>-<variant>/)."
+)
 @settings_options
 @click.pass_context
-def explain_mismatch(ctx: click.Context, recipe: str, variant: str, file: str | None, shape: int, left_padding: int, out: str | None) -> None:
+def explain_mismatch(
+    ctx: click.Context, recipe: str, variant: str, file: str | None, shape: int, left_padding: int, out: str | None
+) -> None:
     """Find the first node where a variant parts from the file it was made from.
 
     Runs both files on one validation shape with every intermediate tensor exposed,
@@ -435,16 +644,26 @@ def explain_mismatch(ctx: click.Context, recipe: str, variant: str, file: str | 
     Example:
       onnxbuild explain-mismatch recipes/gpt2.yaml --variant int8
     """
-    found, what = api.explain_mismatch(recipe, variant, _settings(ctx), file=file, out=out, shape=shape, left_padding=left_padding)
+    found, what = api.explain_mismatch(
+        recipe, variant, _settings(ctx), file=file, out=out, shape=shape, left_padding=left_padding
+    )
     sizes = ", ".join(f"{k}={v}" for k, v in what["shape"].items())
-    inputs = "validation's inputs for that case" if what["validation_case"] else "seeded inputs (validation runs no such case)"
-    click.echo(f"{what['recipe']}: {what['variant']} ({what['candidate']}) against {what['base']} at {sizes or 'the sample'}, {inputs} (atol {what['atol']:g}, rtol {what['rtol']:g})")
+    inputs = (
+        "validation's inputs for that case"
+        if what["validation_case"]
+        else "seeded inputs (validation runs no such case)"
+    )
+    click.echo(
+        f"{what['recipe']}: {what['variant']} ({what['candidate']}) against {what['base']} at {sizes or 'the sample'}, {inputs} (atol {what['atol']:g}, rtol {what['rtol']:g})"
+    )
     click.echo(f"  final outputs: max abs diff {found.outputs_max_abs_diff:.3g}")
     d = found.divergence
     if d is None:
         click.echo(f"  no divergence: {found.compared} shared tensors compared, all within tolerance")
         return
-    click.echo(f"  first divergence: node {d.node} ({d.op_type}), output {d.output}: max abs diff {d.max_abs_diff:.3g}, {d.mismatched:.1%} of its elements outside")
+    click.echo(
+        f"  first divergence: node {d.node} ({d.op_type}), output {d.output}: max abs diff {d.max_abs_diff:.3g}, {d.mismatched:.1%} of its elements outside"
+    )
     if d.module:
         click.echo(f"  from module: {d.module}")
     click.echo(f"  {d.compared} shared tensors compared up to it")
@@ -454,8 +673,19 @@ def explain_mismatch(ctx: click.Context, recipe: str, variant: str, file: str | 
 
 @cli.command("upgrade-check")
 @click.argument("recipes", nargs=-1, required=True)
-@click.option("--with", "withs", multiple=True, metavar="REQUIREMENT", help="A requirement to try, as pip takes it: --with 'onnxruntime==1.30.0' (repeatable).")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also write the Markdown report to this file.")
+@click.option(
+    "--with",
+    "withs",
+    multiple=True,
+    metavar="REQUIREMENT",
+    help="A requirement to try, as pip takes it: --with 'onnxruntime==1.30.0' (repeatable).",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write the Markdown report to this file.",
+)
 @settings_options
 @click.pass_context
 def upgrade_check(ctx: click.Context, recipes: tuple[str, ...], withs: tuple[str, ...], out: Path | None) -> None:
@@ -549,7 +779,11 @@ def cache() -> None:
 @cache.command("verify")
 @settings_options
 @click.pass_context
-@click.option("--remote", is_flag=True, help="Check the remote cache instead: every entry and object; repair from the local cache where it can.")
+@click.option(
+    "--remote",
+    is_flag=True,
+    help="Check the remote cache instead: every entry and object; repair from the local cache where it can.",
+)
 def cache_verify(ctx: click.Context, remote: bool) -> None:
     """Re-hash every cached file; drop entries whose files are missing or were altered.
 
@@ -562,7 +796,9 @@ def cache_verify(ctx: click.Context, remote: bool) -> None:
         checked, problems = api.verify_remote(_settings(ctx))
         for line in problems:
             click.echo(line)
-        click.echo(f"checked {checked} remote cache entr{'y' if checked == 1 else 'ies'}; {len(problems)} problem{'s' if len(problems) != 1 else ''}")
+        click.echo(
+            f"checked {checked} remote cache entr{'y' if checked == 1 else 'ies'}; {len(problems)} problem{'s' if len(problems) != 1 else ''}"
+        )
         return
     checked, dropped = api.verify_cache(_settings(ctx))
     for line in dropped:
@@ -590,16 +826,40 @@ def cache_keygen(private_key: Path) -> None:
 
 @cli.command(name="run")
 @click.argument("artifact")
-@click.option("--prompt", "-p", required=True, help="Text (with a tokenizer in the folder) or token ids such as '464 2068'.")
-@click.option("--max-new-tokens", "-n", type=click.IntRange(1, 4096), default=32, show_default=True, help="Stop after this many tokens (or at end-of-text).")
-@click.option("--variant", default="model", show_default=True, help="Which built variant: model, optimized, or a quantize name.")
-@click.option("--no-chat-template", is_flag=True, help="Encode the prompt as is even when the tokenizer has a chat template.")
+@click.option(
+    "--prompt", "-p", required=True, help="Text (with a tokenizer in the folder) or token ids such as '464 2068'."
+)
+@click.option(
+    "--max-new-tokens",
+    "-n",
+    type=click.IntRange(1, 4096),
+    default=32,
+    show_default=True,
+    help="Stop after this many tokens (or at end-of-text).",
+)
+@click.option(
+    "--variant", default="model", show_default=True, help="Which built variant: model, optimized, or a quantize name."
+)
+@click.option(
+    "--no-chat-template", is_flag=True, help="Encode the prompt as is even when the tokenizer has a chat template."
+)
 @click.option("--sample", is_flag=True, help="Sample instead of greedy decoding (seeded, so repeatable).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True)
 @click.option("--top-k", type=click.IntRange(min=0), default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print ids, text and timing as JSON.")
-def run_command(artifact: str, prompt: str, max_new_tokens: int, variant: str, no_chat_template: bool, sample: bool, seed: int, temperature: float, top_k: int, as_json: bool) -> None:
+def run_command(
+    artifact: str,
+    prompt: str,
+    max_new_tokens: int,
+    variant: str,
+    no_chat_template: bool,
+    sample: bool,
+    seed: int,
+    temperature: float,
+    top_k: int,
+    as_json: bool,
+) -> None:
     """Generate from a built decoder (a recipe with export.with_past: true).
 
     ARTIFACT is the artifact folder (artifacts/<name>) or a model.onnx. With tokenizer
@@ -613,7 +873,14 @@ def run_command(artifact: str, prompt: str, max_new_tokens: int, variant: str, n
     from onnxbuild.runtimes.generation import run
     from onnxbuild.sources.decoder import Sampling
 
-    result = run(artifact, prompt, max_new_tokens=max_new_tokens, variant=variant, chat=not no_chat_template, sampling=Sampling(seed, temperature, top_k) if sample else None)
+    result = run(
+        artifact,
+        prompt,
+        max_new_tokens=max_new_tokens,
+        variant=variant,
+        chat=not no_chat_template,
+        sampling=Sampling(seed, temperature, top_k) if sample else None,
+    )
     if as_json:
         payload = {
             "model": str(result.model),
@@ -629,7 +896,10 @@ def run_command(artifact: str, prompt: str, max_new_tokens: int, variant: str, n
     click.echo(result.text if result.text is not None else " ".join(map(str, result.new_ids)))
     how = "sampled" if sample else "greedy"
     end = ", stopped at end-of-text" if result.stopped_at_eos else ""
-    click.echo(f"{len(result.new_ids)} tokens ({how}) in {result.seconds:.2f} s, {result.tokens_per_s:.1f} tokens/s, {result.model}{end}", err=True)
+    click.echo(
+        f"{len(result.new_ids)} tokens ({how}) in {result.seconds:.2f} s, {result.tokens_per_s:.1f} tokens/s, {result.model}{end}",
+        err=True,
+    )
 
 
 @cli.command()

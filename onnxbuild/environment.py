@@ -62,7 +62,9 @@ class Versions:
         try:
             from onnxbuild._util import atomic_write_text, canonical_json
 
-            atomic_write_text(self.path, canonical_json({"signature": _signature(), "versions": {**self._load(), **self._computed}}))
+            atomic_write_text(
+                self.path, canonical_json({"signature": _signature(), "versions": {**self._load(), **self._computed}})
+            )
         except OSError:
             pass
 
@@ -152,4 +154,8 @@ def cpu_fingerprint() -> str:
 
 
 def platform_info() -> dict[str, str]:
-    return {"system": platform.system(), "machine": platform.machine(), "python_implementation": sys.implementation.name}
+    return {
+        "system": platform.system(),
+        "machine": platform.machine(),
+        "python_implementation": sys.implementation.name,
+    }

@@ -52,16 +52,25 @@ def steps_for(recipe: Recipe) -> list[StepSpec]:
     # What the source record carries (which weights, from where) is in the key of every step
     # that reads the record as an input, so the same recipe keys stay out of those keys.
     carried = recorded(recipe.resolved["source"])
-    steps = [replace(s, unkeyed=(*s.unkeyed, *carried)) if carried and "source" in s.params and any(i.path == SOURCE_RECORD for i in s.inputs) else s for s in steps]
+    steps = [
+        replace(s, unkeyed=(*s.unkeyed, *carried))
+        if carried and "source" in s.params and any(i.path == SOURCE_RECORD for i in s.inputs)
+        else s
+        for s in steps
+    ]
     weights = _weight_bytes(recipe)
-    return [describe(replace(s, resources=_resources(recipe, s.kind, weights), limits=_limits(recipe, s))) for s in steps]
+    return [
+        describe(replace(s, resources=_resources(recipe, s.kind, weights), limits=_limits(recipe, s))) for s in steps
+    ]
 
 
 def _limits(recipe: Recipe, spec: StepSpec) -> Limits:
     """The recipe's ``limits``: a step's own entry, else its kind's, else the recipe-wide ones."""
     limits = recipe.resolved.get("limits") or {}
     own = limits.get("steps", {}).get(spec.name) or limits.get("steps", {}).get(spec.kind) or {}
-    return Limits(memory_mb=own.get("memory_mb", limits.get("memory_mb")), seconds=own.get("seconds", limits.get("seconds")))
+    return Limits(
+        memory_mb=own.get("memory_mb", limits.get("memory_mb")), seconds=own.get("seconds", limits.get("seconds"))
+    )
 
 
 def _resources(recipe: Recipe, kind: str, weights: int) -> Resources:

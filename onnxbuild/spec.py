@@ -14,7 +14,20 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from onnxbuild.recipe.model import Recipe
 
-STEP_KINDS: tuple[str, ...] = ("source", "export", "check", "optimize", "quantize", "convert", "expect", "validate", "report", "generate", "machine", "benchmark")
+STEP_KINDS: tuple[str, ...] = (
+    "source",
+    "export",
+    "check",
+    "optimize",
+    "quantize",
+    "convert",
+    "expect",
+    "validate",
+    "report",
+    "generate",
+    "machine",
+    "benchmark",
+)
 """Every step kind, in pipeline order, one module each at ``onnxbuild.steps.<kind>``: the
 registry. ``pipeline.steps_for`` asks each in this order for its steps, the loader checks
 ``limits.steps`` against it."""
@@ -159,7 +172,12 @@ class Variant:
 
     def as_param(self) -> dict[str, Any]:
         """How a step's params name it (generate, benchmark)."""
-        return {"name": self.name, "path": self.path, "precision": self.precision, **({"files": list(self.files)} if self.files else {})}
+        return {
+            "name": self.name,
+            "path": self.path,
+            "precision": self.precision,
+            **({"files": list(self.files)} if self.files else {}),
+        }
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,9 @@ def fake_recipe(name: str, directory: Path) -> Recipe:
     return Recipe(name=name, path=f"recipes/{name}.yaml", directory=directory, digest="0" * 64, resolved={"name": name})
 
 
-def plan_fakes(monkeypatch: pytest.MonkeyPatch, cache: Cache, graphs: dict[str, list[StepSpec]], *, force: bool = False) -> Plan:
+def plan_fakes(
+    monkeypatch: pytest.MonkeyPatch, cache: Cache, graphs: dict[str, list[StepSpec]], *, force: bool = False
+) -> Plan:
     """Plan recipes named after the keys of ``graphs``, whose steps are its values."""
     recipes = [fake_recipe(name, cache.root.parent) for name in graphs]
     return graph.plan(recipes, cache, lambda recipe: [describe(s) for s in graphs[recipe.name]], force=force)
@@ -152,5 +154,3 @@ def read_json(path: Path) -> Any:
 def scratch_dirs(cache_root: Path) -> list[Path]:
     tmp = cache_root / "tmp"
     return sorted(tmp.iterdir()) if tmp.is_dir() else []
-
-

@@ -10,6 +10,15 @@ TINY_GPT2_SOURCE: dict[str, Any] = {
         "task": "text-generation",
         "offline": "random-init",
         "seed": 0,
-        "config": {"model_type": "gpt2", "vocab_size": 1000, "n_positions": 128, "n_embd": 64, "n_layer": 2, "n_head": 4, "bos_token_id": 0, "eos_token_id": 0},
+        "config": {
+            "model_type": "gpt2",
+            "vocab_size": 1000,
+            "n_positions": 128,
+            "n_embd": 64,
+            "n_layer": 2,
+            "n_head": 4,
+            "bos_token_id": 0,
+            "eos_token_id": 0,
+        },
     }
 }

@@ -27,7 +27,9 @@ LR = "recipes/linear-regression.yaml"
 
 def dead_pid() -> int:
     """The id of a process that has ended (and been reaped)."""
-    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     return int(done.stdout)
 
 
@@ -46,7 +48,10 @@ def test_a_symlinked_cache_subfolder_is_refused_and_nothing_outside_is_deleted(p
     (cache_of(project) / "tmp").symlink_to(outside, target_is_directory=True)
     result = run("make", LR)
     assert result.exit_code == 1
-    assert result.stderr == "Error: .onnxbuild/cache/tmp is a symbolic link; onnxbuild deletes inside its cache folders and never follows links: remove the link (onnxbuild makes the folder again)\n"
+    assert (
+        result.stderr
+        == "Error: .onnxbuild/cache/tmp is a symbolic link; onnxbuild deletes inside its cache folders and never follows links: remove the link (onnxbuild makes the folder again)\n"
+    )
     assert (outside / "precious" / "data.txt").read_text(encoding="utf-8") == "keep me\n"
 
 
@@ -60,11 +65,15 @@ def test_a_folder_onnxbuild_did_not_make_is_refused_as_a_cache(project: Path, tm
     for command in (("make", LR), ("gc",), ("cache", "verify")):
         result = run("--cache-dir", str(home), *command)
         assert result.exit_code == 1, (command, result.output)
-        assert result.stderr.startswith(f"Error: {home} is not an onnxbuild cache (no {TAG_NAME}, and it holds .bashrc, objects/ab, tmp/old-build); "), result.stderr
+        assert result.stderr.startswith(
+            f"Error: {home} is not an onnxbuild cache (no {TAG_NAME}, and it holds .bashrc, objects/ab, tmp/old-build); "
+        ), result.stderr
     assert (home / "tmp" / "old-build" / "notes.txt").is_file() and (home / "objects" / "ab" / "photo.jpg").is_file()
 
 
-def test_a_cache_another_build_is_creating_at_that_moment_is_not_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_cache_another_build_is_creating_at_that_moment_is_not_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Two builds started at once on a new cache: one made the folder and is writing the tag
     when the other looks for it (seen in CI: "no CACHEDIR.TAG, and it holds CACHEDIR.TAG").
     Unit test of the engine: the first look for the tag misses, as it did in that race."""
@@ -85,7 +94,9 @@ def test_a_cache_another_build_is_creating_at_that_moment_is_not_refused(tmp_pat
     assert missed and all((root / sub).is_dir() for sub in ("objects", "entries", "tmp"))
 
 
-def test_a_new_cache_is_tagged_and_a_look_alike_without_the_tag_is_refused(project: Path, settings: onnxbuild.Settings, tmp_path: Path) -> None:
+def test_a_new_cache_is_tagged_and_a_look_alike_without_the_tag_is_refused(
+    project: Path, settings: onnxbuild.Settings, tmp_path: Path
+) -> None:
     """#39: a folder with onnxbuild's subfolder names (tmp/, objects/) holding files, and no tag,
     was adopted: make wrote the tag and emptied its tmp/, gc deleted in its objects/. Names
     prove nothing about an owner; only empty folders (or onnxbuild's lock files) are taken."""
@@ -104,7 +115,9 @@ def test_a_new_cache_is_tagged_and_a_look_alike_without_the_tag_is_refused(proje
             f"Error: {look_alike} is not an onnxbuild cache (no {TAG_NAME}, and it holds objects/ab, tmp/job-1); "
             "onnxbuild deletes inside its cache, so it uses only a new or empty folder: pass another --cache-dir or ONNXBUILD_CACHE_DIR\n"
         )
-    assert (look_alike / "tmp" / "job-1" / "draft.txt").is_file() and (look_alike / "objects" / "ab" / "abc").read_bytes() == b"mine"
+    assert (look_alike / "tmp" / "job-1" / "draft.txt").is_file() and (
+        look_alike / "objects" / "ab" / "abc"
+    ).read_bytes() == b"mine"
     assert not (look_alike / TAG_NAME).exists()
     empty = tmp_path / "empty-subfolders"  # onnxbuild's own names, nothing in them: taken and tagged
     for sub in ("objects", "tmp", "locks"):
@@ -135,7 +148,10 @@ def test_gc_and_cache_verify_refuse_while_a_build_uses_the_cache(project: Path, 
         for command, name in ((("gc",), "gc"), (("cache", "verify"), "cache verify")):
             result = run(*command)
             assert result.exit_code == 1
-            assert result.stderr == f"Error: another onnxbuild is building with the cache .onnxbuild/cache; {name} would delete what it is using: run it again when that build ends\n"
+            assert (
+                result.stderr
+                == f"Error: another onnxbuild is building with the cache .onnxbuild/cache; {name} would delete what it is using: run it again when that build ends\n"
+            )
         other = Cache(cache_of(project)).maintenance_lock(shared=True)
         assert other.try_acquire()  # builds share the cache with each other
         other.release()
@@ -151,7 +167,10 @@ def test_clean_refuses_while_the_recipe_is_being_built(project: Path, settings: 
     try:
         result = run("clean", LR)
         assert result.exit_code == 1
-        assert result.stderr == "Error: another onnxbuild is building linear-regression; run `onnxbuild clean` again when it ends\n"
+        assert (
+            result.stderr
+            == "Error: another onnxbuild is building linear-regression; run `onnxbuild clean` again when it ends\n"
+        )
         assert (project / "artifacts" / "linear-regression" / "model.onnx").is_file()
     finally:
         lock.release()
@@ -184,8 +203,12 @@ def _bad_outputs(path: Path) -> None:
     path.write_text(json.dumps(entry), encoding="utf-8")
 
 
-@pytest.mark.parametrize("damage", [_non_utf8, _a_folder, _deep, _bad_outputs], ids=["non-utf8", "folder", "deep", "outputs-of-strings"])
-def test_a_damaged_entry_is_a_warned_miss_for_make_plan_and_gc(project: Path, settings: onnxbuild.Settings, damage: Callable[[Path], None]) -> None:
+@pytest.mark.parametrize(
+    "damage", [_non_utf8, _a_folder, _deep, _bad_outputs], ids=["non-utf8", "folder", "deep", "outputs-of-strings"]
+)
+def test_a_damaged_entry_is_a_warned_miss_for_make_plan_and_gc(
+    project: Path, settings: onnxbuild.Settings, damage: Callable[[Path], None]
+) -> None:
     assert onnxbuild.build([LR], settings, in_process=True).ok
     for entry in _entries(project):
         damage(entry)
@@ -200,8 +223,19 @@ def test_a_damaged_entry_is_a_warned_miss_for_make_plan_and_gc(project: Path, se
     assert run("plan", LR).exit_code == 0
 
 
-@pytest.mark.parametrize(("where", "content"), [("last/linear-regression.json", "[1, 2]"), ("last/linear-regression.json", "{\"source\": 3}"), ("state/hashes.json", "[1, 2]"), ("state/hashes.json", "{\"x\": 1}"), ("last/linear-regression.json", None)])
-def test_damaged_state_files_are_forgotten_not_fatal(project: Path, settings: onnxbuild.Settings, where: str, content: str | None) -> None:
+@pytest.mark.parametrize(
+    ("where", "content"),
+    [
+        ("last/linear-regression.json", "[1, 2]"),
+        ("last/linear-regression.json", '{"source": 3}'),
+        ("state/hashes.json", "[1, 2]"),
+        ("state/hashes.json", '{"x": 1}'),
+        ("last/linear-regression.json", None),
+    ],
+)
+def test_damaged_state_files_are_forgotten_not_fatal(
+    project: Path, settings: onnxbuild.Settings, where: str, content: str | None
+) -> None:
     assert onnxbuild.build([LR], settings, in_process=True).ok
     path = cache_of(project) / where
     path.unlink()
@@ -213,7 +247,9 @@ def test_damaged_state_files_are_forgotten_not_fatal(project: Path, settings: on
     assert run("make", LR).exit_code == 0
     assert run("make", LR, "--force").exit_code == 0
     assert run("gc").exit_code == 0
-    assert json.loads((cache_of(project) / "last" / "linear-regression.json").read_text(encoding="utf-8"))["check"]["key"]
+    assert json.loads((cache_of(project) / "last" / "linear-regression.json").read_text(encoding="utf-8"))["check"][
+        "key"
+    ]
 
 
 def test_a_malformed_remote_entry_is_built_locally_and_replaced(project: Path, tmp_path: Path) -> None:
@@ -249,7 +285,10 @@ def test_a_no_op_rebuild_leaves_the_manifest_byte_identical(project: Path, setti
     assert manifest.read_bytes() == first
     assert b'"status"' not in first and b'"reason"' not in first
     timings = json.loads((project / "artifacts" / "linear-regression" / "timings.json").read_text(encoding="utf-8"))
-    assert {n: (s["status"], s["reason"]) for n, s in timings["steps"].items()} == {"source": ("cached", "up to date"), "check": ("cached", "up to date")}
+    assert {n: (s["status"], s["reason"]) for n, s in timings["steps"].items()} == {
+        "source": ("cached", "up to date"),
+        "check": ("cached", "up to date"),
+    }
 
 
 # ---------------------------------------------------------------- 6. temp files of killed writes
@@ -281,7 +320,10 @@ def test_temp_files_of_killed_writes_are_removed_by_the_next_build(project: Path
 def test_a_recipe_that_is_a_device_is_a_usage_error() -> None:
     result = run("make", "/dev/zero")
     assert result.exit_code == 2
-    assert result.stderr.splitlines()[1] == "  /dev/zero: is not a regular file (a device, FIFO or socket); name a .yaml file"
+    assert (
+        result.stderr.splitlines()[1]
+        == "  /dev/zero: is not a regular file (a device, FIFO or socket); name a .yaml file"
+    )
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
@@ -327,14 +369,19 @@ def test_verify_takes_a_manifest_of_the_wrong_shape_as_missing(project: Path) ->
         manifest.write_text(text, encoding="utf-8")
         result = run("verify", LR)
         assert result.exit_code == 2, result.output
-        assert result.stderr == f"Error: artifacts/linear-regression/manifest.json is missing or unreadable; build first: onnxbuild make {LR}\n"
+        assert (
+            result.stderr
+            == f"Error: artifacts/linear-regression/manifest.json is missing or unreadable; build first: onnxbuild make {LR}\n"
+        )
         assert run("gc").exit_code == 0
 
 
 # ---------------------------------------------------------------- 10. signed remote entries
 
 
-def test_readers_with_a_trusted_key_take_only_signed_remote_entries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_readers_with_a_trusted_key_take_only_signed_remote_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from onnxbuild.engine.signing import SIGNING_ENV, TRUSTED_ENV
 
     shutil.copytree(ROOT / "recipes", tmp_path / "recipes")
@@ -347,7 +394,9 @@ def test_readers_with_a_trusted_key_take_only_signed_remote_entries(tmp_path: Pa
     url = remote.as_uri()
 
     def settings(name: str) -> onnxbuild.Settings:
-        return onnxbuild.Settings(cache_dir=tmp_path / f"{name}-cache", artifacts_dir=tmp_path / f"{name}-artifacts", cache_url=url)
+        return onnxbuild.Settings(
+            cache_dir=tmp_path / f"{name}-cache", artifacts_dir=tmp_path / f"{name}-artifacts", cache_url=url
+        )
 
     # an attacker with write access pushes first, unsigned
     assert onnxbuild.build([LR], settings("attacker"), in_process=True).ok
@@ -374,7 +423,10 @@ def test_readers_with_a_trusted_key_take_only_signed_remote_entries(tmp_path: Pa
     assert third.ok and any("is not signed by a trusted key" in w for w in recorder.warnings)
     monkeypatch.setenv(TRUSTED_ENV, "not-a-key")
     bad = run("--cache-url", url, "--cache-dir", str(tmp_path / "r4"), "make", LR)
-    assert bad.exit_code == 1 and "ONNXBUILD_CACHE_TRUSTED_KEYS: 'not-a-key' is not a base64 Ed25519 public key" in bad.stderr
+    assert (
+        bad.exit_code == 1
+        and "ONNXBUILD_CACHE_TRUSTED_KEYS: 'not-a-key' is not a base64 Ed25519 public key" in bad.stderr
+    )
 
 
 # ---------------------------------------------------------------- 9. smaller breaks
@@ -383,13 +435,24 @@ def test_readers_with_a_trusted_key_take_only_signed_remote_entries(tmp_path: Pa
 @pytest.mark.parametrize(
     ("arrange", "message"),
     [
-        (lambda f: (f / "model.onnx").unlink() or (f / "model.onnx").mkdir(), "Error: artifacts/linear-regression/model.onnx is a folder where onnxbuild writes a file; move it away and build again\n"),
-        (lambda f: shutil.rmtree(f / "reports") or (f / "reports").write_text("mine", encoding="utf-8"), "Error: artifacts/linear-regression/reports is a file where onnxbuild needs a folder (for reports/check.json); move it away and build again\n"),
-        (lambda f: shutil.rmtree(f) or f.write_text("mine", encoding="utf-8"), "Error: artifacts/linear-regression is a file where onnxbuild writes the artifact folder; move it away and build again\n"),
+        (
+            lambda f: (f / "model.onnx").unlink() or (f / "model.onnx").mkdir(),
+            "Error: artifacts/linear-regression/model.onnx is a folder where onnxbuild writes a file; move it away and build again\n",
+        ),
+        (
+            lambda f: shutil.rmtree(f / "reports") or (f / "reports").write_text("mine", encoding="utf-8"),
+            "Error: artifacts/linear-regression/reports is a file where onnxbuild needs a folder (for reports/check.json); move it away and build again\n",
+        ),
+        (
+            lambda f: shutil.rmtree(f) or f.write_text("mine", encoding="utf-8"),
+            "Error: artifacts/linear-regression is a file where onnxbuild writes the artifact folder; move it away and build again\n",
+        ),
     ],
     ids=["model-is-a-folder", "reports-is-a-file", "folder-is-a-file"],
 )
-def test_something_in_the_way_in_the_artifact_folder_is_named_and_kept(project: Path, arrange: Callable[[Path], object], message: str) -> None:
+def test_something_in_the_way_in_the_artifact_folder_is_named_and_kept(
+    project: Path, arrange: Callable[[Path], object], message: str
+) -> None:
     assert run("make", LR).exit_code == 0
     folder = project / "artifacts" / "linear-regression"
     arrange(folder)
@@ -418,13 +481,22 @@ def test_files_onnxbuild_writes_are_readable_by_all(project: Path, settings: onn
         assert path.stat().st_mode & 0o777 == 0o666 & ~mask, path
 
 
-def test_a_sequence_beyond_the_models_positions_is_a_recipe_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_sequence_beyond_the_models_positions_is_a_recipe_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
-    text = (ROOT / "tests" / "data" / "tiny-past.yaml").read_text(encoding="utf-8").replace("{batch: 1, sequence: 1, past_sequence: 40}", "{batch: 1, sequence: 100, past_sequence: 40}")
+    text = (
+        (ROOT / "tests" / "data" / "tiny-past.yaml")
+        .read_text(encoding="utf-8")
+        .replace("{batch: 1, sequence: 1, past_sequence: 40}", "{batch: 1, sequence: 100, past_sequence: 40}")
+    )
     (tmp_path / "r.yaml").write_text(text, encoding="utf-8")
     result = run("plan", "r.yaml")
     assert result.exit_code == 2
-    assert "validate.shapes[2]: sequence + past_sequence is 140, beyond the model's 128 positions (source.huggingface.config); use at most 128" in result.stderr
+    assert (
+        "validate.shapes[2]: sequence + past_sequence is 140, beyond the model's 128 positions (source.huggingface.config); use at most 128"
+        in result.stderr
+    )
 
 
 def test_a_non_ascii_recipe_path_under_the_c_locale(project: Path) -> None:
@@ -432,7 +504,13 @@ def test_a_non_ascii_recipe_path_under_the_c_locale(project: Path) -> None:
     folder.mkdir()
     (folder / "lr-é.yaml").write_text((project / LR).read_text(encoding="utf-8"), encoding="utf-8")
     env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0", "LANG": "C"}
-    done = subprocess.run([sys.executable, "-m", "onnxbuild", "make", "réc/lr-é.yaml"], cwd=project, env=env, capture_output=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "onnxbuild", "make", "réc/lr-é.yaml"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr.decode("utf-8", "replace")
     manifest = json.loads((project / "artifacts" / "linear-regression" / "manifest.json").read_text(encoding="utf-8"))
     assert manifest["recipe"]["path"] == "réc/lr-é.yaml"
@@ -448,7 +526,13 @@ def test_sigterm_stops_the_build_and_its_step_processes(project: Path) -> None:
     from onnxbuild.engine.execute import TEST_DELAY_ENV
 
     env = {**os.environ, TEST_DELAY_ENV: "check:60"}
-    proc = subprocess.Popen([sys.executable, "-m", "onnxbuild", "make", LR], cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "onnxbuild", "make", LR],
+        cwd=project,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 60
     steps: list[psutil.Process] = []
     while not steps:
@@ -481,9 +565,14 @@ def test_gc_removes_key_locks_nobody_holds(project: Path, settings: onnxbuild.Se
 
 @pytest.mark.parametrize(
     ("errno", "strerror", "hint"),
-    [(28, "No space left on device", "free some space or point --cache-dir/--artifacts-dir at a bigger disk"), (30, "Read-only file system", "the file system is read-only; pass a writable --cache-dir/--artifacts-dir")],
+    [
+        (28, "No space left on device", "free some space or point --cache-dir/--artifacts-dir at a bigger disk"),
+        (30, "Read-only file system", "the file system is read-only; pass a writable --cache-dir/--artifacts-dir"),
+    ],
 )
-def test_a_full_or_read_only_disk_is_one_line_naming_the_file(monkeypatch: pytest.MonkeyPatch, errno: int, strerror: str, hint: str) -> None:
+def test_a_full_or_read_only_disk_is_one_line_naming_the_file(
+    monkeypatch: pytest.MonkeyPatch, errno: int, strerror: str, hint: str
+) -> None:
     """A unit test of the CLI's last line of defence (no disk is filled here): an OSError
     from anywhere in a build becomes one Error line with the file and what to do."""
     from onnxbuild import api

@@ -13,7 +13,9 @@ from onnxbuild.cli import cli
 
 def onnx_recipe(project: Path, model_bytes: bytes) -> str:
     (project / "recipes" / "broken.onnx").write_bytes(model_bytes)
-    (project / "recipes" / "broken.yaml").write_text("name: broken\nsource:\n  onnx: {path: broken.onnx}\n", encoding="utf-8")
+    (project / "recipes" / "broken.yaml").write_text(
+        "name: broken\nsource:\n  onnx: {path: broken.onnx}\n", encoding="utf-8"
+    )
     return "recipes/broken.yaml"
 
 
@@ -23,7 +25,9 @@ def invalid_model() -> bytes:
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])
     node = helper.make_node("Add", ["x", "nowhere"], ["y"])  # "nowhere" is never defined
-    model = helper.make_model(helper.make_graph([node], "g", [x], [y]), ir_version=10, opset_imports=[helper.make_opsetid("", 18)])
+    model = helper.make_model(
+        helper.make_graph([node], "g", [x], [y]), ir_version=10, opset_imports=[helper.make_opsetid("", 18)]
+    )
     return bytes(model.SerializeToString())
 
 
@@ -48,7 +52,9 @@ def test_a_file_that_is_not_onnx_fails_the_source_step(project: Path) -> None:
 
 
 def test_a_missing_onnx_file_is_named(project: Path) -> None:
-    (project / "recipes" / "gone.yaml").write_text("name: gone\nsource:\n  onnx: {path: nothere.onnx}\n", encoding="utf-8")
+    (project / "recipes" / "gone.yaml").write_text(
+        "name: gone\nsource:\n  onnx: {path: nothere.onnx}\n", encoding="utf-8"
+    )
     result = CliRunner().invoke(cli, ["make", "recipes/gone.yaml"])
     assert result.exit_code == 1
     assert "step source failed: source.onnx.path:" in result.stderr and "nothere.onnx does not exist" in result.stderr
@@ -75,8 +81,14 @@ def unloadable_model(case: str) -> bytes:
 @pytest.mark.parametrize(
     ("case", "cause"),
     [
-        pytest.param("custom-op", "Fatal error: com.example:Frobnicate(-1) is not a registered function/op", id="custom-op"),
-        pytest.param("no-kernel", "NOT_IMPLEMENTED : Could not find an implementation for Sqrt(13) node with name ''", id="no-kernel"),
+        pytest.param(
+            "custom-op", "Fatal error: com.example:Frobnicate(-1) is not a registered function/op", id="custom-op"
+        ),
+        pytest.param(
+            "no-kernel",
+            "NOT_IMPLEMENTED : Could not find an implementation for Sqrt(13) node with name ''",
+            id="no-kernel",
+        ),
     ],
 )
 def test_a_model_onnx_runtime_cannot_load_fails_the_step_that_loads_it(project: Path, case: str, cause: str) -> None:
@@ -88,11 +100,17 @@ def test_a_model_onnx_runtime_cannot_load_fails_the_step_that_loads_it(project: 
     assert "Traceback" not in result.output
     # One short paragraph: the step, what failed, ORT's own reason.
     error = result.stderr[result.stderr.index("Error: ") :]
-    assert error.startswith("Error: broken: step optimize failed: ONNX Runtime could not optimize the model at level basic: ")
+    assert error.startswith(
+        "Error: broken: step optimize failed: ONNX Runtime could not optimize the model at level basic: "
+    )
     assert cause in error
     assert len(error.splitlines()) == 1 and len(error) < 400, error
     timings = json.loads((project / "artifacts" / "broken" / "timings.json").read_text(encoding="utf-8"))
-    assert {name: s["status"] for name, s in timings["steps"].items()} == {"source": "built", "check": "built", "optimize": "failed"}
+    assert {name: s["status"] for name, s in timings["steps"].items()} == {
+        "source": "built",
+        "check": "built",
+        "optimize": "failed",
+    }
 
     again = CliRunner().invoke(cli, ["plan", recipe])
     assert "broken:source: cached: up to date" in again.stdout

@@ -28,7 +28,9 @@ CORPUS = Path(__file__).resolve().parent / "data" / "corpus"
 NAME_RULE = "name: must be a name of letters, digits, '.', '_' or '-' (at most 64, no path separators), e.g. gpt2-small"
 DIM_RULE = "must be a non-negative integer or a symbolic dimension name such as batch"
 NAME_PATTERN = "must be a string matching ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
-TAB_HINT = "YAML syntax error: found character that cannot start any token (indent with spaces; YAML does not allow tabs)"
+TAB_HINT = (
+    "YAML syntax error: found character that cannot start any token (indent with spaces; YAML does not allow tabs)"
+)
 EMPTY = "the recipe is empty; it needs at least `name:` and `source:` (see recipes/ for examples)"
 
 # File name (without .yaml) -> (line:column, or None for a whole-file problem; the message
@@ -36,13 +38,28 @@ EMPTY = "the recipe is empty; it needs at least `name:` and `source:` (see recip
 # new key would change them: the suggestion before them is what helps.
 EXPECTED: dict[str, tuple[str | None, str]] = {
     # YAML syntax and encoding
-    "syntax-unclosed-flow-mapping": ("12:7", "YAML syntax error: did not find expected ',' or '}' (while parsing a flow mapping that starts at line 11, column 9)"),
-    "syntax-unclosed-quote": ("17:1", "YAML syntax error: found unexpected end of stream (while scanning a quoted scalar that starts at line 3, column 14)"),
+    "syntax-unclosed-flow-mapping": (
+        "12:7",
+        "YAML syntax error: did not find expected ',' or '}' (while parsing a flow mapping that starts at line 11, column 9)",
+    ),
+    "syntax-unclosed-quote": (
+        "17:1",
+        "YAML syntax error: found unexpected end of stream (while scanning a quoted scalar that starts at line 3, column 14)",
+    ),
     "syntax-mapping-in-scalar": ("2:13", "YAML syntax error: mapping values are not allowed in this context"),
-    "syntax-bad-indent": ("8:6", "YAML syntax error: did not find expected key (while parsing a block mapping that starts at line 5, column 5)"),
+    "syntax-bad-indent": (
+        "8:6",
+        "YAML syntax error: did not find expected key (while parsing a block mapping that starts at line 5, column 5)",
+    ),
     "syntax-undefined-alias": ("11:65", "YAML syntax error: found undefined alias"),
-    "syntax-two-documents": ("16:1", "YAML syntax error: expected a single document in the stream, but found another document"),
-    "syntax-sequence-after-mapping": ("5:1", "YAML syntax error: did not find expected key (while parsing a block mapping that starts at line 2, column 1)"),
+    "syntax-two-documents": (
+        "16:1",
+        "YAML syntax error: expected a single document in the stream, but found another document",
+    ),
+    "syntax-sequence-after-mapping": (
+        "5:1",
+        "YAML syntax error: did not find expected key (while parsing a block mapping that starts at line 2, column 1)",
+    ),
     "tabs-indent": ("5:1", TAB_HINT),
     "tabs-in-flow": ("7:1", TAB_HINT),
     "duplicate-key-top": ("3:1", "name: duplicate key (first at line 2); remove one of them"),
@@ -50,11 +67,20 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
     "duplicate-key-flow": ("7:35", "source.graph.inputs[0].dtype: duplicate key (first at line 7); remove one of them"),
     "non-string-key": ("5:1", "keys must be strings (got '2'); quote the key"),
     "merge-key": ("9:10", "source.graph.outputs[0]: merge keys (<<) are not supported; write the keys out"),
-    "python-tag": ("2:7", "name: tag !!python/object/apply:os.system is not allowed in a recipe (only plain YAML values)"),
+    "python-tag": (
+        "2:7",
+        "name: tag !!python/object/apply:os.system is not allowed in a recipe (only plain YAML values)",
+    ),
     "custom-tag": ("4:9", "source.onnx: tag !include is not allowed in a recipe (only plain YAML values)"),
     "control-character": ("3:18", "YAML does not allow the control character U+0007; remove it"),
-    "huge-integer": ("11:65", "source.graph.initializers[0].random.seed: integer too large (a recipe's integers fit in 64 bits)"),
-    "unreadable-int": ("11:65", 'source.graph.initializers[0].random.seed: YAML takes "0b_" for an integer but cannot read it as one; put it in quotes to make it text'),
+    "huge-integer": (
+        "11:65",
+        "source.graph.initializers[0].random.seed: integer too large (a recipe's integers fit in 64 bits)",
+    ),
+    "unreadable-int": (
+        "11:65",
+        'source.graph.initializers[0].random.seed: YAML takes "0b_" for an integer but cannot read it as one; put it in quotes to make it text',
+    ),
     "deep-nesting": ("3:113", "the document is nested more than 100 levels deep; a recipe is far flatter"),
     "alias-bomb": ("1:1", "the document expands to more than 100000 values (YAML aliases?); a recipe is far smaller"),
     "recursive-alias": ("1:1", "the document is nested too deeply (recursive YAML alias?)"),
@@ -69,32 +95,74 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
     "latin1-bytes": ("5:17", "is not valid UTF-8 text (save the file as UTF-8)"),
     "line-separator-in-string": ("6:1", "bogus: unknown key (expected one of:"),
     # wrong types
-    "name-is-number": ("2:7", f"{NAME_RULE} (got 2024; YAML read this as a number, put the value in quotes to make it text)"),
-    "name-is-boolean": ("2:7", f"{NAME_RULE} (got true; YAML read this as a boolean, put the value in quotes to make it text)"),
-    "source-is-string": ("3:9", 'source: must be a mapping naming exactly one of: onnx, graph, huggingface, pytorch, tensorflow (got "model.onnx")'),
+    "name-is-number": (
+        "2:7",
+        f"{NAME_RULE} (got 2024; YAML read this as a number, put the value in quotes to make it text)",
+    ),
+    "name-is-boolean": (
+        "2:7",
+        f"{NAME_RULE} (got true; YAML read this as a boolean, put the value in quotes to make it text)",
+    ),
+    "source-is-string": (
+        "3:9",
+        'source: must be a mapping naming exactly one of: onnx, graph, huggingface, pytorch, tensorflow (got "model.onnx")',
+    ),
     "opset-is-word": ("5:12", 'source.graph.opset: must be an integer from 7 to 23 (got "eighteen")'),
     "quantize-is-mapping": ("16:11", "quantize: must be a list (got a mapping)"),
     "nodes-is-mapping": ("13:12", "source.graph.nodes: must be a list (got a mapping)"),
     "providers-empty": ("5:12", "providers: must have at least 1 item"),
     "benchmark-iterations-zero": ("5:25", "benchmark.iterations: must be an integer >= 1 (got 0)"),
-    "expect-unknown-variant": ("8:3", "expect.int4: no variant 'int4' (this recipe has: model, int8; `all` for every one)"),
-    "expect-bad-count": ("8:22", 'expect.optimized.ops.Attention: must be a count (12) or a comparison such as ">= 24" (got "about 12")'),
+    "expect-unknown-variant": (
+        "8:3",
+        "expect.int4: no variant 'int4' (this recipe has: model, int8; `all` for every one)",
+    ),
+    "expect-bad-count": (
+        "8:22",
+        'expect.optimized.ops.Attention: must be a count (12) or a comparison such as ">= 24" (got "about 12")',
+    ),
     "description-is-list": ("3:14", "description: must be a string (got a list)"),
     # unknown keys, missing sections
     "unknown-top-key": ("9:1", "exprot: unknown key (did you mean 'export'? expected one of:"),
     "unknown-source-key": ("4:28", "source.onnx.checksum: unknown key (expected one of: path)"),
-    "unknown-quantize-key": ("17:35", "quantize[0].width: unknown key (expected one of: accuracy_level, activation_type, algorithm, bits, block_size, budget, calibration,"),
-    "missing-name": ("2:1", "missing required key 'name' (a name of letters, digits, '.', '_' or '-' (at most 64, no path separators), e.g. gpt2-small)"),
-    "missing-source": ("2:1", "missing required key 'source' (exactly one of: onnx, graph, huggingface, pytorch, tensorflow)"),
-    "source-empty": ("3:1", "source: must name exactly one of: onnx, graph, huggingface, pytorch, tensorflow (got nothing)"),
-    "two-sources": ("3:1", "source: must name exactly one of: onnx, graph, huggingface, pytorch, tensorflow (got onnx, graph)"),
+    "unknown-quantize-key": (
+        "17:35",
+        "quantize[0].width: unknown key (expected one of: accuracy_level, activation_type, algorithm, bits, block_size, budget, calibration,",
+    ),
+    "missing-name": (
+        "2:1",
+        "missing required key 'name' (a name of letters, digits, '.', '_' or '-' (at most 64, no path separators), e.g. gpt2-small)",
+    ),
+    "missing-source": (
+        "2:1",
+        "missing required key 'source' (exactly one of: onnx, graph, huggingface, pytorch, tensorflow)",
+    ),
+    "source-empty": (
+        "3:1",
+        "source: must name exactly one of: onnx, graph, huggingface, pytorch, tensorflow (got nothing)",
+    ),
+    "two-sources": (
+        "3:1",
+        "source: must name exactly one of: onnx, graph, huggingface, pytorch, tensorflow (got onnx, graph)",
+    ),
     "graph-missing-nodes": ("4:3", "source.graph: missing required key 'nodes' (a list)"),
-    "quantize-missing-method": ("17:5", "quantize[0]: missing required key 'method' (one of: dynamic, static, int4, weight_only, gguf)"),
+    "quantize-missing-method": (
+        "17:5",
+        "quantize[0]: missing required key 'method' (one of: dynamic, static, int4, weight_only, gguf)",
+    ),
     # bad enum values
-    "enum-dtype": ("7:26", 'source.graph.inputs[0].dtype: must be one of: float32, float16, bfloat16, float64, int8, uint8, int16, int32, int64, bool (got "float33")'),
-    "enum-quantize-method": ("17:24", 'quantize[0].method: must be one of: dynamic, static, int4, weight_only, gguf (got "int3")'),
+    "enum-dtype": (
+        "7:26",
+        'source.graph.inputs[0].dtype: must be one of: float32, float16, bfloat16, float64, int8, uint8, int16, int32, int64, bool (got "float33")',
+    ),
+    "enum-quantize-method": (
+        "17:24",
+        'quantize[0].method: must be one of: dynamic, static, int4, weight_only, gguf (got "int3")',
+    ),
     "enum-optimize-level": ("16:19", 'optimize.level: must be one of: none, basic, extended, layout, all (got "max")'),
-    "enum-task": ("6:11", 'source.huggingface.task: must be one of: feature-extraction, text-classification, token-classification, question-answering, fill-mask, text-generation, text2text-generation, automatic-speech-recognition, image-classification, image-feature-extraction (got "translation")'),
+    "enum-task": (
+        "6:11",
+        'source.huggingface.task: must be one of: feature-extraction, text-classification, token-classification, question-answering, fill-mask, text-generation, text2text-generation, automatic-speech-recognition, image-classification, image-feature-extraction (got "translation")',
+    ),
     "enum-exporter": ("9:20", 'export.exporter: must be one of: torchscript, dynamo (got "onnx")'),
     "enum-on-fail": ("9:21", 'validate.on_fail: must be one of: error, warn (got "ignore")'),
     "left-padding-not-bool": ("9:26", "validate.left_padding: must be true or false (got 8)"),
@@ -116,29 +184,83 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
     "initializer-value-count": ("12:55", "source.graph.initializers[1].values: has 3 values but shape [2] needs 2"),
     "sample-not-integer": ("10:19", 'export.sample.batch: must be an integer from 1 to 1048576 (got "two")'),
     "validate-shape-zero": ("10:20", "validate.shapes[0].batch: must be an integer from 1 to 1048576 (got 0)"),
-    "validate-shape-unknown-dim": ("10:36", "validate.shapes[0].width: unknown dimension (the inputs use: batch, sequence)"),
+    "validate-shape-unknown-dim": (
+        "10:36",
+        "validate.shapes[0].width: unknown dimension (the inputs use: batch, sequence)",
+    ),
     # references to things that do not exist
     "quantize-from-unknown-variant": ("18:47", 'quantize[1].from: must be one of: model, optimized (got "int8")'),
-    "quantize-from-missing-optimize": ("17:41", "quantize[0].from: quantizes the optimized variant, but the recipe has no optimize section"),
+    "quantize-from-missing-optimize": (
+        "17:41",
+        "quantize[0].from: quantizes the optimized variant, but the recipe has no optimize section",
+    ),
     "quantize-duplicate-name": ("18:12", "quantize[1].name: variant name 'int8' is used twice; names must be unique"),
-    "quantize-builtin-name": ("17:12", "quantize[0].name: 'optimized' names a built-in variant; choose another name (e.g. int8)"),
-    "graph-dangling-input": ("14:39", "source.graph.nodes[0].inputs[1]: 'W' is not a graph input, an initializer or the output of an earlier node"),
+    "quantize-builtin-name": (
+        "17:12",
+        "quantize[0].name: 'optimized' names a built-in variant; choose another name (e.g. int8)",
+    ),
+    "graph-dangling-input": (
+        "14:39",
+        "source.graph.nodes[0].inputs[1]: 'W' is not a graph input, an initializer or the output of an earlier node",
+    ),
     "graph-output-not-produced": ("9:16", "source.graph.outputs[0].name: 'Z' is not produced by any node"),
-    "export-with-onnx-source": ("5:1", "export: applies only to huggingface, pytorch and tensorflow sources (this recipe's source is onnx); remove it"),
-    "hf-model-and-package": ("4:3", "source.huggingface: give exactly one of `model` (Hub id or folder) and `package` (a folder inside an installed package); it has both"),
+    "export-with-onnx-source": (
+        "5:1",
+        "export: applies only to huggingface, pytorch and tensorflow sources (this recipe's source is onnx); remove it",
+    ),
+    "hf-model-and-package": (
+        "4:3",
+        "source.huggingface: give exactly one of `model` (Hub id or folder) and `package` (a folder inside an installed package); it has both",
+    ),
     # a task's inputs (#18)
-    "image-without-size": ("4:3", "source.huggingface: an image model is exported at one sample size: give export.sample: {batch: 2, height: 224, width: 224} (or config.image_size)"),
-    "vit-without-image-size": ("8:13", "source.huggingface.config: a vit model takes images of the one size its position embeddings were made for; give config.image_size (224 for the base models)"),
-    "image-with-sentences": ("10:3", "validate.sentences: task image-feature-extraction takes images (pixel_values), not text; remove validate.sentences"),
-    "token-classification-with-past": ("10:14", "export.with_past: applies to huggingface text-generation models (this recipe has task token-classification); remove it"),
-    "question-answering-image-size": ("10:36", "validate.shapes[0].height: unknown dimension (the inputs use: batch, sequence)"),
-    "seq2seq-with-past": ("10:3", "export.with_past: an encoder-decoder's decoder_model.onnx always takes its cache (past_key_values.*) and the encoder has none; remove with_past"),
-    "seq2seq-float16": ("8:12", "source.huggingface.dtype: encoder-decoder models export in float32 (their decoder cache is float32); remove dtype"),
-    "speech-sequence-shape": ("10:23", "validate.shapes[0].sequence: unknown dimension (the inputs use: batch, decoder_sequence)"),
-    "seq2seq-one-input": ("10:11", "export.inputs: an encoder-decoder's encoder takes input_ids and attention_mask, both [batch, sequence] (got input_ids); remove export.inputs for the defaults"),
-    "speech-text-prompt": ("11:3", "generate.prompt: a speech model's prompt is audio: generation starts from seeded features of the export's shape; remove it"),
-    "cosine-without-sentences": ("9:12", "validate.cosine_min: compares sentence embeddings; add validate.sentences (the text to embed)"),
-    "pytorch-factory-no-function": ("4:22", 'source.pytorch.factory: must be "path/to/file.py:function" or "package.module:function" (got "mlp.py")'),
+    "image-without-size": (
+        "4:3",
+        "source.huggingface: an image model is exported at one sample size: give export.sample: {batch: 2, height: 224, width: 224} (or config.image_size)",
+    ),
+    "vit-without-image-size": (
+        "8:13",
+        "source.huggingface.config: a vit model takes images of the one size its position embeddings were made for; give config.image_size (224 for the base models)",
+    ),
+    "image-with-sentences": (
+        "10:3",
+        "validate.sentences: task image-feature-extraction takes images (pixel_values), not text; remove validate.sentences",
+    ),
+    "token-classification-with-past": (
+        "10:14",
+        "export.with_past: applies to huggingface text-generation models (this recipe has task token-classification); remove it",
+    ),
+    "question-answering-image-size": (
+        "10:36",
+        "validate.shapes[0].height: unknown dimension (the inputs use: batch, sequence)",
+    ),
+    "seq2seq-with-past": (
+        "10:3",
+        "export.with_past: an encoder-decoder's decoder_model.onnx always takes its cache (past_key_values.*) and the encoder has none; remove with_past",
+    ),
+    "seq2seq-float16": (
+        "8:12",
+        "source.huggingface.dtype: encoder-decoder models export in float32 (their decoder cache is float32); remove dtype",
+    ),
+    "speech-sequence-shape": (
+        "10:23",
+        "validate.shapes[0].sequence: unknown dimension (the inputs use: batch, decoder_sequence)",
+    ),
+    "seq2seq-one-input": (
+        "10:11",
+        "export.inputs: an encoder-decoder's encoder takes input_ids and attention_mask, both [batch, sequence] (got input_ids); remove export.inputs for the defaults",
+    ),
+    "speech-text-prompt": (
+        "11:3",
+        "generate.prompt: a speech model's prompt is audio: generation starts from seeded features of the export's shape; remove it",
+    ),
+    "cosine-without-sentences": (
+        "9:12",
+        "validate.cosine_min: compares sentence embeddings; add validate.sentences (the text to embed)",
+    ),
+    "pytorch-factory-no-function": (
+        "4:22",
+        'source.pytorch.factory: must be "path/to/file.py:function" or "package.module:function" (got "mlp.py")',
+    ),
     # names that would lead out of artifacts/
     "name-dotdot": ("2:7", f'{NAME_RULE} (got "../evil")'),
     "name-absolute": ("2:7", f'{NAME_RULE} (got "/abs")'),
@@ -149,11 +271,26 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
     "name-too-long": ("2:7", f'{NAME_RULE} (got "{"a" * 60}...")'),
     "quantize-name-dotdot": ("17:12", f'quantize[0].name: {NAME_PATTERN} (got "../x")'),
     "quantize-name-slash": ("17:12", f'quantize[0].name: {NAME_PATTERN} (got "int8/fast")'),
-    "provider-bad-name": ("5:20", 'providers[0].name: must be an ONNX Runtime provider name such as CPUExecutionProvider or CUDAExecutionProvider, web (onnxruntime-web under Node.js) or openvino (the OpenVINO CPU plugin) (got "cuda")'),
-    "provider-unknown-name": ("5:20", "providers[0].name: unknown execution provider 'TensorRTExecutionProvider'; did you mean TensorrtExecutionProvider? onnxruntime knows: ACLExecutionProvider, ArmNNExecutionProvider, AzureExecutionProvider, CANNExecutionProvider, CPUExecutionProvider, CUDAExecutionProvider, CoreMLExecutionProvider, DmlExecutionProvider, DnnlExecutionProvider, JsExecutionProvider, MIGraphXExecutionProvider, NnapiExecutionProvider, NvTensorRTRTXExecutionProvider, OpenVINOExecutionProvider, QNNExecutionProvider, ROCMExecutionProvider, RknpuExecutionProvider, SNPEExecutionProvider, TensorrtExecutionProvider, VSINPUExecutionProvider, VitisAIExecutionProvider, WebGpuExecutionProvider, WebNNExecutionProvider, XnnpackExecutionProvider (or web, openvino)"),
-    "openvino-bad-precision": ("7:26", "providers[0].options.precision: expected one of auto, f32, bf16, f16, got 'int8'"),
-    "openvino-unknown-option": ("7:15", "providers[0].options.variant: unknown option for the openvino target (it takes: variants, precision, atol, rtol, top1_min)"),
-    "openvino-unknown-variant": ("7:26", "providers[0].options.variants[0]: no variant 'int8' (this recipe has: model)"),
+    "provider-bad-name": (
+        "5:20",
+        'providers[0].name: must be an ONNX Runtime provider name such as CPUExecutionProvider or CUDAExecutionProvider, web (onnxruntime-web under Node.js) or openvino (the OpenVINO CPU plugin) (got "cuda")',
+    ),
+    "provider-unknown-name": (
+        "5:20",
+        "providers[0].name: unknown execution provider 'TensorRTExecutionProvider'; did you mean TensorrtExecutionProvider? onnxruntime knows: ACLExecutionProvider, ArmNNExecutionProvider, AzureExecutionProvider, CANNExecutionProvider, CPUExecutionProvider, CUDAExecutionProvider, CoreMLExecutionProvider, DmlExecutionProvider, DnnlExecutionProvider, JsExecutionProvider, MIGraphXExecutionProvider, NnapiExecutionProvider, NvTensorRTRTXExecutionProvider, OpenVINOExecutionProvider, QNNExecutionProvider, ROCMExecutionProvider, RknpuExecutionProvider, SNPEExecutionProvider, TensorrtExecutionProvider, VSINPUExecutionProvider, VitisAIExecutionProvider, WebGpuExecutionProvider, WebNNExecutionProvider, XnnpackExecutionProvider (or web, openvino)",
+    ),
+    "openvino-bad-precision": (
+        "7:26",
+        "providers[0].options.precision: expected one of auto, f32, bf16, f16, got 'int8'",
+    ),
+    "openvino-unknown-option": (
+        "7:15",
+        "providers[0].options.variant: unknown option for the openvino target (it takes: variants, precision, atol, rtol, top1_min)",
+    ),
+    "openvino-unknown-variant": (
+        "7:26",
+        "providers[0].options.variants[0]: no variant 'int8' (this recipe has: model)",
+    ),
     "several-problems": ("8:25", "benchmark.iterations: must be an integer >= 1 (got 0)"),
 }
 
@@ -165,7 +302,9 @@ NO_COMMENT = {"empty", "binary-garbage", "png-image", "utf16-text"}
 
 
 def make(recipe: Path | str, out: Path) -> Result:
-    return CliRunner().invoke(cli, ["--cache-dir", str(out / "cache"), "--artifacts-dir", str(out / "artifacts"), "make", str(recipe)])
+    return CliRunner().invoke(
+        cli, ["--cache-dir", str(out / "cache"), "--artifacts-dir", str(out / "artifacts"), "make", str(recipe)]
+    )
 
 
 def everything_under(folder: Path) -> list[str]:
@@ -196,9 +335,14 @@ def test_each_file_says_what_is_wrong_with_it(name: str) -> None:
 
 @pytest.mark.parametrize(
     "name",
-    [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=KNOWN_BUGS[n])) if n in KNOWN_BUGS else n for n in sorted(EXPECTED)],
+    [
+        pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=KNOWN_BUGS[n])) if n in KNOWN_BUGS else n
+        for n in sorted(EXPECTED)
+    ],
 )
-def test_a_malformed_recipe_is_refused_with_its_position_and_nothing_is_written(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_malformed_recipe_is_refused_with_its_position_and_nothing_is_written(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)  # the default cache and artifacts folders would land here
     recipe = CORPUS / f"{name}.yaml"
     where, message = EXPECTED[name]
@@ -210,7 +354,13 @@ def test_a_malformed_recipe_is_refused_with_its_position_and_nothing_is_written(
 def test_every_problem_of_a_file_is_reported_at_once(tmp_path: Path) -> None:
     result = make(CORPUS / "several-problems.yaml", tmp_path)
     assert result.output.startswith("Error: 5 problems in the recipe:\n")
-    assert [line.split(": ", 2)[1] for line in result.output.splitlines()[1:]] == ["name", "source.onnx.checksum", "exprot", "providers", "benchmark.iterations"]
+    assert [line.split(": ", 2)[1] for line in result.output.splitlines()[1:]] == [
+        "name",
+        "source.onnx.checksum",
+        "exprot",
+        "providers",
+        "benchmark.iterations",
+    ]
 
 
 def fifty_megabytes(folder: Path) -> Path:
@@ -240,7 +390,9 @@ def a_missing_file(folder: Path) -> Path:
         (a_missing_file, "no such file (check the path; recipes usually live in recipes/)"),
     ],
 )
-def test_a_path_that_is_no_recipe_file_is_refused(build: Callable[[Path], Path], message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_path_that_is_no_recipe_file_is_refused(
+    build: Callable[[Path], Path], message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "in").mkdir()
     recipe = build(tmp_path / "in")
@@ -252,10 +404,15 @@ def test_a_path_that_is_no_recipe_file_is_refused(build: Callable[[Path], Path],
     assert everything_under(tmp_path) == before
 
 
-def test_a_source_path_the_os_refuses_is_reported_without_a_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_source_path_the_os_refuses_is_reported_without_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     recipe = tmp_path / "long.yaml"
-    recipe.write_text(f"# A file name longer than any file system allows (255 bytes).\nname: long\nsource:\n  onnx: {{path: {'a' * 300}.onnx}}\n", encoding="utf-8")
+    recipe.write_text(
+        f"# A file name longer than any file system allows (255 bytes).\nname: long\nsource:\n  onnx: {{path: {'a' * 300}.onnx}}\n",
+        encoding="utf-8",
+    )
     result = make(recipe, tmp_path / "out")
     assert result.exit_code in (1, 2), result.output
     assert isinstance(result.exception, SystemExit), result.exception
@@ -266,7 +423,17 @@ def test_a_source_path_the_os_refuses_is_reported_without_a_traceback(tmp_path: 
 def test_the_real_command_exits_2_without_a_traceback(name: str, tmp_path: Path) -> None:
     recipe = CORPUS / f"{name}.yaml"
     where, message = EXPECTED[name]
-    cmd = [sys.executable, "-m", "onnxbuild", "--cache-dir", "cache", "--artifacts-dir", "artifacts", "make", str(recipe)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "onnxbuild",
+        "--cache-dir",
+        "cache",
+        "--artifacts-dir",
+        "artifacts",
+        "make",
+        str(recipe),
+    ]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr

@@ -50,8 +50,15 @@ def sensitive_llama(folder: Path) -> None:
     import transformers
 
     config = transformers.LlamaConfig(
-        vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=128, initializer_range=0.05, tie_word_embeddings=False,
+        vocab_size=1000,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        initializer_range=0.05,
+        tie_word_embeddings=False,
     )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config)
@@ -79,7 +86,11 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def bits_by_node(path: Path) -> dict[str, int]:
     model = onnx.load_model(str(path), load_external_data=False)
-    return {n.name: helper.get_attribute_value(next(a for a in n.attribute if a.name == "bits")) for n in model.graph.node if n.op_type == "MatMulNBits"}
+    return {
+        n.name: helper.get_attribute_value(next(a for a in n.attribute if a.name == "bits"))
+        for n in model.graph.node
+        if n.op_type == "MatMulNBits"
+    }
 
 
 def test_the_sensitive_layer_and_no_other_stays_at_8_bits(built: Path) -> None:
@@ -104,7 +115,9 @@ def test_the_same_inputs_give_the_same_plan(built: Path, monkeypatch: pytest.Mon
     first = (built / "artifacts" / "b" / "reports" / "quantize" / "int4.json").read_bytes()
     model = (built / "artifacts" / "b" / "int4" / "model.onnx").read_bytes()
     monkeypatch.chdir(built)
-    result = run("--cache-dir", str(built / "cache"), "make", "b.yaml", "--target", "quantize.int4", "--force", "--single")
+    result = run(
+        "--cache-dir", str(built / "cache"), "make", "b.yaml", "--target", "quantize.int4", "--force", "--single"
+    )
     assert result.exit_code == 0, result.output
     assert (built / "artifacts" / "b" / "reports" / "quantize" / "int4.json").read_bytes() == first
     assert (built / "artifacts" / "b" / "int4" / "model.onnx").read_bytes() == model

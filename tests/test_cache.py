@@ -53,7 +53,12 @@ SOURCE_INGREDIENTS: dict[str, Any] = {
                 "inputs": [{"name": "X", "dtype": "float32", "shape": ["batch", 4]}],
                 "outputs": [{"name": "Y", "dtype": "float32", "shape": ["batch", 2]}],
                 "initializers": [
-                    {"name": "A", "dtype": "float32", "shape": [4, 2], "random": {"seed": 0, "distribution": "normal", "scale": 1.0}},
+                    {
+                        "name": "A",
+                        "dtype": "float32",
+                        "shape": [4, 2],
+                        "random": {"seed": 0, "distribution": "normal", "scale": 1.0},
+                    },
                     {"name": "B", "dtype": "float32", "shape": [2], "values": [0.5, -0.5]},
                 ],
                 "nodes": [
@@ -132,9 +137,19 @@ def test_linear_regression_ingredients_are_exactly_these(project: Path, settings
     report = onnxbuild.build([LR], settings, in_process=True)
     model_sha = sha256(settings.artifacts_dir / "linear-regression" / "model.onnx")
     last = read_json(settings.cache_dir / "last" / "linear-regression.json")
-    assert {k: last["source"][k] for k in ("key", "ingredients")} == {"key": step_key(expected_source), "ingredients": expected_source}
-    expected_check = {**CHECK_INGREDIENTS, "inputs": {"source:model.onnx": model_sha}, "packages": {"onnx": onnx_version}}
-    assert {k: last["check"][k] for k in ("key", "ingredients")} == {"key": step_key(expected_check), "ingredients": expected_check}
+    assert {k: last["source"][k] for k in ("key", "ingredients")} == {
+        "key": step_key(expected_source),
+        "ingredients": expected_source,
+    }
+    expected_check = {
+        **CHECK_INGREDIENTS,
+        "inputs": {"source:model.onnx": model_sha},
+        "packages": {"onnx": onnx_version},
+    }
+    assert {k: last["check"][k] for k in ("key", "ingredients")} == {
+        "key": step_key(expected_check),
+        "ingredients": expected_check,
+    }
     assert last["check"]["seconds"] >= 0  # what it cost, for plan's estimate
     assert [s["key"] for s in report.recipes[0].steps] == [step_key(expected_source), step_key(expected_check)]
 
@@ -152,7 +167,10 @@ def test_commit_moves_outputs_into_read_only_objects(tmp_path: Path) -> None:
     entry = cache.commit("ab" * 32, "s", "fake", {"x": 1}, work, ["reports/b.txt", "a.txt"], {"n": 1})
 
     sha = hashlib.sha256(b"same\n").hexdigest()
-    assert entry["outputs"] == [{"path": "a.txt", "sha256": sha, "bytes": 5}, {"path": "reports/b.txt", "sha256": sha, "bytes": 5}]
+    assert entry["outputs"] == [
+        {"path": "a.txt", "sha256": sha, "bytes": 5},
+        {"path": "reports/b.txt", "sha256": sha, "bytes": 5},
+    ]
     obj = cache.object_path(sha)
     assert obj == tmp_path / "cache" / "objects" / sha[:2] / sha
     assert stat.S_IMODE(obj.stat().st_mode) == 0o444
@@ -184,7 +202,9 @@ def test_clean_scratch_removes_only_dead_builds_folders(tmp_path: Path) -> None:
     cache = Cache(tmp_path / "cache")
     cache.ensure_writable()  # as every build does first: a cache onnxbuild made (tagged)
     mine = cache.scratch()
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     theirs = tmp_path / "cache" / "tmp" / f"{dead.stdout.strip()}-abcd"
     (theirs / "out").mkdir(parents=True)
     (theirs / "out" / "model.onnx").write_bytes(b"partial")
@@ -214,7 +234,9 @@ def _grow_object(cache: Cache, entry: EntryRecord) -> str:
     with open(obj, "ab") as f:
         f.write(b"\0")
     size = out["bytes"]
-    return re.escape(f"cache entry {entry['key'][:12]} is damaged ({out['path']} has {size + 1} bytes, expected {size}); rebuilding")
+    return re.escape(
+        f"cache entry {entry['key'][:12]} is damaged ({out['path']} has {size + 1} bytes, expected {size}); rebuilding"
+    )
 
 
 def _edit_artifact_in_place(cache: Cache, entry: EntryRecord) -> str:
@@ -227,7 +249,9 @@ def _edit_artifact_in_place(cache: Cache, entry: EntryRecord) -> str:
     with open(obj, "r+b") as f:
         f.write(data)
     os.utime(obj, ns=(obj.stat().st_atime_ns, obj.stat().st_mtime_ns + 1_000_000))
-    return re.escape(f"cache entry {entry['key'][:12]}: {out['path']} no longer matches its digest (modified in place?); discarded, rebuilding")
+    return re.escape(
+        f"cache entry {entry['key'][:12]}: {out['path']} no longer matches its digest (modified in place?); discarded, rebuilding"
+    )
 
 
 @pytest.mark.parametrize(
@@ -235,7 +259,9 @@ def _edit_artifact_in_place(cache: Cache, entry: EntryRecord) -> str:
     [_truncate_entry, _delete_object, _grow_object, _edit_artifact_in_place],
     ids=["truncated-entry", "deleted-object", "resized-object", "tampered-same-size"],
 )
-def test_damaged_entry_is_a_warned_miss_and_the_build_succeeds(settings: onnxbuild.Settings, damage: Callable[[Cache, EntryRecord], str]) -> None:
+def test_damaged_entry_is_a_warned_miss_and_the_build_succeeds(
+    settings: onnxbuild.Settings, damage: Callable[[Cache, EntryRecord], str]
+) -> None:
     onnxbuild.build([LR], settings, in_process=True)
     model = settings.artifacts_dir / "linear-regression" / "model.onnx"
     good = sha256(model)
@@ -266,7 +292,10 @@ def test_plan_reports_a_damaged_entry(settings: onnxbuild.Settings) -> None:
         path.write_text("{")
     recorder = Recorder()
     plan = onnxbuild.plan([LR], settings, reporter=recorder)
-    assert [s.reasons for s in plan.steps] == [("no entry in cache (removed by gc, or damaged)",), ("only if its input from source changes",)]
+    assert [s.reasons for s in plan.steps] == [
+        ("no entry in cache (removed by gc, or damaged)",),
+        ("only if its input from source changes",),
+    ]
     assert len(recorder.warnings) == 1  # check's entry is not looked up: its key depends on source's output
     assert "is damaged" in recorder.warnings[0]
 

@@ -38,8 +38,6 @@ BAD_PROBLEMS = [
 ]
 
 
-
-
 @pytest.fixture(scope="module")
 def first_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A project folder in which linear-regression was built once (shared: copy, don't change)."""
@@ -179,7 +177,9 @@ def test_bad_recipe_exits_2_and_writes_nothing(project: Path, args: tuple[str, .
     result = run(*args, "recipes/bad.yaml")
     assert result.exit_code == 2
     assert result.stdout == ""
-    assert result.stderr.splitlines() == [f"Error: {len(BAD_PROBLEMS)} problems in the recipe:"] + [f"  {p}" for p in BAD_PROBLEMS]
+    assert result.stderr.splitlines() == [f"Error: {len(BAD_PROBLEMS)} problems in the recipe:"] + [
+        f"  {p}" for p in BAD_PROBLEMS
+    ]
     assert "Traceback" not in result.output
     assert not (project / "artifacts").exists()
     assert not (project / ".onnxbuild").exists()
@@ -208,7 +208,10 @@ def test_problems_of_several_recipes_are_reported_together(project: Path) -> Non
 def test_one_problem_is_singular(project: Path) -> None:
     result = run("show", "recipes/nope.yaml")
     assert result.exit_code == 2
-    assert result.stderr == "Error: 1 problem in the recipe:\n  recipes/nope.yaml: no such file (check the path; recipes usually live in recipes/)\n"
+    assert (
+        result.stderr
+        == "Error: 1 problem in the recipe:\n  recipes/nope.yaml: no such file (check the path; recipes usually live in recipes/)\n"
+    )
 
 
 def test_make_needs_a_recipe(project: Path) -> None:
@@ -278,7 +281,9 @@ def test_plan_names_the_key_that_changed(built: Path) -> None:
         "linear-regression:check: will run: only if its input from source changes",
     ]
     # a measured figure: its words are fixed, its number is this machine's
-    assert re.fullmatch(r"2 steps would run, 0 cached, (under a second|about \d+ s) by the last build's timings", lines[2]), lines[2]
+    assert re.fullmatch(
+        r"2 steps would run, 0 cached, (under a second|about \d+ s) by the last build's timings", lines[2]
+    ), lines[2]
     assert json.loads(run("plan", LR, "--json").stdout)["estimate_s"] < 60
 
 
@@ -367,7 +372,12 @@ def test_make_json(project: Path) -> None:
     data = json.loads(result.stdout)
     assert data["ok"] is True
     (recipe,) = data["recipes"]
-    assert (recipe["name"], recipe["recipe"], recipe["artifacts"], recipe["ok"]) == ("linear-regression", LR, "artifacts/linear-regression", True)
+    assert (recipe["name"], recipe["recipe"], recipe["artifacts"], recipe["ok"]) == (
+        "linear-regression",
+        LR,
+        "artifacts/linear-regression",
+        True,
+    )
     assert [(s["name"], s["status"]) for s in recipe["steps"]] == [("source", "built"), ("check", "built")]
     assert [o["path"] for o in recipe["steps"][0]["outputs"]] == ["model.onnx"]
 
@@ -400,13 +410,22 @@ print(json.dumps({"exit": code, "modules": sorted(m for m in sys.modules if m in
 @pytest.mark.parametrize(
     ("args", "forbidden", "says"),
     [
-        pytest.param(("make", LR), (*HEAVY, "jsonschema", "yaml", "importlib.metadata", "onnxbuild.report.page"), "linear-regression: ok (2 cached)", id="make"),
-        pytest.param(("plan", LR), (*HEAVY, "jsonschema", "yaml", "importlib.metadata"), "everything is up to date", id="plan"),
+        pytest.param(
+            ("make", LR),
+            (*HEAVY, "jsonschema", "yaml", "importlib.metadata", "onnxbuild.report.page"),
+            "linear-regression: ok (2 cached)",
+            id="make",
+        ),
+        pytest.param(
+            ("plan", LR), (*HEAVY, "jsonschema", "yaml", "importlib.metadata"), "everything is up to date", id="plan"
+        ),
         pytest.param(("show", LR), HEAVY, "name: linear-regression", id="show"),
         pytest.param(("dag", LR), HEAVY, "linear-regression (recipes/linear-regression.yaml)", id="dag"),
     ],
 )
-def test_no_op_commands_import_nothing_heavy(built: Path, args: tuple[str, ...], forbidden: tuple[str, ...], says: str) -> None:
+def test_no_op_commands_import_nothing_heavy(
+    built: Path, args: tuple[str, ...], forbidden: tuple[str, ...], says: str
+) -> None:
     """A cached make, a plan and a show start fast: heavy modules stay inside the steps.
 
     The first build ran in another process; the command under test runs in a fresh
@@ -446,14 +465,23 @@ def test_detailed_exitcode_is_terraforms_for_plan_plan_check_and_diff(project: P
     assert run("plan", LR, "--detailed-exitcode").exit_code == 0
     assert run("plan", "--check", LR, "--detailed-exitcode").exit_code == 0
     assert run("diff", "--base", "main", LR, "--detailed-exitcode").exit_code == 0
-    (project / LR).write_text((project / LR).read_text(encoding="utf-8").replace("values: [0.5, -0.5]", "values: [0.5, -0.25]"), encoding="utf-8")
+    (project / LR).write_text(
+        (project / LR).read_text(encoding="utf-8").replace("values: [0.5, -0.5]", "values: [0.5, -0.25]"),
+        encoding="utf-8",
+    )
     assert run("diff", "--base", "main", LR).exit_code == 0
     assert run("diff", "--base", "main", LR, "--detailed-exitcode").exit_code == 2
     stale = run("plan", "--check", LR, "--detailed-exitcode")
     assert stale.exit_code == 2 and "Error: the lock files do not match the recipes" in stale.stderr
     # errors are 1 with the flag, 2 (recipe, usage) without
     (project / "recipes" / "bad.yaml").write_text("name: bad\nsource: {graph: 3}\n", encoding="utf-8")
-    for args in (("plan", "recipes/bad.yaml"), ("plan", "--check", "recipes/bad.yaml"), ("diff", "--base", "main", "recipes/bad.yaml"), ("diff", "--base", "nope", LR), ("plan", LR, "--no-such-option")):
+    for args in (
+        ("plan", "recipes/bad.yaml"),
+        ("plan", "--check", "recipes/bad.yaml"),
+        ("diff", "--base", "main", "recipes/bad.yaml"),
+        ("diff", "--base", "nope", LR),
+        ("plan", LR, "--no-such-option"),
+    ):
         plain, detailed = run(*args), run(*args, "--detailed-exitcode")
         assert (plain.exit_code, detailed.exit_code) == (2, 1), (args, plain.output, detailed.output)
         assert "Error" in detailed.stderr and "Traceback" not in detailed.output

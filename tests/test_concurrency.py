@@ -48,7 +48,10 @@ def _cache(project: Path) -> Path:
 
 
 def test_two_builds_at_once_build_each_step_once(project: Path, reference_model: str) -> None:
-    procs = [subprocess.Popen([*MAKE, "--json"], cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen([*MAKE, "--json"], cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     results = [p.communicate(timeout=120) for p in procs]
     for p, (_, err) in zip(procs, results, strict=True):
         assert p.returncode == 0, err
@@ -70,7 +73,9 @@ def _start_and_kill_during(kind: str, project: Path, log: Path) -> None:
     """Run ``onnxbuild make``, SIGKILL its whole process group while a ``kind`` step runs."""
     env = {**os.environ, "ONNXBUILD_TEST_STEP_DELAY": f"{kind}:60"}
     with open(log, "w") as out:
-        proc = subprocess.Popen(MAKE, cwd=project, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            MAKE, cwd=project, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         deadline = time.monotonic() + 60
         while not any("test hook: sleeping" in p.read_text() for p in (_cache(project) / "tmp").glob("*/step.log")):
@@ -97,7 +102,10 @@ def test_build_killed_mid_step_leaves_nothing_partial(project: Path, reference_m
     assert rerun.returncode == 0, rerun.stderr
     assert "waited" not in rerun.stderr  # the dead build's locks went with it
     timings = read_json(project / "artifacts" / "linear-regression" / "timings.json")
-    assert {name: s["status"] for name, s in timings["steps"].items()} == {"source": "built" if kind == "source" else "cached", "check": "built"}
+    assert {name: s["status"] for name, s in timings["steps"].items()} == {
+        "source": "built" if kind == "source" else "cached",
+        "check": "built",
+    }
     assert sha256(project / "artifacts" / "linear-regression" / "model.onnx") == reference_model
     assert scratch_dirs(cache) == []
     assert leftovers(cache, project / "artifacts") == []
@@ -122,7 +130,10 @@ def test_lock_of_a_killed_process_is_reclaimed(settings: onnxbuild.Settings) -> 
         assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
         probe = FileLock(path, what="recipe linear-regression", timeout=0.2)
         assert not probe.try_acquire()
-        with pytest.raises(CacheError, match=r"^timed out after 0s waiting for the lock on recipe linear-regression \(.*recipe-linear-regression\.lock\); another onnxbuild is still running$"):
+        with pytest.raises(
+            CacheError,
+            match=r"^timed out after 0s waiting for the lock on recipe linear-regression \(.*recipe-linear-regression\.lock\); another onnxbuild is still running$",
+        ):
             probe.acquire()
     finally:
         holder.kill()
@@ -142,13 +153,18 @@ def test_four_builds_of_three_recipes_on_one_cache_build_each_key_once(project: 
     # same keys (a key is what goes into a step, not which recipe asks); and a recipe with
     # other weights, which shares nothing. All four start at once on one cache.
     text = (project / LR).read_text(encoding="utf-8")
-    (project / "recipes" / "lr-twin.yaml").write_text(text.replace("name: linear-regression", "name: lr-twin"), encoding="utf-8")
+    (project / "recipes" / "lr-twin.yaml").write_text(
+        text.replace("name: linear-regression", "name: lr-twin"), encoding="utf-8"
+    )
     assert "random: {seed: 0," in text
     other = text.replace("name: linear-regression", "name: lr-other").replace("random: {seed: 0,", "random: {seed: 1,")
     (project / "recipes" / "lr-other.yaml").write_text(other, encoding="utf-8")
     recipes = [LR, LR, "recipes/lr-twin.yaml", "recipes/lr-other.yaml"]
     make = [sys.executable, "-m", "onnxbuild", "make", "--json"]
-    procs = [subprocess.Popen([*make, r], cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in recipes]
+    procs = [
+        subprocess.Popen([*make, r], cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for r in recipes
+    ]
     results = [p.communicate(timeout=180) for p in procs]
     for p, (_, err) in zip(procs, results):
         assert p.returncode == 0, err
@@ -160,7 +176,10 @@ def test_four_builds_of_three_recipes_on_one_cache_build_each_key_once(project: 
     assert len(builds) == 4  # source and check of linear-regression (and its twin), and of lr-other
     assert sorted(builds.values()) == [1, 1, 1, 1], steps  # each key built by exactly one process
     assert sorted(s["status"] for s in steps) == ["built"] * 4 + ["cached"] * 4
-    assert {s["reason"] for s in steps if s["status"] == "cached"} <= {"up to date", "built meanwhile by another onnxbuild"}
+    assert {s["reason"] for s in steps if s["status"] == "cached"} <= {
+        "up to date",
+        "built meanwhile by another onnxbuild",
+    }
 
     for name in ("linear-regression", "lr-twin"):
         assert sha256(project / "artifacts" / name / "model.onnx") == reference_model
@@ -168,6 +187,8 @@ def test_four_builds_of_three_recipes_on_one_cache_build_each_key_once(project: 
     assert len(whole_entries(_cache(project))) == 4
     assert scratch_dirs(_cache(project)) == []
     assert leftovers(_cache(project), project / "artifacts") == []
-    verify = subprocess.run([sys.executable, "-m", "onnxbuild", "cache", "verify"], cwd=project, capture_output=True, text=True, timeout=60)
+    verify = subprocess.run(
+        [sys.executable, "-m", "onnxbuild", "cache", "verify"], cwd=project, capture_output=True, text=True, timeout=60
+    )
     assert verify.returncode == 0, verify.stderr
     assert verify.stdout == "checked 4 cache entries; dropped 0\n"

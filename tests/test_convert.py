@@ -29,7 +29,10 @@ RECIPE: dict[str, Any] = {
     "export": {"with_past": True, "outputs": ["logits"]},
     "validate": {"shapes": [{"batch": 1, "sequence": 8}, {"batch": 2, "sequence": 16}]},
     "optimize": {"level": "basic", "transformer": {"model_type": "gpt2"}},
-    "convert": [{"name": "fp16", "from": "optimized"}, {"name": "fp16-model", "keep_io_types": False, "validate": {"atol": 0.3}}],
+    "convert": [
+        {"name": "fp16", "from": "optimized"},
+        {"name": "fp16-model", "keep_io_types": False, "validate": {"atol": 0.3}},
+    ],
     "expect": {"fp16": {"weights": {"float16": 0.9}}},
 }
 
@@ -44,7 +47,9 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     mp.setenv("HF_HUB_OFFLINE", "1")
     mp.chdir(root)
     try:
-        report = onnxbuild.build([path], onnxbuild.Settings(cache_dir=root / "cache", artifacts_dir=root / "artifacts"), jobs=1)
+        report = onnxbuild.build(
+            [path], onnxbuild.Settings(cache_dir=root / "cache", artifacts_dir=root / "artifacts"), jobs=1
+        )
     finally:
         mp.undo()
     assert report.ok, report.failures()
@@ -56,25 +61,46 @@ def test_an_fp16_variant_is_built_from_the_variant_it_names_and_validated_with_f
     model = onnx.load_model(str(folder / "fp16" / "model.onnx"))
     weights = [t for t in model.graph.initializer if len(t.dims) >= 2]
     assert weights and all(t.data_type == onnx.TensorProto.FLOAT16 for t in weights)
-    assert {o.name: o.type.tensor_type.elem_type for o in model.graph.output}["logits"] == onnx.TensorProto.FLOAT  # keep_io_types
+    assert {o.name: o.type.tensor_type.elem_type for o in model.graph.output}[
+        "logits"
+    ] == onnx.TensorProto.FLOAT  # keep_io_types
     own = onnx.load_model(str(folder / "fp16-model" / "model.onnx"))
     assert {o.name: o.type.tensor_type.elem_type for o in own.graph.output}["logits"] == onnx.TensorProto.FLOAT16
     merged = json.loads((folder / "reports" / "validation.json").read_text(encoding="utf-8"))
     assert set(merged["variants"]) == {"model", "optimized", "fp16", "fp16-model"} and merged["passed"] is True
     for name, atol in (("fp16", VARIANT_TOLERANCES["fp16"]["atol"]), ("fp16-model", 0.3)):
-        v = json.loads((folder / "reports" / "validation" / f"{name}.json").read_text(encoding="utf-8"))["variants"][name]
+        v = json.loads((folder / "reports" / "validation" / f"{name}.json").read_text(encoding="utf-8"))["variants"][
+            name
+        ]
         assert v["passed"] is True and v["atol"] == atol and v["top1_min"] == VARIANT_TOLERANCES["fp16"]["top1_min"]
         assert {o["atol"] for case in v["shapes"] for o in case["outputs"].values()} == {atol}
     contract = json.loads((folder / "reports" / "expect" / "fp16.json").read_text(encoding="utf-8"))
     assert [c["ok"] for c in contract["checks"]] == [True]
 
 
-def test_explain_mismatch_compares_an_fp16_variant_with_the_variant_it_was_made_from(built: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_explain_mismatch_compares_an_fp16_variant_with_the_variant_it_was_made_from(
+    built: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(built)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    result = CliRunner().invoke(cli, ["explain-mismatch", "recipes/tiny-fp16.yaml", "--variant", "fp16", "--cache-dir", "cache", "--artifacts-dir", "artifacts"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "explain-mismatch",
+            "recipes/tiny-fp16.yaml",
+            "--variant",
+            "fp16",
+            "--cache-dir",
+            "cache",
+            "--artifacts-dir",
+            "artifacts",
+        ],
+    )
     assert result.exit_code == 0, result.output
-    assert result.output.startswith("tiny-fp16: fp16 (artifacts/tiny-fp16/fp16/model.onnx) against optimized at ") and "(atol 0.2, rtol 0.05)" in result.output
+    assert (
+        result.output.startswith("tiny-fp16: fp16 (artifacts/tiny-fp16/fp16/model.onnx) against optimized at ")
+        and "(atol 0.2, rtol 0.05)" in result.output
+    )
 
 
 def _named_in(path: Path, names: set[str]) -> dict[str, int]:
@@ -121,4 +147,6 @@ def test_kinds_named_outside_their_modules_do_not_grow() -> None:
         per_file[rel] = sum(n for name, n in _named_in(path, names).items() if name != own)
     total = sum(per_file.values())
     worst = sorted(per_file.items(), key=lambda kv: -kv[1])[:5]
-    assert total <= KIND_NAMES_ELSEWHERE_AT_MOST, f"{total} names of kinds outside their modules (at most {KIND_NAMES_ELSEWHERE_AT_MOST}; most in {worst}): find the kind through its module instead"
+    assert total <= KIND_NAMES_ELSEWHERE_AT_MOST, (
+        f"{total} names of kinds outside their modules (at most {KIND_NAMES_ELSEWHERE_AT_MOST}; most in {worst}): find the kind through its module instead"
+    )

@@ -39,7 +39,11 @@ TIMED = {"timings.json", "report.html"}  # run facts: this run's statuses and ti
 
 def digests(folder: Path) -> dict[str, str]:
     """sha256 of every file under ``folder`` by relative path, temporary names included."""
-    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def comparable_manifest(path: Path) -> dict[str, Any]:
@@ -82,7 +86,9 @@ def kill_at(point: str, detail: str, project: Path) -> None:
     log = project / "killed.log"
     env = {**os.environ, TEST_PAUSE_ENV: f"{point}:{detail}:60:{marker}"}
     with open(log, "w") as out:
-        proc = subprocess.Popen(MAKE, cwd=project, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            MAKE, cwd=project, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         deadline = time.monotonic() + 60
         while not marker.exists():
@@ -120,7 +126,9 @@ def rebuild_and_compare(project: Path, reference: Path) -> None:
     ("step", "stored", "unstored"),
     [("source", {"model.onnx"}, set()), ("check", {"model.onnx", "reports/check.json"}, {"reports/check.md"})],
 )
-def test_killed_while_writing_the_cache(project: Path, reference: Path, step: str, stored: set[str], unstored: set[str]) -> None:
+def test_killed_while_writing_the_cache(
+    project: Path, reference: Path, step: str, stored: set[str], unstored: set[str]
+) -> None:
     kill_at("cache-write", step, project)
 
     cache = _cache(project)
@@ -136,11 +144,16 @@ def test_killed_while_writing_the_cache(project: Path, reference: Path, step: st
     assert not (project / "artifacts").exists()
 
     rebuild_and_compare(project, reference)
-    statuses = {name: s["status"] for name, s in read_json(project / "artifacts" / "linear-regression" / "timings.json")["steps"].items()}
+    statuses = {
+        name: s["status"]
+        for name, s in read_json(project / "artifacts" / "linear-regression" / "timings.json")["steps"].items()
+    }
     assert statuses == {"source": "built" if step == "source" else "cached", "check": "built"}
 
 
-@pytest.mark.parametrize(("file", "before"), [("model.onnx", set()), ("reports/check.md", {"model.onnx", "reports/check.json"})])
+@pytest.mark.parametrize(
+    ("file", "before"), [("model.onnx", set()), ("reports/check.md", {"model.onnx", "reports/check.json"})]
+)
 def test_killed_while_materialising_artifacts(project: Path, reference: Path, file: str, before: set[str]) -> None:
     kill_at("materialise", file, project)
 
@@ -188,7 +201,9 @@ def signal_at(point: str, sig: signal.Signals, project: Path) -> tuple[int, str]
     marker = project / "paused"
     marker.unlink(missing_ok=True)
     env = {**os.environ, TEST_PAUSE_ENV: f"{point}::5:{marker}"}
-    proc = subprocess.Popen(MAKE, cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        MAKE, cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
     deadline = time.monotonic() + 60
     while not marker.exists():
         assert proc.poll() is None and time.monotonic() < deadline, "the command never reached the pause"
@@ -223,7 +238,9 @@ def test_a_kill_loop_resumes_byte_identical_and_leaves_no_temp_files(project: Pa
     for i in range(21):
         sig = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)[i % 3]
         args = MAKE + (["--force"] if i % 2 else [])
-        proc = subprocess.Popen(args, cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        proc = subprocess.Popen(
+            args, cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        )
         # From 0.3 s: before that the interpreter itself is starting, where no program can
         # catch a signal; the test above covers the moments right after.
         time.sleep(rng.uniform(0.3, 2.5))
@@ -244,7 +261,9 @@ def test_a_kill_loop_resumes_byte_identical_and_leaves_no_temp_files(project: Pa
     assert scratch_dirs(cache) == []
 
 
-def test_a_build_interrupted_while_it_starts_a_step_process_prints_no_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+def test_a_build_interrupted_while_it_starts_a_step_process_prints_no_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
     """Unit test of the engine: Ctrl-C arrives just after the step process was spawned, before
     its task is written to it (CI's kill loop once hit that moment: the step process read a
     closed pipe and printed "EOFError: Ran out of input" into the build's output). The build
@@ -268,7 +287,13 @@ def test_a_build_interrupted_while_it_starts_a_step_process_prints_no_traceback(
 
     monkeypatch.setattr(multiprocessing.util, "spawnv_passfds", interrupted)
     register_fake()
-    ctx = StepContext(recipe_name="r", recipe_path="recipes/r.yaml", recipe_dir=tmp_path, input_dir=tmp_path, output_dir=tmp_path / "out")
+    ctx = StepContext(
+        recipe_name="r",
+        recipe_path="recipes/r.yaml",
+        recipe_dir=tmp_path,
+        input_dir=tmp_path,
+        output_dir=tmp_path / "out",
+    )
     with pytest.raises(KeyboardInterrupt):
         ChildStep(Task(fake("a"), ctx, str(tmp_path / "a.log")))
     assert spawned

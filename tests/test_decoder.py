@@ -48,12 +48,18 @@ def test_the_export_takes_and_returns_the_kv_cache_with_symbolic_axes(built: Pat
     assert list(inputs)[:3] == ["input_ids", "attention_mask", "position_ids"]
     assert inputs["attention_mask"] == ["batch", "total_sequence"]
     assert inputs["past_key_values.1.value"] == ["batch", 4, "past_sequence", 16]
-    assert sorted(n for n in inputs if n.startswith("past")) == sorted(f"past_key_values.{i}.{kv}" for i in range(2) for kv in ("key", "value"))
+    assert sorted(n for n in inputs if n.startswith("past")) == sorted(
+        f"past_key_values.{i}.{kv}" for i in range(2) for kv in ("key", "value")
+    )
     assert outputs["logits"] == ["batch", "sequence", 1000]
     assert outputs["present.0.key"] == ["batch", 4, "total_sequence", 16]
     # A prefill is a call with an empty past.
     empty = np.zeros((1, 4, 0, 16), dtype=np.float32)
-    feeds = {"input_ids": np.array([[5, 6, 7]]), "attention_mask": np.ones((1, 3), dtype=np.int64), "position_ids": np.array([[0, 1, 2]])}
+    feeds = {
+        "input_ids": np.array([[5, 6, 7]]),
+        "attention_mask": np.ones((1, 3), dtype=np.int64),
+        "position_ids": np.array([[0, 1, 2]]),
+    }
     feeds.update({n: empty for n in inputs if n.startswith("past")})
     logits, present = session.run(["logits", "present.0.key"], feeds)
     assert logits.shape == (1, 3, 1000) and present.shape == (1, 4, 3, 16)
@@ -76,10 +82,18 @@ def test_every_variant_is_validated_at_prefill_and_at_decode_steps(built: Path) 
             {"batch": 2, "sequence": 1, "past_sequence": 16, "left_padding": 8},
         ], name
         for case in v["shapes"]:
-            assert set(case["outputs"]) == {"logits", "present.0.key", "present.0.value", "present.1.key", "present.1.value"}
+            assert set(case["outputs"]) == {
+                "logits",
+                "present.0.key",
+                "present.0.value",
+                "present.1.key",
+                "present.1.value",
+            }
     model = validation["variants"]["model"]["shapes"][3]
     assert model["outputs"]["present.1.value"]["shape_onnx"] == [2, 4, 17, 16]
-    assert max(c["max_abs_diff"] for s in validation["variants"]["model"]["shapes"] for c in s["outputs"].values()) < 1e-5
+    assert (
+        max(c["max_abs_diff"] for s in validation["variants"]["model"]["shapes"] for c in s["outputs"].values()) < 1e-5
+    )
 
 
 def test_greedy_generation_matches_transformers_generate_token_for_token(built: Path) -> None:
@@ -108,12 +122,22 @@ def test_benchmark_reports_prefill_and_per_token_decode_beside_pytorch_generate(
     jsonschema.validate(report, benchmark_schema())
     decode = report["decode"]
     engines = [(d["engine"], d["variant"]) for d in decode]
-    bf16 = [("pytorch", None)] if missing_feature(BF16_FLAGS, "bf16") is None else []  # PyTorch with bf16 weights beside fp32
-    assert engines == [("pytorch", None), *bf16, ("onnxruntime", "model"), ("onnxruntime", "optimized"), ("onnxruntime", "int8")]
+    bf16 = (
+        [("pytorch", None)] if missing_feature(BF16_FLAGS, "bf16") is None else []
+    )  # PyTorch with bf16 weights beside fp32
+    assert engines == [
+        ("pytorch", None),
+        *bf16,
+        ("onnxruntime", "model"),
+        ("onnxruntime", "optimized"),
+        ("onnxruntime", "int8"),
+    ]
     for d in decode:
         assert d["new_tokens"] == 8 and d["shape"] == {"batch": 1, "sequence": 16}
         assert d["decode_p50_ms"] > 0 and d["prefill_p50_ms"] > 0 and d["tokens_per_s"] > 0
-        assert d["decode_ratio_to_pytorch"] == pytest.approx(d["decode_p50_ms"] / decode[0]["decode_p50_ms"], rel=0.01, abs=1e-3)
+        assert d["decode_ratio_to_pytorch"] == pytest.approx(
+            d["decode_p50_ms"] / decode[0]["decode_p50_ms"], rel=0.01, abs=1e-3
+        )
     assert "## Generation (KV cache)" in (built / "benchmark.md").read_text(encoding="utf-8")
 
 
@@ -125,20 +149,42 @@ def test_the_folder_has_what_optimum_and_onnxruntime_genai_read(built: Path) -> 
     assert genai["type"] == "llama" and genai["vocab_size"] == 1000 and genai["context_length"] == 128
     decoder = genai["decoder"]
     assert (decoder["num_hidden_layers"], decoder["num_key_value_heads"], decoder["head_size"]) == (2, 4, 16)
-    names = {i.name for i in ort.InferenceSession(str(built / "model.onnx"), providers=["CPUExecutionProvider"]).get_inputs()}
-    assert {decoder["inputs"]["input_ids"], decoder["inputs"]["attention_mask"], decoder["inputs"]["position_ids"]} <= names
+    names = {
+        i.name for i in ort.InferenceSession(str(built / "model.onnx"), providers=["CPUExecutionProvider"]).get_inputs()
+    }
+    assert {
+        decoder["inputs"]["input_ids"],
+        decoder["inputs"]["attention_mask"],
+        decoder["inputs"]["position_ids"],
+    } <= names
     assert decoder["inputs"]["past_key_names"] % 1 in names
 
 
 def test_run_generates_the_same_tokens_as_the_build(built: Path) -> None:
     gen = read(built / "reports" / "generation.json")
-    result = CliRunner().invoke(cli, ["run", str(built), "--prompt", " ".join(map(str, gen["prompt_ids"])), "--max-new-tokens", "32", "--json"])
+    result = CliRunner().invoke(
+        cli, ["run", str(built), "--prompt", " ".join(map(str, gen["prompt_ids"])), "--max-new-tokens", "32", "--json"]
+    )
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
     # eos is token 0 here; the random-init model never produces it in these 32 steps.
     assert payload["new_ids"] == gen["pytorch"]["greedy_tokens"]
     assert payload["text"] is None and payload["tokens_per_s"] > 0
-    sampled = CliRunner().invoke(cli, ["run", str(built), "--variant", "optimized", "-p", " ".join(map(str, gen["prompt_ids"])), "-n", "32", "--sample", "--json"])
+    sampled = CliRunner().invoke(
+        cli,
+        [
+            "run",
+            str(built),
+            "--variant",
+            "optimized",
+            "-p",
+            " ".join(map(str, gen["prompt_ids"])),
+            "-n",
+            "32",
+            "--sample",
+            "--json",
+        ],
+    )
     assert json.loads(sampled.stdout)["new_ids"] == gen["pytorch"]["sampling_tokens"]
 
 
@@ -146,7 +192,10 @@ def test_run_generates_the_same_tokens_as_the_build(built: Path) -> None:
     ("args", "message"),
     [
         (["--prompt", "hello there"], "has no tokenizer files, so --prompt must be token ids"),
-        (["--prompt", "1 2", "--variant", "int9"], "int9/model.onnx does not exist (variants here: model, int8, optimized)"),
+        (
+            ["--prompt", "1 2", "--variant", "int9"],
+            "int9/model.onnx does not exist (variants here: model, int8, optimized)",
+        ),
         (["--prompt", "5000"], "token id 5000 is outside the vocabulary (size 1000)"),
         (["--prompt", "1 2", "-n", "200"], "exceeds the model's context of 128; ask for at most 126"),
     ],
@@ -161,8 +210,16 @@ def test_run_refuses_a_model_without_past(tmp_path: Path) -> None:
     import onnx
     from onnx import TensorProto, helper
 
-    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
-    onnx.save(helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 18)]), str(tmp_path / "model.onnx"))
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
+    onnx.save(
+        helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 18)]),
+        str(tmp_path / "model.onnx"),
+    )
     result = CliRunner().invoke(cli, ["run", str(tmp_path), "--prompt", "1"])
     assert result.exit_code == 2
     assert "takes no past_key_values inputs: build it with export.with_past: true" in result.output
@@ -190,15 +247,37 @@ export:
 @pytest.mark.parametrize(
     ("task", "with_past", "extra", "message"),
     [
-        ("feature-extraction", "true", "", "export.with_past: applies to huggingface text-generation models (this recipe has task feature-extraction); remove it"),
-        ("text-generation", "false", "generate: {max_new_tokens: 4}\n", "generate: generates through the KV cache; add export.with_past: true"),
-        ("text-generation", "true", "generate: {max_new_tokens: 4, prompt: hi, prompt_ids: [1]}\n", "generate.prompt_ids: give either prompt (text) or prompt_ids (token ids), not both"),
+        (
+            "feature-extraction",
+            "true",
+            "",
+            "export.with_past: applies to huggingface text-generation models (this recipe has task feature-extraction); remove it",
+        ),
+        (
+            "text-generation",
+            "false",
+            "generate: {max_new_tokens: 4}\n",
+            "generate: generates through the KV cache; add export.with_past: true",
+        ),
+        (
+            "text-generation",
+            "true",
+            "generate: {max_new_tokens: 4, prompt: hi, prompt_ids: [1]}\n",
+            "generate.prompt_ids: give either prompt (text) or prompt_ids (token ids), not both",
+        ),
         ("text-generation", "true", "generate: {prompt: hi}\n", "generate: missing required key 'max_new_tokens'"),
         ("text-generation", "true", "generate: {max_new_tokens: 0}\n", "generate.max_new_tokens:"),
-        ("text-generation", "true", "validate: {shapes: [{batch: 1, sequence: 2, past: 3}]}\n", "validate.shapes[0].past: unknown dimension (the inputs use: batch, sequence, past_sequence)"),
+        (
+            "text-generation",
+            "true",
+            "validate: {shapes: [{batch: 1, sequence: 2, past: 3}]}\n",
+            "validate.shapes[0].past: unknown dimension (the inputs use: batch, sequence, past_sequence)",
+        ),
     ],
 )
-def test_with_past_recipe_mistakes_are_named(tmp_path: Path, task: str, with_past: str, extra: str, message: str) -> None:
+def test_with_past_recipe_mistakes_are_named(
+    tmp_path: Path, task: str, with_past: str, extra: str, message: str
+) -> None:
     path = tmp_path / "lm.yaml"
     path.write_text(BASE % (task, with_past) + extra, encoding="utf-8")
     with pytest.raises(RecipeError) as err:
@@ -217,13 +296,22 @@ def test_a_local_model_with_a_tokenizer_generates_text_and_run_applies_its_chat_
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     text = ["the quick brown fox jumps over the lazy dog", "onnx runs the model", "hello world"] * 20
-    tok.train_from_iterator(text, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>")
+    tok.train_from_iterator(
+        text,
+        trainers.BpeTrainer(
+            vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>"
+    )
     fast.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
     folder = tmp_path / "tiny-lm"
     fast.save_pretrained(folder)
     torch.manual_seed(0)
-    config = transformers.GPT2Config(vocab_size=len(fast), n_positions=64, n_embd=32, n_layer=1, n_head=2, eos_token_id=0, bos_token_id=0)
+    config = transformers.GPT2Config(
+        vocab_size=len(fast), n_positions=64, n_embd=32, n_layer=1, n_head=2, eos_token_id=0, bos_token_id=0
+    )
     transformers.GPT2LMHeadModel(config).save_pretrained(folder)
     recipe = tmp_path / "lm.yaml"
     recipe.write_text(
@@ -237,7 +325,9 @@ def test_a_local_model_with_a_tokenizer_generates_text_and_run_applies_its_chat_
     art = tmp_path / "artifacts" / "tiny-lm"
     assert (art / "tokenizer.json").is_file() and (art / "tokenizer_config.json").is_file()
     gen = read(art / "reports" / "generation.json")
-    assert gen["prompt_ids"] == fast.encode("<user>the quick brown fox<assistant>")  # through the chat template, as a user asks
+    assert gen["prompt_ids"] == fast.encode(
+        "<user>the quick brown fox<assistant>"
+    )  # through the chat template, as a user asks
     assert gen["variants"]["model"]["greedy"]["identical"] is True
     assert gen["variants"]["model"]["text"] == gen["pytorch"]["text"] == fast.decode(gen["pytorch"]["greedy_tokens"])
     result = CliRunner().invoke(cli, ["run", str(art), "--prompt", "hello", "-n", "5", "--json"])
@@ -264,7 +354,9 @@ def test_the_web_target_runs_the_variants_meant_for_it_in_onnxruntime_web(built:
     bench = read(built / "benchmark.json")
     assert {p["name"]: p["status"] for p in bench["providers"]} == {"CPUExecutionProvider": "used", "web": "used"}
     rows = [r for r in bench["results"] if r["provider"] == "web"]
-    assert sorted(r["variant"] for r in rows) == ["int8", "model"] and all(r["p50_ms"] > 0 and r["iterations"] == 2 for r in rows)
+    assert sorted(r["variant"] for r in rows) == ["int8", "model"] and all(
+        r["p50_ms"] > 0 and r["iterations"] == 2 for r in rows
+    )
     assert "| model | web |" in (built / "benchmark.md").read_text(encoding="utf-8")
 
 

@@ -29,7 +29,9 @@ def edit(repo: Path, path: str, old: str, new: str) -> None:
     file.write_text(file.read_text(encoding="utf-8").replace(old, new), encoding="utf-8")
 
 
-def test_diff_shows_the_change_and_the_rebuilt_steps_in_md_and_json(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_diff_shows_the_change_and_the_rebuilt_steps_in_md_and_json(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     runner = CliRunner()
     assert runner.invoke(cli, ["make", LR]).exit_code == 0
     edit(repo, LR, "values: [0.5, -0.5]", "values: [0.5, -0.25]")
@@ -45,7 +47,9 @@ def test_diff_shows_the_change_and_the_rebuilt_steps_in_md_and_json(repo: Path, 
     after = runner.invoke(cli, ["diff", "--format", "json"])
     data = json.loads(after.stdout)
     (recipe,) = data["recipes"]
-    assert recipe["changes"] == [{"key": "source.graph.initializers[1].values[1]", "change": "changed", "base": -0.5, "now": -0.25}]
+    assert recipe["changes"] == [
+        {"key": "source.graph.initializers[1].values[1]", "change": "changed", "base": -0.5, "now": -0.25}
+    ]
     assert recipe["invalidated"] == ["source", "check"]
     assert not summary.exists()  # only Markdown goes to the step summary
     md = runner.invoke(cli, ["diff", "--format", "md"])
@@ -54,7 +58,9 @@ def test_diff_shows_the_change_and_the_rebuilt_steps_in_md_and_json(repo: Path, 
 
 def test_a_changed_default_shows_and_added_recipes_are_listed(repo: Path) -> None:
     edit(repo, "recipes/tiny-gpt2.yaml", "  opset: 18\n", "  opset: 17\n  exporter: torchscript\n")
-    (repo / "recipes" / "new.yaml").write_text((repo / LR).read_text(encoding="utf-8").replace("name: linear-regression", "name: new"), encoding="utf-8")
+    (repo / "recipes" / "new.yaml").write_text(
+        (repo / LR).read_text(encoding="utf-8").replace("name: linear-regression", "name: new"), encoding="utf-8"
+    )
     result = CliRunner().invoke(cli, ["diff"])
     assert result.exit_code == 0, result.output
     assert "recipes/new.yaml: added" in result.stdout
@@ -79,12 +85,22 @@ def test_diff_as_html_is_one_self_contained_page(repo: Path) -> None:
     ("args", "arrange", "message"),
     [
         (["recipes/nope.yaml"], None, "Error: recipes/nope.yaml: no such recipe here or at "),
-        (["--base", "0123456789abcdef0123456789abcdef01234567"], None, "Error: the base '0123456789abcdef0123456789abcdef01234567' is not a commit here (a shallow clone? fetch it: git fetch --depth=50 origin 0123456789abcdef0123456789abcdef01234567)"),
-        ([LR], lambda repo: (repo / LR).write_text("name: [broken\n", encoding="utf-8"), "Error: 1 recipe cannot be loaded: recipes/linear-regression.yaml (see above)"),
+        (
+            ["--base", "0123456789abcdef0123456789abcdef01234567"],
+            None,
+            "Error: the base '0123456789abcdef0123456789abcdef01234567' is not a commit here (a shallow clone? fetch it: git fetch --depth=50 origin 0123456789abcdef0123456789abcdef01234567)",
+        ),
+        (
+            [LR],
+            lambda repo: (repo / LR).write_text("name: [broken\n", encoding="utf-8"),
+            "Error: 1 recipe cannot be loaded: recipes/linear-regression.yaml (see above)",
+        ),
     ],
     ids=["missing-path", "base-not-here", "invalid-recipe"],
 )
-def test_diff_errors_exit_non_zero_with_a_clear_message(repo: Path, args: list[str], arrange: Any, message: str) -> None:
+def test_diff_errors_exit_non_zero_with_a_clear_message(
+    repo: Path, args: list[str], arrange: Any, message: str
+) -> None:
     if arrange:
         arrange(repo)
     result = CliRunner().invoke(cli, ["diff", *args])
@@ -111,14 +127,18 @@ def test_a_step_summary_in_a_missing_folder_is_a_clear_error(repo: Path, monkeyp
 
 def test_a_factory_edit_is_in_the_diff_with_the_steps_it_rebuilds(repo: Path) -> None:
     factory = repo / "recipes" / "digits_mlp.py"
-    factory.write_text(factory.read_text(encoding="utf-8") + "\n# a comment that still changes the file's digest\n", encoding="utf-8")
+    factory.write_text(
+        factory.read_text(encoding="utf-8") + "\n# a comment that still changes the file's digest\n", encoding="utf-8"
+    )
     result = CliRunner().invoke(cli, ["diff", "--format", "json"])
     assert result.exit_code == 0, result.output
     (recipe,) = json.loads(result.stdout)["recipes"]  # found through the file it reads, not its YAML
     assert recipe["path"] == "recipes/digits-mlp.yaml" and recipe["status"] == "changed"
     (change,) = recipe["changes"]
     assert change["key"] == "source.pytorch.factory (recipes/digits_mlp.py)"
-    assert change["base"].startswith("sha256 ") and change["now"].startswith("sha256 ") and change["base"] != change["now"]
+    assert (
+        change["base"].startswith("sha256 ") and change["now"].startswith("sha256 ") and change["base"] != change["now"]
+    )
     assert recipe["invalidated"][:2] == ["source", "export"]
 
 
@@ -157,13 +177,22 @@ def test_figures_say_not_built_or_unchanged_and_a_pipe_cannot_break_the_table(re
 def test_a_rename_is_one_entry_and_a_new_variant_is_its_own_lines(repo: Path) -> None:
     subprocess.run(["git", "mv", "recipes/tiny-gpt2.yaml", "recipes/tiny-lm.yaml"], cwd=repo, check=True)
     recipe = repo / "recipes" / "tiny-lm.yaml"
-    recipe.write_text(recipe.read_text(encoding="utf-8") + "quantize:\n  - {name: int8, method: dynamic}\n", encoding="utf-8")
+    recipe.write_text(
+        recipe.read_text(encoding="utf-8") + "quantize:\n  - {name: int8, method: dynamic}\n", encoding="utf-8"
+    )
     result = CliRunner().invoke(cli, ["diff", "--format", "json"])
     assert result.exit_code == 0, result.output
     recipes = json.loads(result.stdout)["recipes"]
-    assert [(r["path"], r["status"]) for r in recipes] == [("recipes/tiny-lm.yaml", "renamed from recipes/tiny-gpt2.yaml")]
+    assert [(r["path"], r["status"]) for r in recipes] == [
+        ("recipes/tiny-lm.yaml", "renamed from recipes/tiny-gpt2.yaml")
+    ]
     keys = {c["key"]: c for c in recipes[0]["changes"]}
-    assert keys["quantize[int8].method"] == {"key": "quantize[int8].method", "change": "added", "base": None, "now": "dynamic"}
+    assert keys["quantize[int8].method"] == {
+        "key": "quantize[int8].method",
+        "change": "added",
+        "base": None,
+        "now": "dynamic",
+    }
     assert keys["quantize[int8].name"]["now"] == "int8" and all(len(json.dumps(c)) < 200 for c in recipes[0]["changes"])
     assert "quantize.int8" in recipes[0]["invalidated"]
 

@@ -33,7 +33,9 @@ def origin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(repo)
         mp.delenv("ONNXBUILD_CACHE_DIR", raising=False)
-        result = CliRunner().invoke(cli, ["--cache-url", remote, "--cache-dir", str(root / "main-cache"), "make", RECIPE, "--lock"])
+        result = CliRunner().invoke(
+            cli, ["--cache-url", remote, "--cache-dir", str(root / "main-cache"), "make", RECIPE, "--lock"]
+        )
         assert result.exit_code == 0, result.output
     subprocess.run(["git", "init", "-q", "-b", "main"], cwd=repo, check=True)
     subprocess.run([*GIT, "add", "recipes"], cwd=repo, check=True)
@@ -97,7 +99,9 @@ def _recipe(result: Result) -> dict[str, object]:
 CHECKS: dict[str, Callable[[dict[str, Result]], None]] = {}
 
 
-def check(case: Callable[[Path], str]) -> Callable[[Callable[[dict[str, Result]], None]], Callable[[dict[str, Result]], None]]:
+def check(
+    case: Callable[[Path], str],
+) -> Callable[[Callable[[dict[str, Result]], None]], Callable[[dict[str, Result]], None]]:
     def register(fn: Callable[[dict[str, Result]], None]) -> Callable[[dict[str, Result]], None]:
         CHECKS[case.__name__] = fn
         return fn
@@ -128,9 +132,12 @@ def _int8(out: dict[str, Result]) -> None:
     assert keys["quantize[int8].method"]["now"] == "dynamic" and keys["quantize[int8].per_channel"]["now"] is True
     assert "quantize[int8].block_size" not in keys  # an int4 setting a dynamic variant never reads
     assert "quantize.int8" in entry["invalidated"] and "export" not in entry["invalidated"]  # type: ignore[operator]
-    assert any(m["what"] == "validation int8 max abs diff (new variant)" and isinstance(m["now"], float) for m in entry["metrics"])  # type: ignore[attr-defined]
-    assert "| `quantize[int8].method` | (absent) | \"dynamic\" |" in out["md"].stdout
-    assert "  quantize[int8].method: (absent) -> \"dynamic\"" in out["text"].stdout
+    assert any(
+        m["what"] == "validation int8 max abs diff (new variant)" and isinstance(m["now"], float)
+        for m in entry["metrics"]
+    )  # type: ignore[attr-defined]
+    assert '| `quantize[int8].method` | (absent) | "dynamic" |' in out["md"].stdout
+    assert '  quantize[int8].method: (absent) -> "dynamic"' in out["text"].stdout
     assert "validation int8 max abs diff (new variant): - -> " in out["text"].stdout
 
 
@@ -156,8 +163,8 @@ def _package(out: dict[str, Result]) -> None:
     entry = _recipe(out["json"])
     assert {"key": "package onnx", "change": "changed", "base": "1.16.0", "now": onnx.__version__} in entry["changes"]  # type: ignore[operator]
     assert {"source", "export", "check"} <= set(entry["invalidated"]) and "validate" in entry["invalidated"]  # type: ignore[arg-type, operator]
-    assert f"  package onnx: \"1.16.0\" -> \"{onnx.__version__}\"" in out["text"].stdout
-    assert f"| `package onnx` | \"1.16.0\" | \"{onnx.__version__}\" |" in out["md"].stdout
+    assert f'  package onnx: "1.16.0" -> "{onnx.__version__}"' in out["text"].stdout
+    assert f'| `package onnx` | "1.16.0" | "{onnx.__version__}" |' in out["md"].stdout
     assert entry["figures"] == "unchanged"  # both sides are this environment's build, read from the remote
 
 
@@ -180,7 +187,9 @@ def _comment(out: dict[str, Result]) -> None:
 
 
 @pytest.mark.parametrize("case", [opset, int8, factory, package, rename, comment], ids=lambda c: c.__name__)
-def test_diff_shows_what_a_reviewer_needs(case: Callable[[Path], str], origin: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_diff_shows_what_a_reviewer_needs(
+    case: Callable[[Path], str], origin: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     repo, remote = origin
     work = tmp_path / "work"
     subprocess.run(["git", "clone", "-q", str(repo), str(work)], check=True)
@@ -194,14 +203,33 @@ def test_diff_shows_what_a_reviewer_needs(case: Callable[[Path], str], origin: t
     built = runner.invoke(cli, ["--cache-url", remote, "--cache-dir", str(tmp_path / "author-cache"), "make", recipe])
     assert built.exit_code == 0, built.output
     # a fresh CI runner: no cache of its own, figures only from the remote
-    out = {fmt: runner.invoke(cli, ["--cache-url", remote, "--cache-dir", str(tmp_path / "runner-cache"), "diff", "--base", "main", "--format", fmt, "--detailed-exitcode"]) for fmt in ("text", "md", "json")}
+    out = {
+        fmt: runner.invoke(
+            cli,
+            [
+                "--cache-url",
+                remote,
+                "--cache-dir",
+                str(tmp_path / "runner-cache"),
+                "diff",
+                "--base",
+                "main",
+                "--format",
+                fmt,
+                "--detailed-exitcode",
+            ],
+        )
+        for fmt in ("text", "md", "json")
+    }
     for fmt, result in out.items():
         assert result.exit_code == (0 if case is comment else 2), f"{fmt}: {result.output}"
         assert "Traceback" not in result.output
     CHECKS[case.__name__](out)
 
 
-def test_the_summary_says_what_the_change_costs_first(origin: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_summary_says_what_the_change_costs_first(
+    origin: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     repo, remote = origin
     work = tmp_path / "work"
     subprocess.run(["git", "clone", "-q", str(repo), str(work)], check=True)
@@ -214,9 +242,21 @@ def test_the_summary_says_what_the_change_costs_first(origin: tuple[Path, str], 
     text = CliRunner().invoke(cli, [*cache, "diff", "--base", "main"])
     # the new variant's quantize and validate steps and the report and benchmark that list it
     # are to build; source, export, check and validate of the model and the machine's peaks come from the remote
-    expected = "1 of 1 recipe changed; 4 steps to build, 5 from the remote cache, 0 cached; not built here before: no estimate"
+    expected = (
+        "1 of 1 recipe changed; 4 steps to build, 5 from the remote cache, 0 cached; not built here before: no estimate"
+    )
     assert text.stdout.splitlines()[2] == expected, text.stdout
     data = json.loads(CliRunner().invoke(cli, [*cache, "diff", "--base", "main", "--format", "json"]).stdout)
-    assert data["summary"] == {"recipes": 1, "changed": 1, "to_build": 4, "from_remote": 0, "cached": 5, "estimate_s": None}  # pulled by the first diff
+    assert data["summary"] == {
+        "recipes": 1,
+        "changed": 1,
+        "to_build": 4,
+        "from_remote": 0,
+        "cached": 5,
+        "estimate_s": None,
+    }  # pulled by the first diff
     md = CliRunner().invoke(cli, [*cache, "diff", "--base", "main", "--format", "md"]).stdout
-    assert md.splitlines()[2] == f"**{expected.replace('5 from the remote cache, 0 cached', '0 from the remote cache, 5 cached')}**"
+    assert (
+        md.splitlines()[2]
+        == f"**{expected.replace('5 from the remote cache, 0 cached', '0 from the remote cache, 5 cached')}**"
+    )

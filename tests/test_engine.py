@@ -56,7 +56,9 @@ def _model(settings: onnxbuild.Settings) -> Path:
 # ---------------------------------------------------------------- invalidation, real recipe
 
 
-def test_changed_seed_reruns_the_step_and_its_dependents_and_says_why(project: Path, settings: onnxbuild.Settings) -> None:
+def test_changed_seed_reruns_the_step_and_its_dependents_and_says_why(
+    project: Path, settings: onnxbuild.Settings
+) -> None:
     onnxbuild.build([LR], settings, in_process=True)
     before = sha256(_model(settings))
     _edit(project, "seed: 0", "seed: 1")
@@ -80,11 +82,16 @@ def test_description_is_in_no_key_so_nothing_reruns(project: Path, settings: onn
     onnxbuild.build([LR], settings, in_process=True)
     _edit(project, "description: Linear regression", "description: A linear regression")
 
-    assert reasons(onnxbuild.plan([LR], settings)) == {SOURCE: ("cached", ("up to date",)), CHECK: ("cached", ("up to date",))}
+    assert reasons(onnxbuild.plan([LR], settings)) == {
+        SOURCE: ("cached", ("up to date",)),
+        CHECK: ("cached", ("up to date",)),
+    }
     report = onnxbuild.build([LR], settings, in_process=True)
     assert built(report) == set()
     manifest = read_json(settings.artifacts_dir / "linear-regression" / "manifest.json")
-    assert manifest["recipe"]["resolved"]["description"].startswith("A linear regression")  # the manifest does follow the recipe
+    assert manifest["recipe"]["resolved"]["description"].startswith(
+        "A linear regression"
+    )  # the manifest does follow the recipe
 
 
 def test_identical_bytes_upstream_leave_the_dependent_cached(project: Path, settings: onnxbuild.Settings) -> None:
@@ -146,7 +153,10 @@ def test_force_reruns_every_selected_step(settings: onnxbuild.Settings) -> None:
     assert outcomes(report) == {SOURCE: ("built", "forced (--force)"), CHECK: ("built", "forced (--force)")}
     report = onnxbuild.build([LR], settings, in_process=True, force=True, target="source")
     # check lies beyond the target: kept, since the forced source came out identical
-    assert outcomes(report) == {SOURCE: ("built", "forced (--force)"), CHECK: ("cached", "inputs were rebuilt identical")}
+    assert outcomes(report) == {
+        SOURCE: ("built", "forced (--force)"),
+        CHECK: ("cached", "inputs were rebuilt identical"),
+    }
 
 
 # ---------------------------------------------------------------- manifest
@@ -167,7 +177,9 @@ def test_two_clean_builds_write_identical_manifests(project: Path) -> None:
 
     assert (folder / "manifest.json").read_bytes() == manifest
     assert set(timings["steps"]) == {"source", "check"}
-    assert all(set(t) == {"status", "reason", "seconds", "build_seconds", "peak_rss_mb"} for t in timings["steps"].values())
+    assert all(
+        set(t) == {"status", "reason", "seconds", "build_seconds", "peak_rss_mb"} for t in timings["steps"].values()
+    )
     data = json.loads(manifest)
     # Durations and memory live in timings.json only (the recipe's own limits.seconds may appear).
     assert "peak_rss_mb" not in manifest.decode("utf-8")
@@ -175,7 +187,11 @@ def test_two_clean_builds_write_identical_manifests(project: Path) -> None:
     assert data["recipe"]["path"] == LR
     assert [s["name"] for s in data["steps"]] == ["source", "check"]
     assert {n: t["status"] for n, t in timings["steps"].items()} == {"source": "built", "check": "built"}
-    assert sorted(o["path"] for s in data["steps"] for o in s["outputs"]) == ["model.onnx", "reports/check.json", "reports/check.md"]
+    assert sorted(o["path"] for s in data["steps"] for o in s["outputs"]) == [
+        "model.onnx",
+        "reports/check.json",
+        "reports/check.md",
+    ]
 
 
 # ---------------------------------------------------------------- the runner, with fake steps
@@ -202,7 +218,9 @@ def test_jobs_2_runs_independent_steps_at_once(cache: Cache, tmp_path: Path, mon
     assert scratch_dirs(cache.root) == []
 
 
-def test_an_exclusive_step_runs_alone_whatever_jobs_says(cache: Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_exclusive_step_runs_alone_whatever_jobs_says(
+    cache: Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Benchmarks declare EXCLUSIVE: with -j 2 nothing overlaps them, so their figures are not shared cores."""
     from dataclasses import replace
 
@@ -221,7 +239,9 @@ def test_an_exclusive_step_runs_alone_whatever_jobs_says(cache: Cache, tmp_path:
     assert max(a["start"], c["start"]) < min(a["end"], c["end"])  # the others still share the two jobs
 
 
-def test_changed_param_reruns_exactly_the_step_and_its_dependents(cache: Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_changed_param_reruns_exactly_the_step_and_its_dependents(
+    cache: Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def steps(b_text: str, note: str = "") -> list[StepSpec]:
         # a -> b -> c, and a -> d
         return [fake("a"), fake("b", "a", text=b_text, note=note), fake("c", "b"), fake("d", "a")]
@@ -239,25 +259,34 @@ def test_changed_param_reruns_exactly_the_step_and_its_dependents(cache: Cache, 
     assert built(report) == {"r:b", "r:c"}
 
     # A change that leaves b's bytes alone stops there.
-    report = execute(plan_fakes(monkeypatch, cache, {"r": steps("B", note="x")}), cache, tmp_path / "artifacts", in_process=True)
+    report = execute(
+        plan_fakes(monkeypatch, cache, {"r": steps("B", note="x")}), cache, tmp_path / "artifacts", in_process=True
+    )
     assert outcomes(report)["r:c"] == ("cached", "inputs were rebuilt identical")
     assert built(report) == {"r:b"}
 
 
 @pytest.mark.parametrize("in_process", [True, False], ids=["in-process", "step-processes"])
-def test_failure_skips_dependents_and_keep_going_builds_the_rest(cache: Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_process: bool) -> None:
+def test_failure_skips_dependents_and_keep_going_builds_the_rest(
+    cache: Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_process: bool
+) -> None:
     graphs = {"r": [fake("a", fail="boom"), fake("b", "a"), fake("c", "b"), fake("d")]}
     skipped_b = ("skipped", "not run: depends on a, which failed")
     skipped_c = ("skipped", "not run: depends on b, which was skipped")
 
     recorder = Recorder()
-    report = execute(plan_fakes(monkeypatch, cache, graphs), cache, tmp_path / "artifacts", in_process=in_process, reporter=recorder)
+    report = execute(
+        plan_fakes(monkeypatch, cache, graphs), cache, tmp_path / "artifacts", in_process=in_process, reporter=recorder
+    )
     assert not report.ok
     assert outcomes(report) == {
         "r:a": ("failed", "boom"),
         "r:b": skipped_b,
         "r:c": skipped_c,
-        "r:d": ("skipped", "not run: the build stopped at the first failure (use --keep-going to build everything that does not depend on it)"),
+        "r:d": (
+            "skipped",
+            "not run: the build stopped at the first failure (use --keep-going to build everything that does not depend on it)",
+        ),
     }
     assert recorder.started == ["r:a"]
     with pytest.raises(BuildFailed) as exc:
@@ -265,23 +294,38 @@ def test_failure_skips_dependents_and_keep_going_builds_the_rest(cache: Cache, t
     assert str(exc.value) == "r: step a failed: boom\nskipped: r:b, r:c, r:d"
     assert exc.value.exit_code == 1
 
-    report = execute(plan_fakes(monkeypatch, cache, graphs), cache, tmp_path / "artifacts", keep_going=True, in_process=in_process)
+    report = execute(
+        plan_fakes(monkeypatch, cache, graphs), cache, tmp_path / "artifacts", keep_going=True, in_process=in_process
+    )
     assert not report.ok
-    assert outcomes(report) == {"r:a": ("failed", "boom"), "r:b": skipped_b, "r:c": skipped_c, "r:d": ("built", "no entry in cache (never built)")}
+    assert outcomes(report) == {
+        "r:a": ("failed", "boom"),
+        "r:b": skipped_b,
+        "r:c": skipped_c,
+        "r:d": ("built", "no entry in cache (never built)"),
+    }
     assert [e["step"] for e in whole_entries(cache.root)] == ["d"]  # nothing cached for a failure
     assert set(read_json(cache.root / "last" / "r.json")) == {"d"}
-    assert sorted(p.name for p in (tmp_path / "artifacts" / "r").iterdir()) == ["d.txt", "manifest.json", "timings.json"]
+    assert sorted(p.name for p in (tmp_path / "artifacts" / "r").iterdir()) == [
+        "d.txt",
+        "manifest.json",
+        "timings.json",
+    ]
     assert scratch_dirs(cache.root) == []
 
 
-def test_a_step_that_skips_a_declared_output_fails(cache: Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_step_that_skips_a_declared_output_fails(
+    cache: Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     plan = plan_fakes(monkeypatch, cache, {"r": [fake("a", skip_outputs=["a.txt"])]})
     report = execute(plan, cache, tmp_path / "artifacts", in_process=True)
     assert outcomes(report) == {"r:a": ("failed", "the step finished without writing a.txt (a bug in the fake step)")}
     assert whole_entries(cache.root) == []
 
 
-def test_two_recipes_sharing_a_step_build_it_once_with_jobs_2(cache: Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_two_recipes_sharing_a_step_build_it_once_with_jobs_2(
+    cache: Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Used to deadlock: the second waited, in the runner's loop, for a key lock its own build held."""
     graphs = {"r1": [fake("s", sleep=0.2)], "r2": [fake("s", sleep=0.2)]}
     report = execute(plan_fakes(monkeypatch, cache, graphs), cache, tmp_path / "artifacts", jobs=2)
@@ -292,7 +336,9 @@ def test_two_recipes_sharing_a_step_build_it_once_with_jobs_2(cache: Cache, tmp_
     assert (tmp_path / "artifacts" / "r2" / "s.txt").read_text() == "s\n"
 
 
-def test_ctrl_c_in_an_in_process_step_frees_its_lock_and_scratch(cache: Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ctrl_c_in_an_in_process_step_frees_its_lock_and_scratch(
+    cache: Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     plan = plan_fakes(monkeypatch, cache, {"r": [fake("a", interrupt=True)]})
     with pytest.raises(KeyboardInterrupt):
         execute(plan, cache, tmp_path / "artifacts", in_process=True)
@@ -306,7 +352,9 @@ def test_ctrl_c_in_an_in_process_step_frees_its_lock_and_scratch(cache: Cache, t
     assert leftovers(cache.root) == []
 
 
-def test_a_registered_module_must_be_importable_to_run_in_a_step_process(cache: Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_registered_module_must_be_importable_to_run_in_a_step_process(
+    cache: Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         ctx.output("a.txt").write_text("made in memory\n")
         return StepResult()
@@ -324,10 +372,14 @@ def test_a_registered_module_must_be_importable_to_run_in_a_step_process(cache: 
     report = execute(plan_fakes(monkeypatch, cache, {"r": [spec]}, force=True), cache, tmp_path / "artifacts")
     ((status, reason),) = outcomes(report).values()
     assert status == "failed"
-    assert reason.startswith("the in-memory step kind was registered from module 'made_in_memory', which a step process cannot import (")
+    assert reason.startswith(
+        "the in-memory step kind was registered from module 'made_in_memory', which a step process cannot import ("
+    )
 
 
-def test_steps_alike_but_for_their_outputs_have_different_keys(cache: Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_steps_alike_but_for_their_outputs_have_different_keys(
+    cache: Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Used to share one key: the second step was then 'cached' with the first's outputs."""
     plan = plan_fakes(monkeypatch, cache, {"r": [fake("a", text="x"), fake("b", text="x")]})
     a, b = plan.steps
@@ -340,7 +392,9 @@ def test_steps_alike_but_for_their_outputs_have_different_keys(cache: Cache, tmp
     assert built(report) == {"r:a", "r:b"}
     assert (tmp_path / "artifacts" / "r" / "b.txt").read_text() == "x\n"
     wider = StepSpec(name="a", kind="fake", params={"text": "x"}, outputs=("a.txt", "extra.txt"))
-    assert reasons(plan_fakes(monkeypatch, cache, {"r": [wider]})) == {"r:a": ("run", ('its declared outputs changed (["a.txt"] -> ["a.txt", "extra.txt"])',))}
+    assert reasons(plan_fakes(monkeypatch, cache, {"r": [wider]})) == {
+        "r:a": ("run", ('its declared outputs changed (["a.txt"] -> ["a.txt", "extra.txt"])',))
+    }
 
 
 def test_a_named_list_that_grew_is_explained_item_by_item() -> None:
@@ -348,7 +402,12 @@ def test_a_named_list_that_grew_is_explained_item_by_item() -> None:
     from onnxbuild.engine.graph import _change_words
 
     old = {"inputs": [{"name": "input_ids", "shape": ["batch", "sequence"]}]}
-    new = {"inputs": [{"name": "input_ids", "shape": ["batch", 16]}, {"name": "position_ids", "shape": ["batch", "sequence"]}]}
+    new = {
+        "inputs": [
+            {"name": "input_ids", "shape": ["batch", 16]},
+            {"name": "position_ids", "shape": ["batch", "sequence"]},
+        ]
+    }
     words = [f"{path} {_change_words(a, b)}" for path, a, b in _changes(old, new)]
     assert words == [
         'inputs[input_ids].shape[1] changed "sequence" -> 16',

@@ -11,7 +11,9 @@ from onnxbuild import environment
 from onnxbuild.environment import Versions
 
 
-def test_the_memo_survives_another_way_of_starting_and_a_new_distribution_invalidates_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_memo_survives_another_way_of_starting_and_a_new_distribution_invalidates_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`onnxbuild`, `python -m onnxbuild` and `python -c` put different folders first on
     sys.path; keyed by the folders' mtimes, each threw the others' memo away and paid
     importlib.metadata (25-40 ms) on every no-op. A folder without distributions does not

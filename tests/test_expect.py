@@ -30,9 +30,16 @@ TINY_GPT2 = {
         {"name": "int4", "method": "int4", "from": "optimized", "block_size": 32, "validate": {"top1_min": 0.3}},
     ],
     "expect": {
-        "all": {"inputs": {"input_ids": "int64[batch, sequence]"}, "outputs": {"logits": "float32[batch, sequence, 1000]"}},
+        "all": {
+            "inputs": {"input_ids": "int64[batch, sequence]"},
+            "outputs": {"logits": "float32[batch, sequence, 1000]"},
+        },
         "model": {"opset": 18},  # the fused graph is written at opset 20
-        "optimized": {"ops": {"Attention": 2, "SkipLayerNormalization": ">= 4", "Gelu": 2}, "absent": ["GroupQueryAttention"], "weights": {"float32": 0.99}},
+        "optimized": {
+            "ops": {"Attention": 2, "SkipLayerNormalization": ">= 4", "Gelu": 2},
+            "absent": ["GroupQueryAttention"],
+            "weights": {"float32": 0.99},
+        },
         "int8": {"weights": {"int8": 0.3}, "max_mb": 1.0},
         "int4": {"weights": {"int4": 0.1}},
     },
@@ -52,7 +59,12 @@ def test_the_contracts_hold_and_each_rule_is_reported(project: Path) -> None:
     assert sorted(p.name for p in reports.iterdir()) == ["int4.json", "int8.json", "model.json", "optimized.json"]
     optimized = json.loads((reports / "optimized.json").read_text(encoding="utf-8"))["checks"]
     by_rule = {c["rule"]: c for c in optimized}
-    assert by_rule["expect.optimized.ops.Attention"] == {"rule": "expect.optimized.ops.Attention", "expected": "== 2", "actual": 2, "ok": True}
+    assert by_rule["expect.optimized.ops.Attention"] == {
+        "rule": "expect.optimized.ops.Attention",
+        "expected": "== 2",
+        "actual": 2,
+        "ok": True,
+    }
     assert by_rule["expect.optimized.inputs.input_ids"]["actual"] == "int64[batch, sequence]"  # from all:, merged in
     assert all(c["ok"] for c in optimized) and len(optimized) == 7
     int4 = json.loads((reports / "int4.json").read_text(encoding="utf-8"))["checks"]
@@ -68,7 +80,9 @@ def test_a_fusion_that_stops_firing_fails_the_build_naming_it(project: Path) -> 
     assert result.exit_code == 1, result.output
     assert "expect.optimized.ops.Attention: expected == 2, found 0" in result.output
     assert "expect.optimized.ops.SkipLayerNormalization: expected >= 4, found 0" in result.output
-    assert "expect.optimized.absent" not in result.output and "expect.int8." not in result.output  # the rules that hold are not named
+    assert (
+        "expect.optimized.absent" not in result.output and "expect.int8." not in result.output
+    )  # the rules that hold are not named
     # the export's own graph leaves most of its weights outside MatMulNBits: the 4-bit file is
     # mostly float32, and its weights rule says so
     assert "expect.int4.weights.int4: expected >= 10% of the weight bytes, found 4.4%" in result.output

@@ -43,7 +43,9 @@ def test_a_planted_wrong_weight_is_named_as_the_first_divergence(project: Path) 
     bad = project / "planted.onnx"
     onnx.save_model(model, str(bad))
 
-    result = runner.invoke(cli, ["explain-mismatch", "recipes/explain.yaml", "--variant", "int8", "--file", str(bad), "--out", "found"])
+    result = runner.invoke(
+        cli, ["explain-mismatch", "recipes/explain.yaml", "--variant", "int8", "--file", str(bad), "--out", "found"]
+    )
     assert result.exit_code == 1, result.output
     lines = result.output.splitlines()
     final = float(lines[1].rsplit(" ", 1)[1])
@@ -63,7 +65,9 @@ def test_a_planted_wrong_weight_is_named_as_the_first_divergence(project: Path) 
     assert np.isfinite(out).all() and out.size > 0
 
 
-def test_a_failing_validation_names_the_first_node_that_parts_from_the_base_and_keeps_its_subgraph(project: Path) -> None:
+def test_a_failing_validation_names_the_first_node_that_parts_from_the_base_and_keeps_its_subgraph(
+    project: Path,
+) -> None:
     """int8 held to float32's tolerance fails; the failure says where it first departs."""
     strict = json.loads(json.dumps(RECIPE))
     strict["quantize"][0]["validate"] = {"atol": 1.0e-5, "rtol": 0.0}
@@ -72,7 +76,10 @@ def test_a_failing_validation_names_the_first_node_that_parts_from_the_base_and_
     assert result.exit_code == 1, result.output
     message = next(line for line in result.output.splitlines() if "step validate.int8 failed" in line)
     # dynamic int8 quantizes the token embedding too: the first quantized weight the input meets
-    assert "First node where it parts from model: /model/transformer/wte/" in message and "from model.transformer.wte)" in message
+    assert (
+        "First node where it parts from model: /model/transformer/wte/" in message
+        and "from model.transformer.wte)" in message
+    )
     assert "artifacts/tiny-gpt2/failed/validate.int8/divergence/" in message
     kept = project / "artifacts" / "tiny-gpt2" / "failed" / "validate.int8" / "divergence"
     assert len(list(kept.glob("*.onnx"))) == 1 and len(list(kept.glob("*.inputs.npz"))) == 1
@@ -82,11 +89,16 @@ def test_a_graph_source_variant_is_searched_with_seeded_inputs(project: Path) ->
     """onnx and graph sources have no validation (no torch model): the search still runs,
     with the variant's default tolerances, and says its inputs are not a validation case's."""
     text = (project / "recipes" / "linear-regression.yaml").read_text(encoding="utf-8")
-    (project / "recipes" / "lr-int8.yaml").write_text(text + "quantize:\n  - {name: int8, method: dynamic}\n", encoding="utf-8")
+    (project / "recipes" / "lr-int8.yaml").write_text(
+        text + "quantize:\n  - {name: int8, method: dynamic}\n", encoding="utf-8"
+    )
     runner = CliRunner()
     built = runner.invoke(cli, ["make", "recipes/lr-int8.yaml"])
     assert built.exit_code == 0, built.output
     result = runner.invoke(cli, ["explain-mismatch", "recipes/lr-int8.yaml", "--variant", "int8"])
     assert result.exit_code == 0, result.output
-    assert "int8 (artifacts/linear-regression/int8/model.onnx) against model at the sample, seeded inputs (validation runs no such case) (atol 3, rtol 0.5)" in result.output
+    assert (
+        "int8 (artifacts/linear-regression/int8/model.onnx) against model at the sample, seeded inputs (validation runs no such case) (atol 3, rtol 0.5)"
+        in result.output
+    )
     assert "no divergence: 2 shared tensors compared" in result.output

@@ -31,7 +31,15 @@ from onnxbuild.fusion.decoder import MASKED, build
 from onnxbuild.recipe.loader import load_recipe
 
 DATA = Path(__file__).resolve().parent / "data"
-TINY = {"vocab_size": 1000, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128}
+TINY = {
+    "vocab_size": 1000,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+}
 CONFIGS: dict[str, Any] = {
     "llama": lambda: transformers.LlamaConfig(**TINY),
     "mistral": lambda: transformers.MistralConfig(**TINY, sliding_window=None),
@@ -47,7 +55,12 @@ CONFIGS: dict[str, Any] = {
 def expected_fusions(family: str, layers: int) -> dict[str, int]:
     if family == "gpt2":
         return {"Attention": layers, "SkipLayerNormalization": 2 * layers, "LayerNormalization": 1, "Gelu": layers}
-    return {"Attention": layers, "RotaryEmbedding": 2 * layers, "SkipSimplifiedLayerNormalization": 2 * layers, "SimplifiedLayerNormalization": 1}
+    return {
+        "Attention": layers,
+        "RotaryEmbedding": 2 * layers,
+        "SkipSimplifiedLayerNormalization": 2 * layers,
+        "SimplifiedLayerNormalization": 1,
+    }
 
 
 def missing_fusions(ops: dict[str, int], expected: dict[str, int]) -> list[str]:
@@ -67,8 +80,16 @@ def signature(config: Any) -> onnx.ModelProto:
     outs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "sequence", config.vocab_size])]
     for i in range(layers):
         for k in ("key", "value"):
-            ins.append(helper.make_tensor_value_info(f"past_key_values.{i}.{k}", TensorProto.FLOAT, ["batch", kv, "past_sequence", head_dim]))
-            outs.append(helper.make_tensor_value_info(f"present.{i}.{k}", TensorProto.FLOAT, ["batch", kv, "total_sequence", head_dim]))
+            ins.append(
+                helper.make_tensor_value_info(
+                    f"past_key_values.{i}.{k}", TensorProto.FLOAT, ["batch", kv, "past_sequence", head_dim]
+                )
+            )
+            outs.append(
+                helper.make_tensor_value_info(
+                    f"present.{i}.{k}", TensorProto.FLOAT, ["batch", kv, "total_sequence", head_dim]
+                )
+            )
     return helper.make_model(helper.make_graph([], "export", ins, outs), opset_imports=[helper.make_opsetid("", 18)])
 
 
@@ -88,14 +109,38 @@ def test_each_family_matches_pytorch_at_prefill_and_decode(family: str, tmp_path
     rng = np.random.default_rng(0)
     batch, seq = 2, 7
     ids = rng.integers(0, 1000, (batch, seq))
-    past = {f"past_key_values.{i}.{k}": np.zeros((batch, kv, 0, head_dim), np.float32) for i in range(layers) for k in ("key", "value")}
-    prefill = session.run(None, {"input_ids": ids, "attention_mask": np.ones((batch, seq), np.int64), "position_ids": np.tile(np.arange(seq), (batch, 1)), **past})
+    past = {
+        f"past_key_values.{i}.{k}": np.zeros((batch, kv, 0, head_dim), np.float32)
+        for i in range(layers)
+        for k in ("key", "value")
+    }
+    prefill = session.run(
+        None,
+        {
+            "input_ids": ids,
+            "attention_mask": np.ones((batch, seq), np.int64),
+            "position_ids": np.tile(np.arange(seq), (batch, 1)),
+            **past,
+        },
+    )
     with torch.no_grad():
         ref = model(input_ids=torch.tensor(ids), use_cache=True)
     assert np.abs(prefill[0] - ref.logits.numpy()).max() < 1e-4
     step = rng.integers(0, 1000, (batch, 1))
-    cache = {f"past_key_values.{i}.{k}": prefill[1 + 2 * i + j] for i in range(layers) for j, k in enumerate(("key", "value"))}
-    decode = session.run(None, {"input_ids": step, "attention_mask": np.ones((batch, seq + 1), np.int64), "position_ids": np.full((batch, 1), seq), **cache})
+    cache = {
+        f"past_key_values.{i}.{k}": prefill[1 + 2 * i + j]
+        for i in range(layers)
+        for j, k in enumerate(("key", "value"))
+    }
+    decode = session.run(
+        None,
+        {
+            "input_ids": step,
+            "attention_mask": np.ones((batch, seq + 1), np.int64),
+            "position_ids": np.full((batch, 1), seq),
+            **cache,
+        },
+    )
     with torch.no_grad():
         ref2 = model(input_ids=torch.tensor(step), past_key_values=ref.past_key_values, use_cache=True)
     assert np.abs(decode[0] - ref2.logits.numpy()).max() < 1e-4
@@ -124,8 +169,17 @@ def test_a_left_padded_batch_matches_pytorch(family: str, tmp_path: Path) -> Non
     # exp(), so sessions that keep denormals, as this one does, do not slow down on it)
     made = {o: n for n in graph.graph.node for o in n.output}
     masks = [made[n.input[3]] for n in graph.graph.node if n.op_type == "Attention"]
-    assert {(m.op_type, *m.input) for m in masks} == {("Where", "/model/attn_mask/visible4" if family == "mistral-window" else "/model/attn_mask/visible", "mask_seen", "mask_masked")}
-    assert {t.name: onnx.numpy_helper.to_array(t).item() for t in graph.graph.initializer if t.name.startswith("mask_")} == {"mask_seen": 0.0, "mask_masked": MASKED}
+    assert {(m.op_type, *m.input) for m in masks} == {
+        (
+            "Where",
+            "/model/attn_mask/visible4" if family == "mistral-window" else "/model/attn_mask/visible",
+            "mask_seen",
+            "mask_masked",
+        )
+    }
+    assert {
+        t.name: onnx.numpy_helper.to_array(t).item() for t in graph.graph.initializer if t.name.startswith("mask_")
+    } == {"mask_seen": 0.0, "mask_masked": MASKED}
     onnx.save_model(graph, str(path))
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
@@ -135,18 +189,39 @@ def test_a_left_padded_batch_matches_pytorch(family: str, tmp_path: Path) -> Non
     mask = np.ones((2, 6), np.int64)
     mask[1, :3] = 0  # the second prompt is 3 tokens, padded on the left
     positions = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
-    past = {f"past_key_values.{i}.{k}": np.zeros((2, kv, 0, head_dim), np.float32) for i in range(config.num_hidden_layers) for k in ("key", "value")}
+    past = {
+        f"past_key_values.{i}.{k}": np.zeros((2, kv, 0, head_dim), np.float32)
+        for i in range(config.num_hidden_layers)
+        for k in ("key", "value")
+    }
     out = session.run(None, {"input_ids": ids, "attention_mask": mask, "position_ids": positions, **past})
     with torch.no_grad():
-        ref = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask), position_ids=torch.tensor(positions), use_cache=True)
+        ref = model(
+            input_ids=torch.tensor(ids),
+            attention_mask=torch.tensor(mask),
+            position_ids=torch.tensor(positions),
+            use_cache=True,
+        )
     valid = mask.astype(bool)
     assert np.abs(out[0] - ref.logits.numpy())[valid].max() < 1e-4
-    cache = {f"past_key_values.{i}.{k}": out[1 + 2 * i + j] for i in range(config.num_hidden_layers) for j, k in enumerate(("key", "value"))}
+    cache = {
+        f"past_key_values.{i}.{k}": out[1 + 2 * i + j]
+        for i in range(config.num_hidden_layers)
+        for j, k in enumerate(("key", "value"))
+    }
     step = rng.integers(0, 1000, (2, 1))
     grown = np.concatenate([mask, np.ones((2, 1), np.int64)], axis=1)
-    decode = session.run(None, {"input_ids": step, "attention_mask": grown, "position_ids": positions[:, -1:] + 1, **cache})
+    decode = session.run(
+        None, {"input_ids": step, "attention_mask": grown, "position_ids": positions[:, -1:] + 1, **cache}
+    )
     with torch.no_grad():
-        ref2 = model(input_ids=torch.tensor(step), attention_mask=torch.tensor(grown), position_ids=torch.tensor(positions[:, -1:] + 1), past_key_values=ref.past_key_values, use_cache=True)
+        ref2 = model(
+            input_ids=torch.tensor(step),
+            attention_mask=torch.tensor(grown),
+            position_ids=torch.tensor(positions[:, -1:] + 1),
+            past_key_values=ref.past_key_values,
+            use_cache=True,
+        )
     assert np.abs(decode[0] - ref2.logits.numpy()).max() < 1e-4
 
 
@@ -186,7 +261,13 @@ def test_validation_fails_a_graph_that_ignores_left_padding(built: Path, tmp_pat
             n.input[3] = "/model/attn_mask/causal"  # causal only: the padding ignored
     (inputs / "optimized").mkdir()
     onnx.save_model(broken, str(inputs / "optimized" / "model.onnx"))
-    ctx = StepContext(recipe_name="tiny-llama", recipe_path="recipes/tiny-llama.yaml", recipe_dir=root / "recipes", input_dir=inputs, output_dir=tmp_path / "out")
+    ctx = StepContext(
+        recipe_name="tiny-llama",
+        recipe_path="recipes/tiny-llama.yaml",
+        recipe_dir=root / "recipes",
+        input_dir=inputs,
+        output_dir=tmp_path / "out",
+    )
     with pytest.raises(StepError) as failed:
         validate.run(ctx, spec)
     message = str(failed.value)
@@ -201,14 +282,29 @@ def test_validation_fails_a_graph_that_ignores_left_padding(built: Path, tmp_pat
     assert verdicts == {False: [True] * 5, True: [False, False]}
     # the search again, as the message says: it needs the padding to see the difference
     broken_file = str(inputs / "optimized" / "model.onnx")
-    args = ["explain-mismatch", "recipes/tiny-llama.yaml", "--variant", "optimized", "--file", broken_file, "--shape", "1", "--out", str(tmp_path / "div")]
+    args = [
+        "explain-mismatch",
+        "recipes/tiny-llama.yaml",
+        "--variant",
+        "optimized",
+        "--file",
+        broken_file,
+        "--shape",
+        "1",
+        "--out",
+        str(tmp_path / "div"),
+    ]
     with chdir(root):
         unpadded = CliRunner().invoke(cli, args)
         padded = CliRunner().invoke(cli, [*args, "--left-padding", "8"])
         too_much = CliRunner().invoke(cli, [*args, "--left-padding", "16"])
     assert unpadded.exit_code == 0 and "no divergence" in unpadded.output, unpadded.output
     assert padded.exit_code == 1 and "/model/layers.1/attn/Attention (Attention)" in padded.output, padded.output
-    assert too_much.exit_code == 2 and "--left-padding: 16 must leave a real token in the padded row: between 1 and 15 for validate.shapes[1] (sequence 16)" in too_much.output
+    assert (
+        too_much.exit_code == 2
+        and "--left-padding: 16 must leave a real token in the padded row: between 1 and 15 for validate.shapes[1] (sequence 16)"
+        in too_much.output
+    )
     # validate.left_padding: false, for a model never given a padded batch: the same graph
     # passes, and the summary and report say which case was left out
     text = (root / "recipes" / "tiny-llama.yaml").read_text(encoding="utf-8")
@@ -216,12 +312,25 @@ def test_validation_fails_a_graph_that_ignores_left_padding(built: Path, tmp_pat
     opted_out.write_text(text.replace("validate:\n", "validate:\n  left_padding: false\n"), encoding="utf-8")
     spec = next(s for s in steps_for(onnxbuild.load_recipes([opted_out])[0]) if s.name == "validate.optimized")
     assert spec.params["validate"]["left_padding"] is False
-    ctx = StepContext(recipe_name="tiny-llama", recipe_path="recipes/tiny-llama-unpadded.yaml", recipe_dir=root / "recipes", input_dir=inputs, output_dir=tmp_path / "unpadded")
+    ctx = StepContext(
+        recipe_name="tiny-llama",
+        recipe_path="recipes/tiny-llama-unpadded.yaml",
+        recipe_dir=root / "recipes",
+        input_dir=inputs,
+        output_dir=tmp_path / "unpadded",
+    )
     result = validate.run(ctx, spec)
-    assert result.summary.startswith("passed at 5 shapes") and "no left-padded batch validated (validate.left_padding: false)" in result.summary
+    assert (
+        result.summary.startswith("passed at 5 shapes")
+        and "no left-padded batch validated (validate.left_padding: false)" in result.summary
+    )
     report = read(tmp_path / "unpadded" / "reports" / "validation" / "optimized.json")["variants"]["optimized"]
-    assert report["left_padding"] == validate.LEFT_OUT and not any("left_padding" in s["shape"] for s in report["shapes"])
-    assert "optimized: no left-padded batch validated (validate.left_padding: false)." in (tmp_path / "unpadded" / "reports" / "validation" / "optimized.md").read_text(encoding="utf-8")
+    assert report["left_padding"] == validate.LEFT_OUT and not any(
+        "left_padding" in s["shape"] for s in report["shapes"]
+    )
+    assert "optimized: no left-padded batch validated (validate.left_padding: false)." in (
+        tmp_path / "unpadded" / "reports" / "validation" / "optimized.md"
+    ).read_text(encoding="utf-8")
     # the default stays out of the step's key: recipes written before the key rebuild nothing
     assert "left_padding" not in next(s for s in steps_for(recipe) if s.name == "validate.optimized").params["validate"]
 
@@ -244,7 +353,9 @@ def test_the_first_divergence_search_feeds_each_case_its_validation_inputs(built
 
     recipe = onnxbuild.load_recipes([built.parent.parent / "recipes" / "tiny-llama.yaml"])[0]
     params = next(s for s in steps_for(recipe) if s.name == "validate.optimized").params
-    model = load_source_model(params["source"], read(built / "reports" / "source.json"), built.parent.parent / "recipes")
+    model = load_source_model(
+        params["source"], read(built / "reports" / "source.json"), built.parent.parent / "recipes"
+    )
     export = full_export(params["export"], model)
     specs = input_specs(params["source"], export, natural=True)
     vocab = vocab_size(model)
@@ -260,13 +371,18 @@ def test_the_first_divergence_search_feeds_each_case_its_validation_inputs(built
         prefill = sizes.get("past_sequence") == 0
         asked = {k: v for k, v in sizes.items() if k != "past_sequence"}
         assert case_seed(params["validate"], recipe.resolved["export"], asked if prefill else sizes) == i
-    assert case_seed(params["validate"], recipe.resolved["export"], {"batch": 2, "sequence": 16, "left_padding": 3}) is None
+    assert (
+        case_seed(params["validate"], recipe.resolved["export"], {"batch": 2, "sequence": 16, "left_padding": 3})
+        is None
+    )
 
 
 def test_the_llama_fusions_fire_and_are_reported(built: Path) -> None:
     report = read(built / "reports" / "optimize.json")
     assert report["decoder"]["graph"] == "fused" and report["decoder"]["family"] == "llama"
-    ops = Counter(n.op_type for n in onnx.load_model(str(built / "optimized" / "model.onnx"), load_external_data=False).graph.node)
+    ops = Counter(
+        n.op_type for n in onnx.load_model(str(built / "optimized" / "model.onnx"), load_external_data=False).graph.node
+    )
     # counted in the file itself, not only in the report: a transformers or onnxruntime
     # upgrade that breaks a fusion fails here with the fusion's name
     assert missing_fusions(dict(ops), expected_fusions("llama", 2)) == []
@@ -278,11 +394,15 @@ def test_the_llama_fusions_fire_and_are_reported(built: Path) -> None:
 def test_the_fused_graph_has_the_exports_signature_and_passes_validation_and_generation(built: Path) -> None:
     def io(path: Path) -> tuple[list[str], list[str]]:
         s = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        return [f"{i.name}:{i.type}:{i.shape}" for i in s.get_inputs()], [f"{o.name}:{o.type}:{o.shape}" for o in s.get_outputs()]
+        return [f"{i.name}:{i.type}:{i.shape}" for i in s.get_inputs()], [
+            f"{o.name}:{o.type}:{o.shape}" for o in s.get_outputs()
+        ]
 
     assert io(built / "optimized" / "model.onnx") == io(built / "model.onnx")
     validation = read(built / "reports" / "validation.json")["variants"]["optimized"]
-    assert validation["passed"] and len(validation["shapes"]) == 7  # prefill and decode at each shape, a past of 40, and a left-padded batch
+    assert (
+        validation["passed"] and len(validation["shapes"]) == 7
+    )  # prefill and decode at each shape, a past of 40, and a left-padded batch
     assert max(c["max_abs_diff"] for s in validation["shapes"] for c in s["outputs"].values()) < 1e-4
     gen = read(built / "reports" / "generation.json")
     assert gen["variants"]["optimized"]["greedy"]["identical"] is True
@@ -294,7 +414,9 @@ def test_int4_multiplies_in_int8_keeps_lm_head_in_full_precision_and_packs_the_e
     model = onnx.load_model(str(built / "int4" / "model.onnx"), load_external_data=False)
     (embed,) = [n for n in model.graph.node if n.op_type == "GatherBlockQuantized"]  # quantize.embedding: true
     assert {a.name: helper.get_attribute_value(a) for a in embed.attribute}["block_size"] == 32
-    assert not [n for n in model.graph.node if n.op_type == "Gather" and n.input[0] in {i.name for i in model.graph.initializer}]
+    assert not [
+        n for n in model.graph.node if n.op_type == "Gather" and n.input[0] in {i.name for i in model.graph.initializer}
+    ]
     nbits = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
     assert len(nbits) == 2 * 5  # every layer's five MatMuls
     for n in nbits:
@@ -317,7 +439,7 @@ def test_int4_multiplies_in_int8_keeps_lm_head_in_full_precision_and_packs_the_e
         ),
         (
             "name: x\nsource: {huggingface: {model: m, task: text-generation, offline: random-init, config: {model_type: llama}}}\nexport: {with_past: true}\noptimize: {decoder: fast}\n",
-            "r.yaml:4:21: optimize.decoder: must be auto, fused or export (got \"fast\")",
+            'r.yaml:4:21: optimize.decoder: must be auto, fused or export (got "fast")',
         ),
     ],
 )
@@ -332,8 +454,25 @@ def test_fused_decoder_recipe_mistakes_are_named(recipe: str, message: str, tmp_
 def test_a_keep_that_names_no_layer_fails_the_step_naming_it(built: Path, tmp_path: Path) -> None:
     root = built.parent.parent
     recipe = root / "recipes" / "typo.yaml"
-    text = (root / "recipes" / "tiny-llama.yaml").read_text(encoding="utf-8").replace("name: tiny-llama", "name: typo").replace("keep: [lm_head]", "keep: [lm_hed]")
+    text = (
+        (root / "recipes" / "tiny-llama.yaml")
+        .read_text(encoding="utf-8")
+        .replace("name: tiny-llama", "name: typo")
+        .replace("keep: [lm_head]", "keep: [lm_hed]")
+    )
     recipe.write_text(text, encoding="utf-8")
-    result = CliRunner().invoke(cli, ["--cache-dir", str(root / ".onnxbuild" / "cache"), "--artifacts-dir", str(tmp_path), "make", str(recipe), "--target", "quantize.int4"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "--cache-dir",
+            str(root / ".onnxbuild" / "cache"),
+            "--artifacts-dir",
+            str(tmp_path),
+            "make",
+            str(recipe),
+            "--target",
+            "quantize.int4",
+        ],
+    )
     assert result.exit_code == 1
     assert "quantize.int4.keep: 'lm_hed' is in no MatMul, Gemm or Gather node's name" in result.output

@@ -63,7 +63,9 @@ KNOWN_KEYS = sorted(set().union(*(_keys(doc) for doc in DOCS.values())))
 
 # Characters that steer YAML's scanner, plus a few it must reject or treat as line breaks.
 YAML_CHARS = [*"-:?[]{},&*!|>'\"%@`#\n\t \r", "\x00", "\x07", "\x1b", "\x85", "\u2028", "\ufeff", "é", "名"]
-yamlish_text = st.text(alphabet=st.sampled_from(YAML_CHARS) | st.characters(codec="ascii") | st.characters(), max_size=200)
+yamlish_text = st.text(
+    alphabet=st.sampled_from(YAML_CHARS) | st.characters(codec="ascii") | st.characters(), max_size=200
+)
 
 scalars = st.one_of(
     st.none(),
@@ -71,7 +73,9 @@ scalars = st.one_of(
     st.integers(min_value=-(2**80), max_value=2**80),
     st.floats(),  # nan and inf included
     st.text(max_size=20),
-    st.sampled_from(["", "batch", "sequence", "float32", "eighteen", "0b_", "0x_", "1:30", "2001-13-45", "~", "yes", ".inf", "<<"]),
+    st.sampled_from(
+        ["", "batch", "sequence", "float32", "eighteen", "0b_", "0x_", "1:30", "2001-13-45", "~", "yes", ".inf", "<<"]
+    ),
     st.sampled_from(KNOWN_KEYS),
 )
 keys = st.sampled_from(KNOWN_KEYS) | st.text(max_size=12)
@@ -96,8 +100,13 @@ def yaml_documents(draw: Any) -> str:
     """YAML dumped from random data: top-level mappings biased towards a recipe's keys."""
     top = st.dictionaries(keys | st.integers(-3, 3), values, max_size=6)
     recipe_like = st.fixed_dictionaries(
-        {"name": scalars, "source": st.dictionaries(st.sampled_from(["onnx", "graph", "huggingface", "pytorch"]), values, max_size=2)},
-        optional={k: values for k in ("description", "export", "validate", "optimize", "quantize", "benchmark", "providers")},
+        {
+            "name": scalars,
+            "source": st.dictionaries(st.sampled_from(["onnx", "graph", "huggingface", "pytorch"]), values, max_size=2),
+        },
+        optional={
+            k: values for k in ("description", "export", "validate", "optimize", "quantize", "benchmark", "providers")
+        },
     )
     return _dump(draw(st.one_of(values, top, recipe_like)), draw)
 
@@ -170,12 +179,55 @@ def structural_mutations(draw: Any) -> str:
 # Scalars as a YAML file spells them, unquoted: number look-alikes that YAML 1.1 resolves to
 # int or float, explicit tags, and numbers around Python's 4300-digit int <-> str limit.
 # yaml.safe_dump quotes all of these, so only a text-level edit brings them to the loader.
-TAGS = ["!!int", "!!float", "!!bool", "!!null", "!!str", "!!binary", "!!timestamp", "!!map", "!!seq", "!!set", "!!python/tuple", "!local"]
+TAGS = [
+    "!!int",
+    "!!float",
+    "!!bool",
+    "!!null",
+    "!!str",
+    "!!binary",
+    "!!timestamp",
+    "!!map",
+    "!!seq",
+    "!!set",
+    "!!python/tuple",
+    "!local",
+]
 raw_scalars = st.one_of(
-    st.from_regex(r"[-+]?(0b[01_]{0,3}|0x[0-9a-f_]{0,3}|0[0-7_]{0,3}|[0-9_]{1,4}|[1-9](:[0-5]?[0-9]){1,2}|\.[0-9_]{0,2}|[0-9][0-9_]*\.[0-9_]*(e[-+][0-9])?)", fullmatch=True),
-    st.builds("{} {}".format, st.sampled_from(TAGS), st.text(alphabet="0123456789abxyz._-:+ ", max_size=6) | st.sampled_from(["''", "[1]", "{a: 1}"])),
-    st.builds("{}{}".format, st.sampled_from(["", "-", "0x", "0b", "0o"]), (st.integers(1, 30) | st.sampled_from([4300, 4301, 6000])).map("1".__mul__)),
-    st.sampled_from(["~", "Null", "yes", "Off", ".NaN", "-.inf", "2001-12-14t21:59:43.10-05:00", "<<", "*a", "&a x", "[", "{", "'", '"', "|", ">"]),
+    st.from_regex(
+        r"[-+]?(0b[01_]{0,3}|0x[0-9a-f_]{0,3}|0[0-7_]{0,3}|[0-9_]{1,4}|[1-9](:[0-5]?[0-9]){1,2}|\.[0-9_]{0,2}|[0-9][0-9_]*\.[0-9_]*(e[-+][0-9])?)",
+        fullmatch=True,
+    ),
+    st.builds(
+        "{} {}".format,
+        st.sampled_from(TAGS),
+        st.text(alphabet="0123456789abxyz._-:+ ", max_size=6) | st.sampled_from(["''", "[1]", "{a: 1}"]),
+    ),
+    st.builds(
+        "{}{}".format,
+        st.sampled_from(["", "-", "0x", "0b", "0o"]),
+        (st.integers(1, 30) | st.sampled_from([4300, 4301, 6000])).map("1".__mul__),
+    ),
+    st.sampled_from(
+        [
+            "~",
+            "Null",
+            "yes",
+            "Off",
+            ".NaN",
+            "-.inf",
+            "2001-12-14t21:59:43.10-05:00",
+            "<<",
+            "*a",
+            "&a x",
+            "[",
+            "{",
+            "'",
+            '"',
+            "|",
+            ">",
+        ]
+    ),
 )
 
 
@@ -248,13 +300,34 @@ def check_bytes(data: bytes) -> None:
 # surrogate (a str no decoded file holds) crashed libyaml's UTF-8 encoding.
 TOO_LARGE = "integer too large (a recipe's integers fit in 64 bits)"
 CRASHES = [
-    ("name: x\nseed: 0b_\n", 'r.yaml:2:7: seed: YAML takes "0b_" for an integer but cannot read it as one; put it in quotes to make it text'),
-    ("name: x\nseed: 0x_\n", 'r.yaml:2:7: seed: YAML takes "0x_" for an integer but cannot read it as one; put it in quotes to make it text'),
-    ("name: x\nseed: !!int \n", 'r.yaml:2:7: seed: cannot read "" as an integer (tag !!int); fix the value or remove the tag'),
-    ("name: x\nseed: !!int abc\n", 'r.yaml:2:7: seed: cannot read "abc" as an integer (tag !!int); fix the value or remove the tag'),
-    ("name: x\natol: !!float ''\n", 'r.yaml:2:7: atol: cannot read "" as a number (tag !!float); fix the value or remove the tag'),
-    ("name: x\natol: !!float abc\n", 'r.yaml:2:7: atol: cannot read "abc" as a number (tag !!float); fix the value or remove the tag'),
-    ("name: x\nexport: {dynamo: !!bool maybe}\n", 'r.yaml:2:18: export.dynamo: cannot read "maybe" as true or false (tag !!bool); fix the value or remove the tag'),
+    (
+        "name: x\nseed: 0b_\n",
+        'r.yaml:2:7: seed: YAML takes "0b_" for an integer but cannot read it as one; put it in quotes to make it text',
+    ),
+    (
+        "name: x\nseed: 0x_\n",
+        'r.yaml:2:7: seed: YAML takes "0x_" for an integer but cannot read it as one; put it in quotes to make it text',
+    ),
+    (
+        "name: x\nseed: !!int \n",
+        'r.yaml:2:7: seed: cannot read "" as an integer (tag !!int); fix the value or remove the tag',
+    ),
+    (
+        "name: x\nseed: !!int abc\n",
+        'r.yaml:2:7: seed: cannot read "abc" as an integer (tag !!int); fix the value or remove the tag',
+    ),
+    (
+        "name: x\natol: !!float ''\n",
+        'r.yaml:2:7: atol: cannot read "" as a number (tag !!float); fix the value or remove the tag',
+    ),
+    (
+        "name: x\natol: !!float abc\n",
+        'r.yaml:2:7: atol: cannot read "abc" as a number (tag !!float); fix the value or remove the tag',
+    ),
+    (
+        "name: x\nexport: {dynamo: !!bool maybe}\n",
+        'r.yaml:2:18: export.dynamo: cannot read "maybe" as true or false (tag !!bool); fix the value or remove the tag',
+    ),
     ("name: x\nseed: " + "1" * 4301 + "\n", f"r.yaml:2:7: seed: {TOO_LARGE}"),
     ("name: x\nseed: 18446744073709551616\n", f"r.yaml:2:7: seed: {TOO_LARGE}"),  # 2**64: the bound, not a crash
     ("name: 0x" + "f" * 4000 + "\n", f"r.yaml:1:7: name: {TOO_LARGE}"),  # quoted in "must be a name (got ...)"

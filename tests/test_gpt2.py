@@ -38,11 +38,19 @@ def test_gpt2_recipe_builds_validates_every_variant_and_benchmarks(project: Path
     bench = json.loads((folder / "benchmark.json").read_text(encoding="utf-8"))
     assert {r["variant"] for r in bench["results"]} == {"model", "optimized", "int8", "int8-static", "int4"}
     assert [b["shape"]["sequence"] for b in bench["baseline"] if b["dtype"] == "fp32"] == [32, 128]
-    assert {r["provider"] for r in bench["results"]} >= {"CPUExecutionProvider", "web"} | ({"openvino"} if unavailable() is None else set())
-    assert all(r["roofline"]["fraction"] > 0 for r in bench["results"] if r["provider"] in ("CPUExecutionProvider", "openvino") and "p50_ms" in r)
+    assert {r["provider"] for r in bench["results"]} >= {"CPUExecutionProvider", "web"} | (
+        {"openvino"} if unavailable() is None else set()
+    )
+    assert all(
+        r["roofline"]["fraction"] > 0
+        for r in bench["results"]
+        if r["provider"] in ("CPUExecutionProvider", "openvino") and "p50_ms" in r
+    )
     # The KV-cache decoder: every case passed at prefill and decode, 32 greedy tokens equal to
     # transformers' generate() for the fp32 variants, decode latency beside PyTorch's.
-    assert any(s["shape"]["past_sequence"] > 0 for s in model["shapes"]) and any(s["shape"]["past_sequence"] == 0 for s in model["shapes"])
+    assert any(s["shape"]["past_sequence"] > 0 for s in model["shapes"]) and any(
+        s["shape"]["past_sequence"] == 0 for s in model["shapes"]
+    )
     generation = json.loads((folder / "reports" / "generation.json").read_text(encoding="utf-8"))
     for name in ("model", "optimized"):
         assert generation["variants"][name]["greedy"]["tokens"] == generation["pytorch"]["greedy_tokens"]

@@ -34,7 +34,11 @@ def _cuda_reason() -> str | None:
 REASON = _cuda_reason()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(REASON is not None, reason=f"needs a GPU: {REASON}")]
 
-RECIPE = (ROOT / "recipes" / "tiny-gpt2.yaml").read_text(encoding="utf-8").replace("export:\n", "export:\n  device: cuda\n", 1) + """
+RECIPE = (
+    (ROOT / "recipes" / "tiny-gpt2.yaml")
+    .read_text(encoding="utf-8")
+    .replace("export:\n", "export:\n  device: cuda\n", 1)
+    + """
 optimize:
   transformer: {model_type: gpt2}
   float16: {keep_io_types: true}
@@ -46,13 +50,16 @@ providers:
   - {name: CUDAExecutionProvider, options: {device_id: 0}}
   - {name: CPUExecutionProvider}
 """
+)
 
 
 def test_cuda_export_fp16_variant_and_bound_and_unbound_benchmarks(tmp_path: Path) -> None:
     (tmp_path / "recipes").mkdir()
     recipe = tmp_path / "recipes" / "gpu.yaml"
     recipe.write_text(RECIPE, encoding="utf-8")
-    report = onnxbuild.build([recipe], onnxbuild.Settings(cache_dir=tmp_path / "cache", artifacts_dir=tmp_path / "artifacts"))
+    report = onnxbuild.build(
+        [recipe], onnxbuild.Settings(cache_dir=tmp_path / "cache", artifacts_dir=tmp_path / "artifacts")
+    )
     assert report.ok, report.failures()
     folder = tmp_path / "artifacts" / "tiny-gpt2"
     validation = json.loads((folder / "reports" / "validation.json").read_text(encoding="utf-8"))
@@ -60,5 +67,7 @@ def test_cuda_export_fp16_variant_and_bound_and_unbound_benchmarks(tmp_path: Pat
     bench = json.loads((folder / "benchmark.json").read_text(encoding="utf-8"))
     assert {p["name"]: p["status"] for p in bench["providers"]}["CUDAExecutionProvider"] == "used"
     cuda = [r for r in bench["results"] if r["provider"] == "CUDAExecutionProvider" and "p50_ms" in r]
-    assert {(r["variant"], r["io_binding"]) for r in cuda} == {(v, b) for v in ("model", "optimized") for b in (False, True)}
+    assert {(r["variant"], r["io_binding"]) for r in cuda} == {
+        (v, b) for v in ("model", "optimized") for b in (False, True)
+    }
     shutil.rmtree(tmp_path / "cache")

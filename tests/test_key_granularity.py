@@ -249,7 +249,9 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict
     mp.setenv(testhooks.READS_ENV, str(trace))
     settings = onnxbuild.Settings(cache_dir=project / "cache", artifacts_dir=project / "artifacts")
     report = onnxbuild.build([f"recipes/{n}.yaml" for n in EXTENSIONS], settings, jobs=2)
-    assert report.ok, [(s["name"], s["reason"]) for r in report.recipes for s in r.steps if s["status"] not in ("built", "cached")]
+    assert report.ok, [
+        (s["name"], s["reason"]) for r in report.recipes for s in r.steps if s["status"] not in ("built", "cached")
+    ]
     reads: dict[str, dict[str, set[str]]] = {}
     for line in trace.read_text(encoding="utf-8").splitlines():
         entry = json.loads(line)
@@ -259,7 +261,9 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict
 
 
 @pytest.mark.parametrize("name", list(EXTENSIONS))
-def test_each_step_key_holds_exactly_the_recipe_keys_it_reads(built: tuple[Path, dict[str, dict[str, set[str]]]], name: str) -> None:
+def test_each_step_key_holds_exactly_the_recipe_keys_it_reads(
+    built: tuple[Path, dict[str, dict[str, set[str]]]], name: str
+) -> None:
     project, reads = built
     specs = traced_specs(project / "recipes" / f"{name}.yaml")
     # the machine step's key holds only benchmark.threads and the machine: the three recipes
@@ -279,7 +283,9 @@ def test_each_step_key_holds_exactly_the_recipe_keys_it_reads(built: tuple[Path,
 
 
 @pytest.mark.parametrize("name", list(EXTENSIONS))
-def test_changing_any_leaf_reruns_exactly_the_steps_whose_key_holds_it(built: tuple[Path, dict[str, dict[str, set[str]]]], name: str) -> None:
+def test_changing_any_leaf_reruns_exactly_the_steps_whose_key_holds_it(
+    built: tuple[Path, dict[str, dict[str, set[str]]]], name: str
+) -> None:
     project, reads = built
     path = project / "recipes" / f"{name}.yaml"
     original = path.read_text(encoding="utf-8")
@@ -305,22 +311,39 @@ def test_changing_any_leaf_reruns_exactly_the_steps_whose_key_holds_it(built: tu
                 no_value.append(leaf)
                 continue
             covered.append(leaf)
-            own = {s.spec.name for s in planned.steps if s.action == "run" and any(not r.startswith(DEPENDS) for r in s.reasons)}
+            own = {
+                s.spec.name
+                for s in planned.steps
+                if s.action == "run" and any(not r.startswith(DEPENDS) for r in s.reasons)
+            }
             running = {s.spec.name for s in planned.steps if s.action == "run"}
             expected = set()
             for step in set(before) & set(after):
                 old, new = keyed_leaves(before[step]), keyed_leaves(after[step])
                 holds = leaf in old.values() or leaf in new.values()
                 # a plan-time value (an input path, a derived flag) that moved with the leaf
-                derived = any(old.get(p) is None and new.get(p) is None and _at(before[step].params, p) != _at(after[step].params, p) for p in set(old) | set(new))
-                moved = before[step].files != after[step].files or before[step].identity != after[step].identity or before[step].outputs != after[step].outputs
+                derived = any(
+                    old.get(p) is None
+                    and new.get(p) is None
+                    and _at(before[step].params, p) != _at(after[step].params, p)
+                    for p in set(old) | set(new)
+                )
+                moved = (
+                    before[step].files != after[step].files
+                    or before[step].identity != after[step].identity
+                    or before[step].outputs != after[step].outputs
+                )
                 if holds or derived or moved:
                     expected.add(step)
             if set(after) - set(before) - running:
-                problems.append(f"{leaf} = {candidate!r}: new steps {sorted(set(after) - set(before) - running)} would not run")
+                problems.append(
+                    f"{leaf} = {candidate!r}: new steps {sorted(set(after) - set(before) - running)} would not run"
+                )
             own &= set(before) & set(after)  # a new step runs for want of a build, whichever reason it gives
             if own != expected:
-                problems.append(f"{leaf} = {candidate!r}: reran for their own reasons {sorted(own)}, expected {sorted(expected)}")
+                problems.append(
+                    f"{leaf} = {candidate!r}: reran for their own reasons {sorted(own)}, expected {sorted(expected)}"
+                )
             readers = {step for step, r in reads[name].items() if leaf in r and step in after}
             if readers - running:
                 problems.append(f"{leaf} = {candidate!r}: {sorted(readers - running)} read it but would not run")
@@ -352,7 +375,9 @@ def _edit(path: Path, change: Any) -> None:
     path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
 
 
-def test_a_variant_tolerance_reruns_its_validate_step_and_the_report_and_a_benchmark_setting_the_benchmark(built: tuple[Path, dict[str, dict[str, set[str]]]]) -> None:
+def test_a_variant_tolerance_reruns_its_validate_step_and_the_report_and_a_benchmark_setting_the_benchmark(
+    built: tuple[Path, dict[str, dict[str, set[str]]]],
+) -> None:
     project, _ = built
     path = project / "recipes" / "tiny-gpt2.yaml"
     original = path.read_text(encoding="utf-8")
@@ -360,7 +385,10 @@ def test_a_variant_tolerance_reruns_its_validate_step_and_the_report_and_a_bench
     try:
         _edit(path, lambda d: d["quantize"][0]["validate"].update(top1_min=0.4))
         planned = {s.spec.name: s.reasons for s in onnxbuild.plan([path], settings).steps if s.action == "run"}
-        assert planned == {"validate.int8": ("validate.top1_min changed 0.5 -> 0.4",), "report": (f"{DEPENDS} validate.int8 changes",)}
+        assert planned == {
+            "validate.int8": ("validate.top1_min changed 0.5 -> 0.4",),
+            "report": (f"{DEPENDS} validate.int8 changes",),
+        }
         report = onnxbuild.build([path], settings)
         built_now = {s["name"] for r in report.recipes for s in r.steps if s["status"] == "built"}
         assert built_now == {"validate.int8", "report"}

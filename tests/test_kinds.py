@@ -19,7 +19,15 @@ from onnxbuild.spec import STEP_KINDS
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = json.loads((ROOT / "onnxbuild" / "recipe" / "schema.json").read_text(encoding="utf-8"))
-RECIPES = sorted([*ROOT.glob("recipes/*.yaml"), *ROOT.glob("tests/data/*.yaml"), *ROOT.glob("tests/data/tasks/*.yaml"), *ROOT.glob("tests/data/good/*.yaml"), *ROOT.glob("tests/data/steps/*.yaml")])
+RECIPES = sorted(
+    [
+        *ROOT.glob("recipes/*.yaml"),
+        *ROOT.glob("tests/data/*.yaml"),
+        *ROOT.glob("tests/data/tasks/*.yaml"),
+        *ROOT.glob("tests/data/good/*.yaml"),
+        *ROOT.glob("tests/data/steps/*.yaml"),
+    ]
+)
 
 
 @pytest.mark.parametrize("kind", STEP_KINDS)
@@ -29,7 +37,9 @@ def test_each_step_kind_describes_itself(kind: str) -> None:
     assert isinstance(module.VERSION, int) and module.VERSION >= 1
     assert isinstance(module.PACKAGES, tuple) and all(isinstance(p, str) for p in module.PACKAGES)
     assert callable(module.run)
-    assert callable(module.plan), f"{module.__name__} should say which steps a recipe gets: plan(Planning) -> list[StepSpec]"
+    assert callable(module.plan), (
+        f"{module.__name__} should say which steps a recipe gets: plan(Planning) -> list[StepSpec]"
+    )
     factor, base = module.MEMORY
     assert factor >= 0 and base > 0
     measured = getattr(module, "measured", None)
@@ -49,10 +59,14 @@ def test_every_recipe_section_the_schema_accepts_reaches_the_resolved_recipe() -
         doc = yaml.safe_load(text)
         set_keys |= set(doc)
         dropped = set(doc) - set(resolved)
-        assert not dropped, f"{path.relative_to(ROOT)}: loader.resolve drops {sorted(dropped)}; give the section its defaults there"
+        assert not dropped, (
+            f"{path.relative_to(ROOT)}: loader.resolve drops {sorted(dropped)}; give the section its defaults there"
+        )
         resolved_keys |= set(resolved)
     unused = set(SCHEMA["properties"]) - set_keys
-    assert not unused - {"description"}, f"no recipe in the repository sets {sorted(unused)}: add one so this test covers it"
+    assert not unused - {"description"}, (
+        f"no recipe in the repository sets {sorted(unused)}: add one so this test covers it"
+    )
 
 
 @pytest.mark.parametrize("kind", [k for k in STEP_KINDS if k in SCHEMA["properties"]])
@@ -76,7 +90,9 @@ def test_each_source_kind_the_schema_accepts_is_one_module_that_describes_itself
     assert f"{kind}_source" in SCHEMA["$defs"], f"source kind {kind!r} needs its $defs/{kind}_source block"
 
 
-@pytest.mark.parametrize("section", ["export", "validate", "optimize", "quantize", "benchmark", "generate", "limits", "providers"])
+@pytest.mark.parametrize(
+    "section", ["export", "validate", "optimize", "quantize", "benchmark", "generate", "limits", "providers"]
+)
 def test_each_section_type_names_exactly_the_schema_keys_and_what_resolve_writes(section: str) -> None:
     from onnxbuild.recipe.sections import SECTIONS
 
@@ -84,14 +100,20 @@ def test_each_section_type_names_exactly_the_schema_keys_and_what_resolve_writes
     keys = set(typed.__required_keys__) | set(typed.__optional_keys__)
     refs = re.findall(r'"\$ref": "#/\$defs/([A-Za-z0-9_]+)"', json.dumps(SCHEMA["properties"][section]))
     schema_keys = set(SCHEMA["$defs"][refs[0]]["properties"])
-    assert keys == schema_keys, f"recipe/sections.py {typed.__name__}: missing {sorted(schema_keys - keys)}, extra {sorted(keys - schema_keys)}"
+    assert keys == schema_keys, (
+        f"recipe/sections.py {typed.__name__}: missing {sorted(schema_keys - keys)}, extra {sorted(keys - schema_keys)}"
+    )
     for path in RECIPES:
         value = parse_recipe(path.read_text(encoding="utf-8"), str(path)).get(section)
         for item in value if isinstance(value, list) else [value] if value else []:
-            assert set(item) <= keys, f"{path.name}: resolve writes {sorted(set(item) - keys)} into {section}, which {typed.__name__} does not name"
+            assert set(item) <= keys, (
+                f"{path.name}: resolve writes {sorted(set(item) - keys)} into {section}, which {typed.__name__} does not name"
+            )
 
 
-def test_a_new_step_kind_is_one_module_one_registry_line_and_one_schema_block(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_new_step_kind_is_one_module_one_registry_line_and_one_schema_block(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The README's worked example, built for real: a ``checksums`` kind added with a module,
     a registry entry and a schema block (patched in here), and nothing else."""
     import hashlib
@@ -112,8 +134,16 @@ def test_a_new_step_kind_is_one_module_one_registry_line_and_one_schema_block(tm
         section = p.recipe.resolved.get("checksums")
         if not section:
             return []
-        return [StepSpec(name="checksums", kind="checksums", params={"checksums": section}, deps=tuple(v.step for v in p.variants),
-                         inputs=tuple(StepInput(v.step, v.path) for v in p.variants), outputs=("checksums.txt",))]
+        return [
+            StepSpec(
+                name="checksums",
+                kind="checksums",
+                params={"checksums": section},
+                deps=tuple(v.step for v in p.variants),
+                inputs=tuple(StepInput(v.step, v.path) for v in p.variants),
+                outputs=("checksums.txt",),
+            )
+        ]
 
     def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         algorithm = spec.params["checksums"]["algorithm"]
@@ -127,12 +157,18 @@ def test_a_new_step_kind_is_one_module_one_registry_line_and_one_schema_block(tm
     monkeypatch.setattr(pipeline, "STEP_KINDS", (*pipeline.STEP_KINDS, "checksums"))
     schema = json.loads(json.dumps(resolve_module.schema()))  # ... and the schema block
     schema["properties"]["checksums"] = {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/checksums"}]}
-    schema["$defs"]["checksums"] = {"type": "object", "additionalProperties": False, "properties": {"algorithm": {"enum": ["sha256", "sha1"], "default": "sha256"}}}
+    schema["$defs"]["checksums"] = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {"algorithm": {"enum": ["sha256", "sha1"], "default": "sha256"}},
+    }
     monkeypatch.setattr(resolve_module, "schema", lambda: schema)
     monkeypatch.setattr("onnxbuild.recipe.loader.schema", lambda: schema)
 
     recipe = tmp_path / "lr.yaml"
-    recipe.write_text((ROOT / "recipes" / "linear-regression.yaml").read_text(encoding="utf-8") + "checksums: {}\n", encoding="utf-8")
+    recipe.write_text(
+        (ROOT / "recipes" / "linear-regression.yaml").read_text(encoding="utf-8") + "checksums: {}\n", encoding="utf-8"
+    )
     settings = onnxbuild.Settings(cache_dir=tmp_path / "cache", artifacts_dir=tmp_path / "artifacts")
     report = onnxbuild.build([str(recipe)], settings, in_process=True)
     assert report.ok
@@ -140,7 +176,9 @@ def test_a_new_step_kind_is_one_module_one_registry_line_and_one_schema_block(tm
     model = (tmp_path / "artifacts" / "linear-regression" / "model.onnx").read_bytes()
     assert written == f"{hashlib.sha256(model).hexdigest()}  model.onnx\n"
     # the section's default reached the key: changing it reruns the step, and says why
-    recipe.write_text(recipe.read_text(encoding="utf-8").replace("checksums: {}", "checksums: {algorithm: sha1}"), encoding="utf-8")
+    recipe.write_text(
+        recipe.read_text(encoding="utf-8").replace("checksums: {}", "checksums: {algorithm: sha1}"), encoding="utf-8"
+    )
     planned = onnxbuild.plan([str(recipe)], settings)
     reasons = {s.spec.name: s.reasons for s in planned.steps if s.action == "run"}
     assert reasons == {"checksums": ('checksums.algorithm changed "sha256" -> "sha1"',)}

@@ -69,25 +69,51 @@ KINDS = ("onnxbuild.pipeline", "onnxbuild.steps", "onnxbuild.sources", "onnxbuil
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if within(m, "onnxbuild.engine")))
 def test_the_engine_imports_no_kind(module: str) -> None:
-    upward = sorted(i for i in MODULES[module] if within(i, *KINDS, "onnxbuild.api", "onnxbuild.cli", "onnxbuild.review.diff", "onnxbuild.review.verify"))
-    assert not upward, f"{module} imports {upward}: the engine plans and runs plain specs (onnxbuild.spec); pass what it needs in"
+    upward = sorted(
+        i
+        for i in MODULES[module]
+        if within(i, *KINDS, "onnxbuild.api", "onnxbuild.cli", "onnxbuild.review.diff", "onnxbuild.review.verify")
+    )
+    assert not upward, (
+        f"{module} imports {upward}: the engine plans and runs plain specs (onnxbuild.spec); pass what it needs in"
+    )
 
 
-@pytest.mark.parametrize("module", sorted(m for m in MODULES if within(m, "onnxbuild.steps", "onnxbuild.sources", "onnxbuild.fusion")))
+@pytest.mark.parametrize(
+    "module", sorted(m for m in MODULES if within(m, "onnxbuild.steps", "onnxbuild.sources", "onnxbuild.fusion"))
+)
 def test_kinds_import_no_engine_module(module: str) -> None:
-    upward = sorted(i for i in MODULES[module] if within(i, "onnxbuild.engine", "onnxbuild.pipeline", "onnxbuild.api", "onnxbuild.cli"))
-    assert not upward, f"{module} imports {upward}: environment facts are in onnxbuild.environment, step types in onnxbuild.spec"
+    upward = sorted(
+        i
+        for i in MODULES[module]
+        if within(i, "onnxbuild.engine", "onnxbuild.pipeline", "onnxbuild.api", "onnxbuild.cli")
+    )
+    assert not upward, (
+        f"{module} imports {upward}: environment facts are in onnxbuild.environment, step types in onnxbuild.spec"
+    )
 
 
-SOURCE_KIND_MODULES = tuple(f"onnxbuild.sources.{k}" for k in ("onnx", "graph", "huggingface", "pytorch", "tensorflow", "gguf_header"))
+SOURCE_KIND_MODULES = tuple(
+    f"onnxbuild.sources.{k}" for k in ("onnx", "graph", "huggingface", "pytorch", "tensorflow", "gguf_header")
+)
 """The source kinds, and gguf_header, the huggingface kind's reader of a GGUF file's header (core
 too: it imports only errors, and the kind calls it when it records the source)."""
 
 
 def test_the_core_imports_nothing_above_it() -> None:
-    core = ("onnxbuild.spec", "onnxbuild.environment", "onnxbuild.errors", "onnxbuild._util", "onnxbuild.recipe", "onnxbuild.sources.usercode", *SOURCE_KIND_MODULES)
+    core = (
+        "onnxbuild.spec",
+        "onnxbuild.environment",
+        "onnxbuild.errors",
+        "onnxbuild._util",
+        "onnxbuild.recipe",
+        "onnxbuild.sources.usercode",
+        *SOURCE_KIND_MODULES,
+    )
     for module in (m for m in MODULES if within(m, *core)):
-        upward = sorted(i for i in MODULES[module] if not (within(i, *core, "onnxbuild._version") or i == "onnxbuild.sources"))
+        upward = sorted(
+            i for i in MODULES[module] if not (within(i, *core, "onnxbuild._version") or i == "onnxbuild.sources")
+        )
         assert not upward, f"{module} imports {upward}"
 
 
@@ -130,9 +156,14 @@ def test_no_import_circle() -> None:
         parts = name.split(".")
         return {".".join(parts[:i]) for i in range(2, len(parts))}
 
-    graph = {m: {i for d in deps for i in {d, *parents(d)} if i in MODULES and i not in (m, "onnxbuild")} for m, deps in MODULES.items()}
+    graph = {
+        m: {i for d in deps for i in {d, *parents(d)} if i in MODULES and i not in (m, "onnxbuild")}
+        for m, deps in MODULES.items()
+    }
     found = cycles(graph)
-    shown = "; ".join(" -> ".join(c) + ": " + ", ".join(f"{a} imports {sorted(graph[a] & set(c))}" for a in c) for c in found)
+    shown = "; ".join(
+        " -> ".join(c) + ": " + ", ".join(f"{a} imports {sorted(graph[a] & set(c))}" for a in c) for c in found
+    )
     assert not found, f"import circles: {shown}"
 
 
@@ -142,5 +173,11 @@ SOURCE_KINDS = ("onnx", "graph", "huggingface", "pytorch", "tensorflow")
 @pytest.mark.parametrize("kind", SOURCE_KINDS)
 def test_a_source_kind_imports_no_other_source_and_no_step(kind: str) -> None:
     module = f"onnxbuild.sources.{kind}"
-    upward = sorted(i for i in MODULES[module] if within(i, "onnxbuild.steps", *(f"onnxbuild.sources.{k}" for k in SOURCE_KINDS if k != kind)))
-    assert not upward, f"{module} imports {upward}: a source kind stands alone (shared torch helpers are in sources.torchmodel)"
+    upward = sorted(
+        i
+        for i in MODULES[module]
+        if within(i, "onnxbuild.steps", *(f"onnxbuild.sources.{k}" for k in SOURCE_KINDS if k != kind))
+    )
+    assert not upward, (
+        f"{module} imports {upward}: a source kind stands alone (shared torch helpers are in sources.torchmodel)"
+    )

@@ -34,10 +34,16 @@ def write(tmp_path: Path, limits: str) -> Path:
 
 def test_a_step_over_its_memory_limit_fails_with_the_figure_and_the_build_exits_1(tmp_path: Path) -> None:
     recipe = write(tmp_path, "limits:\n  steps:\n    export: {memory_mb: 200}\n")
-    result = CliRunner().invoke(cli, ["--cache-dir", str(tmp_path / "cache"), "--artifacts-dir", str(tmp_path / "artifacts"), "make", str(recipe)])
+    result = CliRunner().invoke(
+        cli,
+        ["--cache-dir", str(tmp_path / "cache"), "--artifacts-dir", str(tmp_path / "artifacts"), "make", str(recipe)],
+    )
     assert result.exit_code == 1, result.output
     assert "step export failed: stopped at" in result.output
-    assert "MB resident, over limits.memory_mb (200 MB) for this step; raise the limit in the recipe if the model needs it" in result.output
+    assert (
+        "MB resident, over limits.memory_mb (200 MB) for this step; raise the limit in the recipe if the model needs it"
+        in result.output
+    )
     assert "Traceback" not in result.output
 
 
@@ -53,7 +59,13 @@ def test_a_step_over_its_time_limit_fails_and_earlier_steps_stay_cached(tmp_path
     write(tmp_path, "limits:\n  seconds: 600\n")
     again = onnxbuild.build([recipe], settings)
     statuses = {s["name"]: s["status"] for s in again.recipes[0].steps}
-    assert statuses == {"source": "cached", "export": "cached", "check": "cached", "validate": "built", "report": "built"}
+    assert statuses == {
+        "source": "cached",
+        "export": "cached",
+        "check": "cached",
+        "validate": "built",
+        "report": "built",
+    }
 
 
 @pytest.mark.parametrize(
@@ -71,7 +83,7 @@ def test_bad_limits_are_named(tmp_path: Path, limits: str, message: str) -> None
     assert message in str(err.value)
 
 
-HOG = '''
+HOG = """
 import os
 import subprocess
 import sys
@@ -96,7 +108,7 @@ def spawn(**kw):
         f.write(str(child.pid))
     time.sleep(120)
     return torch.nn.Linear(4, 2)
-'''
+"""
 
 
 @pytest.mark.parametrize(
@@ -107,7 +119,9 @@ def spawn(**kw):
         ("spawn", "{seconds: 3}", "over limits.seconds (3 s)", 20.0),
     ],
 )
-def test_limits_hold_from_outside_the_step_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, factory: str, limits: str, said: str, within_s: float) -> None:
+def test_limits_hold_from_outside_the_step_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, factory: str, limits: str, said: str, within_s: float
+) -> None:
     """The watch is in the runner, not a thread of the step: C code holding the GIL, or a
     single huge allocation, is still stopped, with every process the step started."""
     import os
@@ -119,7 +133,10 @@ def test_limits_hold_from_outside_the_step_process(tmp_path: Path, monkeypatch: 
     pid_file = tmp_path / "child.pid"
     monkeypatch.setenv("HOG_PID_FILE", str(pid_file))
     recipe = tmp_path / "hog.yaml"
-    recipe.write_text(f'name: hog\nsource:\n  pytorch: {{factory: "hog.py:{factory}"}}\nexport:\n  inputs: [{{name: x, shape: [batch, 4]}}]\nlimits:\n  steps:\n    export: {limits}\n', encoding="utf-8")
+    recipe.write_text(
+        f'name: hog\nsource:\n  pytorch: {{factory: "hog.py:{factory}"}}\nexport:\n  inputs: [{{name: x, shape: [batch, 4]}}]\nlimits:\n  steps:\n    export: {limits}\n',
+        encoding="utf-8",
+    )
     settings = onnxbuild.Settings(cache_dir=tmp_path / "cache", artifacts_dir=tmp_path / "artifacts")
     start = time.monotonic()
     report = onnxbuild.build([recipe], settings)

@@ -20,7 +20,10 @@ def run(*args: str) -> Result:
 def test_make_lock_then_plan_check_then_a_stale_lock_fails(project: Path) -> None:
     missing = run("plan", "--check", LR)
     assert missing.exit_code == 1
-    assert "linear-regression.lock.json does not exist; run `onnxbuild make recipes/linear-regression.yaml --lock` and commit it" in missing.stdout
+    assert (
+        "linear-regression.lock.json does not exist; run `onnxbuild make recipes/linear-regression.yaml --lock` and commit it"
+        in missing.stdout
+    )
 
     built = run("make", LR, "--lock")
     assert built.exit_code == 0, built.output
@@ -35,11 +38,16 @@ def test_make_lock_then_plan_check_then_a_stale_lock_fails(project: Path) -> Non
     assert LOCK.read_bytes() == first
 
     recipe = project / LR
-    recipe.write_text(recipe.read_text(encoding="utf-8").replace("seed: 0, distribution", "seed: 1, distribution"), encoding="utf-8")
+    recipe.write_text(
+        recipe.read_text(encoding="utf-8").replace("seed: 0, distribution", "seed: 1, distribution"), encoding="utf-8"
+    )
     stale = run("plan", "--check", LR)
     assert stale.exit_code == 1
     assert stale.stdout == "linear-regression:source: source.graph.initializers[0].random.seed changed 0 -> 1\n"
-    assert "Error: the lock files do not match the recipes; run `onnxbuild make RECIPE --lock` and commit the locks" in stale.stderr
+    assert (
+        "Error: the lock files do not match the recipes; run `onnxbuild make RECIPE --lock` and commit the locks"
+        in stale.stderr
+    )
     assert not (project / "artifacts" / "linear-regression" / "failed").exists()
 
 
@@ -55,7 +63,10 @@ def test_verify_rebuilds_in_a_throwaway_cache_and_finds_every_digest_identical(p
     cache_before = sorted(p.name for p in (project / ".onnxbuild" / "cache" / "entries").rglob("*.json"))
     result = run("verify", LR)
     assert result.exit_code == 0, result.output
-    assert result.stdout == "linear-regression: byte-identical\n  source               identical\n  check                identical\n"
+    assert (
+        result.stdout
+        == "linear-regression: byte-identical\n  source               identical\n  check                identical\n"
+    )
     assert sorted(p.name for p in (project / ".onnxbuild" / "cache" / "entries").rglob("*.json")) == cache_before
 
 
@@ -94,7 +105,9 @@ def test_plan_check_explains_a_stale_lock_from_the_lock_alone(project: Path) -> 
 
 
 @pytest.mark.slow  # two cold builds with a benchmark: make test-slow
-def test_a_lock_with_a_benchmark_is_the_same_after_a_cold_rebuild(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_lock_with_a_benchmark_is_the_same_after_a_cold_rebuild(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Timings are measurements: the benchmark's outputs are listed, not locked."""
     import json
     import shutil
@@ -110,7 +123,9 @@ def test_a_lock_with_a_benchmark_is_the_same_after_a_cold_rebuild(tmp_path: Path
     assert lock.read_bytes() == first
 
 
-def test_make_frozen_refuses_a_poisoned_remote_entry_naming_both_digests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_make_frozen_refuses_a_poisoned_remote_entry_naming_both_digests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Someone with write access points the remote's entry for the recipe's source step at
     another valid model (B = 0.25 for the recipe's 0.5): a fresh runner with --frozen fails."""
     import json
@@ -127,9 +142,13 @@ def test_make_frozen_refuses_a_poisoned_remote_entry_naming_both_digests(tmp_pat
     # the attacker builds another model and rewires the entry the lock's key names to it
     monkeypatch.chdir(tmp_path / "attacker")
     other = tmp_path / "attacker" / LR
-    other.write_text(other.read_text(encoding="utf-8").replace("values: [0.5, -0.5]", "values: [0.25, -0.5]"), encoding="utf-8")
+    other.write_text(
+        other.read_text(encoding="utf-8").replace("values: [0.5, -0.5]", "values: [0.25, -0.5]"), encoding="utf-8"
+    )
     assert run("--cache-url", remote, "make", LR).exit_code == 0
-    evil = json.loads((tmp_path / "attacker" / "artifacts" / "linear-regression" / "manifest.json").read_text(encoding="utf-8"))
+    evil = json.loads(
+        (tmp_path / "attacker" / "artifacts" / "linear-regression" / "manifest.json").read_text(encoding="utf-8")
+    )
     evil_out = next(s for s in evil["steps"] if s["name"] == "source")["outputs"]
     key = lock["steps"]["source"]["key"]
     entry_path = tmp_path / "remote" / "entries" / key[:2] / f"{key}.json"
@@ -187,7 +206,9 @@ def test_the_readme_ci_workflow_with_a_file_remote_and_two_fresh_runners(tmp_pat
     env.pop("ONNXBUILD_CACHE_DIR", None)
 
     def onnxbuild(where: Path, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "onnxbuild", *args], cwd=where, env=env, capture_output=True, text=True, timeout=600)
+        return subprocess.run(
+            [sys.executable, "-m", "onnxbuild", *args], cwd=where, env=env, capture_output=True, text=True, timeout=600
+        )
 
     subprocess.run(["git", "init", "-q", "-b", "main"], cwd=repo, check=True)
     assert onnxbuild(repo, "make", LR, "--lock").returncode == 0  # main's job writes the lock and fills the remote
@@ -198,7 +219,9 @@ def test_the_readme_ci_workflow_with_a_file_remote_and_two_fresh_runners(tmp_pat
     # the pull request: B changes, lock updated by its author
     subprocess.run([*git, "checkout", "-qb", "pr"], cwd=repo, check=True)
     recipe = repo / LR
-    recipe.write_text(recipe.read_text(encoding="utf-8").replace("values: [0.5, -0.5]", "values: [0.5, -0.25]"), encoding="utf-8")
+    recipe.write_text(
+        recipe.read_text(encoding="utf-8").replace("values: [0.5, -0.5]", "values: [0.5, -0.25]"), encoding="utf-8"
+    )
     assert onnxbuild(repo, "--cache-dir", str(tmp_path / "author-cache"), "make", LR, "--lock").returncode == 0
     subprocess.run([*git, "commit", "-qam", "pr"], cwd=repo, check=True)
     shutil.rmtree(repo / "artifacts")
@@ -213,7 +236,14 @@ def test_the_readme_ci_workflow_with_a_file_remote_and_two_fresh_runners(tmp_pat
         steps = json.loads(build.stdout)["recipes"][0]["steps"]
         assert [s["reason"] for s in steps] == ["pulled from the remote cache"] * 2  # the author's build pushed them
         summary = work / "summary.md"
-        diff = subprocess.run([sys.executable, "-m", "onnxbuild", "diff", "--base", "main", "--format", "md"], cwd=work, env={**env, "GITHUB_STEP_SUMMARY": str(summary)}, capture_output=True, text=True, timeout=600)
+        diff = subprocess.run(
+            [sys.executable, "-m", "onnxbuild", "diff", "--base", "main", "--format", "md"],
+            cwd=work,
+            env={**env, "GITHUB_STEP_SUMMARY": str(summary)},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert diff.returncode == 0, diff.stderr
         assert "| `source.graph.initializers[1].values[1]` | -0.5 | -0.25 |" in diff.stdout
         assert summary.read_text(encoding="utf-8") == diff.stdout

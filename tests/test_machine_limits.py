@@ -30,7 +30,9 @@ ONE_MATMUL = {
             "ir_version": 10,
             "inputs": [{"name": "X", "dtype": "float32", "shape": ["batch", K]}],
             "outputs": [{"name": "Y", "dtype": "float32", "shape": ["batch", N]}],
-            "initializers": [{"name": "W", "dtype": "float32", "shape": [K, N], "random": {"seed": 0, "distribution": "normal"}}],
+            "initializers": [
+                {"name": "W", "dtype": "float32", "shape": [K, N], "random": {"seed": 0, "distribution": "normal"}}
+            ],
             "nodes": [{"op_type": "MatMul", "inputs": ["X", "W"], "outputs": ["Y"]}],
         }
     },
@@ -96,12 +98,12 @@ def test_a_matmul_row_carries_its_work_and_its_share_of_the_machine_limit_measur
     other = {**ONE_MATMUL, "name": "another-matmul", "benchmark": {**ONE_MATMUL["benchmark"], "iterations": 6}}
     recipe = tmp_path / "recipes" / "another-matmul.yaml"
     recipe.write_text(yaml.safe_dump(other, sort_keys=False), encoding="utf-8")
-    report = onnxbuild.build([recipe], onnxbuild.Settings(cache_dir=tmp_path / "cache", artifacts_dir=tmp_path / "artifacts"), jobs=1)
+    report = onnxbuild.build(
+        [recipe], onnxbuild.Settings(cache_dir=tmp_path / "cache", artifacts_dir=tmp_path / "artifacts"), jobs=1
+    )
     status = {s["name"]: s["status"] for s in report.recipes[0].steps}
     assert status["machine"] == "cached" and status["benchmark"] == "built"
     assert read(tmp_path / "artifacts" / "another-matmul" / "benchmark.json")["peaks"] == peaks
-
-
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +122,9 @@ def test_pytorch_bf16_is_timed_beside_fp32_where_the_cpu_has_native_bf16(tiny_ov
     assert decode == dtypes
     for row in bench["results"]:
         assert (row["ratio_to_pytorch_bf16"] is not None) == native
-        assert row["ratio_to_pytorch_bf16"] is None or row["ratio_to_pytorch_bf16"] == pytest.approx(row["p50_ms"] / bench["baseline"][1]["p50_ms"], rel=1e-2)
+        assert row["ratio_to_pytorch_bf16"] is None or row["ratio_to_pytorch_bf16"] == pytest.approx(
+            row["p50_ms"] / bench["baseline"][1]["p50_ms"], rel=1e-2
+        )
     if not native:
         assert "no native bf16" in bench["pytorch_bf16"]["reason"]
 
@@ -132,9 +136,13 @@ def test_openvino_validates_model_at_its_precision_and_is_benchmarked(tiny_ov: P
     ov = validation["variants"]["model"]["openvino"]
     assert ov["passed"] and not ov["skipped"] and ov["precision"] in ("bf16", "f32")
     if ov["precision"] == "bf16":
-        assert (ov["atol"], ov["rtol"]) == (0.1, 0.05) and ov["top1"]["min"] == 0.9 and ov["top1"]["tokens"] == 43 + 26  # and the left-padded batch's 26 real tokens
+        assert (
+            (ov["atol"], ov["rtol"]) == (0.1, 0.05) and ov["top1"]["min"] == 0.9 and ov["top1"]["tokens"] == 43 + 26
+        )  # and the left-padded batch's 26 real tokens
     cases = [s["openvino"] for s in validation["variants"]["model"]["shapes"]]
-    assert len(cases) == 6 and all(c["passed"] for c in cases)  # prefill and decode at both shapes and a left-padded batch
+    assert len(cases) == 6 and all(
+        c["passed"] for c in cases
+    )  # prefill and decode at both shapes and a left-padded batch
     assert all(0 < c["outputs"]["logits"]["max_abs_diff"] <= ov["atol"] for c in cases)
     assert validation["variants"]["int8"]["openvino"] is None  # not listed for openvino
     md = (tiny_ov / "reports" / "validation.md").read_text(encoding="utf-8")
@@ -143,7 +151,12 @@ def test_openvino_validates_model_at_its_precision_and_is_benchmarked(tiny_ov: P
     bench = read(tiny_ov / "benchmark.json")
     assert bench["validated"] == {"model": ["CPUExecutionProvider", "openvino"], "int8": ["CPUExecutionProvider"]}
     rows = {(r["variant"], r["provider"]): r for r in bench["results"]}
-    assert set(rows) == {("model", "CPUExecutionProvider"), ("int8", "CPUExecutionProvider"), ("model", "openvino"), ("int8", "openvino")}
+    assert set(rows) == {
+        ("model", "CPUExecutionProvider"),
+        ("int8", "CPUExecutionProvider"),
+        ("model", "openvino"),
+        ("int8", "openvino"),
+    }
     assert rows[("model", "openvino")]["inference_precision"] == ov["precision"]
     assert rows[("model", "openvino")]["roofline"]["precision"] == ("bf16" if ov["precision"] == "bf16" else "fp32")
     assert {d["engine"] for d in bench["decode"]} == {"pytorch", "onnxruntime", "openvino"}
@@ -157,25 +170,50 @@ def test_openvino_validates_model_at_its_precision_and_is_benchmarked(tiny_ov: P
     for c in calls["model"]:
         assert c["shape"] == largest and c["run_ms"] > 0 and c["ops"]
         assert all(re.fullmatch(r"\w+ \(\w+\)", o["op"]) and o["ms"] > 0 for o in c["ops"])
-        assert sum(o["share"] for o in c["ops"]) <= 1.001 and [o["ms"] for o in c["ops"]] == sorted((o["ms"] for o in c["ops"]), reverse=True)
+        assert sum(o["share"] for o in c["ops"]) <= 1.001 and [o["ms"] for o in c["ops"]] == sorted(
+            (o["ms"] for o in c["ops"]), reverse=True
+        )
         # per call, not OpenVINO's running mean since compilation (which mixed the prefills into the decode step)
         assert sum(o["ms"] for o in c["ops"]) <= c["run_ms"]
-    assert "## Where the time goes (OpenVINO's profiler)" in md and f"| model | decode | {', '.join(f'{k}={v}' for k, v in largest.items())} |" in md
+    assert (
+        "## Where the time goes (OpenVINO's profiler)" in md
+        and f"| model | decode | {', '.join(f'{k}={v}' for k, v in largest.items())} |" in md
+    )
     # the lead puts each shape's prefill winner beside its own decode step and the fastest validated one
     for shape in {json.dumps(r["shape"], sort_keys=True) for r in bench["results"]}:
-        ok = [r for r in bench["results"] if json.dumps(r["shape"], sort_keys=True) == shape and r["provider"] in bench["validated"][r["variant"]]]
+        ok = [
+            r
+            for r in bench["results"]
+            if json.dumps(r["shape"], sort_keys=True) == shape and r["provider"] in bench["validated"][r["variant"]]
+        ]
         best = min(ok, key=lambda r: r["p50_ms"])
-        steps = [d for d in bench["decode"] if d["engine"] != "pytorch" and json.dumps(d["shape"], sort_keys=True) == shape and d["provider"] in bench["validated"][d["variant"]]]
+        steps = [
+            d
+            for d in bench["decode"]
+            if d["engine"] != "pytorch"
+            and json.dumps(d["shape"], sort_keys=True) == shape
+            and d["provider"] in bench["validated"][d["variant"]]
+        ]
         own = next(d for d in steps if (d["variant"], d["provider"]) == (best["variant"], best["provider"]))
         top = min(steps, key=lambda d: d["decode_p50_ms"])
-        (line,) = [x for x in md.splitlines() if x.startswith(f"- {', '.join(f'{k}={v}' for k, v in best['shape'].items())}: **{best['variant']} on ")]
+        (line,) = [
+            x
+            for x in md.splitlines()
+            if x.startswith(f"- {', '.join(f'{k}={v}' for k, v in best['shape'].items())}: **{best['variant']} on ")
+        ]
         assert f"; its decode step {format_ms(own['decode_p50_ms'])}, " in line
-        assert line.endswith("the fastest validated decode" if top is own else f"({top['variant']} on {top['provider'].replace('ExecutionProvider', '')} {format_ms(top['decode_p50_ms'])})")
+        assert line.endswith(
+            "the fastest validated decode"
+            if top is own
+            else f"({top['variant']} on {top['provider'].replace('ExecutionProvider', '')} {format_ms(top['decode_p50_ms'])})"
+        )
 
 
 @pytest.mark.skipif(unavailable() is not None, reason=f"OpenVINO cannot run here: {unavailable()}")
 @pytest.mark.slow  # OpenVINO beside ONNX Runtime on a decoder: make test-slow
-def test_a_static_int8_decoder_calibrates_on_prefills_and_is_validated_on_openvino_to_int8_tolerances(tmp_path: Path) -> None:
+def test_a_static_int8_decoder_calibrates_on_prefills_and_is_validated_on_openvino_to_int8_tolerances(
+    tmp_path: Path,
+) -> None:
     """Static int8 of a decoder with a KV cache (calibrated on prefills, every past empty), with
     symmetric int8 activations: the file OpenVINO runs in int8. OpenVINO validates it to the
     variant's own int8 tolerances (its bf16 rounding comes on top of the file's). Percentile
@@ -187,14 +225,25 @@ def test_a_static_int8_decoder_calibrates_on_prefills_and_is_validated_on_openvi
     doc = json.loads(json.dumps(TINY_OV))
     doc["name"] = "tiny-s8"
     doc["optimize"] = {"level": "basic", "transformer": {"model_type": "gpt2"}}
-    doc["quantize"] = [{"name": "s8", "method": "static", "from": "optimized", "activation_type": "int8", "op_types": ["MatMul"], "calibration": {"samples": 3, "method": "percentile"}}]
+    doc["quantize"] = [
+        {
+            "name": "s8",
+            "method": "static",
+            "from": "optimized",
+            "activation_type": "int8",
+            "op_types": ["MatMul"],
+            "calibration": {"samples": 3, "method": "percentile"},
+        }
+    ]
     doc["providers"][1]["options"]["variants"] = ["s8"]
     folder = build(tmp_path, doc)
 
     model = onnx.load(str(folder / "s8" / "model.onnx"))
     inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     quantize = [n for n in model.graph.node if n.op_type == "QuantizeLinear"]
-    assert quantize and all(inits[n.input[2]].dtype == np.int8 and not inits[n.input[2]].any() for n in quantize)  # symmetric int8
+    assert quantize and all(
+        inits[n.input[2]].dtype == np.int8 and not inits[n.input[2]].any() for n in quantize
+    )  # symmetric int8
 
     validation = read(folder / "reports" / "validation.json")
     s8 = validation["variants"]["s8"]
@@ -206,21 +255,30 @@ def test_a_static_int8_decoder_calibrates_on_prefills_and_is_validated_on_openvi
     assert bench["validated"]["s8"] == ["CPUExecutionProvider", "openvino"]
     rows = {(r["variant"], r["provider"]): r for r in bench["results"]}
     assert rows[("s8", "openvino")]["p50_ms"] > 0 and rows[("s8", "openvino")]["roofline"]["precision"] == "int8"
-    assert "OpenVINO rows time the inference request with its outputs read in place" in (folder / "benchmark.md").read_text(encoding="utf-8")
+    assert "OpenVINO rows time the inference request with its outputs read in place" in (
+        folder / "benchmark.md"
+    ).read_text(encoding="utf-8")
 
     # its fused attention reads as ScaledDotProductAttention: the cache is held in the model
     assert "KV cache held in the model (stateful)" in ov["note"]
     note = next(p for p in bench["providers"] if p["name"] == "openvino")["reason"]
-    assert "KV cache held in the model (stateful) for s8: decode steps are successive tokens after the past, set back untimed every 8 steps" in note
+    assert (
+        "KV cache held in the model (stateful) for s8: decode steps are successive tokens after the past, set back untimed every 8 steps"
+        in note
+    )
     assert f"\n{note}.\n" in (folder / "benchmark.md").read_text(encoding="utf-8")
     held = next(d for d in bench["decode"] if d["engine"] == "openvino")
     seq = held["shape"]["sequence"]
     assert held["decode_p50_ms"] > 0 and held["decode_past"] == [seq, seq + 7]  # what its steps read, in the row
     assert f"(past {seq}-{seq + 7})" in (folder / "benchmark.md").read_text(encoding="utf-8")
-    assert not any("decode_past" in d for d in bench["decode"] if d["engine"] != "openvino")  # every step after the prompt
+    assert not any(
+        "decode_past" in d for d in bench["decode"] if d["engine"] != "openvino"
+    )  # every step after the prompt
     for c in bench["openvino_kernels"]["s8"]:  # profiled through the held cache too, prefill and decode
         assert "error" not in c and c["ops"] and sum(o["ms"] for o in c["ops"]) <= c["run_ms"], c
-    _stateful_matches_explicit(folder / "optimized" / "model.onnx", folder / "model.onnx")  # fp32: s8's quantized activations turn a 1e-6 difference into a step
+    _stateful_matches_explicit(
+        folder / "optimized" / "model.onnx", folder / "model.onnx"
+    )  # fp32: s8's quantized activations turn a 1e-6 difference into a step
 
 
 def _stateful_matches_explicit(path: Path, plain: Path) -> None:
@@ -284,9 +342,14 @@ def test_without_openvino_the_target_is_skipped_with_the_reason(tmp_path: Path) 
     ov = read(folder / "reports" / "validation.json")["variants"]["model"]["openvino"]
     assert ov["skipped"] and ov["note"] == "skipped: the openvino package is not installed (pip install openvino)"
     bench = read(folder / "benchmark.json")
-    assert {"name": "openvino", "status": "skipped", "reason": "the openvino package is not installed (pip install openvino)"} in bench["providers"]
-    assert "- openvino: the openvino package is not installed (pip install openvino)" in (folder / "benchmark.md").read_text(encoding="utf-8")
-
+    assert {
+        "name": "openvino",
+        "status": "skipped",
+        "reason": "the openvino package is not installed (pip install openvino)",
+    } in bench["providers"]
+    assert "- openvino: the openvino package is not installed (pip install openvino)" in (
+        folder / "benchmark.md"
+    ).read_text(encoding="utf-8")
 
 
 @pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
@@ -362,11 +425,15 @@ def _one_matmul_file(folder: Path) -> Path:
         [onnx.helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, ["batch", N])], [w],
     )  # fmt: skip
     path = folder / "model.onnx"
-    onnx.save_model(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)], ir_version=10), str(path))
+    onnx.save_model(
+        onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)], ir_version=10), str(path)
+    )
     return path
 
 
-def test_a_row_over_its_limit_measures_the_peaks_again_and_one_still_over_is_marked_not_printed_as_a_share(tmp_path: Path) -> None:
+def test_a_row_over_its_limit_measures_the_peaks_again_and_one_still_over_is_marked_not_printed_as_a_share(
+    tmp_path: Path,
+) -> None:
     """#39: the machine step measured one 1024^2 GEMM, which on an AMX core gives a third of
     torch.mm's bf16 at 2048^2, and benchmark.md printed "180% of bf16 GEMM". A row over its
     limit now has the peaks measured again (best of sizes and libraries); a row still over
@@ -378,28 +445,63 @@ def test_a_row_over_its_limit_measures_the_peaks_again_and_one_still_over_is_mar
     from onnxbuild.steps.benchmark import PEAKS, _attach_roofline, _work_of
     from onnxbuild.steps.roofline import Peaks
 
-    low = Peaks(fp32_gflops=0.01, bf16_gflops=None, int8_gops=None, memory_gbps=0.01, threads=1, how={"fp32_gflops": "planted: a busy machine"})
+    low = Peaks(
+        fp32_gflops=0.01,
+        bf16_gflops=None,
+        int8_gops=None,
+        memory_gbps=0.01,
+        threads=1,
+        how={"fp32_gflops": "planted: a busy machine"},
+    )
     (tmp_path / "in" / "reports").mkdir(parents=True)
     (tmp_path / "in" / PEAKS).write_text(json.dumps(low.as_dict()), encoding="utf-8")
-    ctx = StepContext(recipe_name="r", recipe_path="r.yaml", recipe_dir=tmp_path, input_dir=tmp_path / "in", output_dir=tmp_path / "out")
+    ctx = StepContext(
+        recipe_name="r",
+        recipe_path="r.yaml",
+        recipe_dir=tmp_path,
+        input_dir=tmp_path / "in",
+        output_dir=tmp_path / "out",
+    )
     model = _one_matmul_file(tmp_path)
     feeds = {"X": np.ones((BATCH, K), np.float32)}
-    real = {"variant": "model", "provider": "CPUExecutionProvider", "shape": {"batch": BATCH}, "p50_ms": 0.02, **_work_of(model, "fp32", feeds, phase="")}
-    impossible = {"variant": "optimized", "provider": "CPUExecutionProvider", "shape": {"batch": BATCH}, "p50_ms": 1e-9, **_work_of(model, "fp32", feeds, phase="")}
+    real = {
+        "variant": "model",
+        "provider": "CPUExecutionProvider",
+        "shape": {"batch": BATCH},
+        "p50_ms": 0.02,
+        **_work_of(model, "fp32", feeds, phase=""),
+    }
+    impossible = {
+        "variant": "optimized",
+        "provider": "CPUExecutionProvider",
+        "shape": {"batch": BATCH},
+        "p50_ms": 1e-9,
+        **_work_of(model, "fp32", feeds, phase=""),
+    }
     # A PyTorch baseline row carries no variant: the CI run of 2bdd58c failed the GPT-2 benchmark
     # with a KeyError when the first row over its limit was PyTorch's.
-    baseline = {"engine": "pytorch", "dtype": "fp32", "shape": {"batch": BATCH}, "p50_ms": 1e-9, **_work_of(model, "fp32", feeds, phase="")}
+    baseline = {
+        "engine": "pytorch",
+        "dtype": "fp32",
+        "shape": {"batch": BATCH},
+        "p50_ms": 1e-9,
+        **_work_of(model, "fp32", feeds, phase=""),
+    }
     peaks = _attach_roofline(ctx, [baseline, real, impossible], threads=1)
     assert peaks is not None
     assert peaks["fp32_gflops"] > 1 and peaks["memory_gbps"] > 1  # measured again: the planted figures were beaten
-    assert peaks["remeasured"].startswith(f"PyTorch fp32 at batch={BATCH} reached ") and peaks["remeasured"].endswith(" rose")
+    assert peaks["remeasured"].startswith(f"PyTorch fp32 at batch={BATCH} reached ") and peaks["remeasured"].endswith(
+        " rose"
+    )
     assert "fp32_gflops" in peaks["remeasured"] and "memory_gbps" in peaks["remeasured"]
     assert "onnxruntime MatMul" in peaks["how"]["fp32_gflops"] or "torch.mm" in peaks["how"]["fp32_gflops"]
     assert real["roofline"]["fraction"] <= 1.0 and "over_limit" not in real["roofline"]
     assert impossible["roofline"]["over_limit"] is True and impossible["roofline"]["fraction"] > 1
     assert baseline["roofline"]["over_limit"] is True
     assert limit_text(impossible).startswith(f"over the measured {impossible['roofline']['limit']} limit (")
-    assert limit_text(impossible).endswith(": the limit is low)") and limit_text(real).endswith(f"% of {real['roofline']['limit']}")
+    assert limit_text(impossible).endswith(": the limit is low)") and limit_text(real).endswith(
+        f"% of {real['roofline']['limit']}"
+    )
 
 
 def test_the_fp32_peak_is_the_best_of_torch_and_onnxruntime_at_two_sizes() -> None:
@@ -414,7 +516,9 @@ def test_the_fp32_peak_is_the_best_of_torch_and_onnxruntime_at_two_sizes() -> No
     before = torch.get_num_threads()
     torch.set_num_threads(1)  # as measure_peaks ran them
     try:
-        each = [_torch_gemm(torch.float32, n, 1, 0.05)[0] for n in GEMM_SIZES] + [_ort_gemm(n, 1, 0.05)[0] for n in GEMM_SIZES]
+        each = [_torch_gemm(torch.float32, n, 1, 0.05)[0] for n in GEMM_SIZES] + [
+            _ort_gemm(n, 1, 0.05)[0] for n in GEMM_SIZES
+        ]
     finally:
         torch.set_num_threads(before)
     # a best case: no lower than the second-best single measurement made just after it (noise aside)
@@ -459,6 +563,10 @@ def test_limits_measured_on_a_busy_machine_are_marked_and_not_cached(tmp_path: P
     assert not list((tmp_path / "cache" / "entries").rglob("*.json")) or all(
         read(e)["step"] != "machine" for e in (tmp_path / "cache" / "entries").rglob("*.json")
     )
-    report = onnxbuild.build([tmp_path / "recipes" / "one-matmul.yaml"], onnxbuild.Settings(cache_dir=tmp_path / "cache", artifacts_dir=tmp_path / "artifacts"), jobs=1)
+    report = onnxbuild.build(
+        [tmp_path / "recipes" / "one-matmul.yaml"],
+        onnxbuild.Settings(cache_dir=tmp_path / "cache", artifacts_dir=tmp_path / "artifacts"),
+        jobs=1,
+    )
     status = {s["name"]: s["status"] for s in report.recipes[0].steps}
     assert status["machine"] == "built"  # measured again, now quiet (unless this machine is busy of itself)

@@ -61,7 +61,12 @@ def test_a_benchmark_shape_missing_an_axis_is_a_recipe_error(tmp_path: Path, mon
     shutil.copytree(DATA / "steps", tmp_path / "steps")
     monkeypatch.chdir(tmp_path)
     recipe = tmp_path / STEPS
-    recipe.write_text(recipe.read_text(encoding="utf-8").replace("  iterations: 3\n", "  iterations: 3\n  shapes: [{batch: 1}, {batch: 1, steps: 2, frames: 3}]\n"), encoding="utf-8")
+    recipe.write_text(
+        recipe.read_text(encoding="utf-8").replace(
+            "  iterations: 3\n", "  iterations: 3\n  shapes: [{batch: 1}, {batch: 1, steps: 2, frames: 3}]\n"
+        ),
+        encoding="utf-8",
+    )
     result = run("plan", STEPS)
     assert result.exit_code == 2
     assert result.stderr.splitlines()[1:] == [
@@ -82,9 +87,20 @@ def test_a_targeted_forced_build_keeps_every_current_output(steps_project: Path)
     assert files_under(folder) == before
     manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
     assert [s["name"] for s in manifest["steps"]] == steps_before
-    status = {name: s["status"] for name, s in json.loads((folder / "timings.json").read_text(encoding="utf-8"))["steps"].items()}
+    status = {
+        name: s["status"]
+        for name, s in json.loads((folder / "timings.json").read_text(encoding="utf-8"))["steps"].items()
+    }
     # the chain to check reran; validate, report and benchmark (outside it) stayed, as the rebuilt export came out identical
-    assert status == {"source": "built", "export": "built", "check": "built", "validate": "cached", "report": "cached", "machine": "cached", "benchmark": "cached"}
+    assert status == {
+        "source": "built",
+        "export": "built",
+        "check": "built",
+        "validate": "cached",
+        "report": "cached",
+        "machine": "cached",
+        "benchmark": "cached",
+    }
     plan = run("plan", STEPS)
     assert plan.exit_code == 0, plan.output
     assert plan.stdout.splitlines()[-1] == "everything is up to date"
@@ -95,7 +111,15 @@ def test_single_forces_only_the_target(steps_project: Path) -> None:
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert lines[0] == "steps: ok (6 cached, 1 built)"
-    assert [line.split()[:2] for line in lines[1:8]] == [["source", "cached"], ["export", "cached"], ["check", "cached"], ["validate", "cached"], ["report", "cached"], ["machine", "cached"], ["benchmark", "built"]]
+    assert [line.split()[:2] for line in lines[1:8]] == [
+        ["source", "cached"],
+        ["export", "cached"],
+        ["check", "cached"],
+        ["validate", "cached"],
+        ["report", "cached"],
+        ["machine", "cached"],
+        ["benchmark", "built"],
+    ]
     assert "--single" in run("make", "--help").stdout
 
 
@@ -109,7 +133,9 @@ def test_plan_names_files_missing_or_altered_in_the_artifact_folder(steps_projec
     folder = steps_project / "artifacts" / "steps"
     (folder / "reports" / "validation.md").unlink()
     (folder / "benchmark.md").unlink()
-    (folder / "benchmark.md").write_text("edited by hand\n", encoding="utf-8")  # a new file: the cache's copy is untouched
+    (folder / "benchmark.md").write_text(
+        "edited by hand\n", encoding="utf-8"
+    )  # a new file: the cache's copy is untouched
     result = run("plan", STEPS)
     assert result.exit_code == 1, result.output
     assert result.stdout.splitlines()[-3:] == [
@@ -132,7 +158,14 @@ def test_a_target_leaves_out_steps_that_are_not_current(steps_project: Path) -> 
     assert result.exit_code == 0, result.output
     folder = steps_project / "artifacts" / "steps"
     names = [s["name"] for s in json.loads((folder / "manifest.json").read_text(encoding="utf-8"))["steps"]]
-    assert names == ["source", "export", "check", "validate", "report", "machine"]  # current steps beyond the target stay
+    assert names == [
+        "source",
+        "export",
+        "check",
+        "validate",
+        "report",
+        "machine",
+    ]  # current steps beyond the target stay
     assert "benchmark.json" not in files_under(folder) and "reports/validation.json" in files_under(folder)
     plan = run("plan", STEPS)
     assert plan.exit_code == 1
@@ -145,15 +178,32 @@ def test_a_target_leaves_out_steps_that_are_not_current(steps_project: Path) -> 
 @pytest.mark.parametrize(
     ("factory", "message"),
     [
-        ("../../etc/passwd:build", '../../etc/passwd is not a Python file; name a .py file, e.g. "model.py:build" (relative to the recipe\'s folder) or "package.module:build"'),
-        ("/etc/model.py:build", '/etc/model.py is an absolute path; name a .py file, e.g. "model.py:build" (relative to the recipe\'s folder) or "package.module:build"'),
-        ("../../elsewhere/model.py:build", "../../elsewhere/model.py lies outside the recipe's folder and the folder above it; keep model code beside the recipe"),
-        ("sub/../../../model.py:build", "sub/../../../model.py lies outside the recipe's folder and the folder above it; keep model code beside the recipe"),
+        (
+            "../../etc/passwd:build",
+            '../../etc/passwd is not a Python file; name a .py file, e.g. "model.py:build" (relative to the recipe\'s folder) or "package.module:build"',
+        ),
+        (
+            "/etc/model.py:build",
+            '/etc/model.py is an absolute path; name a .py file, e.g. "model.py:build" (relative to the recipe\'s folder) or "package.module:build"',
+        ),
+        (
+            "../../elsewhere/model.py:build",
+            "../../elsewhere/model.py lies outside the recipe's folder and the folder above it; keep model code beside the recipe",
+        ),
+        (
+            "sub/../../../model.py:build",
+            "sub/../../../model.py lies outside the recipe's folder and the folder above it; keep model code beside the recipe",
+        ),
     ],
 )
-def test_a_factory_that_is_not_a_python_file_beside_the_recipe_is_a_recipe_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, factory: str, message: str) -> None:
+def test_a_factory_that_is_not_a_python_file_beside_the_recipe_is_a_recipe_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, factory: str, message: str
+) -> None:
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "r.yaml").write_text(f'name: r\nsource:\n  pytorch: {{factory: "{factory}"}}\nexport:\n  inputs: [{{name: x, shape: [batch, 4]}}]\n', encoding="utf-8")
+    (tmp_path / "r.yaml").write_text(
+        f'name: r\nsource:\n  pytorch: {{factory: "{factory}"}}\nexport:\n  inputs: [{{name: x, shape: [batch, 4]}}]\n',
+        encoding="utf-8",
+    )
     result = run("make", "r.yaml")
     assert result.exit_code == 2
     assert result.stderr.splitlines()[1] == f"  r.yaml:3:22: source.pytorch.factory: {message}"
@@ -163,16 +213,29 @@ def test_a_factory_that_is_not_a_python_file_beside_the_recipe_is_a_recipe_error
 @pytest.mark.parametrize(
     ("body", "factory", "message"),
     [
-        ("def other():\n    pass\n", "m.py:build", "source.pytorch.factory: m.py defines no function 'build' at its top level; add `def build(...)` there or fix the name after the colon"),
+        (
+            "def other():\n    pass\n",
+            "m.py:build",
+            "source.pytorch.factory: m.py defines no function 'build' at its top level; add `def build(...)` there or fix the name after the colon",
+        ),
         ("def build(:\n", "m.py:build", "source.pytorch.factory: m.py is not valid Python (line 1: invalid syntax)"),
-        (None, "gone.py:build", "source.pytorch.factory: {dir}/gone.py does not exist (paths are relative to the recipe's folder, {dir})"),
+        (
+            None,
+            "gone.py:build",
+            "source.pytorch.factory: {dir}/gone.py does not exist (paths are relative to the recipe's folder, {dir})",
+        ),
     ],
 )
-def test_the_source_step_checks_the_factory_without_running_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str | None, factory: str, message: str) -> None:
+def test_the_source_step_checks_the_factory_without_running_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str | None, factory: str, message: str
+) -> None:
     monkeypatch.chdir(tmp_path)
     if body is not None:
         (tmp_path / "m.py").write_text(body, encoding="utf-8")
-    (tmp_path / "r.yaml").write_text(f'name: r\nsource:\n  pytorch: {{factory: "{factory}"}}\nexport:\n  inputs: [{{name: x, shape: [batch, 4]}}]\n', encoding="utf-8")
+    (tmp_path / "r.yaml").write_text(
+        f'name: r\nsource:\n  pytorch: {{factory: "{factory}"}}\nexport:\n  inputs: [{{name: x, shape: [batch, 4]}}]\n',
+        encoding="utf-8",
+    )
     result = run("make", "r.yaml")
     assert result.exit_code == 1
     assert "Error: r: step source failed: " + message.format(dir=tmp_path) in result.stderr.splitlines()
@@ -190,7 +253,18 @@ def test_global_options_are_accepted_after_the_command(steps_project: Path, tmp_
     plan = run("plan", STEPS, "--target", "check", "--cache-dir", str(cache), "--artifacts-dir", str(artifacts))
     assert plan.exit_code == 0, plan.output
     # after the command wins over before it
-    before = run("--cache-dir", str(tmp_path / "nowhere"), "plan", STEPS, "--target", "check", "--cache-dir", str(cache), "--artifacts-dir", str(artifacts))
+    before = run(
+        "--cache-dir",
+        str(tmp_path / "nowhere"),
+        "plan",
+        STEPS,
+        "--target",
+        "check",
+        "--cache-dir",
+        str(cache),
+        "--artifacts-dir",
+        str(artifacts),
+    )
     assert before.exit_code == 0, before.output
     for command in ("make", "plan", "diff", "verify", "clean", "gc"):
         assert "--cache-url" in run(command, "--help").stdout
@@ -205,7 +279,15 @@ def _case(shape: dict[str, int], outputs: dict[str, float], failed: str = "") ->
         "error": None,
         "passed": not failed,
         "top1_agreement": 1.0,
-        "outputs": {n: {"max_abs_diff": d, "max_rel_diff": d, "mismatch_fraction": 0.5 if n == failed else 0.0, "passed": n != failed} for n, d in outputs.items()},
+        "outputs": {
+            n: {
+                "max_abs_diff": d,
+                "max_rel_diff": d,
+                "mismatch_fraction": 0.5 if n == failed else 0.0,
+                "passed": n != failed,
+            }
+            for n, d in outputs.items()
+        },
     }
 
 
@@ -213,12 +295,23 @@ def test_validation_markdown_leads_with_one_verdict_table_and_folds_the_details(
     from onnxbuild.report.validation import markdown
 
     outputs = {f"present.{i}.key": 1e-7 * (i + 1) for i in range(12)} | {"logits": 2e-7}
-    variant = {"provider": "CPUExecutionProvider", "atol": 1e-4, "rtol": 1e-3, "top1": None, "accuracy": None, "embedding_cosine": None, "web": None}
+    variant = {
+        "provider": "CPUExecutionProvider",
+        "atol": 1e-4,
+        "rtol": 1e-3,
+        "top1": None,
+        "accuracy": None,
+        "embedding_cosine": None,
+        "web": None,
+    }
     report = {
         "passed": False,
         "variants": {
             "int8": {**variant, "shapes": [_case({"batch": 1, "sequence": 8}, outputs, failed="present.10.key")]},
-            "model": {**variant, "shapes": [_case({"batch": 1, "sequence": 8}, outputs), _case({"batch": 3, "sequence": 64}, outputs)]},
+            "model": {
+                **variant,
+                "shapes": [_case({"batch": 1, "sequence": 8}, outputs), _case({"batch": 3, "sequence": 64}, outputs)],
+            },
         },
     }
     text = markdown(report, "gpt2")
@@ -238,7 +331,19 @@ def test_validation_markdown_leads_with_one_verdict_table_and_folds_the_details(
 # ---------------------------------------------------------------- 6. sub-millisecond figures
 
 
-@pytest.mark.parametrize(("ms", "shown"), [(0.0004, "0.40 µs"), (0.0123, "12.3 µs"), (0.34, "340 µs"), (0.999, "999 µs"), (1.0, "1.00 ms"), (12.345, "12.35 ms"), (126.4, "126 ms"), (None, "-")])
+@pytest.mark.parametrize(
+    ("ms", "shown"),
+    [
+        (0.0004, "0.40 µs"),
+        (0.0123, "12.3 µs"),
+        (0.34, "340 µs"),
+        (0.999, "999 µs"),
+        (1.0, "1.00 ms"),
+        (12.345, "12.35 ms"),
+        (126.4, "126 ms"),
+        (None, "-"),
+    ],
+)
 def test_latencies_below_a_millisecond_are_shown_in_microseconds(ms: float | None, shown: str) -> None:
     assert format_ms(ms) == shown
 
@@ -276,17 +381,30 @@ def test_the_web_target_installs_onnxruntime_web_on_first_use(tmp_path: Path, mo
     monkeypatch.setattr(web, "LOCK", bare / "package-lock.json")
     monkeypatch.setenv(web.WEB_DIR_ENV, str(tmp_path / "user-cache" / "web"))
     assert web.home() is None
-    assert web.unavailable(install=False) == f"onnxruntime-web is not installed: run `npm ci --prefix {bare}` (make install does)"
+    assert (
+        web.unavailable(install=False)
+        == f"onnxruntime-web is not installed: run `npm ci --prefix {bare}` (make install does)"
+    )
     assert web.unavailable() is None  # installs
     assert web.home() == tmp_path / "user-cache" / "web" and web.where() == str(tmp_path / "user-cache" / "web")
-    assert web.version() == json.loads((bare / "package.json").read_text(encoding="utf-8"))["dependencies"]["onnxruntime-web"]
-    graph = helper.make_graph([helper.make_node("Add", ["x", "x"], ["y"])], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    assert (
+        web.version()
+        == json.loads((bare / "package.json").read_text(encoding="utf-8"))["dependencies"]["onnxruntime-web"]
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
     model = tmp_path / "add.onnx"
     onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9), str(model))
     got = web.run(model, {"x": np.array([1.5, -2.0], dtype=np.float32)})
     assert got.error is None
     assert got.outputs["y"].tolist() == [3.0, -4.0]
-    assert not [p for p in (tmp_path / "user-cache").iterdir() if p.name.startswith(".web.") and p.is_dir()]  # no half-installed temp folder
+    assert not [
+        p for p in (tmp_path / "user-cache").iterdir() if p.name.startswith(".web.") and p.is_dir()
+    ]  # no half-installed temp folder
 
 
 def test_without_npm_the_first_use_says_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -295,7 +413,10 @@ def test_without_npm_the_first_use_says_what_to_do(tmp_path: Path, monkeypatch: 
     monkeypatch.setattr(web, "HERE", tmp_path)
     monkeypatch.setenv(web.WEB_DIR_ENV, str(tmp_path / "user"))
     monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/node" if name == "node" else None)
-    assert web.unavailable() == f"onnxruntime-web is not installed and npm is not on PATH: install Node.js with npm, or run `npm ci --prefix {tmp_path}`"
+    assert (
+        web.unavailable()
+        == f"onnxruntime-web is not installed and npm is not on PATH: install Node.js with npm, or run `npm ci --prefix {tmp_path}`"
+    )
 
 
 def test_benchmark_figures_are_keyed_by_the_machine(steps_project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -309,4 +430,7 @@ def test_benchmark_figures_are_keyed_by_the_machine(steps_project: Path, monkeyp
     assert plan.exit_code == 1
     assert f'steps:machine: will run: machine.cpu changed "{real[0]}" -> "Another CPU 9000"' in plan.stdout
     assert f'steps:benchmark: will run: machine.cpu changed "{real[0]}" -> "Another CPU 9000"' in plan.stdout
-    assert [line.split(":")[1] for line in plan.stdout.splitlines() if ": will run:" in line] == ["machine", "benchmark"]
+    assert [line.split(":")[1] for line in plan.stdout.splitlines() if ": will run:" in line] == [
+        "machine",
+        "benchmark",
+    ]

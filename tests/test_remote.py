@@ -21,7 +21,9 @@ def checkout(tmp_path: Path, name: str) -> Path:
 
 
 def settings_for(where: Path, url: str, **kw: bool) -> onnxbuild.Settings:
-    return onnxbuild.Settings(cache_dir=where / ".onnxbuild" / "cache", artifacts_dir=where / "artifacts", cache_url=url, **kw)
+    return onnxbuild.Settings(
+        cache_dir=where / ".onnxbuild" / "cache", artifacts_dir=where / "artifacts", cache_url=url, **kw
+    )
 
 
 def test_two_checkouts_sharing_a_file_remote_build_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -35,14 +37,20 @@ def test_two_checkouts_sharing_a_file_remote_build_once(tmp_path: Path, monkeypa
     monkeypatch.chdir(b)
     second = onnxbuild.build([LR], settings_for(b, url))
     assert [s["status"] for s in second.recipes[0].steps] == ["cached", "cached"]
-    assert [s["reason"] for s in second.recipes[0].steps] == ["pulled from the remote cache"] * 2  # provenance, not just "cached"
+    assert [s["reason"] for s in second.recipes[0].steps] == [
+        "pulled from the remote cache"
+    ] * 2  # provenance, not just "cached"
     third = onnxbuild.build([LR], settings_for(b, url))
     assert [s["reason"] for s in third.recipes[0].steps] == ["up to date"] * 2
-    assert (b / "artifacts" / "linear-regression" / "model.onnx").read_bytes() == (a / "artifacts" / "linear-regression" / "model.onnx").read_bytes()
+    assert (b / "artifacts" / "linear-regression" / "model.onnx").read_bytes() == (
+        a / "artifacts" / "linear-regression" / "model.onnx"
+    ).read_bytes()
     assert not list((tmp_path / "remote").rglob("*.tmp"))
 
 
-def test_a_tampered_remote_object_is_refused_and_the_step_built_locally(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_tampered_remote_object_is_refused_and_the_step_built_locally(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     url = (tmp_path / "remote").as_uri()
     a, b = checkout(tmp_path, "a"), checkout(tmp_path, "b")
     monkeypatch.chdir(a)
@@ -110,7 +118,11 @@ def test_cache_verify_remote_finds_and_repairs_damage(tmp_path: Path, monkeypatc
     monkeypatch.chdir(b)
     pulled = onnxbuild.build([LR], settings_for(b, url), in_process=True)
     assert [s["reason"] for s in pulled.recipes[0].steps] == ["pulled from the remote cache"] * 2
-    assert CliRunner().invoke(cli, ["cache", "verify", "--remote"]).stderr.startswith("Error: --remote needs a remote cache")
+    assert (
+        CliRunner()
+        .invoke(cli, ["cache", "verify", "--remote"])
+        .stderr.startswith("Error: --remote needs a remote cache")
+    )
 
 
 def test_plan_looks_at_the_remote_cache_without_downloading(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -131,6 +143,8 @@ def test_plan_looks_at_the_remote_cache_without_downloading(tmp_path: Path, monk
         "linear-regression:check: cached: in the remote cache (make pulls it)",
         "2 steps to pull from the remote cache",
     ]
-    assert not [p for p in (b / ".onnxbuild").rglob("*") if p.is_file() and ("objects" in p.parts or "entries" in p.parts)]  # nothing pulled
+    assert not [
+        p for p in (b / ".onnxbuild").rglob("*") if p.is_file() and ("objects" in p.parts or "entries" in p.parts)
+    ]  # nothing pulled
     report = onnxbuild.build([LR], settings_for(b, url), in_process=True)
     assert [s["reason"] for s in report.recipes[0].steps] == ["pulled from the remote cache"] * 2

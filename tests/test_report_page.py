@@ -36,8 +36,20 @@ def manifest(name: str = "demo") -> dict[str, Any]:
         "name": name,
         "recipe": {"path": "recipes/demo.yaml", "digest": "ab" * 32, "resolved": {}},
         "steps": [
-            {"name": "source", "kind": "source", "key": "1" * 64, "outputs": [{"path": "reports/source.json", "sha256": "2" * 64, "bytes": 120}], "data": {"weights": "random-init", "why": "Hub unreachable"}},
-            {"name": "export", "kind": "export", "key": "3" * 64, "outputs": [{"path": "model.onnx", "sha256": "4" * 64, "bytes": 2_500_000}], "data": {}},
+            {
+                "name": "source",
+                "kind": "source",
+                "key": "1" * 64,
+                "outputs": [{"path": "reports/source.json", "sha256": "2" * 64, "bytes": 120}],
+                "data": {"weights": "random-init", "why": "Hub unreachable"},
+            },
+            {
+                "name": "export",
+                "kind": "export",
+                "key": "3" * 64,
+                "outputs": [{"path": "model.onnx", "sha256": "4" * 64, "bytes": 2_500_000}],
+                "data": {},
+            },
         ],
         "versions": {"onnx": "1.23.2"},
         "platform": {"python": "3.11"},
@@ -45,31 +57,75 @@ def manifest(name: str = "demo") -> dict[str, Any]:
 
 
 def case(outputs: dict[str, float], passed: bool = True) -> dict[str, Any]:
-    return {"shape": {"batch": 1, "sequence": 8}, "error": None, "passed": passed, "top1_agreement": None, "outputs": {n: {"max_abs_diff": d, "max_rel_diff": d, "passed": passed or n != "present.10.key"} for n, d in outputs.items()}}
+    return {
+        "shape": {"batch": 1, "sequence": 8},
+        "error": None,
+        "passed": passed,
+        "top1_agreement": None,
+        "outputs": {
+            n: {"max_abs_diff": d, "max_rel_diff": d, "passed": passed or n != "present.10.key"}
+            for n, d in outputs.items()
+        },
+    }
 
 
 def test_the_verdict_comes_first_and_random_init_is_shown(tmp_path: Path) -> None:
     write(tmp_path, "manifest.json", manifest())
-    write(tmp_path, "timings.json", {"steps": {"source": {"status": "built", "reason": "never built", "seconds": 0.1}, "export": {"status": "cached", "reason": "up to date", "seconds": 0}}})
+    write(
+        tmp_path,
+        "timings.json",
+        {
+            "steps": {
+                "source": {"status": "built", "reason": "never built", "seconds": 0.1},
+                "export": {"status": "cached", "reason": "up to date", "seconds": 0},
+            }
+        },
+    )
     write(tmp_path, "reports/source.json", {"weights": "random-init", "why": "Hub unreachable"})
     page = render_report(tmp_path)
-    assert page.index('id="verdict"') < page.index('id="steps"') < page.index('id="versions"') < page.index('id="digests"')
+    assert (
+        page.index('id="verdict"') < page.index('id="steps"') < page.index('id="versions"') < page.index('id="digests"')
+    )
     assert "Build OK" in page and "random-init weights" in page and "Hub unreachable" in page
     assert "2.4 MB" in page and "4" * 64 in page
 
 
 def test_a_failed_step_leads_the_page(tmp_path: Path) -> None:
     write(tmp_path, "manifest.json", manifest())
-    write(tmp_path, "timings.json", {"steps": {"source": {"status": "built", "reason": ""}, "export": {"status": "failed", "reason": "torch.onnx.export raised <boom>"}, "check": {"status": "skipped", "reason": "depends on export"}}})
+    write(
+        tmp_path,
+        "timings.json",
+        {
+            "steps": {
+                "source": {"status": "built", "reason": ""},
+                "export": {"status": "failed", "reason": "torch.onnx.export raised <boom>"},
+                "check": {"status": "skipped", "reason": "depends on export"},
+            }
+        },
+    )
     page = render_report(tmp_path)
     verdict = page[page.index('id="verdict"') : page.index("</section>")]
-    assert "Build FAILED" in verdict and "<b>export</b> failed: torch.onnx.export raised &lt;boom&gt;" in verdict and "skipped: check" in verdict
+    assert (
+        "Build FAILED" in verdict
+        and "<b>export</b> failed: torch.onnx.export raised &lt;boom&gt;" in verdict
+        and "skipped: check" in verdict
+    )
 
 
 def test_validation_rows_per_variant_and_shape_with_the_worst_output_in_natural_order(tmp_path: Path) -> None:
     outputs = {f"present.{i}.key": 1e-7 * (i + 1) for i in range(12)}
     variant = {"provider": "CPUExecutionProvider", "atol": 1e-4, "rtol": 1e-3}
-    write(tmp_path, "reports/validation.json", {"passed": False, "variants": {"int8": {**variant, "shapes": [case(outputs, passed=False)]}, "model": {**variant, "shapes": [case(outputs)]}}})
+    write(
+        tmp_path,
+        "reports/validation.json",
+        {
+            "passed": False,
+            "variants": {
+                "int8": {**variant, "shapes": [case(outputs, passed=False)]},
+                "model": {**variant, "shapes": [case(outputs)]},
+            },
+        },
+    )
     page = render_report(tmp_path)
     rows = [line for line in page.split("<tr") if 'data-variant="' in line and "present." in line]
     assert [r.split('data-variant="')[1].split('"')[0] for r in rows[:2]] == ["model", "int8"]
@@ -81,7 +137,14 @@ def test_validation_rows_per_variant_and_shape_with_the_worst_output_in_natural_
 
 @pytest.mark.parametrize("broken", ["{", "[]", '{"variants": 3}', "\x00\x01"])
 def test_damaged_or_missing_files_never_break_the_page(tmp_path: Path, broken: str) -> None:
-    for rel in ("manifest.json", "timings.json", "reports/validation.json", "benchmark.json", "reports/generation.json", "reports/source.json"):
+    for rel in (
+        "manifest.json",
+        "timings.json",
+        "reports/validation.json",
+        "benchmark.json",
+        "reports/generation.json",
+        "reports/source.json",
+    ):
         write(tmp_path, rel, broken)
     page = render_report(tmp_path)
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
@@ -91,7 +154,24 @@ def test_damaged_or_missing_files_never_break_the_page(tmp_path: Path, broken: s
 def test_text_from_files_is_escaped_and_nothing_is_fetched(tmp_path: Path) -> None:
     data = manifest('<script>alert("x")</script>')
     write(tmp_path, "manifest.json", data)
-    write(tmp_path, "benchmark.json", {"machine": {"cpu": "<img src=http://evil>"}, "baseline": [], "providers": [], "results": [{"variant": "model", "provider": "CPUExecutionProvider", "shape": {"batch": 1}, "p50_ms": 0.34, "p90_ms": 0.5}]})
+    write(
+        tmp_path,
+        "benchmark.json",
+        {
+            "machine": {"cpu": "<img src=http://evil>"},
+            "baseline": [],
+            "providers": [],
+            "results": [
+                {
+                    "variant": "model",
+                    "provider": "CPUExecutionProvider",
+                    "shape": {"batch": 1},
+                    "p50_ms": 0.34,
+                    "p90_ms": 0.5,
+                }
+            ],
+        },
+    )
     page = render_report(tmp_path)
     assert "<script" not in page and "&lt;script&gt;" in page
     assert "<img src=http" not in page
@@ -109,7 +189,9 @@ def test_write_report_never_writes_through_a_link(tmp_path: Path) -> None:
     assert not path.is_symlink() and elsewhere.read_text(encoding="utf-8") == "theirs"
 
 
-def test_a_page_is_written_again_only_when_what_it_shows_or_the_page_itself_changed(project: Path, settings: onnxbuild.Settings) -> None:
+def test_a_page_is_written_again_only_when_what_it_shows_or_the_page_itself_changed(
+    project: Path, settings: onnxbuild.Settings
+) -> None:
     """#39: a no-op make rewrote report.html each time (20 ms of a 0.15 s goal). The page
     carries the key of what it is rendered from and the digest of the rest of it; a no-op
     leaves it alone, a build that changes a step, or a page edited by hand, writes it again."""
@@ -137,7 +219,10 @@ def test_a_page_is_written_again_only_when_what_it_shows_or_the_page_itself_chan
 def test_onnxbuild_report_needs_a_build_first(project: Path) -> None:
     result = CliRunner().invoke(cli, ["report", "recipes/linear-regression.yaml"])
     assert result.exit_code == 2
-    assert result.stderr == "Error: artifacts/linear-regression/ has no manifest.json: build it first with `onnxbuild make recipes/linear-regression.yaml`\n"
+    assert (
+        result.stderr
+        == "Error: artifacts/linear-regression/ has no manifest.json: build it first with `onnxbuild make recipes/linear-regression.yaml`\n"
+    )
 
 
 def external_refs(page: str) -> list[str]:
@@ -173,7 +258,20 @@ def chromium(*args: str) -> subprocess.CompletedProcess[str]:
     if exe is None:
         pytest.skip("chromium not installed: `make install` installs Debian's chromium where apt-get runs as root")
     # --host-resolver-rules makes any network name unresolvable: a page that needed one would show it
-    return subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--host-resolver-rules=MAP * ~NOTFOUND", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [
+            exe,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--host-resolver-rules=MAP * ~NOTFOUND",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.slow  # a headless Chromium renders the page: make test-slow
@@ -184,7 +282,11 @@ def test_the_report_of_a_build_renders_in_chromium(project: Path, settings: onnx
     folder = report.recipes[0].artifacts
     page = folder / "report.html"
     assert page.is_file()  # make writes it
-    variants = [name for name in ("model", "optimized", "int8") if (folder / ("model.onnx" if name == "model" else f"{name}/model.onnx")).is_file()]
+    variants = [
+        name
+        for name in ("model", "optimized", "int8")
+        if (folder / ("model.onnx" if name == "model" else f"{name}/model.onnx")).is_file()
+    ]
     assert len(variants) >= 2
     dom = chromium("--dump-dom", page.as_uri())
     assert dom.returncode == 0, dom.stderr
@@ -200,11 +302,32 @@ def test_the_report_of_a_build_renders_in_chromium(project: Path, settings: onnx
     assert done.returncode == 0, done.stderr
     assert png_size(shot) == (1280, 2400)
     assert shot.stat().st_size > 10_000
+
+
 WRONG_TYPES = [
-    ("reports/validation.json", {"passed": True, "variants": {"model": {"shapes": [3, {"outputs": {}, "top1_agreement": "x"}]}}}),
-    ("reports/validation.json", {"passed": True, "variants": {"model": {"shapes": [], "top1": {"agreement": 1.0, "min": "<u>x</u>", "tokens": "<u>x</u>"}}}}),
-    ("reports/generation.json", {"max_new_tokens": "<u>x</u>", "variants": {"model": 3, "int8": {"greedy": {"agreement": "x"}}}}),
-    ("benchmark.json", {"machine": {"cores": "<u>x</u>"}, "providers": 3, "results": [{"variant": "model", "p50_ms": "x", "ratio_to_pytorch": "x"}]}),
+    (
+        "reports/validation.json",
+        {"passed": True, "variants": {"model": {"shapes": [3, {"outputs": {}, "top1_agreement": "x"}]}}},
+    ),
+    (
+        "reports/validation.json",
+        {
+            "passed": True,
+            "variants": {"model": {"shapes": [], "top1": {"agreement": 1.0, "min": "<u>x</u>", "tokens": "<u>x</u>"}}},
+        },
+    ),
+    (
+        "reports/generation.json",
+        {"max_new_tokens": "<u>x</u>", "variants": {"model": 3, "int8": {"greedy": {"agreement": "x"}}}},
+    ),
+    (
+        "benchmark.json",
+        {
+            "machine": {"cores": "<u>x</u>"},
+            "providers": 3,
+            "results": [{"variant": "model", "p50_ms": "x", "ratio_to_pytorch": "x"}],
+        },
+    ),
     ("reports/optimize.json", {"fused_ops": [1]}),
     ("timings.json", {"steps": {"source": {"status": "built", "seconds": "x"}}}),
 ]
@@ -213,7 +336,14 @@ WRONG_TYPES = [
 @pytest.mark.parametrize(("rel", "data"), WRONG_TYPES)
 def test_valid_json_of_the_wrong_types_costs_one_section_not_the_page(tmp_path: Path, rel: str, data: Any) -> None:
     built = manifest()
-    built["steps"].append({"name": "optimize", "kind": "optimize", "outputs": [{"path": "optimized/model.onnx", "sha256": "5" * 64, "bytes": 10}], "data": {}})
+    built["steps"].append(
+        {
+            "name": "optimize",
+            "kind": "optimize",
+            "outputs": [{"path": "optimized/model.onnx", "sha256": "5" * 64, "bytes": 10}],
+            "data": {},
+        }
+    )
     write(tmp_path, "manifest.json", built)
     write(tmp_path, rel, data)
     page = render_report(tmp_path)

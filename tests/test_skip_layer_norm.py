@@ -22,14 +22,32 @@ def model(opset: int = 18, bias: bool = True, sum_output: bool = True) -> onnx.M
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(rng.standard_normal(H).astype(np.float32), n) for n in ("gamma", "beta", "bias")]
     ins = ["x", "skip", "gamma", "beta"] + (["bias"] if bias else [])
-    first = helper.make_node("SkipLayerNormalization", ins, ["y1", "", "", "s1"] if sum_output else ["y1"], "sln1", domain="com.microsoft", epsilon=1e-5)
-    second = helper.make_node("SkipLayerNormalization", ["y1", "s1" if sum_output else "skip", "gamma", "beta"], ["y2"], "sln2", domain="com.microsoft", epsilon=1e-5)
-    graph = helper.make_graph(
-        [first, second], "g",
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", "s", H]) for n in ("x", "skip")],
-        [helper.make_tensor_value_info("y2", TensorProto.FLOAT, ["b", "s", H])], inits,
+    first = helper.make_node(
+        "SkipLayerNormalization",
+        ins,
+        ["y1", "", "", "s1"] if sum_output else ["y1"],
+        "sln1",
+        domain="com.microsoft",
+        epsilon=1e-5,
     )
-    return helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)])
+    second = helper.make_node(
+        "SkipLayerNormalization",
+        ["y1", "s1" if sum_output else "skip", "gamma", "beta"],
+        ["y2"],
+        "sln2",
+        domain="com.microsoft",
+        epsilon=1e-5,
+    )
+    graph = helper.make_graph(
+        [first, second],
+        "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", "s", H]) for n in ("x", "skip")],
+        [helper.make_tensor_value_info("y2", TensorProto.FLOAT, ["b", "s", H])],
+        inits,
+    )
+    return helper.make_model(
+        graph, ir_version=9, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)]
+    )
 
 
 def run(m: onnx.ModelProto, level: Any = ort.GraphOptimizationLevel.ORT_ENABLE_ALL, save: str = "") -> np.ndarray:
@@ -85,5 +103,7 @@ def test_below_opset_17_the_model_is_left_fused() -> None:
         ("sum", [{"name": "CUDAExecutionProvider"}], "sum"),
     ],
 )
-def test_auto_splits_only_where_every_provider_runs_on_the_cpu(asked: str, providers: list[dict[str, str]], resolved: str) -> None:
+def test_auto_splits_only_where_every_provider_runs_on_the_cpu(
+    asked: str, providers: list[dict[str, str]], resolved: str
+) -> None:
     assert skip_layer_norm(asked, providers) == resolved

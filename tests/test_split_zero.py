@@ -33,11 +33,7 @@ def hqq_model(k: int, ns: list[int], *, seed: int = 0) -> Any:
     rng = np.random.default_rng(seed)
     nodes, outputs, weights = [], [], []
     for i, n in enumerate(ns):
-        weights.append(
-            numpy_helper.from_array(
-                (rng.standard_normal((k, n)) * 0.05).astype(np.float32), f"w{i}"
-            )
-        )
+        weights.append(numpy_helper.from_array((rng.standard_normal((k, n)) * 0.05).astype(np.float32), f"w{i}"))
         nodes.append(helper.make_node("MatMul", ["x", f"w{i}"], [f"y{i}"], name=f"mm{i}"))
         outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, ["m", n]))
     graph = helper.make_graph(
@@ -48,9 +44,7 @@ def hqq_model(k: int, ns: list[int], *, seed: int = 0) -> Any:
         weights,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
-    quantizer = MatMulNBitsQuantizer(
-        model, algo_config=HQQWeightOnlyQuantConfig(block_size=32, bits=4)
-    )
+    quantizer = MatMulNBitsQuantizer(model, algo_config=HQQWeightOnlyQuantConfig(block_size=32, bits=4))
     with warnings.catch_warnings():  # torch.from_numpy on the initializer's read-only array
         warnings.simplefilter("ignore", UserWarning)
         quantizer.process()
@@ -62,11 +56,7 @@ def hqq_model(k: int, ns: list[int], *, seed: int = 0) -> Any:
 
 def float_zero_points(model: Any, node: Any) -> bool:
     inits = {t.name: t for t in model.graph.initializer}
-    return (
-        len(node.input) > 3
-        and node.input[3] in inits
-        and inits[node.input[3]].data_type == TensorProto.FLOAT
-    )
+    return len(node.input) > 3 and node.input[3] in inits and inits[node.input[3]].data_type == TensorProto.FLOAT
 
 
 def with_level(model: Any, level: int) -> Any:
@@ -83,9 +73,7 @@ def with_level(model: Any, level: int) -> Any:
 def run(model: Any, x: np.ndarray) -> list[np.ndarray]:
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
-    session = ort.InferenceSession(
-        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     return [np.asarray(y) for y in session.run(None, {"x": x})]
 
 
@@ -134,9 +122,7 @@ def test_activation_shared_block_sums() -> None:
 def test_bias_kept_and_g_idx_skipped() -> None:
     model = hqq_model(96, [40])
     node = model.graph.node[0]
-    model.graph.initializer.append(
-        numpy_helper.from_array(np.linspace(-1, 1, 40, dtype=np.float32), "bias")
-    )
+    model.graph.initializer.append(numpy_helper.from_array(np.linspace(-1, 1, 40, dtype=np.float32), "bias"))
     node.input.extend(["", "bias"])  # g_idx left out, bias at index 5
     after, count = split(model)
     assert count == 1
@@ -145,9 +131,7 @@ def test_bias_kept_and_g_idx_skipped() -> None:
     x = np.random.default_rng(3).standard_normal((4, 96)).astype(np.float32)
     assert relative_error(run(after, x), run(model, x)) <= 1e-5
 
-    model.graph.initializer.append(
-        numpy_helper.from_array(np.repeat(np.arange(3, dtype=np.int32), 32), "g_idx")
-    )
+    model.graph.initializer.append(numpy_helper.from_array(np.repeat(np.arange(3, dtype=np.int32), 32), "g_idx"))
     node.input[4] = "g_idx"
     skipped, count = split(model)
     assert count == 0
@@ -162,10 +146,7 @@ def test_accuracy_level_4(capsys: pytest.CaptureFixture[str]) -> None:
     after, count = split(model)
     assert count == 1
     (node,) = [n for n in after.graph.node if n.op_type == "MatMulNBits"]
-    assert (
-        helper.get_attribute_value(next(a for a in node.attribute if a.name == "accuracy_level"))
-        == 4
-    )
+    assert helper.get_attribute_value(next(a for a in node.attribute if a.name == "accuracy_level")) == 4
     x = np.random.default_rng(4).standard_normal((7, 576)).astype(np.float32)
     error = relative_error(run(after, x), run(model, x))
     with capsys.disabled():

@@ -16,7 +16,9 @@ import pytest
 
 import onnxbuild
 
-pytestmark = pytest.mark.slow  # every Hugging Face task at three shapes, built together (about 3 minutes): make test-slow
+pytestmark = (
+    pytest.mark.slow
+)  # every Hugging Face task at three shapes, built together (about 3 minutes): make test-slow
 
 TASKS = Path(__file__).resolve().parent / "data" / "tasks"
 RECIPES = sorted(p.stem for p in TASKS.glob("*.yaml"))
@@ -40,7 +42,10 @@ def read(path: Path) -> Any:
 def signature(path: Path) -> dict[str, list[int | str]]:
     """Each graph input's and output's dims: symbolic names or fixed sizes."""
     graph = onnx.load(str(path), load_external_data=False).graph
-    return {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in [*graph.input, *graph.output]}
+    return {
+        v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+        for v in [*graph.input, *graph.output]
+    }
 
 
 # recipe -> the exported inputs' and outputs' dims (what a user's runtime sees)
@@ -49,8 +54,17 @@ SIGNATURES: dict[str, dict[str, list[int | str]]] = {
     "tiny-swin": {"pixel_values": ["batch", 3, 32, 32], "logits": ["batch", 10]},
     "tiny-resnet": {"pixel_values": ["batch", 3, "height", "width"], "logits": ["batch", 10]},
     "tiny-convnext": {"pixel_values": ["batch", 3, "height", "width"], "logits": ["batch", 10]},
-    "tiny-token-classification": {"input_ids": ["batch", "sequence"], "attention_mask": ["batch", "sequence"], "logits": ["batch", "sequence", 9]},
-    "tiny-question-answering": {"input_ids": ["batch", "sequence"], "attention_mask": ["batch", "sequence"], "start_logits": ["batch", "sequence"], "end_logits": ["batch", "sequence"]},
+    "tiny-token-classification": {
+        "input_ids": ["batch", "sequence"],
+        "attention_mask": ["batch", "sequence"],
+        "logits": ["batch", "sequence", 9],
+    },
+    "tiny-question-answering": {
+        "input_ids": ["batch", "sequence"],
+        "attention_mask": ["batch", "sequence"],
+        "start_logits": ["batch", "sequence"],
+        "end_logits": ["batch", "sequence"],
+    },
 }
 
 
@@ -90,8 +104,14 @@ def test_classifiers_gate_top1_agreement_over_every_prediction(built: Path) -> N
 
 
 def test_an_image_model_at_any_size_is_validated_at_other_sizes(built: Path) -> None:
-    shapes = [c["shape"] for c in read(built / "tiny-resnet" / "reports" / "validation.json")["variants"]["model"]["shapes"]]
-    assert shapes == [{"batch": 1, "height": 32, "width": 48}, {"batch": 2, "height": 32, "width": 48}, {"batch": 5, "height": 65, "width": 97}]
+    shapes = [
+        c["shape"] for c in read(built / "tiny-resnet" / "reports" / "validation.json")["variants"]["model"]["shapes"]
+    ]
+    assert shapes == [
+        {"batch": 1, "height": 32, "width": 48},
+        {"batch": 2, "height": 32, "width": 48},
+        {"batch": 5, "height": 65, "width": 97},
+    ]
 
 
 def test_pooled_outputs_keep_their_hidden_axis(built: Path) -> None:
@@ -103,7 +123,10 @@ def test_pooled_outputs_keep_their_hidden_axis(built: Path) -> None:
 
 def test_an_image_classifier_is_benchmarked_on_one_image_beside_pytorch(built: Path) -> None:
     bench = read(built / "tiny-vit" / "benchmark.json")
-    assert [(r["variant"], r["precision"], r["shape"]) for r in bench["results"]] == [("model", "fp32", {"batch": 1}), ("int8", "int8", {"batch": 1})]
+    assert [(r["variant"], r["precision"], r["shape"]) for r in bench["results"]] == [
+        ("model", "fp32", {"batch": 1}),
+        ("int8", "int8", {"batch": 1}),
+    ]
     [baseline] = [b for b in bench["baseline"] if b["dtype"] == "fp32"]  # and bf16 where the CPU has it
     assert baseline["engine"] == "pytorch" and baseline["shape"] == {"batch": 1}
     assert all(r["speedup_vs_pytorch"] > 0 for r in bench["results"])
@@ -111,12 +134,17 @@ def test_an_image_classifier_is_benchmarked_on_one_image_beside_pytorch(built: P
 
 def test_a_config_transformers_cannot_build_is_a_step_error_naming_the_config(tmp_path: Path) -> None:
     recipe = tmp_path / "bad.yaml"
-    recipe.write_text((TASKS / "tiny-convnext.yaml").read_text(encoding="utf-8").replace("num_stages: 2, ", ""), encoding="utf-8")
+    recipe.write_text(
+        (TASKS / "tiny-convnext.yaml").read_text(encoding="utf-8").replace("num_stages: 2, ", ""), encoding="utf-8"
+    )
     settings = onnxbuild.Settings(cache_dir=tmp_path / "cache", artifacts_dir=tmp_path / "artifacts")
     report = onnxbuild.build([recipe], settings)
     assert not report.ok
     [failure] = report.failures()
-    assert "source.huggingface.config: transformers cannot build a image-classification model from it (IndexError: list index out of range)" in str(failure)
+    assert (
+        "source.huggingface.config: transformers cannot build a image-classification model from it (IndexError: list index out of range)"
+        in str(failure)
+    )
 
 
 SEQ2SEQ = ("tiny-t5", "tiny-bart", "tiny-marian", "tiny-whisper")
@@ -131,23 +159,51 @@ def test_an_encoder_decoder_is_two_files_and_generates_as_transformers_does(buil
         assert encoder == {"input_features": ["batch", 16, 64], "last_hidden_state": ["batch", 32, 64]}
         assert decoder["encoder_hidden_states"] == ["batch", 32, 64] and "encoder_attention_mask" not in decoder
     else:
-        assert encoder == {"input_ids": ["batch", "sequence"], "attention_mask": ["batch", "sequence"], "last_hidden_state": ["batch", "sequence", 64]}
-        assert decoder["encoder_hidden_states"] == ["batch", "sequence", 64] and decoder["encoder_attention_mask"] == ["batch", "sequence"]
+        assert encoder == {
+            "input_ids": ["batch", "sequence"],
+            "attention_mask": ["batch", "sequence"],
+            "last_hidden_state": ["batch", "sequence", 64],
+        }
+        assert decoder["encoder_hidden_states"] == ["batch", "sequence", 64] and decoder["encoder_attention_mask"] == [
+            "batch",
+            "sequence",
+        ]
     assert decoder["input_ids"] == ["batch", "decoder_sequence"]
-    assert decoder["past_key_values.1.value"] == ["batch", 4, "past_sequence", 16] and decoder["present.0.key"][2] == "total_sequence"
+    assert (
+        decoder["past_key_values.1.value"] == ["batch", 4, "past_sequence", 16]
+        and decoder["present.0.key"][2] == "total_sequence"
+    )
     assert (folder / "reports" / "check.encoder_model.json").is_file()
     page = (folder / "report.html").read_text(encoding="utf-8")
-    assert "Build OK" in page and "<code>encoder_model.onnx</code>" in page and "<code>decoder_model.onnx</code>" in page and "decoder_model.onnx:" in page
+    assert (
+        "Build OK" in page
+        and "<code>encoder_model.onnx</code>" in page
+        and "<code>decoder_model.onnx</code>" in page
+        and "decoder_model.onnx:" in page
+    )
     # validation runs both files end to end: encoder states, the decoder's first call and one step through its cache
     shapes = read(folder / "reports" / "validation.json")["variants"]["model"]["shapes"]
-    want = [{"batch": 1, "decoder_sequence": 1}, {"batch": 2, "decoder_sequence": 4}, {"batch": 5, "decoder_sequence": 9}]
+    want = [
+        {"batch": 1, "decoder_sequence": 1},
+        {"batch": 2, "decoder_sequence": 4},
+        {"batch": 5, "decoder_sequence": 9},
+    ]
     if recipe != "tiny-whisper":  # text in: the encoder's sequence varies too (Whisper's frames are fixed)
         want = [{**w, "sequence": s} for w, s in zip(want, (1, 16, 33), strict=True)]
     assert [s["shape"] for s in shapes] == want
-    assert {"encoder.last_hidden_state", "decoder.logits", "decoder.present.1.value", "decoder.next_step.logits"} <= set(shapes[2]["outputs"])
+    assert {
+        "encoder.last_hidden_state",
+        "decoder.logits",
+        "decoder.present.1.value",
+        "decoder.next_step.logits",
+    } <= set(shapes[2]["outputs"])
     generation = read(folder / "reports" / "generation.json")
     model = generation["variants"]["model"]
-    assert generation["passed"] and model["greedy"]["identical"] and model["greedy"]["tokens"] == generation["pytorch"]["greedy_tokens"]
+    assert (
+        generation["passed"]
+        and model["greedy"]["identical"]
+        and model["greedy"]["tokens"] == generation["pytorch"]["greedy_tokens"]
+    )
     assert model["greedy"]["logits_max_abs_diff"] < 1e-4 and model["teacher_forced_agreement"] == 1.0
     # seeded sampling (on by default): both engines draw with the same random numbers
     assert model["sampling"]["identical"] and len(generation["pytorch"]["sampling_tokens"]) == 8
@@ -168,7 +224,10 @@ def test_each_file_of_an_encoder_decoder_is_quantized_and_validated_together(bui
         assert "DynamicQuantizeLinear" in ops or "MatMulInteger" in ops, name
     int8 = read(folder / "reports" / "validation.json")["variants"]["int8"]
     assert int8["passed"] and len(int8["shapes"]) == 3 and int8["top1"]["min"] == 0.85
-    assert read(folder / "reports" / "generation.json")["variants"]["int8"]["rule"] == "reported only (set generate.agreement_min to gate)"
+    assert (
+        read(folder / "reports" / "generation.json")["variants"]["int8"]["rule"]
+        == "reported only (set generate.agreement_min to gate)"
+    )
 
 
 def test_onnxbuild_run_decodes_an_encoder_decoder_folder_as_the_build_did(built: Path, tmp_path: Path) -> None:
@@ -187,20 +246,27 @@ def test_onnxbuild_run_decodes_an_encoder_decoder_folder_as_the_build_did(built:
     np.save(features, np.zeros((16, 64), dtype=np.float32))
     assert len(run(built / "tiny-whisper", str(features), max_new_tokens=3).new_ids) >= 1
     np.save(features, np.zeros((16, 10), dtype=np.float32))
-    with pytest.raises(UsageError, match=r"holds features of shape \[16, 10\]; this model takes \[16, 64\] \(mel bins x frames\)"):
+    with pytest.raises(
+        UsageError, match=r"holds features of shape \[16, 10\]; this model takes \[16, 64\] \(mel bins x frames\)"
+    ):
         run(built / "tiny-whisper", str(features))
 
 
 def test_an_encoder_decoder_is_benchmarked_first_token_decode_step_and_generation_beside_pytorch(built: Path) -> None:
     bench = read(built / "tiny-bart" / "benchmark.json")
-    assert [(r["variant"], r["shape"]) for r in bench["results"]] == [("model", {"batch": 1, "sequence": 128}), ("int8", {"batch": 1, "sequence": 128})]
+    assert [(r["variant"], r["shape"]) for r in bench["results"]] == [
+        ("model", {"batch": 1, "sequence": 128}),
+        ("int8", {"batch": 1, "sequence": 128}),
+    ]
     assert bench["baseline"][0]["engine"] == "pytorch" and bench["encoder_decoder"] == {"cached_tokens": 16}
     engines = [(d["engine"], d["variant"], d["new_tokens"]) for d in bench["decode"]]
     assert engines == [("pytorch", None, 4), ("onnxruntime", "model", 4), ("onnxruntime", "int8", 4)]
     assert all(d["decode_p50_ms"] > 0 and d["tokens_per_s"] > 0 for d in bench["decode"])
     files = sum((built / "tiny-bart" / "int8" / f).stat().st_size for f in ("encoder_model.onnx", "decoder_model.onnx"))
     assert bench["results"][1]["file_bytes"] == files
-    assert "decoder step through a cache of 16 tokens" in (built / "tiny-bart" / "benchmark.md").read_text(encoding="utf-8")
+    assert "decoder step through a cache of 16 tokens" in (built / "tiny-bart" / "benchmark.md").read_text(
+        encoding="utf-8"
+    )
 
 
 @pytest.mark.parametrize(
@@ -211,11 +277,16 @@ def test_an_encoder_decoder_is_benchmarked_first_token_decode_step_and_generatio
         ("automatic-speech-recognition", "{model_type: whisper, num_mel_bins: -1, max_source_positions: [1]}"),
     ],
 )
-def test_odd_config_values_resolve_to_the_defaults_transformers_would_use(tmp_path: Path, task: str, config: str) -> None:
+def test_odd_config_values_resolve_to_the_defaults_transformers_would_use(
+    tmp_path: Path, task: str, config: str
+) -> None:
     """The config is transformers' to judge (when it builds the model); resolving the recipe
     must not crash on it."""
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(f"name: odd\nsource:\n  huggingface:\n    model: x/y\n    task: {task}\n    offline: random-init\n    config: {config}\n", encoding="utf-8")
+    recipe.write_text(
+        f"name: odd\nsource:\n  huggingface:\n    model: x/y\n    task: {task}\n    offline: random-init\n    config: {config}\n",
+        encoding="utf-8",
+    )
     [pixels] = onnxbuild.load_recipe(recipe).resolved["export"]["inputs"]
     assert pixels["shape"][:2] == ["batch", 80 if task == "automatic-speech-recognition" else 3]
 
@@ -224,7 +295,10 @@ def test_an_image_model_of_unknown_type_is_validated_at_its_sample_size_only(tmp
     """Without `config:` (a Hub id or a folder) the recipe cannot tell a ViT, which takes one
     image size, from a ResNet: the default shapes vary the batch and hold the image size."""
     recipe = tmp_path / "r.yaml"
-    recipe.write_text("name: hub-vit\nsource:\n  huggingface:\n    model: google/vit-base-patch16-224\n    task: image-classification\nexport:\n  sample: {batch: 2, height: 224, width: 224}\n", encoding="utf-8")
+    recipe.write_text(
+        "name: hub-vit\nsource:\n  huggingface:\n    model: google/vit-base-patch16-224\n    task: image-classification\nexport:\n  sample: {batch: 2, height: 224, width: 224}\n",
+        encoding="utf-8",
+    )
     shapes = onnxbuild.load_recipe(recipe).resolved["validate"]["shapes"]
     assert shapes == [{"batch": b, "height": 224, "width": 224} for b in (1, 2, 5)]
 

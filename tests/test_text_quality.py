@@ -30,7 +30,9 @@ def test_tally_matches_perplexity_kl_and_top1_by_hand() -> None:
     assert tally.count == 2
     assert math.exp(tally.nll_reference / 2) == pytest.approx(1 / math.sqrt(0.7 * 0.6))
     assert math.exp(tally.nll / 2) == pytest.approx(1 / math.sqrt(0.5 * 0.3))
-    kl = sum(p * math.log(p / q) for p, q in zip([0.7, 0.2, 0.1], [0.5, 0.3, 0.2])) + sum(p * math.log(p / q) for p, q in zip([0.1, 0.6, 0.3], [0.2, 0.3, 0.5]))
+    kl = sum(p * math.log(p / q) for p, q in zip([0.7, 0.2, 0.1], [0.5, 0.3, 0.2])) + sum(
+        p * math.log(p / q) for p, q in zip([0.1, 0.6, 0.3], [0.2, 0.3, 0.5])
+    )
     assert tally.kl == pytest.approx(kl)
     assert tally.same == 1  # argmax agrees at the first position only
 
@@ -51,23 +53,38 @@ class _Tokens:
 
 
 def test_text_is_cut_into_whole_windows_from_the_start() -> None:
-    windows = text_quality.token_windows(_Tokens(), "abcdefghij", {"file": None, "package": None, "inline": "x", "window": 4, "max_windows": 8})
+    windows = text_quality.token_windows(
+        _Tokens(), "abcdefghij", {"file": None, "package": None, "inline": "x", "window": 4, "max_windows": 8}
+    )
     assert windows.tolist() == [[97, 98, 99, 100], [101, 102, 103, 104]]
-    capped = text_quality.token_windows(_Tokens(), "abcdefghij", {"file": None, "package": None, "inline": "x", "window": 2, "max_windows": 3})
+    capped = text_quality.token_windows(
+        _Tokens(), "abcdefghij", {"file": None, "package": None, "inline": "x", "window": 2, "max_windows": 3}
+    )
     assert capped.shape == (3, 2)
 
 
 def test_a_text_shorter_than_one_window_says_how_long_it_is() -> None:
     with pytest.raises(StepError) as exc:
-        text_quality.token_windows(_Tokens(), "abc", {"file": "short.txt", "package": None, "inline": None, "window": 256, "max_windows": 8})
-    assert str(exc.value) == "validate.text: file short.txt is 3 tokens long, shorter than one window of 256; give more text or set validate.text.window to at most 3"
+        text_quality.token_windows(
+            _Tokens(), "abc", {"file": "short.txt", "package": None, "inline": None, "window": 256, "max_windows": 8}
+        )
+    assert (
+        str(exc.value)
+        == "validate.text: file short.txt is 3 tokens long, shorter than one window of 256; give more text or set validate.text.window to at most 3"
+    )
 
 
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ({"file": "missing.txt"}, "validate.text.file: {dir}/missing.txt does not exist (file paths are relative to the recipe's folder)"),
-        ({"package": "no_such_package_xyz/eval.txt"}, "validate.text.package: no_such_package_xyz/eval.txt: the package 'no_such_package_xyz' is not installed; install it, or name a file beside the recipe under validate.text.file"),
+        (
+            {"file": "missing.txt"},
+            "validate.text.file: {dir}/missing.txt does not exist (file paths are relative to the recipe's folder)",
+        ),
+        (
+            {"package": "no_such_package_xyz/eval.txt"},
+            "validate.text.package: no_such_package_xyz/eval.txt: the package 'no_such_package_xyz' is not installed; install it, or name a file beside the recipe under validate.text.file",
+        ),
     ],
 )
 def test_a_text_that_cannot_be_read_names_its_key(text: dict[str, Any], message: str, tmp_path: Path) -> None:
@@ -98,13 +115,20 @@ def test_search_finds_the_least_layers_that_meet_the_budget() -> None:
 
 
 def test_a_budget_met_with_nothing_kept_keeps_nothing() -> None:
-    k, _, tried = budget.search(_order(5), lambda k: {"ppl_increase": 0.01, "kld_mean": 0.0}, {"ppl_increase_max": 0.05}, "quantize.int4")
+    k, _, tried = budget.search(
+        _order(5), lambda k: {"ppl_increase": 0.01, "kld_mean": 0.0}, {"ppl_increase_max": 0.05}, "quantize.int4"
+    )
     assert (k, len(tried)) == (0, 1)
 
 
 def test_a_budget_no_plan_meets_names_the_best_plan_and_its_figure() -> None:
     with pytest.raises(StepError) as exc:
-        budget.search(_order(3), lambda k: {"ppl_increase": 0.2 - 0.01 * k, "kld_mean": 0.5}, {"ppl_increase_max": 0.05}, "quantize.int4")
+        budget.search(
+            _order(3),
+            lambda k: {"ppl_increase": 0.2 - 0.01 * k, "kld_mean": 0.5},
+            {"ppl_increase_max": 0.05},
+            "quantize.int4",
+        )
     assert str(exc.value) == (
         "quantize.int4.budget: no plan meets ppl_increase_max 0.05 on the calibration text: the best found keeps 3 of 3 MatMuls at the "
         "fallback precision and reaches ppl_increase 0.17, kld_mean 0.5; raise the budget, set budget.fallback: float, or use more bits"
@@ -115,7 +139,9 @@ def test_rounding_to_the_grid_is_exact_on_grid_points_and_bounded_elsewhere() ->
     rng = np.random.default_rng(1)
     w = rng.standard_normal((64, 8)).astype(np.float32)
     q = budget.quantized_copy(w, 4, 32, symmetric=False)
-    np.testing.assert_allclose(budget.quantized_copy(q, 4, 32, symmetric=False), q, rtol=0, atol=1e-6)  # on the grid already
+    np.testing.assert_allclose(
+        budget.quantized_copy(q, 4, 32, symmetric=False), q, rtol=0, atol=1e-6
+    )  # on the grid already
     step = (w.reshape(2, 32, 8).max(axis=1) - np.minimum(w.reshape(2, 32, 8).min(axis=1), 0)) / 15
     assert np.abs(w - q).reshape(2, 32, 8).max(axis=1).max() <= step.max() / 2 + 1e-6
 
@@ -136,28 +162,43 @@ source:
     ("task", "rest", "expected"),
     [
         pytest.param(
-            "feature-extraction", "validate:\n  text: {inline: hello}\n",
-            ["r.yaml:9:3: validate.text: measures perplexity of a text-generation model (task: text-generation); for an encoder use validate.sentences"],
+            "feature-extraction",
+            "validate:\n  text: {inline: hello}\n",
+            [
+                "r.yaml:9:3: validate.text: measures perplexity of a text-generation model (task: text-generation); for an encoder use validate.sentences"
+            ],
             id="text-on-an-encoder",
         ),
         pytest.param(
-            "text-generation", "export: {with_past: true}\nvalidate:\n  text: {inline: hello, file: a.txt}\n",
-            ["r.yaml:10:3: validate.text: give exactly one of file (beside the recipe), package (pkg/file.txt) and inline (the text itself); it has file and inline"],
+            "text-generation",
+            "export: {with_past: true}\nvalidate:\n  text: {inline: hello, file: a.txt}\n",
+            [
+                "r.yaml:10:3: validate.text: give exactly one of file (beside the recipe), package (pkg/file.txt) and inline (the text itself); it has file and inline"
+            ],
             id="text-from-two-places",
         ),
         pytest.param(
-            "text-generation", "export: {with_past: true}\nvalidate:\n  text: {window: 64}\n",
-            ["r.yaml:10:3: validate.text: give exactly one of file (beside the recipe), package (pkg/file.txt) and inline (the text itself); it has none"],
+            "text-generation",
+            "export: {with_past: true}\nvalidate:\n  text: {window: 64}\n",
+            [
+                "r.yaml:10:3: validate.text: give exactly one of file (beside the recipe), package (pkg/file.txt) and inline (the text itself); it has none"
+            ],
             id="text-from-nowhere",
         ),
         pytest.param(
-            "text-generation", "export: {with_past: true}\nquantize:\n  - {name: q, method: int4, validate: {kld_max: 0.1}}\n",
-            ["r.yaml:10:40: quantize[0].validate.kld_max: kld_max gates quality on real text; add validate.text (the text to measure on)"],
+            "text-generation",
+            "export: {with_past: true}\nquantize:\n  - {name: q, method: int4, validate: {kld_max: 0.1}}\n",
+            [
+                "r.yaml:10:40: quantize[0].validate.kld_max: kld_max gates quality on real text; add validate.text (the text to measure on)"
+            ],
             id="text-gate-without-text",
         ),
         pytest.param(
-            "text-generation", "export: {with_past: true}\nquantize:\n  - {name: q, method: int4, budget: {fallback: 8}}\n",
-            ["r.yaml:10:29: quantize[0].budget: give ppl_increase_max and/or kld_max: the figures the plan keeps the file within (e.g. {ppl_increase_max: 0.05})"],
+            "text-generation",
+            "export: {with_past: true}\nquantize:\n  - {name: q, method: int4, budget: {fallback: 8}}\n",
+            [
+                "r.yaml:10:29: quantize[0].budget: give ppl_increase_max and/or kld_max: the figures the plan keeps the file within (e.g. {ppl_increase_max: 0.05})"
+            ],
             id="budget-without-a-figure",
         ),
     ],

@@ -30,7 +30,11 @@ def tree(folder: Path) -> dict[str, str]:
     out = {}
     for p in sorted(folder.rglob("*")):
         rel = p.relative_to(folder).as_posix()
-        out[rel] = f"-> {p.readlink()}" if p.is_symlink() else ("dir" if p.is_dir() else p.read_bytes().decode("utf-8", "replace"))
+        out[rel] = (
+            f"-> {p.readlink()}"
+            if p.is_symlink()
+            else ("dir" if p.is_dir() else p.read_bytes().decode("utf-8", "replace"))
+        )
     return out
 
 
@@ -56,14 +60,18 @@ def test_a_name_that_leads_out_of_artifacts_is_refused_before_anything_is_writte
 
 
 @pytest.mark.parametrize("name", ["../evil", "..", "{project}/evil"])
-def test_the_runner_refuses_such_a_name_even_if_it_gets_one(project: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+def test_the_runner_refuses_such_a_name_even_if_it_gets_one(
+    project: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
     # Names are checked when a recipe is loaded; the runner checks again where it writes,
     # for recipes that reach it another way (the API, a resolved-recipe memo). The absolute
     # name points into the test's own folder, so a regression writes nowhere else.
     register_fake()
     cache = Cache(project / "cache")
     plan = plan_fakes(monkeypatch, cache, {name.format(project=project): [fake("a")]})
-    with pytest.raises(UsageError, match=r"outside .*artifacts/ \(a symbolic link\?\); onnxbuild writes artifacts only inside"):
+    with pytest.raises(
+        UsageError, match=r"outside .*artifacts/ \(a symbolic link\?\); onnxbuild writes artifacts only inside"
+    ):
         execute(plan, cache, project / "artifacts", in_process=True)
     assert not (project / "evil").exists()
     assert list((project / "cache" / "entries").rglob("*.json")) == []  # refused before any step ran
@@ -75,7 +83,10 @@ def test_an_artifact_folder_linked_outside_is_refused(project: Path, outside: Pa
     before = tree(outside)
     result = CliRunner().invoke(cli, ["make", LR])
     assert result.exit_code == 2
-    assert result.stderr == f"Error: artifacts/linear-regression leads to {outside}, outside artifacts/ (a symbolic link?); onnxbuild writes artifacts only inside artifacts/: remove the link, or pass --artifacts-dir\n"
+    assert (
+        result.stderr
+        == f"Error: artifacts/linear-regression leads to {outside}, outside artifacts/ (a symbolic link?); onnxbuild writes artifacts only inside artifacts/: remove the link, or pass --artifacts-dir\n"
+    )
     assert tree(outside) == before
     assert list((project / ".onnxbuild" / "cache" / "entries").rglob("*.json")) == []
 
@@ -86,11 +97,15 @@ def test_a_folder_inside_the_artifacts_linked_outside_is_refused(project: Path, 
     before = tree(outside)
     result = CliRunner().invoke(cli, ["make", LR])
     assert result.exit_code == 2
-    assert result.stderr.endswith(f"Error: artifacts/linear-regression/reports leads to {outside / 'reports'}, outside artifacts/linear-regression/ (a symbolic link?); onnxbuild writes artifacts only inside it: remove the link\n")
+    assert result.stderr.endswith(
+        f"Error: artifacts/linear-regression/reports leads to {outside / 'reports'}, outside artifacts/linear-regression/ (a symbolic link?); onnxbuild writes artifacts only inside it: remove the link\n"
+    )
     assert tree(outside) == before
 
 
-def test_a_planted_manifest_and_failed_link_delete_nothing_outside(project: Path, outside: Path, tmp_path: Path) -> None:
+def test_a_planted_manifest_and_failed_link_delete_nothing_outside(
+    project: Path, outside: Path, tmp_path: Path
+) -> None:
     # The artifacts root itself may be a link (to a bigger disk, say): that is allowed.
     disk = tmp_path / "disk"
     disk.mkdir()
@@ -104,7 +119,9 @@ def test_a_planted_manifest_and_failed_link_delete_nothing_outside(project: Path
     assert climbing.startswith("../") and (folder / climbing).resolve() == outside / "keep.txt"
     paths = (climbing, str(outside / "source" / "keep.txt"), "", 5)  # and two a manifest never holds
     planted = [{"path": path, "sha256": "0" * 64, "bytes": 1} for path in paths]
-    (folder / "manifest.json").write_text(json.dumps({"steps": [{"name": "export", "outputs": planted}]}), encoding="utf-8")
+    (folder / "manifest.json").write_text(
+        json.dumps({"steps": [{"name": "export", "outputs": planted}]}), encoding="utf-8"
+    )
     (folder / "failed").symlink_to(outside, target_is_directory=True)
     before = tree(outside)
 
@@ -117,7 +134,11 @@ def test_a_planted_manifest_and_failed_link_delete_nothing_outside(project: Path
 def test_a_cache_entry_naming_a_path_outside_is_a_damaged_entry(project: Path) -> None:
     # Entries can come from a shared remote cache, which other machines write to.
     assert CliRunner().invoke(cli, ["make", LR]).exit_code == 0
-    [check] = [p for p in (project / ".onnxbuild" / "cache" / "entries").rglob("*.json") if json.loads(p.read_text(encoding="utf-8"))["step"] == "check"]
+    [check] = [
+        p
+        for p in (project / ".onnxbuild" / "cache" / "entries").rglob("*.json")
+        if json.loads(p.read_text(encoding="utf-8"))["step"] == "check"
+    ]
     entry = json.loads(check.read_text(encoding="utf-8"))
     entry["outputs"][0]["path"] = "../../evil.json"
     check.write_text(json.dumps(entry), encoding="utf-8")
@@ -125,7 +146,10 @@ def test_a_cache_entry_naming_a_path_outside_is_a_damaged_entry(project: Path) -
 
     result = CliRunner().invoke(cli, ["make", LR])
     assert result.exit_code == 0, result.output
-    assert f"warning: cache entry {check.stem[:12]} is damaged (output path '../../evil.json' leads out of the artifact folder); rebuilding" in result.stderr
+    assert (
+        f"warning: cache entry {check.stem[:12]} is damaged (output path '../../evil.json' leads out of the artifact folder); rebuilding"
+        in result.stderr
+    )
     timings = json.loads((project / "artifacts" / "linear-regression" / "timings.json").read_text(encoding="utf-8"))
     assert {name: s["status"] for name, s in timings["steps"].items()} == {"source": "cached", "check": "built"}
     assert not (project / "evil.json").exists() and not (project.parent / "evil.json").exists()

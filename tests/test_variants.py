@@ -84,7 +84,9 @@ def test_benchmark_json_matches_its_schema_and_has_a_pytorch_baseline(built: Pat
     assert "PyTorch fp32 (eager, sdpa)" in (folder / "benchmark.md").read_text(encoding="utf-8")
 
 
-def test_changing_only_benchmark_iterations_reruns_only_the_benchmark(built: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_changing_only_benchmark_iterations_reruns_only_the_benchmark(
+    built: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(built)
     settings = onnxbuild.Settings(cache_dir=built / ".onnxbuild" / "cache", artifacts_dir=built / "artifacts")
     recipe = built / RECIPE
@@ -133,6 +135,10 @@ def test_an_unusable_provider_is_skipped_and_strict_fails(project: Path) -> None
     bench = read(project / "artifacts" / "tiny-cuda" / "benchmark.json")
     cuda = next(p for p in bench["providers"] if p["name"] == "CUDAExecutionProvider")
     assert cuda["status"] == "skipped"
-    expected = "not in this onnxruntime build" if "CUDAExecutionProvider" not in ort.get_available_providers() else "fell back to CPUExecutionProvider"
+    expected = (
+        "not in this onnxruntime build"
+        if "CUDAExecutionProvider" not in ort.get_available_providers()
+        else "fell back to CPUExecutionProvider"
+    )
     assert expected in cuda["reason"]
     assert {r["provider"] for r in bench["results"]} == {"CPUExecutionProvider"}

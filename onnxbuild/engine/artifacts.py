@@ -33,7 +33,12 @@ def out_of_step(plan: Plan, artifacts_root: Path, cache: Cache) -> list[str]:
         folder = artifacts_root / recipe.name
         shown = folder.as_posix()
         for step in plan.steps:
-            if step.recipe is not recipe or step.action != "cached" or step.entry is None or step.key in cache.remote_only:
+            if (
+                step.recipe is not recipe
+                or step.action != "cached"
+                or step.entry is None
+                or step.key in cache.remote_only
+            ):
                 continue  # a step make will pull is counted as such, not as a damaged folder
             for o in step.entry["outputs"]:
                 path = folder / o["path"]
@@ -56,7 +61,11 @@ def read_manifest(folder: Path) -> dict[str, Any] | None:
         data = json.loads(read_regular_text(folder / "manifest.json", limit=64 << 20))
     except (OSError, ValueError, RecursionError):
         return None
-    if not isinstance(data, dict) or not isinstance(data.get("steps"), list) or not isinstance(data.get("recipe"), dict):
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("steps"), list)
+        or not isinstance(data.get("recipe"), dict)
+    ):
         return None
     return data
 
@@ -82,7 +91,9 @@ def rehash(folder: Path) -> list[str]:
                 if path.is_symlink() or not path.is_file():
                     problems.append(f"{shown}: missing or not a regular file")
                 elif sha256_file(path) != o["sha256"]:
-                    problems.append(f"{shown}: its bytes differ from the manifest's sha256 {o['sha256'][:12]} (edited in place?)")
+                    problems.append(
+                        f"{shown}: its bytes differ from the manifest's sha256 {o['sha256'][:12]} (edited in place?)"
+                    )
             except OSError as exc:
                 problems.append(f"{shown}: unreadable ({exc.strerror})")
     return problems
@@ -106,7 +117,9 @@ def artifact_folder(artifacts_root: Path, name: str) -> Path:
     """
     folder = artifacts_root / name
     if not inside(folder, artifacts_root):
-        raise UsageError(f"{folder} leads to {folder.resolve()}, outside {artifacts_root}/ (a symbolic link?); onnxbuild writes artifacts only inside {artifacts_root}/: remove the link, or pass --artifacts-dir")
+        raise UsageError(
+            f"{folder} leads to {folder.resolve()}, outside {artifacts_root}/ (a symbolic link?); onnxbuild writes artifacts only inside {artifacts_root}/: remove the link, or pass --artifacts-dir"
+        )
     return folder
 
 
@@ -121,7 +134,9 @@ def check_places(folder: Path, paths: list[str]) -> None:
         for parent in reversed(target.relative_to(folder).parents):
             place = folder / parent
             if parent != Path(".") and place.exists() and not place.is_dir():
-                raise UsageError(f"{place} is a file where onnxbuild needs a folder (for {rel}); move it away and build again")
+                raise UsageError(
+                    f"{place} is a file where onnxbuild needs a folder (for {rel}); move it away and build again"
+                )
         if target.is_dir() and not target.is_symlink():
             raise UsageError(f"{target} is a folder where onnxbuild writes a file; move it away and build again")
 
@@ -137,7 +152,9 @@ def _checked(dest: Path, folder: Path) -> Path:
     The file itself may be a link: callers replace or unlink it, never write through it.
     """
     if not inside(dest.parent, folder):
-        raise UsageError(f"{dest.parent} leads to {dest.parent.resolve()}, outside {folder}/ (a symbolic link?); onnxbuild writes artifacts only inside it: remove the link")
+        raise UsageError(
+            f"{dest.parent} leads to {dest.parent.resolve()}, outside {folder}/ (a symbolic link?); onnxbuild writes artifacts only inside it: remove the link"
+        )
     return dest
 
 
@@ -156,7 +173,16 @@ def keep_failed_outputs(out: Path, artifacts_root: Path, p: PlannedStep) -> None
     """A failed step's reports (say, a failed validation) are worth reading; keep them apart from good artifacts."""
     # and the first-divergence search's small subgraph and its inputs (validate)
     kept = (".json", ".md", ".txt")
-    files = [f for f in out.rglob("*") if f.is_file() and (f.suffix in kept or (DIVERGENCE in f.relative_to(out).parts and f.suffix in (".onnx", ".npz")))] if out.is_dir() else []
+    files = (
+        [
+            f
+            for f in out.rglob("*")
+            if f.is_file()
+            and (f.suffix in kept or (DIVERGENCE in f.relative_to(out).parts and f.suffix in (".onnx", ".npz")))
+        ]
+        if out.is_dir()
+        else []
+    )
     for f in files:
         dest = _checked(failed_dir(artifacts_root, p) / f.relative_to(out), artifacts_root / p.recipe.name)
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -203,7 +229,12 @@ def previous_owners(folder: Path) -> dict[str, str]:
     try:
         data = json.loads(read_regular_text(folder / "manifest.json", limit=64 << 20))
         # A manifest is a file in the work tree, not our word: only text paths are taken.
-        return {o["path"]: str(s["name"]) for s in data.get("steps", []) for o in s.get("outputs", []) if isinstance(o["path"], str)}
+        return {
+            o["path"]: str(s["name"])
+            for s in data.get("steps", [])
+            for o in s.get("outputs", [])
+            if isinstance(o["path"], str)
+        }
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return {}
 
@@ -225,5 +256,7 @@ def materialise(cache: Cache, o: OutputRecord, folder: Path, rel: str) -> None:
     if cache.file_digest(src) != o["sha256"]:
         from onnxbuild.errors import CacheError
 
-        raise CacheError(f"cache object {o['sha256'][:12]} for {o['path']} is corrupt; run `onnxbuild cache verify`, then build again")
+        raise CacheError(
+            f"cache object {o['sha256'][:12]} for {o['path']} is corrupt; run `onnxbuild cache verify`, then build again"
+        )
     link_or_copy(src, dest, pause=rel)

@@ -83,7 +83,12 @@ def entry_problem(entry: Any, key: str) -> str | None:
     if not isinstance(outputs, list):
         return "outputs is not a list"
     for out in outputs:
-        if not isinstance(out, dict) or not isinstance(out.get("sha256"), str) or not isinstance(out.get("bytes"), int) or isinstance(out.get("bytes"), bool):
+        if (
+            not isinstance(out, dict)
+            or not isinstance(out.get("sha256"), str)
+            or not isinstance(out.get("bytes"), int)
+            or isinstance(out.get("bytes"), bool)
+        ):
             return "an output is not {path, sha256, bytes}"
         if len(out["sha256"]) != 64 or any(c not in "0123456789abcdef" for c in out["sha256"]):
             return f"output digest {str(out['sha256'])[:16]!r} is not a sha256"
@@ -105,7 +110,9 @@ def read_json(text: str | bytes) -> Any:
 
 
 TAG_NAME = "CACHEDIR.TAG"
-TAG = "Signature: 8a477f597d28d172789f06886806bc55\n# This folder is an onnxbuild cache (https://bford.info/cachedir/).\n"
+TAG = (
+    "Signature: 8a477f597d28d172789f06886806bc55\n# This folder is an onnxbuild cache (https://bford.info/cachedir/).\n"
+)
 """The Cache Directory Tagging mark: written in a cache folder onnxbuild creates, so it only
 ever deletes inside folders it made (backup tools skip it too)."""
 SUBFOLDERS = ("objects", "entries", "tmp", "locks", "last", "state")
@@ -176,7 +183,9 @@ class Cache:
             for sub in SUBFOLDERS:
                 (self.root / sub).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise CacheError(f"cannot create the cache at {self.root} ({exc.strerror or exc}); pass --cache-dir or set ONNXBUILD_CACHE_DIR to a writable folder") from None
+            raise CacheError(
+                f"cannot create the cache at {self.root} ({exc.strerror or exc}); pass --cache-dir or set ONNXBUILD_CACHE_DIR to a writable folder"
+            ) from None
 
     def ensure_own(self) -> None:
         """Refuse a cache folder onnxbuild did not make, or one whose subfolders lead elsewhere.
@@ -197,7 +206,11 @@ class Cache:
             for sub in SUBFOLDERS:
                 folder = self.root / sub
                 if folder.is_dir() and not folder.is_symlink():
-                    others += sorted(f"{sub}/{p.name}" for p in folder.iterdir() if not (sub == "locks" and p.suffix == ".lock" and p.is_file()))
+                    others += sorted(
+                        f"{sub}/{p.name}"
+                        for p in folder.iterdir()
+                        if not (sub == "locks" and p.suffix == ".lock" and p.is_file())
+                    )
             if others and not tagged(self.root):
                 raise CacheError(
                     f"{self.root} is not an onnxbuild cache (no {TAG_NAME}, and it holds {', '.join(others[:3])}{', ...' if len(others) > 3 else ''}); "
@@ -209,7 +222,9 @@ class Cache:
                 pass  # a read-only cache: nothing will be deleted in it either
         for sub in SUBFOLDERS:
             if (self.root / sub).is_symlink():
-                raise CacheError(f"{self.root / sub} is a symbolic link; onnxbuild deletes inside its cache folders and never follows links: remove the link (onnxbuild makes the folder again)")
+                raise CacheError(
+                    f"{self.root / sub} is a symbolic link; onnxbuild deletes inside its cache folders and never follows links: remove the link (onnxbuild makes the folder again)"
+                )
 
     # ------------------------------------------------------------ entries
 
@@ -278,7 +293,16 @@ class Cache:
         self._drop(self.entry_path(key))
 
     def commit(
-        self, key: str, step: str, kind: str, ingredients: dict[str, Any], workdir: Path, files: Iterable[str], data: dict[str, Any], *, keep: bool = True
+        self,
+        key: str,
+        step: str,
+        kind: str,
+        ingredients: dict[str, Any],
+        workdir: Path,
+        files: Iterable[str],
+        data: dict[str, Any],
+        *,
+        keep: bool = True,
     ) -> EntryRecord:
         """Move a step's output files into the object store, then write its entry (the commit
         point); with ``keep=False`` no entry is written or pushed: the objects serve this build's
@@ -299,7 +323,14 @@ class Cache:
             outputs.append({"path": rel, "sha256": sha, "bytes": size})
             if len(outputs) == 1:
                 pause_for_tests("cache-write", step)  # one object stored, the rest still in scratch, no entry yet
-        entry: EntryRecord = {"key": key, "step": step, "kind": kind, "ingredients": ingredients, "outputs": outputs, "data": data}
+        entry: EntryRecord = {
+            "key": key,
+            "step": step,
+            "kind": kind,
+            "ingredients": ingredients,
+            "outputs": outputs,
+            "data": data,
+        }
         if not keep:
             self.discard(key)  # an entry an earlier build kept is not this build's figures
             return entry
@@ -308,7 +339,9 @@ class Cache:
             try:
                 self.remote.push(dict(entry), self)
             except OSError as exc:
-                self.warn(f"could not push {step} to the remote cache {self.remote.url} ({exc}); the local build is unaffected")
+                self.warn(
+                    f"could not push {step} to the remote cache {self.remote.url} ({exc}); the local build is unaffected"
+                )
         return entry
 
     # ------------------------------------------------------------ last builds (plan's memory)
@@ -353,7 +386,11 @@ class Cache:
                 continue
             _remove(child)
         # atomic writes killed before their rename (entries, last builds, state)
-        for path in [*_children(self.root / "entries", 2), *_children(self.root / "last", 1), *_children(self.root / "state", 1)]:
+        for path in [
+            *_children(self.root / "entries", 2),
+            *_children(self.root / "last", 1),
+            *_children(self.root / "state", 1),
+        ]:
             owner = temp_owner(path.name)
             if owner is not None and not process_alive(owner):
                 _remove(path)
@@ -399,7 +436,9 @@ class Cache:
             except (OSError, ValueError):
                 data = {}
             # only a speed-up: keep the well-formed rows of a damaged file
-            self._hashes = {k: v for k, v in data.items() if isinstance(v, list) and len(v) == 4} if isinstance(data, dict) else {}
+            self._hashes = (
+                {k: v for k, v in data.items() if isinstance(v, list) and len(v) == 4} if isinstance(data, dict) else {}
+            )
         return self._hashes
 
     def save_state(self) -> None:
@@ -428,7 +467,12 @@ class Cache:
                 wrong = entry_problem(entry, path.stem)
                 if wrong:
                     raise ValueError(wrong)
-                bad = [o for o in entry["outputs"] if not _regular(self.object_path(o["sha256"])) or sha256_file(self.object_path(o["sha256"])) != o["sha256"]]
+                bad = [
+                    o
+                    for o in entry["outputs"]
+                    if not _regular(self.object_path(o["sha256"]))
+                    or sha256_file(self.object_path(o["sha256"])) != o["sha256"]
+                ]
             except (OSError, ValueError) as exc:
                 dropped.append(f"entry {path.stem[:12]}: unreadable ({exc})")
                 _remove(path)
@@ -437,7 +481,9 @@ class Cache:
                 for o in bad:
                     self._drop(self.object_path(o["sha256"]))
                 names = ", ".join(o["path"] for o in bad)
-                dropped.append(f"entry {path.stem[:12]} ({entry.get('step', '?')}): {names} missing or not matching its digest")
+                dropped.append(
+                    f"entry {path.stem[:12]} ({entry.get('step', '?')}): {names} missing or not matching its digest"
+                )
                 self._drop(path)
         self._hashes = {}
         self._hashes_dirty = True

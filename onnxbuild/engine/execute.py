@@ -56,13 +56,17 @@ def run_task(task: Task) -> Outcome:
     except OnnxbuildError as exc:
         return Outcome(False, error=str(exc), seconds=time.perf_counter() - start, peak_rss_mb=_peak_rss_mb())
     except MemoryError:
-        return Outcome(False, error="ran out of memory", seconds=time.perf_counter() - start, peak_rss_mb=_peak_rss_mb())
+        return Outcome(
+            False, error="ran out of memory", seconds=time.perf_counter() - start, peak_rss_mb=_peak_rss_mb()
+        )
     except Exception as exc:  # a bug or a library failure: keep the traceback for the log file
         detail = traceback.format_exc()
         message = f"{type(exc).__name__}: {exc}".strip()
         if len(message) > 800:
             message = message[:800] + " ..."
-        return Outcome(False, error=message, detail=detail, seconds=time.perf_counter() - start, peak_rss_mb=_peak_rss_mb())
+        return Outcome(
+            False, error=message, detail=detail, seconds=time.perf_counter() - start, peak_rss_mb=_peak_rss_mb()
+        )
     return Outcome(True, result=result, seconds=time.perf_counter() - start, peak_rss_mb=_peak_rss_mb())
 
 
@@ -99,7 +103,10 @@ def _importable(task: Task) -> Outcome | None:
     try:
         importlib.import_module(task.spec.entry)
     except ImportError as exc:
-        return Outcome(False, error=f"the {task.spec.kind} step kind was registered from module {task.spec.entry!r}, which a step process cannot import ({exc}); register an importable module or build in-process")
+        return Outcome(
+            False,
+            error=f"the {task.spec.kind} step kind was registered from module {task.spec.entry!r}, which a step process cannot import ({exc}); register an importable module or build in-process",
+        )
     return None
 
 
@@ -260,7 +267,11 @@ class ChildStep:
         code = self.process.exitcode
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
         hint = " (out of memory?)" if code == -9 else ""
-        return Outcome(False, error=f"the step's process {how}{hint} before reporting a result", seconds=time.perf_counter() - self.started)
+        return Outcome(
+            False,
+            error=f"the step's process {how}{hint} before reporting a result",
+            seconds=time.perf_counter() - self.started,
+        )
 
     def kill(self) -> None:
         """Stop the step and every process it started (its process group)."""

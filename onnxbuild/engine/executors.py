@@ -101,7 +101,9 @@ def _run_shared(task: Task) -> Outcome:
     return _logged(task)
 
 
-def _run_remote(task: Task, remote_url: str, inputs: dict[str, str], outputs: Sequence[str]) -> tuple[Outcome, dict[str, str]]:
+def _run_remote(
+    task: Task, remote_url: str, inputs: dict[str, str], outputs: Sequence[str]
+) -> tuple[Outcome, dict[str, str]]:
     """A Ray task on any node: inputs from the remote cache by digest, outputs pushed back there."""
     from onnxbuild.engine.remote import RemoteCache
 
@@ -135,6 +137,7 @@ def _logged(task: Task) -> Outcome:
         os.dup2(log.fileno(), 2)
         saved = sys.stdout, sys.stderr
         sys.stdout = sys.stderr = log
+
         def emit(message: str) -> None:
             log.write(message + "\n")
 
@@ -174,7 +177,11 @@ class RayHandle:
             got = ray.get(self.ref)
         except Exception as exc:  # the task failed past its retries, or was cancelled
             name = type(exc).__name__
-            return Outcome(False, error=f"the Ray task failed ({name}: {brief(exc)}) after {self.executor.settings.max_retries} retries", seconds=time.perf_counter() - self.started)
+            return Outcome(
+                False,
+                error=f"the Ray task failed ({name}: {brief(exc)}) after {self.executor.settings.max_retries} retries",
+                seconds=time.perf_counter() - self.started,
+            )
         if isinstance(got, Outcome):
             return got
         outcome, pushed = got
@@ -211,7 +218,9 @@ class RayExecutor:
             try:
                 ray.init(**kwargs)
             except Exception as exc:
-                raise UsageError(f"cannot start or reach Ray ({settings.address or 'local instance'}): {brief(exc)}") from None
+                raise UsageError(
+                    f"cannot start or reach Ray ({settings.address or 'local instance'}): {brief(exc)}"
+                ) from None
             self._started = True
         # max_calls=1: a fresh worker process per step, as locally (memory returned between
         # steps, an honest peak RSS, a GPU context freed).
@@ -225,7 +234,9 @@ class RayExecutor:
         problems = []
         for label, r in needs:
             fits = any(
-                n["Resources"].get("CPU", 0) >= r.cpus and n["Resources"].get("GPU", 0) >= r.gpus and n["Resources"].get("memory", float("inf")) >= r.memory_mb * 1024 * 1024
+                n["Resources"].get("CPU", 0) >= r.cpus
+                and n["Resources"].get("GPU", 0) >= r.gpus
+                and n["Resources"].get("memory", float("inf")) >= r.memory_mb * 1024 * 1024
                 for n in nodes
             )
             if fits:
@@ -239,13 +250,22 @@ class RayExecutor:
             else:
                 problems.append(f"{label} needs about {r.memory_mb} MB of memory, more than any node offers")
         if problems:
-            raise UsageError("the Ray cluster cannot run every step: " + "; ".join(problems) + ". Add such nodes, or drop what needs them from the recipe")
+            raise UsageError(
+                "the Ray cluster cannot run every step: "
+                + "; ".join(problems)
+                + ". Add such nodes, or drop what needs them from the recipe"
+            )
 
     def start(self, task: Task, resources: Resources, inputs: dict[str, str], outputs: Sequence[str]) -> Handle:
         # The worker logs to the step's log file; the driver's callback (print, possibly
         # wrapped by Ray itself) need not, and sometimes cannot, be pickled.
         task = replace(task, ctx=replace(task.ctx, log=_discard))
-        options = {"num_cpus": resources.cpus, "num_gpus": resources.gpus, "max_retries": self.settings.max_retries, "retry_exceptions": False}
+        options = {
+            "num_cpus": resources.cpus,
+            "num_gpus": resources.gpus,
+            "max_retries": self.settings.max_retries,
+            "retry_exceptions": False,
+        }
         if self.local:
             ref = self._shared.options(**options).remote(task)
         else:

@@ -136,7 +136,15 @@ def select(steps: list[StepSpec], target: str | None, recipe: Recipe) -> list[St
     return [s for s in steps if s.name in needed]
 
 
-def plan(recipes: list[Recipe], cache: Cache, steps_of: Callable[[Recipe], list[StepSpec]], *, force: bool = False, target: str | None = None, single: bool = False) -> Plan:
+def plan(
+    recipes: list[Recipe],
+    cache: Cache,
+    steps_of: Callable[[Recipe], list[StepSpec]],
+    *,
+    force: bool = False,
+    target: str | None = None,
+    single: bool = False,
+) -> Plan:
     """Decide, for every step of every recipe, whether it runs or comes from the cache, and why.
 
     ``steps_of`` turns a recipe into its step specs (``onnxbuild.pipeline.steps_for``): the
@@ -151,7 +159,17 @@ def plan(recipes: list[Recipe], cache: Cache, steps_of: Callable[[Recipe], list[
     names: dict[str, str] = {}
     for recipe in recipes:
         if recipe.name in names and names[recipe.name] != recipe.path:
-            raise RecipeError([Problem(recipe.path, None, None, "name", f"{recipe.name!r} is also the name of {names[recipe.name]}; artifact folders would collide")])
+            raise RecipeError(
+                [
+                    Problem(
+                        recipe.path,
+                        None,
+                        None,
+                        "name",
+                        f"{recipe.name!r} is also the name of {names[recipe.name]}; artifact folders would collide",
+                    )
+                ]
+            )
         names[recipe.name] = recipe.path
     planned: list[PlannedStep] = []
     for recipe in recipes:
@@ -162,7 +180,9 @@ def plan(recipes: list[Recipe], cache: Cache, steps_of: Callable[[Recipe], list[
         left_out: set[str] = set()
         for spec in every:
             if spec.name in needed:
-                step = plan_step(recipe, spec, done, cache, last.get(spec.name), force=force and (not single or spec.name == target))
+                step = plan_step(
+                    recipe, spec, done, cache, last.get(spec.name), force=force and (not single or spec.name == target)
+                )
             elif any(d in left_out for d in spec.deps):
                 left_out.add(spec.name)
                 continue
@@ -193,7 +213,15 @@ def _estimate(planned: list[PlannedStep], cache: Cache) -> float | None:
     return total
 
 
-def plan_step(recipe: Recipe, spec: StepSpec, done: dict[str, PlannedStep], cache: Cache, last: dict[str, Any] | None, *, force: bool) -> PlannedStep:
+def plan_step(
+    recipe: Recipe,
+    spec: StepSpec,
+    done: dict[str, PlannedStep],
+    cache: Cache,
+    last: dict[str, Any] | None,
+    *,
+    force: bool,
+) -> PlannedStep:
     pending = [d for d in spec.deps if done[d].entry is None]
     if pending:
         # --force reruns every selected step, not only the first: a dependent whose
@@ -205,7 +233,9 @@ def plan_step(recipe: Recipe, spec: StepSpec, done: dict[str, PlannedStep], cach
         # Its key waits for the input's bytes; what the step itself changed is known now.
         waiting = f"{DEPENDS} {', '.join(pending)} changes"
         return PlannedStep(recipe, spec, "run", (*own_changes(last, spec, cache), waiting), None, None, None)
-    digests = input_digests(spec, {d: done[d].entry for d in spec.deps}, frozenset(d for d in spec.deps if done[d].spec.measured))
+    digests = input_digests(
+        spec, {d: done[d].entry for d in spec.deps}, frozenset(d for d in spec.deps if done[d].spec.measured)
+    )
     ing = ingredients(spec, digests, cache)
     key = step_key(ing)
     entry = cache.get(key)
@@ -221,7 +251,9 @@ MEASURED_BY = "measured by "
 """How a key names an input from a measured step (see ``input_digests``)."""
 
 
-def input_digests(spec: StepSpec, entries: dict[str, EntryRecord | None], measured: frozenset[str] = frozenset()) -> dict[str, str]:
+def input_digests(
+    spec: StepSpec, entries: dict[str, EntryRecord | None], measured: frozenset[str] = frozenset()
+) -> dict[str, str]:
     """Each input's digest; an input from a step in ``measured`` (its outputs are
     measurements: peaks, timings) by that step's key instead, since the same measurement
     never gives the same bytes twice: a rebuild or a cold cache would otherwise rerun every
@@ -247,13 +279,19 @@ def own_changes(last: dict[str, Any] | None, spec: StepSpec, cache: Cache) -> li
 def explain(last: dict[str, Any] | None, now: dict[str, Any], key: str) -> list[str]:
     """Why a step must run, in words, by comparing its ingredients with its last build's."""
     if not last or not isinstance(last.get("ingredients"), dict):
-        return ["no entry in cache (never built)"] if not last or last.get("key") is None else ["its key differs from the lock's (no ingredients recorded)"]
+        return (
+            ["no entry in cache (never built)"]
+            if not last or last.get("key") is None
+            else ["its key differs from the lock's (no ingredients recorded)"]
+        )
     before = last["ingredients"]
     if last.get("key") == key:
         return ["no entry in cache (removed by gc, or damaged)"]
     reasons: list[str] = []
     if before.get("version") != now["version"]:
-        reasons.append(f"the {now['kind']} step's implementation changed (v{before.get('version')} -> v{now['version']})")
+        reasons.append(
+            f"the {now['kind']} step's implementation changed (v{before.get('version')} -> v{now['version']})"
+        )
     if before.get("outputs") != now["outputs"]:
         reasons.append(f"its declared outputs changed ({_short(before.get('outputs'))} -> {_short(now['outputs'])})")
     for path, old, new in json_changes(before.get("params", {}), now["params"]):
@@ -269,7 +307,13 @@ def explain(last: dict[str, Any] | None, now: dict[str, Any], key: str) -> list[
         reasons.append(f"{label} is missing" if new == "missing" else f"the contents of {label} changed")
     for path, old, new in json_changes(before.get("identity", {}), now["identity"]):
         reasons.append(f"{path} {_change_words(old, new)}")
-    changed_inputs = sorted({k.split(":", 1)[0] for k in set(before.get("inputs", {})) | set(now["inputs"]) if before.get("inputs", {}).get(k) != now["inputs"].get(k)})
+    changed_inputs = sorted(
+        {
+            k.split(":", 1)[0]
+            for k in set(before.get("inputs", {})) | set(now["inputs"])
+            if before.get("inputs", {}).get(k) != now["inputs"].get(k)
+        }
+    )
     if changed_inputs:
         reasons.append(f"its input from {', '.join(changed_inputs)} changed")
     return reasons or ["no entry in cache"]

@@ -72,7 +72,11 @@ def read_lock(recipe: Recipe) -> dict[str, Any]:
 
 def expected_outputs(recipe: Recipe, locked: dict[str, Any]) -> dict[str, dict[str, str]]:
     """Step label -> {output path: sha256} for every step the lock holds to its digests."""
-    return {f"{recipe.name}:{name}": dict(step["outputs"]) for name, step in locked.items() if isinstance(step, dict) and isinstance(step.get("outputs"), dict)}
+    return {
+        f"{recipe.name}:{name}": dict(step["outputs"])
+        for name, step in locked.items()
+        if isinstance(step, dict) and isinstance(step.get("outputs"), dict)
+    }
 
 
 def check_lock(recipe: Recipe, cache: Cache, specs: list[StepSpec]) -> list[str]:
@@ -97,7 +101,11 @@ def check_lock(recipe: Recipe, cache: Cache, specs: list[StepSpec]) -> list[str]
             if locked.get(inp.step, {}).get("measured"):  # keyed by the step that measured it (graph.input_digests)
                 digests[f"{inp.step}:{inp.path}"] = MEASURED_BY + str(locked[inp.step].get("key"))
             else:
-                digests[f"{inp.step}:{inp.path}"] = outputs.get(inp.path, "missing from the lock") if isinstance(outputs, dict) else "measured, not locked"
+                digests[f"{inp.step}:{inp.path}"] = (
+                    outputs.get(inp.path, "missing from the lock")
+                    if isinstance(outputs, dict)
+                    else "measured, not locked"
+                )
         ing = ingredients(spec, digests, cache)
         key = step_key(ing)
         mine = locked[spec.name] if isinstance(locked[spec.name], dict) else {}

@@ -39,7 +39,9 @@ class FileLock:
             self.waited = True
             if self.timeout is not None and time.monotonic() - start > self.timeout:
                 os.close(fd)
-                raise CacheError(f"timed out after {self.timeout:.0f}s waiting for the lock on {self.what} ({self.path}); another onnxbuild is still running")
+                raise CacheError(
+                    f"timed out after {self.timeout:.0f}s waiting for the lock on {self.what} ({self.path}); another onnxbuild is still running"
+                )
             time.sleep(0.05)
 
     def try_acquire(self) -> bool:
@@ -66,7 +68,9 @@ class FileLock:
         self.acquire()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.release()
 
 

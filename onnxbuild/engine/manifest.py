@@ -43,7 +43,13 @@ class ManifestStep(TypedDict):
 
 
 def manifest_step(record: StepRecord) -> ManifestStep:
-    return {"name": record["name"], "kind": record["kind"], "key": record["key"], "outputs": record["outputs"], "data": record["data"]}
+    return {
+        "name": record["name"],
+        "kind": record["kind"],
+        "key": record["key"],
+        "outputs": record["outputs"],
+        "data": record["data"],
+    }
 
 
 class RecipeRecord(TypedDict):
@@ -65,7 +71,9 @@ class Manifest(TypedDict):
     platform: dict[str, str]
 
 
-def make_manifest(name: str, recipe: RecipeRecord, steps: list[StepRecord], lookup: Callable[[str], str] = package_version) -> Manifest:
+def make_manifest(
+    name: str, recipe: RecipeRecord, steps: list[StepRecord], lookup: Callable[[str], str] = package_version
+) -> Manifest:
     return {
         "schema_version": MANIFEST_SCHEMA_VERSION,
         "name": name,

@@ -34,7 +34,9 @@ class RemoteCache:
         try:
             self.fs, self.base = fsspec.core.url_to_fs(url)
         except (ImportError, ValueError) as exc:
-            raise CacheError(f"cannot use the remote cache {url!r}: {exc} (for s3:// install s3fs, for gs:// gcsfs)") from None
+            raise CacheError(
+                f"cannot use the remote cache {url!r}: {exc} (for s3:// install s3fs, for gs:// gcsfs)"
+            ) from None
         self.url = url
         self.read_only = read_only
         self.base = self.base.rstrip("/")
@@ -92,7 +94,9 @@ class RemoteCache:
                 self.fs.get_file(self._object(o["sha256"]), str(tmp))
                 digest = _sha256(tmp)
                 if digest != o["sha256"]:
-                    local.warn(f"remote cache object for {o['path']} does not match its digest; ignoring the remote entry {key[:12]}")
+                    local.warn(
+                        f"remote cache object for {o['path']} does not match its digest; ignoring the remote entry {key[:12]}"
+                    )
                     self.damaged.update((key, o["sha256"]))
                     return False
                 dest.parent.mkdir(parents=True, exist_ok=True)
@@ -224,7 +228,9 @@ class RemoteCache:
         try:
             self.fs.get_file(self._object(sha), str(tmp))
         except FileNotFoundError:
-            raise CacheError(f"the remote cache {self.url} has no object {sha[:12]} (pushed by another node?)") from None
+            raise CacheError(
+                f"the remote cache {self.url} has no object {sha[:12]} (pushed by another node?)"
+            ) from None
         if _sha256(tmp) != sha:
             tmp.unlink()
             raise CacheError(f"remote cache object {sha[:12]} does not match its digest; refusing it")

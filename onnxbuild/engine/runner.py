@@ -159,7 +159,17 @@ def execute(
         for recipe in plan.recipes:
             folder = artifact_folder(artifacts_root, recipe.name)
             check_places(folder, [o for s in plan.steps if s.recipe is recipe for o in s.spec.outputs])
-        report = _execute_locked(plan, cache, artifacts_root, jobs=jobs, keep_going=keep_going, in_process=in_process, reporter=reporter, executor=executor, expected=expected or {})
+        report = _execute_locked(
+            plan,
+            cache,
+            artifacts_root,
+            jobs=jobs,
+            keep_going=keep_going,
+            in_process=in_process,
+            reporter=reporter,
+            executor=executor,
+            expected=expected or {},
+        )
     finally:
         maintenance.release()
     cache.save_state()
@@ -168,11 +178,30 @@ def execute(
 
 
 def _execute_locked(
-    plan: Plan, cache: Cache, artifacts_root: Path, *, jobs: int, keep_going: bool, in_process: bool, reporter: Reporter, executor: Executor, expected: dict[str, dict[str, str]]
+    plan: Plan,
+    cache: Cache,
+    artifacts_root: Path,
+    *,
+    jobs: int,
+    keep_going: bool,
+    in_process: bool,
+    reporter: Reporter,
+    executor: Executor,
+    expected: dict[str, dict[str, str]],
 ) -> BuildReport:
     with _recipe_locks(cache, plan.recipes, reporter):
         states = {s.label: _State(s, expected=expected.get(s.label)) for s in plan.steps}
-        _run_all(states, plan, cache, artifacts_root, jobs=max(1, jobs), keep_going=keep_going, in_process=in_process, reporter=reporter, executor=executor)
+        _run_all(
+            states,
+            plan,
+            cache,
+            artifacts_root,
+            jobs=max(1, jobs),
+            keep_going=keep_going,
+            in_process=in_process,
+            reporter=reporter,
+            executor=executor,
+        )
         report = BuildReport()
         for recipe in plan.recipes:
             mine = [st for st in states.values() if st.planned.recipe is recipe]
@@ -190,7 +219,9 @@ def _recipe_locks(cache: Cache, recipes: tuple[Recipe, ...], reporter: Reporter)
             probe_started = time.monotonic()
             lock.acquire()
             if lock.waited:
-                reporter.warning(f"waited {time.monotonic() - probe_started:.1f}s for another onnxbuild building {name}")
+                reporter.warning(
+                    f"waited {time.monotonic() - probe_started:.1f}s for another onnxbuild building {name}"
+                )
             locks.append(lock)
         yield
     finally:
@@ -199,7 +230,16 @@ def _recipe_locks(cache: Cache, recipes: tuple[Recipe, ...], reporter: Reporter)
 
 
 def _run_all(
-    states: dict[str, _State], plan: Plan, cache: Cache, artifacts_root: Path, *, jobs: int, keep_going: bool, in_process: bool, reporter: Reporter, executor: Executor
+    states: dict[str, _State],
+    plan: Plan,
+    cache: Cache,
+    artifacts_root: Path,
+    *,
+    jobs: int,
+    keep_going: bool,
+    in_process: bool,
+    reporter: Reporter,
+    executor: Executor,
 ) -> None:
     order = [s.label for s in plan.steps]
     running: dict[Handle, tuple[str, Path]] = {}
@@ -225,7 +265,11 @@ def _run_all(
                     continue
                 if failed:
                     names = ", ".join(d.planned.spec.name for d in failed)
-                    _skip(st, f"not run: depends on {names}, which {'failed' if failed[0].record and failed[0].record['status'] == 'failed' else 'was skipped'}", reporter)
+                    _skip(
+                        st,
+                        f"not run: depends on {names}, which {'failed' if failed[0].record and failed[0].record['status'] == 'failed' else 'was skipped'}",
+                        reporter,
+                    )
                     progressed = True
                     continue
                 if stopped:
@@ -238,7 +282,16 @@ def _run_all(
                 # cores and make the figures lie, whatever -j says.
                 if running and (_exclusive(st) or any(_exclusive(states[lab]) for lab, _ in running.values())):
                     continue
-                child = _start(st, states, cache, artifacts_root, may_defer=bool(running), in_process=in_process, reporter=reporter, executor=executor)
+                child = _start(
+                    st,
+                    states,
+                    cache,
+                    artifacts_root,
+                    may_defer=bool(running),
+                    in_process=in_process,
+                    reporter=reporter,
+                    executor=executor,
+                )
                 if child is not None:
                     running[child[0]] = (label, child[1])
                     progressed = True
@@ -268,7 +321,11 @@ def _run_all(
         if st.record is None and st.planned.action == "outside":
             _leave_out(st)
         elif st.record is None:
-            _skip(st, "not run: the build stopped at the first failure (use --keep-going to build everything that does not depend on it)", reporter)
+            _skip(
+                st,
+                "not run: the build stopped at the first failure (use --keep-going to build everything that does not depend on it)",
+                reporter,
+            )
 
 
 def _exclusive(st: _State) -> bool:
@@ -298,7 +355,15 @@ def _record(p: PlannedStep, key: str | None, status: Any, reason: str, entry: En
 
 
 def _start(
-    st: _State, states: dict[str, _State], cache: Cache, artifacts_root: Path, *, may_defer: bool, in_process: bool, reporter: Reporter, executor: Executor
+    st: _State,
+    states: dict[str, _State],
+    cache: Cache,
+    artifacts_root: Path,
+    *,
+    may_defer: bool,
+    in_process: bool,
+    reporter: Reporter,
+    executor: Executor,
 ) -> tuple[Handle, Path] | None:
     """Resolve the step's key now that its inputs exist; use the cache or launch it.
 
@@ -384,19 +449,38 @@ def _start(
     return None
 
 
-def _cached(st: _State, states: dict[str, _State], key: str, ing: dict[str, Any], entry: EntryRecord, reporter: Reporter, cache: Cache) -> None:
+def _cached(
+    st: _State,
+    states: dict[str, _State],
+    key: str,
+    ing: dict[str, Any],
+    entry: EntryRecord,
+    reporter: Reporter,
+    cache: Cache,
+) -> None:
     """Take the step from the cache, saying truthfully why it is there."""
     p = st.planned
     recipe = p.recipe.name
     outside = p.action == "outside"
-    same = next((o.planned.label for o in states.values() if o.record and o.record["status"] == "built" and o.record["key"] == key), None)
+    same = next(
+        (
+            o.planned.label
+            for o in states.values()
+            if o.record and o.record["status"] == "built" and o.record["key"] == key
+        ),
+        None,
+    )
     if key in cache.pulled:
         why = "pulled from the remote cache"
     elif p.action == "cached":
         why = "up to date"
     elif same is not None:
         why = f"built by {same} in this build (the same step)"
-    elif p.key is None and any(states[f"{recipe}:{d}"].record["status"] == "built" for d in p.spec.deps) and not _written_since(cache, key, st.since):  # type: ignore[index]
+    elif (
+        p.key is None
+        and any(_status(states[f"{recipe}:{d}"]) == "built" for d in p.spec.deps)
+        and not _written_since(cache, key, st.since)
+    ):
         why = "inputs were rebuilt identical"
     elif outside:
         why = "up to date"
@@ -445,7 +529,14 @@ def _release(st: _State, workdir: Path) -> None:
     shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _finish(st: _State, outcome: Outcome, workdir: Path, cache: Cache, reporter: Reporter, artifacts_root: Path) -> None:
+def _status(st: _State) -> str | None:
+    """The step's status, or None before it has a record."""
+    return st.record["status"] if st.record is not None else None
+
+
+def _finish(
+    st: _State, outcome: Outcome, workdir: Path, cache: Cache, reporter: Reporter, artifacts_root: Path
+) -> None:
     p = st.planned
     try:
         st.seconds = outcome.seconds
@@ -458,7 +549,11 @@ def _finish(st: _State, outcome: Outcome, workdir: Path, cache: Cache, reporter:
             missing = sorted(declared - written)
             extra = set(result.extra_outputs)
             if missing:
-                outcome = Outcome(False, error=f"the step finished without writing {', '.join(missing)} (a bug in the {p.spec.kind} step)", seconds=outcome.seconds)
+                outcome = Outcome(
+                    False,
+                    error=f"the step finished without writing {', '.join(missing)} (a bug in the {p.spec.kind} step)",
+                    seconds=outcome.seconds,
+                )
             else:
                 assert p.key is not None and p.ingredients is not None
                 data = dict(result.data)
@@ -505,7 +600,11 @@ def _finish_recipe(recipe: Recipe, states: list[_State], cache: Cache, artifacts
     for rel, o in sorted(current.items()):
         materialise(cache, o, folder, rel)
     # Files an earlier build wrote that this one no longer produces (e.g. an external-data file).
-    failed_steps = {st.planned.spec.name for st in states if st.record and st.record["status"] != "built" and st.record["status"] != "cached"}
+    failed_steps = {
+        st.planned.spec.name
+        for st in states
+        if st.record and st.record["status"] != "built" and st.record["status"] != "cached"
+    }
     for rel in sorted(set(previous) - set(current)):
         if previous[rel] in failed_steps:
             continue  # keep what an earlier good build of a now-failing step left
@@ -519,9 +618,16 @@ def _finish_recipe(recipe: Recipe, states: list[_State], cache: Cache, artifacts
             shutil.rmtree(failed, ignore_errors=True)
     with contextlib.suppress(OSError):
         (folder / "failed").rmdir()
-    manifest = make_manifest(recipe.name, {"path": _display_path(recipe), "digest": recipe.digest, "resolved": recipe.resolved}, records, lookup=cache.versions.get)
+    manifest = make_manifest(
+        recipe.name,
+        {"path": _display_path(recipe), "digest": recipe.digest, "resolved": recipe.resolved},
+        records,
+        lookup=cache.versions.get,
+    )
     folder.mkdir(parents=True, exist_ok=True)
-    write_if_changed(folder / "manifest.json", pretty_json(manifest), lambda: pause_for_tests("manifest-write", recipe.name))
+    write_if_changed(
+        folder / "manifest.json", pretty_json(manifest), lambda: pause_for_tests("manifest-write", recipe.name)
+    )
     last = cache.last_build(recipe.name)
 
     def build_seconds(st: _State) -> float | None:
@@ -546,7 +652,11 @@ def _finish_recipe(recipe: Recipe, states: list[_State], cache: Cache, artifacts
     }
     atomic_write_text(folder / "timings.json", pretty_json(timings))
     good = {
-        st.planned.spec.name: {"key": st.record["key"], "ingredients": st.planned.ingredients, "seconds": build_seconds(st)}
+        st.planned.spec.name: {
+            "key": st.record["key"],
+            "ingredients": st.planned.ingredients,
+            "seconds": build_seconds(st),
+        }
         for st in states
         if st.record and st.record["status"] in ("built", "cached")
     }
@@ -578,4 +688,3 @@ def raise_for_failures(report: BuildReport) -> None:
     if skipped:
         lines.append("skipped: " + ", ".join(skipped))
     raise BuildFailed("\n".join(lines))
-

@@ -31,7 +31,9 @@ def _ed25519() -> Any:
     try:
         from cryptography.hazmat.primitives.asymmetric import ed25519
     except ImportError:
-        raise CacheError("signed remote cache entries need the cryptography package: pip install cryptography") from None
+        raise CacheError(
+            "signed remote cache entries need the cryptography package: pip install cryptography"
+        ) from None
     return ed25519
 
 
@@ -66,9 +68,13 @@ class Signer:
         try:
             key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
         except (OSError, ValueError) as exc:
-            raise CacheError(f"{SIGNING_ENV}: cannot read an Ed25519 private key from {path} ({exc}); make one with `onnxbuild cache keygen FILE`") from None
+            raise CacheError(
+                f"{SIGNING_ENV}: cannot read an Ed25519 private key from {path} ({exc}); make one with `onnxbuild cache keygen FILE`"
+            ) from None
         if not isinstance(key, _ed25519().Ed25519PrivateKey):
-            raise CacheError(f"{SIGNING_ENV}: {path} is not an Ed25519 key; make one with `onnxbuild cache keygen FILE`")
+            raise CacheError(
+                f"{SIGNING_ENV}: {path} is not an Ed25519 key; make one with `onnxbuild cache keygen FILE`"
+            )
         self.key = key
 
     def sign(self, data: bytes) -> bytes:
@@ -85,7 +91,9 @@ class Verifier:
             try:
                 self.keys.append(ed.Ed25519PublicKey.from_public_bytes(base64.b64decode(text.strip(), validate=True)))
             except ValueError as exc:
-                raise CacheError(f"{TRUSTED_ENV}: {text.strip()[:20]!r} is not a base64 Ed25519 public key ({exc}); `onnxbuild cache keygen` prints one") from None
+                raise CacheError(
+                    f"{TRUSTED_ENV}: {text.strip()[:20]!r} is not a base64 Ed25519 public key ({exc}); `onnxbuild cache keygen` prints one"
+                ) from None
 
     def valid(self, data: bytes, signature: bytes) -> bool:
         from cryptography.exceptions import InvalidSignature

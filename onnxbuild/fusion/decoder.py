@@ -65,18 +65,28 @@ def build(model: Any, exported: Any) -> Built:
     config = model.config
     kind = str(config.model_type)
     if kind not in FAMILIES:
-        raise StepError(f"optimize.decoder: fused: no fused graph for model_type {kind!r} (supported: {', '.join(FAMILIES)}); use optimize.decoder: export")
+        raise StepError(
+            f"optimize.decoder: fused: no fused graph for model_type {kind!r} (supported: {', '.join(FAMILIES)}); use optimize.decoder: export"
+        )
     family = FAMILIES[kind]
     heads = int(config.num_attention_heads)
     kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
     act = str(getattr(config, "hidden_act", "silu"))
     if act not in ("silu", "gelu_pytorch_tanh", "gelu"):
-        raise StepError(f"optimize.decoder: fused: activation {act!r} of {kind} has no fused graph here; use optimize.decoder: export")
+        raise StepError(
+            f"optimize.decoder: fused: activation {act!r} of {kind} has no fused graph here; use optimize.decoder: export"
+        )
     names = {v.name for v in exported.graph.input}
-    unknown = names - {"input_ids", "attention_mask", "position_ids"} - {f"past_key_values.{i}.{kv}" for i in range(config.num_hidden_layers) for kv in ("key", "value")}
+    unknown = (
+        names
+        - {"input_ids", "attention_mask", "position_ids"}
+        - {f"past_key_values.{i}.{kv}" for i in range(config.num_hidden_layers) for kv in ("key", "value")}
+    )
     if unknown or "attention_mask" not in names or "past_key_values.0.key" not in names:
-        raise StepError(f"optimize.decoder: fused needs an export with export.with_past: true and inputs input_ids, attention_mask, past_key_values.*; this one has {sorted(names)}")
+        raise StepError(
+            f"optimize.decoder: fused needs an export with export.with_past: true and inputs input_ids, attention_mask, past_key_values.*; this one has {sorted(names)}"
+        )
 
     g = Graph()
     weight, node, inits = g.weight, g.node, g.inits
@@ -93,7 +103,12 @@ def build(model: Any, exported: Any) -> Built:
 
     # embeddings; Gemma scales them by sqrt(hidden) (applied after the lookup, since lm_head may share the table)
     embed = inner.embed_tokens.weight.detach().float().numpy()
-    (hidden,) = node("Gather", [weight("model.embed_tokens.weight", embed), "input_ids"], ["/model/embed_tokens/output"], "/model/embed_tokens/Gather")
+    (hidden,) = node(
+        "Gather",
+        [weight("model.embed_tokens.weight", embed), "input_ids"],
+        ["/model/embed_tokens/output"],
+        "/model/embed_tokens/Gather",
+    )
     if family.get("gemma"):
         scale = weight("model.embed_scale", np.array(float(config.hidden_size) ** 0.5, dtype=np.float32))
         (hidden,) = node("Mul", [hidden, scale], ["/model/embed_tokens/scaled"], "/model/embed_tokens/Mul")
@@ -110,41 +125,147 @@ def build(model: Any, exported: Any) -> Built:
     sin_cache = weight("model.rotary.sin_cache", sin[0, :, :rotary].numpy())
 
     residual: str | None = None
-    fused = {"Attention": 0, "RotaryEmbedding": 0, "SkipSimplifiedLayerNormalization": 0, "SimplifiedLayerNormalization": 0}
+    fused = {
+        "Attention": 0,
+        "RotaryEmbedding": 0,
+        "SkipSimplifiedLayerNormalization": 0,
+        "SimplifiedLayerNormalization": 0,
+    }
     for i, layer in enumerate(inner.layers):
         p = f"/model/layers.{i}"
         attn, mlp = layer.self_attn, layer.mlp
-        x, residual = _norm(node, weight, fused, f"{p}/input_layernorm", hidden, residual, norm_weight(layer.input_layernorm), eps(layer.input_layernorm), f"model.layers.{i}.input_layernorm.weight")
+        x, residual = _norm(
+            node,
+            weight,
+            fused,
+            f"{p}/input_layernorm",
+            hidden,
+            residual,
+            norm_weight(layer.input_layernorm),
+            eps(layer.input_layernorm),
+            f"model.layers.{i}.input_layernorm.weight",
+        )
         if family.get("packed"):
             qkv_w = _linear_t(attn.qkv_proj)
         else:
             qkv_w = np.concatenate([_linear_t(attn.q_proj), _linear_t(attn.k_proj), _linear_t(attn.v_proj)], axis=1)
-        (qkv,) = node("MatMul", [x, weight(f"model.layers.{i}.attn.qkv_proj.weight", qkv_w)], [f"{p}/attn/qkv_proj/output"], f"{p}/attn/qkv_proj/MatMul")
-        bias = np.concatenate([attn.q_proj.bias.detach().float().numpy(), attn.k_proj.bias.detach().float().numpy(), attn.v_proj.bias.detach().float().numpy()]) if family.get("qkv_bias") else None
+        (qkv,) = node(
+            "MatMul",
+            [x, weight(f"model.layers.{i}.attn.qkv_proj.weight", qkv_w)],
+            [f"{p}/attn/qkv_proj/output"],
+            f"{p}/attn/qkv_proj/MatMul",
+        )
+        bias = (
+            np.concatenate(
+                [
+                    attn.q_proj.bias.detach().float().numpy(),
+                    attn.k_proj.bias.detach().float().numpy(),
+                    attn.v_proj.bias.detach().float().numpy(),
+                ]
+            )
+            if family.get("qkv_bias")
+            else None
+        )
         # an all-zero bias (transformers initialises biases to zero: a random-init Qwen2) adds
         # nothing and costs a pass over Q, K and V: left out, as the model builder leaves it out
         if bias is not None and bias.any():
-            (qkv,) = node("Add", [qkv, weight(f"model.layers.{i}.attn.qkv_proj.bias", bias)], [f"{p}/attn/qkv_proj/biased"], f"{p}/attn/qkv_proj/Add")
-        q, k, v = node("Split", [qkv, constant(inits, f"model.qkv_split.{heads}.{kv_heads}", [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim])], [f"{p}/attn/q", f"{p}/attn/k", f"{p}/attn/v"], f"{p}/attn/Split", axis=-1)
+            (qkv,) = node(
+                "Add",
+                [qkv, weight(f"model.layers.{i}.attn.qkv_proj.bias", bias)],
+                [f"{p}/attn/qkv_proj/biased"],
+                f"{p}/attn/qkv_proj/Add",
+            )
+        q, k, v = node(
+            "Split",
+            [
+                qkv,
+                constant(
+                    inits,
+                    f"model.qkv_split.{heads}.{kv_heads}",
+                    [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim],
+                ),
+            ],
+            [f"{p}/attn/q", f"{p}/attn/k", f"{p}/attn/v"],
+            f"{p}/attn/Split",
+            axis=-1,
+        )
         if family.get("qk_norm"):  # Qwen3 normalises each head of Q and K before the rotary embedding
-            q = _head_norm(node, weight, inits, f"{p}/attn/q_norm", q, heads, head_dim, norm_weight(attn.q_norm), eps(attn.q_norm), f"model.layers.{i}.attn.q_norm.weight")
-            k = _head_norm(node, weight, inits, f"{p}/attn/k_norm", k, kv_heads, head_dim, norm_weight(attn.k_norm), eps(attn.k_norm), f"model.layers.{i}.attn.k_norm.weight")
+            q = _head_norm(
+                node,
+                weight,
+                inits,
+                f"{p}/attn/q_norm",
+                q,
+                heads,
+                head_dim,
+                norm_weight(attn.q_norm),
+                eps(attn.q_norm),
+                f"model.layers.{i}.attn.q_norm.weight",
+            )
+            k = _head_norm(
+                node,
+                weight,
+                inits,
+                f"{p}/attn/k_norm",
+                k,
+                kv_heads,
+                head_dim,
+                norm_weight(attn.k_norm),
+                eps(attn.k_norm),
+                f"model.layers.{i}.attn.k_norm.weight",
+            )
         # the rotation at each token's own position_ids, so a left-padded row turns as PyTorch turns it
         rotate = {"rotary_embedding_dim": 2 * rotary} if 2 * rotary != head_dim else {}
-        (q,) = node("RotaryEmbedding", [q, cos_cache, sin_cache, "position_ids"], [f"{p}/attn/q_rot"], f"{p}/attn/q_rotary", num_heads=heads, interleaved=0, **rotate)
-        (k,) = node("RotaryEmbedding", [k, cos_cache, sin_cache, "position_ids"], [f"{p}/attn/k_rot"], f"{p}/attn/k_rotary", num_heads=kv_heads, interleaved=0, **rotate)
+        (q,) = node(
+            "RotaryEmbedding",
+            [q, cos_cache, sin_cache, "position_ids"],
+            [f"{p}/attn/q_rot"],
+            f"{p}/attn/q_rotary",
+            num_heads=heads,
+            interleaved=0,
+            **rotate,
+        )
+        (k,) = node(
+            "RotaryEmbedding",
+            [k, cos_cache, sin_cache, "position_ids"],
+            [f"{p}/attn/k_rot"],
+            f"{p}/attn/k_rotary",
+            num_heads=kv_heads,
+            interleaved=0,
+            **rotate,
+        )
         fused["RotaryEmbedding"] += 2
         window = _window(config, i)
         if window not in masks:  # once per window, shared by its layers
             masks[window] = _additive(g, visible if window < 0 else _windowed(g, visible, window), window)
         mask = masks[window]
         (out, _, _) = node(
-            "Attention", [q, k, v, mask, f"past_key_values.{i}.key", f"past_key_values.{i}.value"], [f"{p}/attn/output", f"present.{i}.key", f"present.{i}.value"], f"{p}/attn/Attention",
-            q_num_heads=heads, kv_num_heads=kv_heads, scale=float(getattr(attn, "scaling", head_dim**-0.5)),
+            "Attention",
+            [q, k, v, mask, f"past_key_values.{i}.key", f"past_key_values.{i}.value"],
+            [f"{p}/attn/output", f"present.{i}.key", f"present.{i}.value"],
+            f"{p}/attn/Attention",
+            q_num_heads=heads,
+            kv_num_heads=kv_heads,
+            scale=float(getattr(attn, "scaling", head_dim**-0.5)),
         )
         fused["Attention"] += 1
-        (o,) = node("MatMul", [out, weight(f"model.layers.{i}.attn.o_proj.weight", _linear_t(attn.o_proj))], [f"{p}/attn/o_proj/output"], f"{p}/attn/o_proj/MatMul")
-        x, residual = _norm(node, weight, fused, f"{p}/post_attention_layernorm", o, residual, norm_weight(layer.post_attention_layernorm), eps(layer.post_attention_layernorm), f"model.layers.{i}.post_attention_layernorm.weight")
+        (o,) = node(
+            "MatMul",
+            [out, weight(f"model.layers.{i}.attn.o_proj.weight", _linear_t(attn.o_proj))],
+            [f"{p}/attn/o_proj/output"],
+            f"{p}/attn/o_proj/MatMul",
+        )
+        x, residual = _norm(
+            node,
+            weight,
+            fused,
+            f"{p}/post_attention_layernorm",
+            o,
+            residual,
+            norm_weight(layer.post_attention_layernorm),
+            eps(layer.post_attention_layernorm),
+            f"model.layers.{i}.post_attention_layernorm.weight",
+        )
         # gate and up stay two MatMuls: one packed [hidden, 2 x intermediate] MatMul and a Split
         # measured 3-5% slower at a 128-token prefill on 2 cores (MLAS tiles the wider N worse,
         # and the Split copies), and no faster at decode
@@ -153,16 +274,47 @@ def build(model: Any, exported: Any) -> Built:
             gate_w, up_w = np.split(gate_up, 2, axis=1)
         else:
             gate_w, up_w = _linear_t(mlp.gate_proj), _linear_t(mlp.up_proj)
-        (gate,) = node("MatMul", [x, weight(f"model.layers.{i}.mlp.gate_proj.weight", gate_w)], [f"{p}/mlp/gate"], f"{p}/mlp/gate_proj/MatMul")
-        (up,) = node("MatMul", [x, weight(f"model.layers.{i}.mlp.up_proj.weight", up_w)], [f"{p}/mlp/up"], f"{p}/mlp/up_proj/MatMul")
+        (gate,) = node(
+            "MatMul",
+            [x, weight(f"model.layers.{i}.mlp.gate_proj.weight", gate_w)],
+            [f"{p}/mlp/gate"],
+            f"{p}/mlp/gate_proj/MatMul",
+        )
+        (up,) = node(
+            "MatMul",
+            [x, weight(f"model.layers.{i}.mlp.up_proj.weight", up_w)],
+            [f"{p}/mlp/up"],
+            f"{p}/mlp/up_proj/MatMul",
+        )
         if act == "silu":
             (sig,) = node("Sigmoid", [gate], [f"{p}/mlp/act/sigmoid"], f"{p}/mlp/act/Sigmoid")
             (activated,) = node("Mul", [gate, sig], [f"{p}/mlp/act/output"], f"{p}/mlp/act/Mul")
         else:
-            (activated,) = node("Gelu", [gate], [f"{p}/mlp/act/output"], f"{p}/mlp/act/Gelu", approximate="tanh" if act == "gelu_pytorch_tanh" else "none")
+            (activated,) = node(
+                "Gelu",
+                [gate],
+                [f"{p}/mlp/act/output"],
+                f"{p}/mlp/act/Gelu",
+                approximate="tanh" if act == "gelu_pytorch_tanh" else "none",
+            )
         (prod,) = node("Mul", [activated, up], [f"{p}/mlp/act_up"], f"{p}/mlp/Mul")
-        (hidden,) = node("MatMul", [prod, weight(f"model.layers.{i}.mlp.down_proj.weight", _linear_t(mlp.down_proj))], [f"{p}/mlp/down_proj/output"], f"{p}/mlp/down_proj/MatMul")
-    x, _ = _norm(node, weight, fused, "/model/norm", hidden, residual, norm_weight(inner.norm), eps(inner.norm), "model.norm.weight")
+        (hidden,) = node(
+            "MatMul",
+            [prod, weight(f"model.layers.{i}.mlp.down_proj.weight", _linear_t(mlp.down_proj))],
+            [f"{p}/mlp/down_proj/output"],
+            f"{p}/mlp/down_proj/MatMul",
+        )
+    x, _ = _norm(
+        node,
+        weight,
+        fused,
+        "/model/norm",
+        hidden,
+        residual,
+        norm_weight(inner.norm),
+        eps(inner.norm),
+        "model.norm.weight",
+    )
     node("MatMul", [x, weight("lm_head.weight", _linear_t(model.lm_head))], ["logits"], "/lm_head/MatMul")
 
     return Built(g.model(exported, opset=23), {k: v for k, v in fused.items() if v}, kind)
@@ -192,9 +344,13 @@ class Graph:
         """The graph as a model with the export's inputs and outputs, at ``opset`` or the export's."""
         from onnx import helper
 
-        graph = helper.make_graph(self.nodes, "fused_decoder", list(exported.graph.input), list(exported.graph.output), self.inits)
+        graph = helper.make_graph(
+            self.nodes, "fused_decoder", list(exported.graph.input), list(exported.graph.output), self.inits
+        )
         opset = max(opset, *(o.version for o in exported.opset_import if o.domain in ("", "ai.onnx")))
-        out = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(MS, 1)], producer_name="onnxbuild")
+        out = helper.make_model(
+            graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(MS, 1)], producer_name="onnxbuild"
+        )
         out.ir_version = 10  # what ONNX Runtime 1.20+ reads; the export's may be newer than this ORT takes
         # no onnx.checker: SimplifiedLayerNormalization is ONNX Runtime's, in the default domain
         return out
@@ -216,12 +372,26 @@ def _visible(g: Graph) -> str:
     (ishape,) = g.node("Shape", ["input_ids"], ["/model/attn_mask/ids_shape"], "/model/attn_mask/IdsShape")
     (new,) = g.node("Gather", [ishape, one], ["/model/attn_mask/new"], "/model/attn_mask/New", axis=0)
     (past,) = g.node("Sub", [total, new], ["/model/attn_mask/past"], "/model/attn_mask/Past")
-    (keys,) = g.node("Range", [constant(g.inits, "zero_i64", 0), total, one], ["/model/attn_mask/keys"], "/model/attn_mask/Keys")
+    (keys,) = g.node(
+        "Range", [constant(g.inits, "zero_i64", 0), total, one], ["/model/attn_mask/keys"], "/model/attn_mask/Keys"
+    )
     (queries,) = g.node("Range", [past, total, one], ["/model/attn_mask/queries"], "/model/attn_mask/Queries")
-    (column,) = g.node("Unsqueeze", [queries, constant(g.inits, "last_axis", [-1])], ["/model/attn_mask/query_column"], "/model/attn_mask/QueryColumn")
+    (column,) = g.node(
+        "Unsqueeze",
+        [queries, constant(g.inits, "last_axis", [-1])],
+        ["/model/attn_mask/query_column"],
+        "/model/attn_mask/QueryColumn",
+    )
     (causal,) = g.node("LessOrEqual", [keys, column], ["/model/attn_mask/causal"], "/model/attn_mask/Causal")
-    (kept,) = g.node("Cast", ["attention_mask"], ["/model/attn_mask/kept"], "/model/attn_mask/Kept", to=TensorProto.BOOL)
-    (rows,) = g.node("Unsqueeze", [kept, constant(g.inits, "axes_1_2", [1, 2])], ["/model/attn_mask/kept_rows"], "/model/attn_mask/KeptRows")
+    (kept,) = g.node(
+        "Cast", ["attention_mask"], ["/model/attn_mask/kept"], "/model/attn_mask/Kept", to=TensorProto.BOOL
+    )
+    (rows,) = g.node(
+        "Unsqueeze",
+        [kept, constant(g.inits, "axes_1_2", [1, 2])],
+        ["/model/attn_mask/kept_rows"],
+        "/model/attn_mask/KeptRows",
+    )
     (visible,) = g.node("And", [causal, rows], ["/model/attn_mask/visible"], "/model/attn_mask/Visible")
     return str(visible)
 
@@ -231,14 +401,26 @@ def _additive(g: Graph, visible: str, window: int) -> str:
     ``MASKED`` where not (why not the minimum: ``MASKED``)."""
     seen, masked = constant(g.inits, "mask_seen", 0.0, "float32"), constant(g.inits, "mask_masked", MASKED, "float32")
     suffix = "" if window < 0 else str(window)
-    (out,) = g.node("Where", [visible, seen, masked], [f"/model/attn_mask/additive{suffix}"], f"/model/attn_mask/Additive{suffix}")
+    (out,) = g.node(
+        "Where", [visible, seen, masked], [f"/model/attn_mask/additive{suffix}"], f"/model/attn_mask/Additive{suffix}"
+    )
     return str(out)
 
 
 def _windowed(g: Graph, visible: str, window: int) -> str:
     """``visible`` narrowed to a sliding window: query i sees key j only when i - j < window."""
-    (gap,) = g.node("Sub", ["/model/attn_mask/query_column", "/model/attn_mask/keys"], [f"/model/attn_mask/gap{window}"], f"/model/attn_mask/Gap{window}")
-    (near,) = g.node("Less", [gap, constant(g.inits, f"window{window}", window)], [f"/model/attn_mask/near{window}"], f"/model/attn_mask/Near{window}")
+    (gap,) = g.node(
+        "Sub",
+        ["/model/attn_mask/query_column", "/model/attn_mask/keys"],
+        [f"/model/attn_mask/gap{window}"],
+        f"/model/attn_mask/Gap{window}",
+    )
+    (near,) = g.node(
+        "Less",
+        [gap, constant(g.inits, f"window{window}", window)],
+        [f"/model/attn_mask/near{window}"],
+        f"/model/attn_mask/Near{window}",
+    )
     (out,) = g.node("And", [visible, near], [f"/model/attn_mask/visible{window}"], f"/model/attn_mask/Visible{window}")
     return str(out)
 
@@ -252,14 +434,26 @@ def _gpt2(model: Any, exported: Any, g: Graph, heads: int, head_dim: int) -> Bui
     projection's bias rides in the next SkipLayerNormalization or its own Add."""
     t = model.transformer
     if "position_ids" not in {v.name for v in exported.graph.input}:
-        raise StepError("optimize.decoder: fused GPT-2 needs the export's position_ids input (export.with_past: true gives it)")
+        raise StepError(
+            "optimize.decoder: fused GPT-2 needs the export's position_ids input (export.with_past: true gives it)"
+        )
     fused = {"Attention": 0, "SkipLayerNormalization": 0, "LayerNormalization": 0, "Gelu": 0}
 
     def arr(p: Any) -> Any:
         return p.detach().float().numpy()
 
-    (tok,) = g.node("Gather", [g.weight("transformer.wte.weight", arr(t.wte.weight)), "input_ids"], ["/model/wte/output"], "/model/wte/Gather")
-    (pos,) = g.node("Gather", [g.weight("transformer.wpe.weight", arr(t.wpe.weight)), "position_ids"], ["/model/wpe/output"], "/model/wpe/Gather")
+    (tok,) = g.node(
+        "Gather",
+        [g.weight("transformer.wte.weight", arr(t.wte.weight)), "input_ids"],
+        ["/model/wte/output"],
+        "/model/wte/Gather",
+    )
+    (pos,) = g.node(
+        "Gather",
+        [g.weight("transformer.wpe.weight", arr(t.wpe.weight)), "position_ids"],
+        ["/model/wpe/output"],
+        "/model/wpe/Gather",
+    )
     (hidden,) = g.node("Add", [tok, pos], ["/model/embeddings"], "/model/embeddings/Add")
     mask = _additive(g, _visible(g), -1)
     residual: str | None = None
@@ -269,11 +463,25 @@ def _gpt2(model: Any, exported: Any, g: Graph, heads: int, head_dim: int) -> Bui
         nonlocal residual, pending_bias
         gamma, beta = g.weight(f"{wname}.weight", arr(ln.weight)), g.weight(f"{wname}.bias", arr(ln.bias))
         if residual is None:
-            (y,) = g.node("LayerNormalization", [x, gamma, beta], [f"{prefix}/output"], f"{prefix}/LayerNorm", epsilon=float(ln.eps), axis=-1)
+            (y,) = g.node(
+                "LayerNormalization",
+                [x, gamma, beta],
+                [f"{prefix}/output"],
+                f"{prefix}/LayerNorm",
+                epsilon=float(ln.eps),
+                axis=-1,
+            )
             fused["LayerNormalization"] += 1
             residual = x
             return str(y)
-        y, _, _, total = g.node("SkipLayerNormalization", [x, residual, gamma, beta, pending_bias or ""], [f"{prefix}/output", "", "", f"{prefix}/residual"], f"{prefix}/SkipLayerNorm", MS, epsilon=float(ln.eps))
+        y, _, _, total = g.node(
+            "SkipLayerNormalization",
+            [x, residual, gamma, beta, pending_bias or ""],
+            [f"{prefix}/output", "", "", f"{prefix}/residual"],
+            f"{prefix}/SkipLayerNorm",
+            MS,
+            epsilon=float(ln.eps),
+        )
         fused["SkipLayerNormalization"] += 1
         residual, pending_bias = total, None
         return str(y)
@@ -281,28 +489,64 @@ def _gpt2(model: Any, exported: Any, g: Graph, heads: int, head_dim: int) -> Bui
     for i, block in enumerate(t.h):
         p = f"/model/layers.{i}"
         x = norm(f"{p}/input_layernorm", hidden, block.ln_1, f"transformer.h.{i}.ln_1")
-        (qkv,) = g.node("MatMul", [x, g.weight(f"transformer.h.{i}.attn.c_attn.weight", arr(block.attn.c_attn.weight))], [f"{p}/attn/qkv_proj/output"], f"{p}/attn/qkv_proj/MatMul")
-        (qkv,) = g.node("Add", [qkv, g.weight(f"transformer.h.{i}.attn.c_attn.bias", arr(block.attn.c_attn.bias))], [f"{p}/attn/qkv_proj/biased"], f"{p}/attn/qkv_proj/Add")
+        (qkv,) = g.node(
+            "MatMul",
+            [x, g.weight(f"transformer.h.{i}.attn.c_attn.weight", arr(block.attn.c_attn.weight))],
+            [f"{p}/attn/qkv_proj/output"],
+            f"{p}/attn/qkv_proj/MatMul",
+        )
+        (qkv,) = g.node(
+            "Add",
+            [qkv, g.weight(f"transformer.h.{i}.attn.c_attn.bias", arr(block.attn.c_attn.bias))],
+            [f"{p}/attn/qkv_proj/biased"],
+            f"{p}/attn/qkv_proj/Add",
+        )
         # sizes as an input, not num_outputs: ORT's symbolic shape inference (roofline.py) reads those
         sizes = constant(g.inits, "model.qkv_split", [heads * head_dim] * 3)
-        q, k, v = g.node("Split", [qkv, sizes], [f"{p}/attn/q", f"{p}/attn/k", f"{p}/attn/v"], f"{p}/attn/Split", axis=-1)
+        q, k, v = g.node(
+            "Split", [qkv, sizes], [f"{p}/attn/q", f"{p}/attn/k", f"{p}/attn/v"], f"{p}/attn/Split", axis=-1
+        )
         (out, _, _) = g.node(
-            "Attention", [q, k, v, mask, f"past_key_values.{i}.key", f"past_key_values.{i}.value"],
-            [f"{p}/attn/output", f"present.{i}.key", f"present.{i}.value"], f"{p}/attn/Attention",
-            q_num_heads=heads, kv_num_heads=heads, scale=head_dim**-0.5,
+            "Attention",
+            [q, k, v, mask, f"past_key_values.{i}.key", f"past_key_values.{i}.value"],
+            [f"{p}/attn/output", f"present.{i}.key", f"present.{i}.value"],
+            f"{p}/attn/Attention",
+            q_num_heads=heads,
+            kv_num_heads=heads,
+            scale=head_dim**-0.5,
         )
         fused["Attention"] += 1
-        (o,) = g.node("MatMul", [out, g.weight(f"transformer.h.{i}.attn.c_proj.weight", arr(block.attn.c_proj.weight))], [f"{p}/attn/o_proj/output"], f"{p}/attn/o_proj/MatMul")
+        (o,) = g.node(
+            "MatMul",
+            [out, g.weight(f"transformer.h.{i}.attn.c_proj.weight", arr(block.attn.c_proj.weight))],
+            [f"{p}/attn/o_proj/output"],
+            f"{p}/attn/o_proj/MatMul",
+        )
         pending_bias = g.weight(f"transformer.h.{i}.attn.c_proj.bias", arr(block.attn.c_proj.bias))
         x = norm(f"{p}/post_attention_layernorm", o, block.ln_2, f"transformer.h.{i}.ln_2")
-        (fc,) = g.node("MatMul", [x, g.weight(f"transformer.h.{i}.mlp.c_fc.weight", arr(block.mlp.c_fc.weight))], [f"{p}/mlp/up_proj/output"], f"{p}/mlp/up_proj/MatMul")
+        (fc,) = g.node(
+            "MatMul",
+            [x, g.weight(f"transformer.h.{i}.mlp.c_fc.weight", arr(block.mlp.c_fc.weight))],
+            [f"{p}/mlp/up_proj/output"],
+            f"{p}/mlp/up_proj/MatMul",
+        )
         # ONNX's tanh Gelu (GPT-2's gelu_new exactly), not the FastGelu contrib op: ORT's CPU
         # kernel for it measured 1.9 ms for the 12 at 128 tokens against FastGelu's 2.6, and
         # the bias Add before it goes into the quantized MatMul
-        (fc,) = g.node("Add", [fc, g.weight(f"transformer.h.{i}.mlp.c_fc.bias", arr(block.mlp.c_fc.bias))], [f"{p}/mlp/up_proj/biased"], f"{p}/mlp/up_proj/Add")
+        (fc,) = g.node(
+            "Add",
+            [fc, g.weight(f"transformer.h.{i}.mlp.c_fc.bias", arr(block.mlp.c_fc.bias))],
+            [f"{p}/mlp/up_proj/biased"],
+            f"{p}/mlp/up_proj/Add",
+        )
         (act,) = g.node("Gelu", [fc], [f"{p}/mlp/act/output"], f"{p}/mlp/act/Gelu", approximate="tanh")
         fused["Gelu"] += 1
-        (hidden,) = g.node("MatMul", [act, g.weight(f"transformer.h.{i}.mlp.c_proj.weight", arr(block.mlp.c_proj.weight))], [f"{p}/mlp/down_proj/output"], f"{p}/mlp/down_proj/MatMul")
+        (hidden,) = g.node(
+            "MatMul",
+            [act, g.weight(f"transformer.h.{i}.mlp.c_proj.weight", arr(block.mlp.c_proj.weight))],
+            [f"{p}/mlp/down_proj/output"],
+            f"{p}/mlp/down_proj/MatMul",
+        )
         pending_bias = g.weight(f"transformer.h.{i}.mlp.c_proj.bias", arr(block.mlp.c_proj.bias))
     x = norm("/model/norm", hidden, t.ln_f, "transformer.ln_f")
     g.node("MatMul", [x, g.weight("lm_head.weight", _linear_t(model.lm_head))], ["logits"], "/lm_head/MatMul")
@@ -319,22 +563,76 @@ def constant(inits: list[Any], name: str, value: Any, dtype: str = "int64") -> s
     return name
 
 
-def _norm(node: Any, weight: Any, fused: dict[str, int], prefix: str, x: str, residual: str | None, gamma: Any, epsilon: float, wname: str) -> tuple[str, str]:
+def _norm(
+    node: Any,
+    weight: Any,
+    fused: dict[str, int],
+    prefix: str,
+    x: str,
+    residual: str | None,
+    gamma: Any,
+    epsilon: float,
+    wname: str,
+) -> tuple[str, str]:
     """RMSNorm of ``x`` (+ ``residual`` when there is one, fused): (normalised, new residual)."""
     if residual is None:
-        (y,) = node("SimplifiedLayerNormalization", [x, weight(wname, gamma)], [f"{prefix}/output"], f"{prefix}/SimplifiedLayerNorm", epsilon=epsilon, axis=-1, stash_type=1)
+        (y,) = node(
+            "SimplifiedLayerNormalization",
+            [x, weight(wname, gamma)],
+            [f"{prefix}/output"],
+            f"{prefix}/SimplifiedLayerNorm",
+            epsilon=epsilon,
+            axis=-1,
+            stash_type=1,
+        )
         fused["SimplifiedLayerNormalization"] += 1
         return y, x
-    y, _, _, total = node("SkipSimplifiedLayerNormalization", [x, residual, weight(wname, gamma)], [f"{prefix}/output", "", "", f"{prefix}/residual"], f"{prefix}/SkipLayerNorm", MS, epsilon=epsilon)
+    y, _, _, total = node(
+        "SkipSimplifiedLayerNormalization",
+        [x, residual, weight(wname, gamma)],
+        [f"{prefix}/output", "", "", f"{prefix}/residual"],
+        f"{prefix}/SkipLayerNorm",
+        MS,
+        epsilon=epsilon,
+    )
     fused["SkipSimplifiedLayerNormalization"] += 1
     return y, total
 
 
-def _head_norm(node: Any, weight: Any, inits: list[Any], prefix: str, x: str, n: int, head_dim: int, gamma: Any, epsilon: float, wname: str) -> str:
+def _head_norm(
+    node: Any,
+    weight: Any,
+    inits: list[Any],
+    prefix: str,
+    x: str,
+    n: int,
+    head_dim: int,
+    gamma: Any,
+    epsilon: float,
+    wname: str,
+) -> str:
     """RMSNorm over each head of a [batch, sequence, n * head_dim] tensor."""
-    (heads,) = node("Reshape", [x, constant(inits, f"shape.heads{n}x{head_dim}", [0, 0, n, head_dim])], [f"{prefix}/heads"], f"{prefix}/Reshape")
-    (y,) = node("SimplifiedLayerNormalization", [heads, weight(wname, gamma)], [f"{prefix}/normed"], f"{prefix}/SimplifiedLayerNorm", epsilon=epsilon, axis=-1, stash_type=1)
-    (flat,) = node("Reshape", [y, constant(inits, f"shape.flat{n * head_dim}", [0, 0, n * head_dim])], [f"{prefix}/output"], f"{prefix}/ReshapeBack")
+    (heads,) = node(
+        "Reshape",
+        [x, constant(inits, f"shape.heads{n}x{head_dim}", [0, 0, n, head_dim])],
+        [f"{prefix}/heads"],
+        f"{prefix}/Reshape",
+    )
+    (y,) = node(
+        "SimplifiedLayerNormalization",
+        [heads, weight(wname, gamma)],
+        [f"{prefix}/normed"],
+        f"{prefix}/SimplifiedLayerNorm",
+        epsilon=epsilon,
+        axis=-1,
+        stash_type=1,
+    )
+    (flat,) = node(
+        "Reshape",
+        [y, constant(inits, f"shape.flat{n * head_dim}", [0, 0, n * head_dim])],
+        [f"{prefix}/output"],
+        f"{prefix}/ReshapeBack",
+    )
     return str(flat)
 
 

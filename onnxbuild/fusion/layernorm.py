@@ -58,7 +58,9 @@ def split_skip_layer_norm(model: Any) -> int:
         while ln_outs and not ln_outs[-1]:
             ln_outs.pop()
         ln_ins = [total, gamma] + ([beta] if beta else [])
-        nodes.append(helper.make_node("LayerNormalization", ln_ins, ln_outs, name=f"{base}/LayerNorm", axis=-1, epsilon=eps))
+        nodes.append(
+            helper.make_node("LayerNormalization", ln_ins, ln_outs, name=f"{base}/LayerNorm", axis=-1, epsilon=eps)
+        )
         count += 1
     if count:
         del graph.node[:]

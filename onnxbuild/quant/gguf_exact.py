@@ -159,7 +159,11 @@ class Blocks:
         step rounded to float32 as ONNX Runtime (and, for Q4_1's ``d * q + m``, ggml) rounds."""
         import numpy as np
 
-        zp = np.float32(2 ** (self.bits - 1)) if self.zero_points is None else self.zero_points.astype(np.float32)[..., None]
+        zp = (
+            np.float32(2 ** (self.bits - 1))
+            if self.zero_points is None
+            else self.zero_points.astype(np.float32)[..., None]
+        )
         w = (self.codes.astype(np.float32) - zp) * self.scales[..., None]
         if self.offsets is not None:
             w = w + self.offsets[..., None]
@@ -185,14 +189,22 @@ class Blocks:
         if self.offsets is None:
             return self
         if self.bits != 4:
-            raise _NotCarried("8-bit blocks with Q4_1 offsets (a packed weight of Q4_1 and Q8_0 parts): ONNX Runtime's CPU MatMulNBits has no 8-bit kernel with float zero points")
-        z = np.full(self.scales.shape, 2 ** (self.bits - 1), np.float32) if self.zero_points is None else self.zero_points.astype(np.float32)
+            raise _NotCarried(
+                "8-bit blocks with Q4_1 offsets (a packed weight of Q4_1 and Q8_0 parts): ONNX Runtime's CPU MatMulNBits has no 8-bit kernel with float zero points"
+            )
+        z = (
+            np.full(self.scales.shape, 2 ** (self.bits - 1), np.float32)
+            if self.zero_points is None
+            else self.zero_points.astype(np.float32)
+        )
         zero = self.scales == 0
         codes = self.codes.copy()
         codes[zero] = 1
         scales = np.where(zero, self.offsets, self.scales).astype(np.float32)
         with np.errstate(divide="ignore", invalid="ignore"):
-            zp = np.where(zero, np.float32(0), z - self.offsets / np.where(zero, np.float32(1), self.scales)).astype(np.float32)
+            zp = np.where(zero, np.float32(0), z - self.offsets / np.where(zero, np.float32(1), self.scales)).astype(
+                np.float32
+            )
         return replace(self, codes=codes, scales=scales, zero_points=zp, offsets=None)
 
 
@@ -287,22 +299,30 @@ def carry(
             if b is None:
                 raise _NotCarried(m.why_not)
             if op == "GatherBlockQuantized" and b.offsets is not None:
-                raise _NotCarried("GatherBlockQuantized has neither float zero points nor offsets, and these Q4_1 offsets are not whole multiples of the scale")
+                raise _NotCarried(
+                    "GatherBlockQuantized has neither float zero points nor offsets, and these Q4_1 offsets are not whole multiples of the scale"
+                )
             if q4_1 == "float":
                 b = b.with_float_zero_points()
             if op == "MatMulNBits" and b.bits == 8 and accuracy_level < 4 and not slow_8bit:
-                raise _NotCarried(f"8-bit at accuracy_level {accuracy_level}: ONNX Runtime's CPU MatMulNBits has no prepacked 8-bit kernel below accuracy_level 4 and would dequantize the whole weight on every call; kept float (the exact dequantized weight), pass slow_8bit=True to carry it anyway")
+                raise _NotCarried(
+                    f"8-bit at accuracy_level {accuracy_level}: ONNX Runtime's CPU MatMulNBits has no prepacked 8-bit kernel below accuracy_level 4 and would dequantize the whole weight on every call; kept float (the exact dequantized weight), pass slow_8bit=True to carry it anyway"
+                )
             w = numpy_helper.to_array(inits[weight])
             want = (b.k, b.n) if op == "MatMulNBits" else (b.n, b.k)
             if tuple(w.shape) != want:
-                raise _NotCarried(f"the GGUF's {' + '.join(s for s, _ in b.sources)} give a [{want[0]}, {want[1]}] weight; the graph's {weight} is {list(w.shape)}")
+                raise _NotCarried(
+                    f"the GGUF's {' + '.join(s for s, _ in b.sources)} give a [{want[0]}, {want[1]}] weight; the graph's {weight} is {list(w.shape)}"
+                )
             error = 0.0
             if check and w.size:
                 deq = b.dequantize() if op == "MatMulNBits" else b.dequantize().T
                 error = float(np.max(np.abs(deq - w)))
                 scale = float(np.max(np.abs(w)))
                 if not error <= tolerance * scale:
-                    raise _NotCarried(f"dequantized, the GGUF's blocks differ from the graph's {weight} by up to {error:.3g} ({error / max(scale, 1e-30):.3g} of its largest value): the graph was not written from this GGUF, or from a layout this module does not know")
+                    raise _NotCarried(
+                        f"dequantized, the GGUF's blocks differ from the graph's {weight} by up to {error:.3g} ({error / max(scale, 1e-30):.3g} of its largest value): the graph was not written from this GGUF, or from a layout this module does not know"
+                    )
         except _NotCarried as e:
             sources = m.sources or (("", ""),)
             carried += [Carried(name, kind, weight, exact=False, why_not=str(e)) for name, kind in sources]
@@ -315,15 +335,41 @@ def carry(
         prefix = node.name or node.output[0]
         if op == "GatherBlockQuantized":
             attrs: dict[str, Any] = {"bits": b.bits, "block_size": BLOCK, "gather_axis": 0, "quantize_axis": 1}
-            rewritten[position] = [helper.make_node(op, [data, node.input[1], scales, *rest], list(node.output), name=f"{prefix}_Q{b.bits}", domain=MS, **attrs)]
+            rewritten[position] = [
+                helper.make_node(
+                    op,
+                    [data, node.input[1], scales, *rest],
+                    list(node.output),
+                    name=f"{prefix}_Q{b.bits}",
+                    domain=MS,
+                    **attrs,
+                )
+            ]
         else:
-            attrs = {"K": b.k, "N": b.n, "bits": b.bits, "block_size": BLOCK, **({"accuracy_level": accuracy_level} if accuracy_level else {})}
+            attrs = {
+                "K": b.k,
+                "N": b.n,
+                "bits": b.bits,
+                "block_size": BLOCK,
+                **({"accuracy_level": accuracy_level} if accuracy_level else {}),
+            }
             offsets = rest.pop() if b.offsets is not None else None
             rewritten[position] = split_matmul_nbits(
-                graph, sums, activation=node.input[0], output=node.output[0], prefix=prefix, name=f"{prefix}_Q{b.bits}", weights=[data, scales, *rest], offsets=offsets, attributes=attrs
+                graph,
+                sums,
+                activation=node.input[0],
+                output=node.output[0],
+                prefix=prefix,
+                name=f"{prefix}_Q{b.bits}",
+                weights=[data, scales, *rest],
+                offsets=offsets,
+                attributes=attrs,
             )
         replaced.add(weight)
-        carried += [Carried(name, kind, weight, op, b.bits, BLOCK, b.zero_point_kind, True, "", error) for name, kind in b.sources]
+        carried += [
+            Carried(name, kind, weight, op, b.bits, BLOCK, b.zero_point_kind, True, "", error)
+            for name, kind in b.sources
+        ]
 
     if rewritten:
         nodes = [_copy(n) for i, old in enumerate(graph.node) for n in rewritten.get(i, [old])]
@@ -413,7 +459,11 @@ def split_matmul_nbits(
     key = (activation, block)
     if key not in sums:  # sum_k over each block, once per activation
         sums[key] = f"{activation}_block_sums" if block == BLOCK else f"{activation}_block_sums_{block}"
-        nodes.append(helper.make_node("MatMul", [activation, block_sum_matrix(graph, k, block)], [sums[key]], name=f"{prefix}_block_sums"))
+        nodes.append(
+            helper.make_node(
+                "MatMul", [activation, block_sum_matrix(graph, k, block)], [sums[key]], name=f"{prefix}_block_sums"
+            )
+        )
     nodes += [
         helper.make_node("MatMulNBits", inputs, [f"{output}_codes"], name=name, domain=MS, **attributes),
         helper.make_node("MatMul", [sums[key], offsets], [f"{output}_offsets"], name=f"{prefix}_offsets"),
@@ -479,7 +529,10 @@ def _read(reader: Any, onnx_names: Sequence[str], outputs: Mapping[str, int]) ->
     layers = int(_field(reader, f"{arch}.block_count") or 0)
     name_map = _name_map(arch, layers)
     processor = _processor(reader, arch)
-    heads = (int(_field(reader, f"{arch}.attention.head_count") or 0), int(_field(reader, f"{arch}.attention.head_count_kv") or 0))
+    heads = (
+        int(_field(reader, f"{arch}.attention.head_count") or 0),
+        int(_field(reader, f"{arch}.attention.head_count_kv") or 0),
+    )
     cache: dict[tuple[str, str], Any] = {}  # (gguf name, rows) -> one part
     out: dict[str, Mapped] = {}
     for onnx_name in onnx_names:
@@ -555,7 +608,7 @@ def _sources(onnx_name: str, tensors: dict[str, Any], name_map: Any, n_out: int 
         return [(got, "all")] if got else f"no GGUF tensor maps to {module}"
     prefix, rest = f"model.layers.{m.group(1)}", m.group(2)
     if rest.startswith("attn."):  # the fused graph's attn.* is Hugging Face's self_attn.*
-        rest = f"self_attn.{rest[len('attn.'):]}"
+        rest = f"self_attn.{rest[len('attn.') :]}"
     if rest == "self_attn.qkv_proj":
         packed = find(f"{prefix}.self_attn.qkv_proj")
         if packed:
@@ -602,7 +655,12 @@ def _row_order(gguf_name: str, n: int, processor: Any, arch: str, heads: tuple[i
     rows = np.arange(n, dtype=np.int64).reshape(n, 1)
     if processor is not None:
         try:
-            out = processor.process(weights=rows, name=gguf_name, tensor_key_mapping={}, parsed_parameters={"config": processor.config, "tensors": {}})
+            out = processor.process(
+                weights=rows,
+                name=gguf_name,
+                tensor_key_mapping={},
+                parsed_parameters={"config": processor.config, "tensors": {}},
+            )
             order = np.asarray(out.weights)
         except Exception as e:  # any failure: the rows are not just reordered
             raise _NotCarried(f"transformers' {type(processor).__name__} failed on {gguf_name}'s row order: {e}") from e
@@ -618,7 +676,6 @@ def _row_order(gguf_name: str, n: int, processor: Any, arch: str, heads: tuple[i
     return order[:, 0]
 
 
-
 _Part = tuple[int, Any, Any, Any, Any, str, Any]
 """(bits, codes, scales, zero points, offsets, ggml type, raw rows): one GGUF tensor's rows."""
 
@@ -630,7 +687,9 @@ def _part(tensor: Any, half: str, processor: Any, arch: str, heads: tuple[int, i
 
     kind = tensor.tensor_type.name
     if kind not in CARRIED:
-        raise _NotCarried(f"{tensor.name} is {kind}; only {', '.join(CARRIED)} blocks are carried exactly (this one stays float)")
+        raise _NotCarried(
+            f"{tensor.name} is {kind}; only {', '.join(CARRIED)} blocks are carried exactly (this one stays float)"
+        )
     if len(tensor.data.shape) != 2:
         raise _NotCarried(f"{tensor.name} has {len(tensor.data.shape)} dimensions; only matrices are carried")
     block, size = GGML_QUANT_SIZES[tensor.tensor_type]
@@ -690,7 +749,9 @@ def ggml_blocks(raw: Any, kind: str) -> tuple[int, Any, Any, Any, Any]:
     # in float32; r is kept only where it is too, else z = 0 and r = m. Then (q - z) * d + r,
     # two exact terms rounded once, is ggml's d * q + m bit for bit.
     with np.errstate(divide="ignore", invalid="ignore"):
-        z = np.where(zero, np.float32(0), np.clip(np.rint(-m / np.where(zero, np.float32(1), d)), 0, 15)).astype(np.float32)
+        z = np.where(zero, np.float32(0), np.clip(np.rint(-m / np.where(zero, np.float32(1), d)), 0, 15)).astype(
+            np.float32
+        )
     r = (offsets + z * scales).astype(np.float32)
     kept = r.astype(np.float64) == offsets.astype(np.float64) + z.astype(np.float64) * scales.astype(np.float64)
     z, r = np.where(kept, z, np.float32(0)), np.where(kept, r, offsets)
@@ -713,7 +774,9 @@ def _merge(sources: tuple[tuple[str, str], ...], parts: list[_Part]) -> Blocks:
     if all(p[0] == bits and p[3] is None for p in parts):
         zp = None
     else:
-        zp = np.concatenate([np.full(p[2].shape, 2 ** (p[0] - 1), np.uint8) if p[3] is None else p[3] for p in parts], axis=0)
+        zp = np.concatenate(
+            [np.full(p[2].shape, 2 ** (p[0] - 1), np.uint8) if p[3] is None else p[3] for p in parts], axis=0
+        )
     offsets = None
     if any(p[4] is not None for p in parts):
         offsets = np.concatenate([np.zeros(p[2].shape, np.float32) if p[4] is None else p[4] for p in parts], axis=0)

@@ -135,12 +135,7 @@ def _plan(node: Any, inits: Mapping[str, Any]) -> tuple[dict[str, Any], Any, Any
     k_blocks = -(-k // block)
     zp = numpy_helper.to_array(zp_t)
     s = numpy_helper.to_array(s_t)
-    if (
-        zp.size != n * k_blocks
-        or s.size != n * k_blocks
-        or zp.ndim not in (1, 2)
-        or s.ndim not in (1, 2)
-    ):
+    if zp.size != n * k_blocks or s.size != n * k_blocks or zp.ndim not in (1, 2) or s.ndim not in (1, 2):
         return None
     zp = zp.reshape(n, k_blocks).astype(np.float64)
     s = s.reshape(n, k_blocks).astype(np.float64)
@@ -154,9 +149,7 @@ def _plan(node: Any, inits: Mapping[str, Any]) -> tuple[dict[str, Any], Any, Any
     return attrs, z.astype(np.uint8), (r if r.any() else None)
 
 
-def _initializers(
-    graph: Any, names: set[str], zp_name: str, z: Any, r: Any
-) -> tuple[str, str | None]:
+def _initializers(graph: Any, names: set[str], zp_name: str, z: Any, r: Any) -> tuple[str, str | None]:
     """The packed uint8 zero points and (where any) the [k_blocks, N] offsets, added to
     ``graph`` under names free in ``names`` (which they join), after the float zero points'."""
     from onnx import numpy_helper
@@ -192,11 +185,7 @@ def _existing_block_sums(graph: Any) -> dict[tuple[str, int], tuple[int, str]]:
         if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
             continue
         parts = node.input[1].split(".")
-        if (
-            parts[:2] != ["gguf", "block_sums"]
-            or len(parts) not in (3, 4)
-            or not all(p.isdigit() for p in parts[2:])
-        ):
+        if parts[:2] != ["gguf", "block_sums"] or len(parts) not in (3, 4) or not all(p.isdigit() for p in parts[2:]):
             continue
         block = int(parts[3]) if len(parts) == 4 else BLOCK
         found.setdefault((node.input[0], block), (position, node.output[0]))

@@ -33,7 +33,11 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
         traced = f"{', '.join(others)} and {last}" if others else last
         for section in ("export", "validate"):
             if section in doc:
-                yield problem((section,), f"applies only to {traced} sources (this recipe's source is {what}); remove it", key=True)
+                yield problem(
+                    (section,),
+                    f"applies only to {traced} sources (this recipe's source is {what}); remove it",
+                    key=True,
+                )
     if hasattr(module, "check"):
         for path, message, at_key in module.check(src, doc):
             yield problem(path, message, key=at_key)
@@ -50,17 +54,28 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
     two_files = getattr(module, "seq2seq", lambda _: False)(src)  # its own check speaks of with_past
     if with_past and not is_decoder(doc["source"]) and not two_files:
         what = f"task {src.get('task')}" if kind == "huggingface" else f"a {kind} source"
-        yield problem(("export", "with_past"), f"applies to huggingface text-generation models (this recipe has {what}); remove it")
+        yield problem(
+            ("export", "with_past"),
+            f"applies to huggingface text-generation models (this recipe has {what}); remove it",
+        )
     if with_past and not is_decoder(doc["source"]):
         with_past = False
     if "generate" in doc and doc["generate"] is not None:
         gen = doc["generate"]
         if not with_past and not two_files:
-            yield problem(("generate",), "generates through the KV cache; add export.with_past: true (a huggingface text-generation model)", key=True)
+            yield problem(
+                ("generate",),
+                "generates through the KV cache; add export.with_past: true (a huggingface text-generation model)",
+                key=True,
+            )
         if gen.get("prompt") is not None and gen.get("prompt_ids") is not None:
-            yield problem(("generate", "prompt_ids"), "give either prompt (text) or prompt_ids (token ids), not both", key=True)
+            yield problem(
+                ("generate", "prompt_ids"), "give either prompt (text) or prompt_ids (token ids), not both", key=True
+            )
     if torch_source:
-        default_inputs = WITH_PAST_INPUTS if with_past else module.default_io(src)[0] if hasattr(module, "default_io") else []
+        default_inputs = (
+            WITH_PAST_INPUTS if with_past else module.default_io(src)[0] if hasattr(module, "default_io") else []
+        )
         inputs = export.get("inputs") or default_inputs
         export_dims = symbolic_dims(inputs)
         dims = validation_dims(kind, src, inputs)
@@ -70,95 +85,194 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
         missing = [d for d in export_dims if d not in sample]
         where = ("export", "sample") if "sample" in export else ("export",) if "export" in doc else ("source", kind)
         fixed = getattr(module, "fixed_image_size", lambda _: False)(src)  # its own check asks for config.image_size
-        images = {"height", "width"} if any(isinstance(t, dict) and t.get("name") == "pixel_values" for t in inputs) else set()
+        images = (
+            {"height", "width"}
+            if any(isinstance(t, dict) and t.get("name") == "pixel_values" for t in inputs)
+            else set()
+        )
         if images & set(missing) and not fixed:
-            yield problem(where, "an image model is exported at one sample size: give export.sample: {batch: 2, height: 224, width: 224} (or config.image_size)", key=True)
+            yield problem(
+                where,
+                "an image model is exported at one sample size: give export.sample: {batch: 2, height: 224, width: 224} (or config.image_size)",
+                key=True,
+            )
         for d in missing:
             if d not in images:
                 yield problem(where, f"give a sample size for dimension {d!r} (e.g. sample: {{{d}: 2}})", key=True)
         for i, shape in enumerate(doc.get("validate", {}).get("shapes", [])):
             for d in dims:
                 if d not in shape:
-                    yield problem(("validate", "shapes", i), f"missing a size for dimension {d!r} (the inputs use: {', '.join(dims)})")
+                    yield problem(
+                        ("validate", "shapes", i),
+                        f"missing a size for dimension {d!r} (the inputs use: {', '.join(dims)})",
+                    )
             for d in shape:
                 if d not in dims and d not in optional:
-                    yield problem(("validate", "shapes", i, d), f"unknown dimension (the inputs use: {', '.join([*dims, *optional]) or 'no symbolic dimensions'})", key=True)
+                    yield problem(
+                        ("validate", "shapes", i, d),
+                        f"unknown dimension (the inputs use: {', '.join([*dims, *optional]) or 'no symbolic dimensions'})",
+                        key=True,
+                    )
         config = src.get("config") if kind == "huggingface" and isinstance(src.get("config"), dict) else {}
-        max_positions = next((config[k] for k in ("n_positions", "max_position_embeddings") if isinstance(config.get(k), int)), None)
+        max_positions = next(
+            (config[k] for k in ("n_positions", "max_position_embeddings") if isinstance(config.get(k), int)), None
+        )
         if max_positions:
             for section in ("validate", "benchmark"):
                 block = doc.get(section) or {}
                 for i, shape in enumerate(block.get("shapes", []) if isinstance(block, dict) else []):
-                    total = sum(v for d, v in shape.items() if d in ("sequence", "past_sequence") and isinstance(v, int))
+                    total = sum(
+                        v for d, v in shape.items() if d in ("sequence", "past_sequence") and isinstance(v, int)
+                    )
                     if total > max_positions:
-                        yield problem((section, "shapes", i), f"sequence + past_sequence is {total}, beyond the model's {max_positions} positions (source.huggingface.config); use at most {max_positions}")
+                        yield problem(
+                            (section, "shapes", i),
+                            f"sequence + past_sequence is {total}, beyond the model's {max_positions} positions (source.huggingface.config); use at most {max_positions}",
+                        )
         bench = doc.get("benchmark") or {}
         for i, shape in enumerate(bench.get("shapes", []) if isinstance(bench, dict) else []):
             for d in export_dims:  # what the inputs need (validation's decoder_sequence is not one)
                 if d not in shape and d not in optional:
-                    yield problem(("benchmark", "shapes", i), f"missing a size for dimension {d!r} (the inputs use: {', '.join(export_dims)})")
+                    yield problem(
+                        ("benchmark", "shapes", i),
+                        f"missing a size for dimension {d!r} (the inputs use: {', '.join(export_dims)})",
+                    )
             for d in shape:
                 if d not in dims and d not in optional:
-                    yield problem(("benchmark", "shapes", i, d), f"unknown dimension (the inputs use: {', '.join([*export_dims, *optional]) or 'no symbolic dimensions'})", key=True)
+                    yield problem(
+                        ("benchmark", "shapes", i, d),
+                        f"unknown dimension (the inputs use: {', '.join([*export_dims, *optional]) or 'no symbolic dimensions'})",
+                        key=True,
+                    )
         names = [t["name"] for t in inputs]
         for i, name in enumerate(names):
             if name in names[:i]:
-                yield problem(("export", "inputs", i, "name"), f"input {name!r} is listed twice (first as export.inputs[{names.index(name)}])")
+                yield problem(
+                    ("export", "inputs", i, "name"),
+                    f"input {name!r} is listed twice (first as export.inputs[{names.index(name)}])",
+                )
         validate = doc.get("validate", {})
         if validate.get("sentences") is not None and kind != "huggingface":
-            yield problem(("validate", "sentences"), f"needs a huggingface source, whose tokenizer turns the sentences into inputs (this recipe's source is {kind})", key=True)
+            yield problem(
+                ("validate", "sentences"),
+                f"needs a huggingface source, whose tokenizer turns the sentences into inputs (this recipe's source is {kind})",
+                key=True,
+            )
         if validate.get("cosine_min") is not None and validate.get("sentences") is None:
-            yield problem(("validate", "cosine_min"), "compares sentence embeddings; add validate.sentences (the text to embed)", key=True)
+            yield problem(
+                ("validate", "cosine_min"),
+                "compares sentence embeddings; add validate.sentences (the text to embed)",
+                key=True,
+            )
         text = validate.get("text")
         if isinstance(text, dict):
             given = [k for k in ("file", "package", "inline") if text.get(k) is not None]
             if not is_decoder(doc["source"]):
-                yield problem(("validate", "text"), "measures perplexity of a text-generation model (task: text-generation); for an encoder use validate.sentences", key=True)
+                yield problem(
+                    ("validate", "text"),
+                    "measures perplexity of a text-generation model (task: text-generation); for an encoder use validate.sentences",
+                    key=True,
+                )
             elif len(given) != 1:
                 got = f"it has {' and '.join(given)}" if given else "it has none"
-                yield problem(("validate", "text"), f"give exactly one of file (beside the recipe), package (pkg/file.txt) and inline (the text itself); {got}", key=True)
+                yield problem(
+                    ("validate", "text"),
+                    f"give exactly one of file (beside the recipe), package (pkg/file.txt) and inline (the text itself); {got}",
+                    key=True,
+                )
         for i, q in enumerate(doc.get("quantize") or []):
-            if isinstance(q, dict) and q.get("method") == "gguf" and not (kind == "huggingface" and str(src.get("package") or src.get("model") or "").lower().endswith(".gguf")):
-                yield problem(("quantize", i, "method"), "gguf carries a GGUF file's own blocks: the source must name a .gguf file (source.huggingface.model or package)")
+            if (
+                isinstance(q, dict)
+                and q.get("method") == "gguf"
+                and not (
+                    kind == "huggingface"
+                    and str(src.get("package") or src.get("model") or "").lower().endswith(".gguf")
+                )
+            ):
+                yield problem(
+                    ("quantize", i, "method"),
+                    "gguf carries a GGUF file's own blocks: the source must name a .gguf file (source.huggingface.model or package)",
+                )
             elif isinstance(q, dict) and q.get("method") == "gguf" and q.get("from", "model") != "optimized":
-                yield problem(("quantize", i, "method"), "gguf writes the blocks into the fused decoder graph: add from: optimized (with optimize.decoder: fused)")
+                yield problem(
+                    ("quantize", i, "method"),
+                    "gguf writes the blocks into the fused decoder graph: add from: optimized (with optimize.decoder: fused)",
+                )
             plan = q.get("budget") if isinstance(q, dict) else None
             if isinstance(plan, dict) and plan.get("ppl_increase_max") is None and plan.get("kld_max") is None:
-                yield problem(("quantize", i, "budget"), "give ppl_increase_max and/or kld_max: the figures the plan keeps the file within (e.g. {ppl_increase_max: 0.05})", key=True)
+                yield problem(
+                    ("quantize", i, "budget"),
+                    "give ppl_increase_max and/or kld_max: the figures the plan keeps the file within (e.g. {ppl_increase_max: 0.05})",
+                    key=True,
+                )
             elif isinstance(plan, dict) and q.get("method") not in ("int4", "weight_only"):
-                yield problem(("quantize", i, "budget"), f"plans weight-only precision per layer: method int4 or weight_only (this entry's is {q.get('method')})", key=True)
+                yield problem(
+                    ("quantize", i, "budget"),
+                    f"plans weight-only precision per layer: method int4 or weight_only (this entry's is {q.get('method')})",
+                    key=True,
+                )
             elif isinstance(plan, dict) and not is_decoder(doc["source"]):
-                yield problem(("quantize", i, "budget"), "measures perplexity on text: it applies to text-generation models", key=True)
+                yield problem(
+                    ("quantize", i, "budget"),
+                    "measures perplexity on text: it applies to text-generation models",
+                    key=True,
+                )
         gates = [g for g in TEXT_GATES if validate.get(g) is not None]
         own = [(path, g) for path, section in _variant_validates(doc) for g in TEXT_GATES if g in section]
         if text is None and (gates or own):
             where, gate = (("validate", gates[0]), gates[0]) if gates else (own[0][0] + (own[0][1],), own[0][1])
-            yield problem(where, f"{gate} gates quality on real text; add validate.text (the text to measure on)", key=True)
+            yield problem(
+                where, f"{gate} gates quality on real text; add validate.text (the text to measure on)", key=True
+            )
     entries = list(variant_entries(doc))
-    variant_names: list[str] = ["model", *(["optimized"] if doc.get("optimize") else []), *(e["name"] for _, _, e in entries)]
+    variant_names: list[str] = [
+        "model",
+        *(["optimized"] if doc.get("optimize") else []),
+        *(e["name"] for _, _, e in entries),
+    ]
     for i, prov in enumerate(doc.get("providers", [])):
         unknown = _unknown_provider(prov.get("name"))
         if unknown:
             yield problem(("providers", i, "name"), unknown)
         if prov.get("name") == "openvino":
-            yield from (problem(("providers", i, "options", *path), message, key=at_key) for path, message, at_key in _openvino_options(prov.get("options") or {}, torch_source))
+            yield from (
+                problem(("providers", i, "options", *path), message, key=at_key)
+                for path, message, at_key in _openvino_options(prov.get("options") or {}, torch_source)
+            )
         wanted = (prov.get("options") or {}).get("variants") if prov.get("name") in TARGETS else None
         if wanted is None:
             continue
         if not isinstance(wanted, list) or not all(isinstance(w, str) for w in wanted):
-            yield problem(("providers", i, "options", "variants"), f"must be a list of variant names (this recipe has: {', '.join(variant_names)})")
+            yield problem(
+                ("providers", i, "options", "variants"),
+                f"must be a list of variant names (this recipe has: {', '.join(variant_names)})",
+            )
             continue
         for j, w in enumerate(wanted):
             if w not in variant_names:
-                yield problem(("providers", i, "options", "variants", j), f"no variant {w!r} (this recipe has: {', '.join(variant_names)})")
+                yield problem(
+                    ("providers", i, "options", "variants", j),
+                    f"no variant {w!r} (this recipe has: {', '.join(variant_names)})",
+                )
     for variant in doc.get("expect") or {}:
         if variant != "all" and variant not in variant_names:
-            yield problem(("expect", variant), f"no variant {variant!r} (this recipe has: {', '.join(variant_names)}; `all` for every one)", key=True)
+            yield problem(
+                ("expect", variant),
+                f"no variant {variant!r} (this recipe has: {', '.join(variant_names)}; `all` for every one)",
+                key=True,
+            )
     kinds = set(STEP_KINDS)
-    named = {f"{kind}.{e['name']}" for section, _, e in entries for kind in (section, "validate", "expect")} | {"validate.optimized", "expect.optimized"}
+    named = {f"{kind}.{e['name']}" for section, _, e in entries for kind in (section, "validate", "expect")} | {
+        "validate.optimized",
+        "expect.optimized",
+    }
     for step in (doc.get("limits") or {}).get("steps", {}):
         if step not in kinds and step not in named:
-            yield problem(("limits", "steps", step), f"no such step or step kind (kinds: {', '.join(sorted(kinds))}; steps such as {', '.join(sorted(named)) or 'validate.int8'})", key=True)
+            yield problem(
+                ("limits", "steps", step),
+                f"no such step or step kind (kinds: {', '.join(sorted(kinds))}; steps such as {', '.join(sorted(named)) or 'validate.int8'})",
+                key=True,
+            )
     decoder = (doc.get("optimize") or {}).get("decoder")
     if decoder == "fused":
         from onnxbuild.recipe.families import FUSED_DECODERS
@@ -166,17 +280,27 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
         hf = (doc.get("source") or {}).get("huggingface")
         model_type = ((hf or {}).get("config") or {}).get("model_type")
         if not hf or hf.get("task") != "text-generation" or not with_past:
-            yield problem(("optimize", "decoder"), "fused graphs are for text-generation models exported with export.with_past: true; use decoder: auto or export")
+            yield problem(
+                ("optimize", "decoder"),
+                "fused graphs are for text-generation models exported with export.with_past: true; use decoder: auto or export",
+            )
         elif model_type is not None and model_type not in FUSED_DECODERS:
-            yield problem(("optimize", "decoder"), f"no fused graph for model_type {model_type!r} (there is one for {', '.join(FUSED_DECODERS)}); use decoder: auto or export")
+            yield problem(
+                ("optimize", "decoder"),
+                f"no fused graph for model_type {model_type!r} (there is one for {', '.join(FUSED_DECODERS)}); use decoder: auto or export",
+            )
     for n, (section, i, e) in enumerate(entries):
         earlier = [p["name"] for _, _, p in entries[:n]]
         if e["name"] in ("model", "optimized"):
-            yield problem((section, i, "name"), f"{e['name']!r} names a built-in variant; choose another name (e.g. int8)")
+            yield problem(
+                (section, i, "name"), f"{e['name']!r} names a built-in variant; choose another name (e.g. int8)"
+            )
         if e["name"] in earlier:
             yield problem((section, i, "name"), f"variant name {e['name']!r} is used twice; names must be unique")
         if e.get("from") == "optimized" and not doc.get("optimize"):
-            yield problem((section, i, "from"), f"{section}s the optimized variant, but the recipe has no optimize section")
+            yield problem(
+                (section, i, "from"), f"{section}s the optimized variant, but the recipe has no optimize section"
+            )
 
 
 def variant_entries(doc: dict[str, Any]) -> Iterable[tuple[str, int, dict[str, Any]]]:
@@ -186,10 +310,18 @@ def variant_entries(doc: dict[str, Any]) -> Iterable[tuple[str, int, dict[str, A
     for section, prop in schema()["properties"].items():
         value = doc.get(section)
         if prop.get("x-variants") and isinstance(value, list):
-            yield from ((section, i, e) for i, e in enumerate(value) if isinstance(e, dict) and isinstance(e.get("name"), str))
+            yield from (
+                (section, i, e) for i, e in enumerate(value) if isinstance(e, dict) and isinstance(e.get("name"), str)
+            )
 
 
-OPENVINO_OPTIONS = {"variants": "a list of variant names", "precision": "one of auto, f32, bf16, f16", "atol": "a number >= 0", "rtol": "a number >= 0", "top1_min": "a number from 0 to 1"}
+OPENVINO_OPTIONS = {
+    "variants": "a list of variant names",
+    "precision": "one of auto, f32, bf16, f16",
+    "atol": "a number >= 0",
+    "rtol": "a number >= 0",
+    "top1_min": "a number from 0 to 1",
+}
 
 
 def _openvino_options(options: dict[str, Any], torch_source: bool) -> Iterable[tuple[tuple[Any, ...], str, bool]]:
@@ -197,10 +329,22 @@ def _openvino_options(options: dict[str, Any], torch_source: bool) -> Iterable[t
     for key, value in options.items():
         if key not in OPENVINO_OPTIONS:
             yield (key,), f"unknown option for the openvino target (it takes: {', '.join(OPENVINO_OPTIONS)})", True
-        elif (key == "precision" and value not in ("auto", "f32", "bf16", "f16")) or (key in ("atol", "rtol", "top1_min") and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (key == "top1_min" and value > 1))):
+        elif (key == "precision" and value not in ("auto", "f32", "bf16", "f16")) or (
+            key in ("atol", "rtol", "top1_min")
+            and (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or value < 0
+                or (key == "top1_min" and value > 1)
+            )
+        ):
             yield (key,), f"expected {OPENVINO_OPTIONS[key]}, got {value!r}", False
     if not torch_source and any(k in options for k in ("atol", "rtol", "top1_min")):
-        yield (), "tolerances need a source model to validate against (this recipe's source is an ONNX file or graph: the openvino target is only benchmarked)", True
+        yield (
+            (),
+            "tolerances need a source model to validate against (this recipe's source is an ONNX file or graph: the openvino target is only benchmarked)",
+            True,
+        )
 
 
 def _variant_validates(doc: dict[str, Any]) -> Iterable[tuple[tuple[Any, ...], dict[str, Any]]]:
@@ -214,12 +358,30 @@ def _variant_validates(doc: dict[str, Any]) -> Iterable[tuple[tuple[Any, ...], d
 
 
 KNOWN_PROVIDERS = (
-    "CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider", "NvTensorRTRTXExecutionProvider",
-    "MIGraphXExecutionProvider", "OpenVINOExecutionProvider", "DnnlExecutionProvider", "VitisAIExecutionProvider",
-    "QNNExecutionProvider", "NnapiExecutionProvider", "VSINPUExecutionProvider", "JsExecutionProvider",
-    "CoreMLExecutionProvider", "ACLExecutionProvider", "DmlExecutionProvider", "RknpuExecutionProvider",
-    "WebNNExecutionProvider", "WebGpuExecutionProvider", "XnnpackExecutionProvider", "CANNExecutionProvider",
-    "AzureExecutionProvider", "ROCMExecutionProvider", "ArmNNExecutionProvider", "SNPEExecutionProvider",
+    "CPUExecutionProvider",
+    "CUDAExecutionProvider",
+    "TensorrtExecutionProvider",
+    "NvTensorRTRTXExecutionProvider",
+    "MIGraphXExecutionProvider",
+    "OpenVINOExecutionProvider",
+    "DnnlExecutionProvider",
+    "VitisAIExecutionProvider",
+    "QNNExecutionProvider",
+    "NnapiExecutionProvider",
+    "VSINPUExecutionProvider",
+    "JsExecutionProvider",
+    "CoreMLExecutionProvider",
+    "ACLExecutionProvider",
+    "DmlExecutionProvider",
+    "RknpuExecutionProvider",
+    "WebNNExecutionProvider",
+    "WebGpuExecutionProvider",
+    "XnnpackExecutionProvider",
+    "CANNExecutionProvider",
+    "AzureExecutionProvider",
+    "ROCMExecutionProvider",
+    "ArmNNExecutionProvider",
+    "SNPEExecutionProvider",
 )
 """Every provider name onnxruntime knows (``onnxruntime.get_all_providers()`` of 1.31, and older
 ones still in use), whether or not this machine's build has it: a typo is a recipe error, a
@@ -245,4 +407,6 @@ def _unknown_provider(name: Any) -> str | None:
 
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
     hint = f"did you mean {close[0]}? " if close else ""
-    return f"unknown execution provider {name!r}; {hint}onnxruntime knows: {', '.join(sorted(known))} (or web, openvino)"
+    return (
+        f"unknown execution provider {name!r}; {hint}onnxruntime knows: {', '.join(sorted(known))} (or web, openvino)"
+    )

@@ -23,7 +23,17 @@ from onnxbuild.recipe.yamlpos import Path_, Positions, dotted
 MAX_RECIPE_BYTES = 1 << 20
 """A recipe is a page of YAML; anything over 1 MiB is a mistake (or an attack) and is refused unread."""
 
-__all__ = ["MAX_RECIPE_BYTES", "decode_recipe", "load_recipe", "parse_recipe", "read_recipe_bytes", "remember", "resolve", "schema", "schema_text"]
+__all__ = [
+    "MAX_RECIPE_BYTES",
+    "decode_recipe",
+    "load_recipe",
+    "parse_recipe",
+    "read_recipe_bytes",
+    "remember",
+    "resolve",
+    "schema",
+    "schema_text",
+]
 
 
 def read_recipe_bytes(path: str | Path) -> bytes:
@@ -32,18 +42,34 @@ def read_recipe_bytes(path: str | Path) -> bytes:
     p = Path(path)
     try:
         if p.is_dir():
-            raise RecipeError([Problem(shown, None, None, "", "is a directory, not a recipe file (name a .yaml file inside it)")])
+            raise RecipeError(
+                [Problem(shown, None, None, "", "is a directory, not a recipe file (name a .yaml file inside it)")]
+            )
         import stat
 
         st = p.stat()
         if not stat.S_ISREG(st.st_mode):
-            raise RecipeError([Problem(shown, None, None, "", "is not a regular file (a device, FIFO or socket); name a .yaml file")])
+            raise RecipeError(
+                [Problem(shown, None, None, "", "is not a regular file (a device, FIFO or socket); name a .yaml file")]
+            )
         size = st.st_size
         if size > MAX_RECIPE_BYTES:
-            raise RecipeError([Problem(shown, None, None, "", f"is {size} bytes; a recipe must be at most {MAX_RECIPE_BYTES} bytes (1 MiB)")])
+            raise RecipeError(
+                [
+                    Problem(
+                        shown,
+                        None,
+                        None,
+                        "",
+                        f"is {size} bytes; a recipe must be at most {MAX_RECIPE_BYTES} bytes (1 MiB)",
+                    )
+                ]
+            )
         return p.read_bytes()
     except FileNotFoundError:
-        raise RecipeError([Problem(shown, None, None, "", "no such file (check the path; recipes usually live in recipes/)")]) from None
+        raise RecipeError(
+            [Problem(shown, None, None, "", "no such file (check the path; recipes usually live in recipes/)")]
+        ) from None
     except PermissionError:
         raise RecipeError([Problem(shown, None, None, "", "cannot be read (permission denied)")]) from None
     except OSError as exc:
@@ -139,9 +165,21 @@ def parse_recipe(text: str, shown: str) -> dict[str, Any]:
     if problems:
         raise RecipeError(problems)
     if doc is None:
-        raise RecipeError([Problem(shown, 1, 1, "", "the recipe is empty; it needs at least `name:` and `source:` (see recipes/ for examples)")])
+        raise RecipeError(
+            [
+                Problem(
+                    shown,
+                    1,
+                    1,
+                    "",
+                    "the recipe is empty; it needs at least `name:` and `source:` (see recipes/ for examples)",
+                )
+            ]
+        )
     if not isinstance(doc, dict):
-        raise RecipeError([Problem(shown, 1, 1, "", f"a recipe is a mapping of keys (name, source, ...), not a {_kind(doc)}")])
+        raise RecipeError(
+            [Problem(shown, 1, 1, "", f"a recipe is a mapping of keys (name, source, ...), not a {_kind(doc)}")]
+        )
     problems = list(_non_finite(doc, positions, shown, ())) + list(_schema_problems(doc, positions, shown))
     if not problems:
         problems = list(semantic_problems(doc, positions, shown))
@@ -157,7 +195,13 @@ def _non_finite(value: Any, positions: Positions, shown: str, path: Path_) -> It
     if isinstance(value, float) and not math.isfinite(value):
         pos = positions.of(path)
         written = ".nan" if math.isnan(value) else (".inf" if value > 0 else "-.inf")
-        yield Problem(shown, pos[0] if pos else None, pos[1] if pos else None, dotted(path), f"must be a finite number (got {written})")
+        yield Problem(
+            shown,
+            pos[0] if pos else None,
+            pos[1] if pos else None,
+            dotted(path),
+            f"must be a finite number (got {written})",
+        )
     elif isinstance(value, dict):
         for k, v in value.items():
             yield from _non_finite(v, positions, shown, (*path, k))
@@ -234,7 +278,11 @@ def _explain(error: Any) -> Iterable[tuple[Path_, str, bool]]:
         return
     quote = ""
     if _wants_string(sch) and isinstance(instance, (bool, int, float)):
-        quote = "; YAML read this as a " + ("boolean" if isinstance(instance, bool) else "number") + ", put the value in quotes to make it text"
+        quote = (
+            "; YAML read this as a "
+            + ("boolean" if isinstance(instance, bool) else "number")
+            + ", put the value in quotes to make it text"
+        )
     yield path, f"must be {_describe(sch)} (got {_shown(instance)}{quote})", False
 
 
@@ -244,7 +292,11 @@ def _branches_of_right_type(error: Any) -> list[list[Any]]:
     for sub in error.context:
         by_branch.setdefault(sub.relative_schema_path[0], []).append(sub)
     root = tuple(error.absolute_path)
-    return [subs for subs in by_branch.values() if not any(s.validator == "type" and tuple(s.absolute_path) == root for s in subs)]
+    return [
+        subs
+        for subs in by_branch.values()
+        if not any(s.validator == "type" and tuple(s.absolute_path) == root for s in subs)
+    ]
 
 
 def _wants_string(sch: dict[str, Any]) -> bool:
@@ -313,5 +365,3 @@ def _shown(value: Any) -> str:
     if value is None:
         return "null"
     return json.dumps(value)
-
-

@@ -89,7 +89,9 @@ def resolve(doc: dict[str, Any]) -> dict[str, Any]:
     if hasattr(kind_module, "resolve"):
         kind_module.resolve(src, lambda section, ref: _with_defaults(section, deref(ref)))
     if is_torch_source(out["source"]):
-        task_inputs, task_outputs = kind_module.default_io(src) if hasattr(kind_module, "default_io") else ([], ["output"])
+        task_inputs, task_outputs = (
+            kind_module.default_io(src) if hasattr(kind_module, "default_io") else ([], ["output"])
+        )
         export = _with_defaults(doc.get("export", {}), deref("#/$defs/export"))
         default_inputs = WITH_PAST_INPUTS if export["with_past"] else task_inputs
         export.setdefault("inputs", [dict(t) for t in default_inputs])
@@ -99,7 +101,10 @@ def resolve(doc: dict[str, Any]) -> dict[str, Any]:
         if "sample" not in export:  # not setdefault: its default names only the usual dimensions
             export["sample"] = {d: defaults[d] for d in symbolic_dims(export["inputs"])}
         if export["with_past"]:
-            export["sample"] = {**export["sample"], "past_sequence": export["sample"].get("past_sequence", DEFAULT_SAMPLE["past_sequence"])}
+            export["sample"] = {
+                **export["sample"],
+                "past_sequence": export["sample"].get("past_sequence", DEFAULT_SAMPLE["past_sequence"]),
+            }
         out["export"] = export
         sample = {**defaults, **export["sample"]}
         validate = _with_defaults(doc.get("validate", {}), deref("#/$defs/validate"))
@@ -107,14 +112,18 @@ def resolve(doc: dict[str, Any]) -> dict[str, Any]:
         validate.setdefault("shapes", _default_shapes(validation_dims(kind, src, export["inputs"]), sample, held))
         validate.setdefault("atol", DEFAULT_ATOL)
         validate.setdefault("rtol", DEFAULT_RTOL)
-        validate.setdefault("top1_min", DEFAULT_TOP1_MIN if getattr(kind_module, "top1", lambda _: False)(src) else None)
+        validate.setdefault(
+            "top1_min", DEFAULT_TOP1_MIN if getattr(kind_module, "top1", lambda _: False)(src) else None
+        )
         validate.setdefault("cosine_min", DEFAULT_COSINE_MIN if validate["sentences"] else None)
         if validate["text"] is not None:
             validate["text"] = _with_defaults(validate["text"], deref("#/$defs/validate")["properties"]["text"])
         for gate in TEXT_GATES:  # the exported model's (fp32); a variant's own come from its precision
             validate.setdefault(gate, VARIANT_TOLERANCES["fp32"][gate] if validate["text"] is not None else None)
         if validate["accuracy"] is not None:
-            validate["accuracy"] = _with_defaults(validate["accuracy"], deref("#/$defs/validate")["properties"]["accuracy"])
+            validate["accuracy"] = _with_defaults(
+                validate["accuracy"], deref("#/$defs/validate")["properties"]["accuracy"]
+            )
         out["validate"] = validate
     opt = doc.get("optimize")
     out["optimize"] = None if opt is None else _with_defaults(opt, deref("#/$defs/optimize"))
@@ -128,20 +137,30 @@ def resolve(doc: dict[str, Any]) -> dict[str, Any]:
     for q in out["quantize"]:
         q.setdefault("validate", {})
         q.setdefault("op_types", None)
-        q["calibration"] = _with_defaults(q.get("calibration", {}), deref("#/$defs/quantize")["properties"]["calibration"])
+        q["calibration"] = _with_defaults(
+            q.get("calibration", {}), deref("#/$defs/quantize")["properties"]["calibration"]
+        )
         if q.get("budget") is not None:
             q["budget"] = _with_defaults(q["budget"], deref("#/$defs/quantize")["properties"]["budget"])
     limits = doc.get("limits") or {}
-    out["limits"] = {"memory_mb": limits.get("memory_mb"), "seconds": limits.get("seconds"), "steps": dict(limits.get("steps", {}))}
+    out["limits"] = {
+        "memory_mb": limits.get("memory_mb"),
+        "seconds": limits.get("seconds"),
+        "steps": dict(limits.get("steps", {})),
+    }
     gen = doc.get("generate")
     out["generate"] = None if gen is None else _with_defaults(gen, deref("#/$defs/generate"))
     if out["generate"] is not None and out["generate"]["sampling"] is not None:
-        out["generate"]["sampling"] = _with_defaults(out["generate"]["sampling"], deref("#/$defs/generate")["properties"]["sampling"]["anyOf"][1])
+        out["generate"]["sampling"] = _with_defaults(
+            out["generate"]["sampling"], deref("#/$defs/generate")["properties"]["sampling"]["anyOf"][1]
+        )
     bench = doc.get("benchmark")
     out["benchmark"] = None if bench is None else _with_defaults(bench, deref("#/$defs/benchmark"))
     if out["benchmark"] is not None and "shapes" not in out["benchmark"]:
         out["benchmark"]["shapes"] = _default_benchmark_shapes(out)
-    out["providers"] = [_with_defaults(p, deref("#/$defs/provider")) for p in doc.get("providers", [{"name": "CPUExecutionProvider"}])]
+    out["providers"] = [
+        _with_defaults(p, deref("#/$defs/provider")) for p in doc.get("providers", [{"name": "CPUExecutionProvider"}])
+    ]
     # A section a new step kind adds (its schema block and nothing here) keeps its schema
     # defaults and so reaches that kind's key; the sections above need more than defaults.
     for key, value in doc.items():
@@ -171,12 +190,16 @@ def _default_benchmark_shapes(resolved: dict[str, Any]) -> list[dict[str, int]]:
     dims = symbolic_dims(export["inputs"])
     if set(dims) == {"batch", "sequence"}:
         return [{"batch": 1, "sequence": 128}]
-    if any(t["name"] in ("pixel_values", "input_features") for t in export["inputs"]):  # one image or clip at the sample's size
+    if any(
+        t["name"] in ("pixel_values", "input_features") for t in export["inputs"]
+    ):  # one image or clip at the sample's size
         return [{d: 1 if d == "batch" else export["sample"][d] for d in dims}]
     return [{d: export["sample"][d] for d in dims}]
 
 
-def _default_shapes(dims: list[str], sample: dict[str, int], held: frozenset[str] | set[str] = frozenset()) -> list[dict[str, int]]:
+def _default_shapes(
+    dims: list[str], sample: dict[str, int], held: frozenset[str] | set[str] = frozenset()
+) -> list[dict[str, int]]:
     """Three shapes: all ones, the export sample, and one larger than the sample in every dimension.
 
     Two of them differ from the sample, so an axis the export fixed by mistake fails validation.

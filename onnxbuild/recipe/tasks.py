@@ -35,12 +35,42 @@ _AUDIO = [{"name": "input_features", "dtype": "float32", "shape": ["batch", MEL_
 _IMAGE = [{"name": "pixel_values", "dtype": "float32", "shape": ["batch", CHANNELS, "height", "width"]}]
 
 TASKS: dict[str, TaskInfo] = {
-    "feature-extraction": {"auto_class": "AutoModel", "inputs": _TEXT, "outputs": ["last_hidden_state"], "top1": False, "per_token": True},
-    "text-classification": {"auto_class": "AutoModelForSequenceClassification", "inputs": _TEXT, "outputs": ["logits"], "top1": True, "per_token": False},
-    "token-classification": {"auto_class": "AutoModelForTokenClassification", "inputs": _TEXT, "outputs": ["logits"], "top1": True, "per_token": True},
+    "feature-extraction": {
+        "auto_class": "AutoModel",
+        "inputs": _TEXT,
+        "outputs": ["last_hidden_state"],
+        "top1": False,
+        "per_token": True,
+    },
+    "text-classification": {
+        "auto_class": "AutoModelForSequenceClassification",
+        "inputs": _TEXT,
+        "outputs": ["logits"],
+        "top1": True,
+        "per_token": False,
+    },
+    "token-classification": {
+        "auto_class": "AutoModelForTokenClassification",
+        "inputs": _TEXT,
+        "outputs": ["logits"],
+        "top1": True,
+        "per_token": True,
+    },
     # The answer span's start: argmax over the tokens is the prediction, so top-1 applies.
-    "question-answering": {"auto_class": "AutoModelForQuestionAnswering", "inputs": _TEXT, "outputs": ["start_logits", "end_logits"], "top1": True, "per_token": True},
-    "fill-mask": {"auto_class": "AutoModelForMaskedLM", "inputs": _TEXT, "outputs": ["logits"], "top1": True, "per_token": True},
+    "question-answering": {
+        "auto_class": "AutoModelForQuestionAnswering",
+        "inputs": _TEXT,
+        "outputs": ["start_logits", "end_logits"],
+        "top1": True,
+        "per_token": True,
+    },
+    "fill-mask": {
+        "auto_class": "AutoModelForMaskedLM",
+        "inputs": _TEXT,
+        "outputs": ["logits"],
+        "top1": True,
+        "per_token": True,
+    },
     # GPT-2's attention mask is all ones for a single unpadded prompt; the seeds leave it out,
     # and so do we by default (the export wrapper supplies it so TorchScript can trace).
     "text-generation": {
@@ -52,14 +82,38 @@ TASKS: dict[str, TaskInfo] = {
     },
     # Encoder and decoder in two files (onnxbuild/sources/seq2seq.py); export.inputs are the
     # encoder's, and validation also varies the decoder's new tokens (decoder_sequence).
-    "text2text-generation": {"auto_class": "AutoModelForSeq2SeqLM", "inputs": _TEXT, "outputs": ["logits"], "top1": True, "per_token": True},
+    "text2text-generation": {
+        "auto_class": "AutoModelForSeq2SeqLM",
+        "inputs": _TEXT,
+        "outputs": ["logits"],
+        "top1": True,
+        "per_token": True,
+    },
     # Whisper: log-mel features of 30 s of audio in (the encoder takes exactly that many
     # frames), tokens out; encoder and decoder files as for text2text-generation.
-    "automatic-speech-recognition": {"auto_class": "AutoModelForSpeechSeq2Seq", "inputs": _AUDIO, "outputs": ["logits"], "top1": True, "per_token": True},
-    "image-classification": {"auto_class": "AutoModelForImageClassification", "inputs": _IMAGE, "outputs": ["logits"], "top1": True, "per_token": False},
+    "automatic-speech-recognition": {
+        "auto_class": "AutoModelForSpeechSeq2Seq",
+        "inputs": _AUDIO,
+        "outputs": ["logits"],
+        "top1": True,
+        "per_token": True,
+    },
+    "image-classification": {
+        "auto_class": "AutoModelForImageClassification",
+        "inputs": _IMAGE,
+        "outputs": ["logits"],
+        "top1": True,
+        "per_token": False,
+    },
     # A vision tower (ViT, CLIP's vision model, ConvNeXt...): its hidden states; add
     # pooler_output to export.outputs for the pooled embedding.
-    "image-feature-extraction": {"auto_class": "AutoModel", "inputs": _IMAGE, "outputs": ["last_hidden_state"], "top1": False, "per_token": False},
+    "image-feature-extraction": {
+        "auto_class": "AutoModel",
+        "inputs": _IMAGE,
+        "outputs": ["last_hidden_state"],
+        "top1": False,
+        "per_token": False,
+    },
 }
 
 ENCODER_FILE, DECODER_FILE = "encoder_model.onnx", "decoder_model.onnx"
@@ -69,11 +123,23 @@ DEFAULT_DECODER_SEQUENCE = 4
 SEQ2SEQ_TASKS = frozenset({"text2text-generation", "automatic-speech-recognition"})
 IMAGE_TASKS = frozenset(t for t, info in TASKS.items() if info["inputs"] is _IMAGE)
 
-FIXED_SIZE_IMAGES = frozenset({
-    "vit", "deit", "beit", "data2vec-vision", "vit_msn", "vit_mae", "clip_vision_model", "siglip_vision_model", "levit",
-    # Swin pads to whole windows with Python conditionals, which tracing fixes at the export size.
-    "swin", "swinv2", "donut-swin",
-})
+FIXED_SIZE_IMAGES = frozenset(
+    {
+        "vit",
+        "deit",
+        "beit",
+        "data2vec-vision",
+        "vit_msn",
+        "vit_mae",
+        "clip_vision_model",
+        "siglip_vision_model",
+        "levit",
+        # Swin pads to whole windows with Python conditionals, which tracing fixes at the export size.
+        "swin",
+        "swinv2",
+        "donut-swin",
+    }
+)
 """Model types whose absolute position embeddings fix the image size (config.image_size):
 their export takes that size only, and validation varies the batch. Convolutional models
 (ResNet, ConvNeXt, EfficientNet, RegNet) take any size."""

@@ -147,7 +147,13 @@ def _load_yaml(text: str, filename: str) -> tuple[Any, Positions, list[Problem]]
         start = exc.context_mark
         if "tab" in msg.lower() or "\t" in bad_line:
             msg += " (indent with spaces; YAML does not allow tabs)"
-        elif exc.context and exc.context.startswith("while ") and start is not None and mark is not None and start.line != mark.line:
+        elif (
+            exc.context
+            and exc.context.startswith("while ")
+            and start is not None
+            and mark is not None
+            and start.line != mark.line
+        ):
             # The parser stops where it gave up (often the end of the file); the construct
             # left open is where the mistake usually is.
             msg += f" ({exc.context} that starts at line {start.line + 1}, column {start.column + 1})"
@@ -163,7 +169,9 @@ def _load_yaml(text: str, filename: str) -> tuple[Any, Positions, list[Problem]]
         at = text.find(char)
         at = at if at >= 0 else exc.position
         line, col = text.count("\n", 0, at) + 1, at - (text.rfind("\n", 0, at) + 1) + 1
-        problems.append(Problem(filename, line, col, "", f"YAML does not allow the control character U+{ord(char):04X}; remove it"))
+        problems.append(
+            Problem(filename, line, col, "", f"YAML does not allow the control character U+{ord(char):04X}; remove it")
+        )
         return None, positions, problems
     except yaml.YAMLError as exc:
         problems.append(Problem(filename, None, None, "", f"YAML error: {exc}"))
@@ -173,7 +181,9 @@ def _load_yaml(text: str, filename: str) -> tuple[Any, Positions, list[Problem]]
         # its encoding; PyYAML's pure-Python reader reports the same text as a ReaderError.
         at = exc.start
         line, col = text.count("\n", 0, at) + 1, at - (text.rfind("\n", 0, at) + 1) + 1
-        problems.append(Problem(filename, line, col, "", f"U+{ord(text[at]):04X} is a lone surrogate, not a character; remove it"))
+        problems.append(
+            Problem(filename, line, col, "", f"U+{ord(text[at]):04X} is a lone surrogate, not a character; remove it")
+        )
         return None, positions, problems
     if node is None:
         return None, positions, problems
@@ -186,13 +196,22 @@ def _load_yaml(text: str, filename: str) -> tuple[Any, Positions, list[Problem]]
             raise _TooBig
         positions.values.setdefault(path, (n.start_mark.line + 1, n.start_mark.column + 1))
         if n.tag not in _ALLOWED_TAGS:
-            problems.append(_at(filename, n, path, f"tag {n.tag.replace(_Y, '!!')} is not allowed in a recipe (only plain YAML values)"))
+            problems.append(
+                _at(
+                    filename,
+                    n,
+                    path,
+                    f"tag {n.tag.replace(_Y, '!!')} is not allowed in a recipe (only plain YAML values)",
+                )
+            )
             return None
         if isinstance(n, yaml.MappingNode):
             out: dict[str, Any] = {}
             for key_node, value_node in n.value:
                 if key_node.tag == "tag:yaml.org,2002:merge":
-                    problems.append(_at(filename, key_node, path, "merge keys (<<) are not supported; write the keys out"))
+                    problems.append(
+                        _at(filename, key_node, path, "merge keys (<<) are not supported; write the keys out")
+                    )
                     continue
                 if not isinstance(key_node, yaml.ScalarNode) or key_node.tag != "tag:yaml.org,2002:str":
                     shown = repr(key_node.value) if isinstance(key_node, yaml.ScalarNode) else "a list or mapping"
@@ -234,7 +253,13 @@ def _load_yaml(text: str, filename: str) -> tuple[Any, Positions, list[Problem]]
         data = build(node, ())
     except _TooBig:
         problems.append(
-            Problem(filename, 1, 1, "", f"the document expands to more than {MAX_VALUES} values (YAML aliases?); a recipe is far smaller")
+            Problem(
+                filename,
+                1,
+                1,
+                "",
+                f"the document expands to more than {MAX_VALUES} values (YAML aliases?); a recipe is far smaller",
+            )
         )
         return None, positions, problems
     except RecursionError:

@@ -33,7 +33,9 @@ def markdown(report: dict[str, Any]) -> str:
             "is what a caller that keeps them pays (GPT-2, 128 tokens: 35 MB).",
             "",
         ]
-        ov = next((p for p in report["providers"] if p["name"] == "openvino" and p["status"] == "used" and p["reason"]), None)
+        ov = next(
+            (p for p in report["providers"] if p["name"] == "openvino" and p["status"] == "used" and p["reason"]), None
+        )
         if ov is not None:  # the version, the precision it computed in, which variants held their cache
             lines += [f"{ov['reason']}.", ""]
     if report.get("weights") == "random-init":
@@ -48,9 +50,15 @@ def markdown(report: dict[str, Any]) -> str:
         ]
     peaks = report.get("peaks")
     if peaks:
-        lines += [f"Machine limits (measured once per CPU fingerprint, {peaks['threads']} threads): {limits_line(peaks)}.", ""]
+        lines += [
+            f"Machine limits (measured once per CPU fingerprint, {peaks['threads']} threads): {limits_line(peaks)}.",
+            "",
+        ]
         if peaks.get("loaded"):
-            lines += [f"> The limits were measured on a busy machine ({peaks['cpu_share']:.0%} of the threads' CPU time): they are low, and the next build measures them again.", ""]
+            lines += [
+                f"> The limits were measured on a busy machine ({peaks['cpu_share']:.0%} of the threads' CPU time): they are low, and the next build measures them again.",
+                "",
+            ]
         if peaks.get("remeasured"):
             lines += [f"> A row beat the cached limits: {peaks['remeasured']}.", ""]
     bf16 = report.get("pytorch_bf16")
@@ -65,7 +73,9 @@ def markdown(report: dict[str, Any]) -> str:
         dtype = b.get("dtype", "fp32")
         bf = next((x for x in report["baseline"] if x.get("dtype") == "bf16" and x["shape"] == b["shape"]), None)
         vs16 = f"{b['p50_ms'] / bf['p50_ms']:.2f}x" if bf else "-"
-        fp = next((x for x in report["baseline"] if x.get("dtype", "fp32") == "fp32" and x["shape"] == b["shape"]), None)
+        fp = next(
+            (x for x in report["baseline"] if x.get("dtype", "fp32") == "fp32" and x["shape"] == b["shape"]), None
+        )
         vs32 = f"{b['p50_ms'] / fp['p50_ms']:.2f}x" if fp else "-"
         lines.append(
             f"| PyTorch {dtype} ({b['mode']}{', ' + b['attention'] if b.get('attention') else ''}) | - | {shape} | {format_ms(b['p50_ms'])} | {format_ms(b['p90_ms'])} | "
@@ -73,7 +83,9 @@ def markdown(report: dict[str, Any]) -> str:
         )
     for r in report["results"]:
         if "p50_ms" not in r:
-            lines.append(f"| {r['variant']} | {r['provider']} | {shape_text(r['shape']) if r.get('shape') else '-'} | error: {r.get('error')} | | | | | | | |")
+            lines.append(
+                f"| {r['variant']} | {r['provider']} | {shape_text(r['shape']) if r.get('shape') else '-'} | error: {r.get('error')} | | | | | | | |"
+            )
             continue
         bound = " (IOBinding)" if r.get("io_binding") else ""
         precision = f" ({r['inference_precision']})" if r.get("inference_precision") else ""
@@ -100,7 +112,7 @@ def markdown(report: dict[str, Any]) -> str:
                 f"decoder step through a cache of {report['encoder_decoder']['cached_tokens']} tokens. "
                 if report.get("encoder_decoder")
                 else "Prefill: the prompt with an empty past. Decode: one new token after a past as long as the prompt "
-                "(a row whose model holds its cache, \"past a-b\": successive tokens after it, the past running from a to b). "
+                '(a row whose model holds its cache, "past a-b": successive tokens after it, the past running from a to b). '
             )
             + "Generate: prefill plus all new tokens, end to end (PyTorch: transformers generate()).",
             "",
@@ -112,16 +124,26 @@ def markdown(report: dict[str, Any]) -> str:
             ratio, ratio16 = _ratio(d.get("decode_ratio_to_pytorch")), _ratio(d.get("decode_ratio_to_pytorch_bf16"))
             if d["engine"] == "pytorch":  # bf16 against itself
                 ratio16 = "1.00x" if d.get("dtype") == "bf16" else ratio16
-            who = {"pytorch": f"PyTorch {d.get('dtype', 'fp32')} generate()", "openvino": "OpenVINO"}.get(d["engine"], f"ONNX Runtime ({_provider(d['provider'] or '')})")
+            who = {"pytorch": f"PyTorch {d.get('dtype', 'fp32')} generate()", "openvino": "OpenVINO"}.get(
+                d["engine"], f"ONNX Runtime ({_provider(d['provider'] or '')})"
+            )
             lines.append(
                 f"| {who} | {d['variant'] or '-'} | {shape} | {d['new_tokens']} | {format_ms(d['prefill_p50_ms'])} | {format_ms(d['decode_p50_ms'])}{_past(d)} | "
                 f"{format_ms(d['decode_p90_ms'])} | {d['tokens_per_s']:.1f} | {ratio} | {ratio16} | {limit_text(d)} |"
             )
     if report.get("kernels"):
-        lines += ["", "## Where the time goes (ONNX Runtime's profiler, CPU provider)", "", "| variant | shape | one profiled call | kernels by time |", "|---|---|---|---|"]
+        lines += [
+            "",
+            "## Where the time goes (ONNX Runtime's profiler, CPU provider)",
+            "",
+            "| variant | shape | one profiled call | kernels by time |",
+            "|---|---|---|---|",
+        ]
         for variant, k in report["kernels"].items():
             ops = ", ".join(f"{o['op']} {o['share']:.0%}" for o in k["ops"]) or f"error: {k.get('error')}"
-            lines.append(f"| {variant} | {shape_text(k['shape'])} | {format_ms(k['run_ms']) if k.get('run_ms') else '-'} | {ops} |")
+            lines.append(
+                f"| {variant} | {shape_text(k['shape'])} | {format_ms(k['run_ms']) if k.get('run_ms') else '-'} | {ops} |"
+            )
     if report.get("openvino_kernels"):
         lines += [
             "",
@@ -132,8 +154,13 @@ def markdown(report: dict[str, Any]) -> str:
         ]
         for variant, entries in report["openvino_kernels"].items():
             for k in entries:
-                ops = ", ".join(f"{o['op']} {format_ms(o['ms'])} ({o['share']:.0%})" for o in k["ops"]) or f"error: {k.get('error')}"
-                lines.append(f"| {variant} | {k['call']} | {shape_text(k['shape'])} | {format_ms(k['run_ms']) if k.get('run_ms') else '-'} | {ops} |")
+                ops = (
+                    ", ".join(f"{o['op']} {format_ms(o['ms'])} ({o['share']:.0%})" for o in k["ops"])
+                    or f"error: {k.get('error')}"
+                )
+                lines.append(
+                    f"| {variant} | {k['call']} | {shape_text(k['shape'])} | {format_ms(k['run_ms']) if k.get('run_ms') else '-'} | {ops} |"
+                )
     skipped = [p for p in report["providers"] if p["status"] == "skipped"]
     if skipped:
         lines += ["", "Providers skipped:"] + [f"- {p['name']}: {p['reason']}" for p in skipped]
@@ -158,7 +185,7 @@ def _provider(name: str) -> str:
 
 
 def _past(row: dict[str, Any]) -> str:
-    """" (past 128-135)" where a decode row's steps read a growing held cache, else nothing."""
+    """ " (past 128-135)" where a decode row's steps read a growing held cache, else nothing."""
     past = row.get("decode_past")
     return f" (past {past[0]}-{past[1]})" if past else ""
 
@@ -187,8 +214,12 @@ def limit_text(row: dict[str, Any]) -> str:
 def limits_line(peaks: dict[str, Any]) -> str:
     """The measured peaks in one line: fp32 340 GFLOP/s, bf16 1630 GFLOP/s, ..."""
     parts = [f"fp32 GEMM {peaks['fp32_gflops']:.0f} GFLOP/s"]
-    parts.append(f"bf16 GEMM {peaks['bf16_gflops']:.0f} GFLOP/s" if peaks.get("bf16_gflops") else "bf16: no native support")
-    parts.append(f"int8 GEMM {peaks['int8_gops']:.0f} GOP/s" if peaks.get("int8_gops") else "int8: no dot-product instructions")
+    parts.append(
+        f"bf16 GEMM {peaks['bf16_gflops']:.0f} GFLOP/s" if peaks.get("bf16_gflops") else "bf16: no native support"
+    )
+    parts.append(
+        f"int8 GEMM {peaks['int8_gops']:.0f} GOP/s" if peaks.get("int8_gops") else "int8: no dot-product instructions"
+    )
     parts.append(f"memory {peaks['memory_gbps']:.1f} GB/s")
     return ", ".join(parts)
 
@@ -206,7 +237,11 @@ def fastest_row(report: dict[str, Any], shape: dict[str, int]) -> dict[str, Any]
     """The fastest row at ``shape`` whose (variant, provider) was validated (any row where the
     recipe validates nothing), or None."""
     here = [r for r in _timed(report) if r["shape"] == shape]
-    return min((r for r in here if not report.get("validated") or validated_on(report, r)), key=lambda r: r["p50_ms"], default=None)
+    return min(
+        (r for r in here if not report.get("validated") or validated_on(report, r)),
+        key=lambda r: r["p50_ms"],
+        default=None,
+    )
 
 
 def fastest(report: dict[str, Any]) -> list[str]:
@@ -221,11 +256,25 @@ def fastest(report: dict[str, Any]) -> list[str]:
         if best is None:
             out.append(f"- {shape_text(shape)}: no validated (variant, provider) was timed")
             continue
-        against = [f"{x:.2f}x PyTorch {t}" for x, t in ((best.get("ratio_to_pytorch"), "fp32"), (best.get("ratio_to_pytorch_bf16"), "bf16")) if x]
+        against = [
+            f"{x:.2f}x PyTorch {t}"
+            for x, t in ((best.get("ratio_to_pytorch"), "fp32"), (best.get("ratio_to_pytorch_bf16"), "bf16"))
+            if x
+        ]
         limit = f", {limit_text(best)}" if best.get("roofline") else ""
-        out.append(f"- {shape_text(best['shape'])}: **{best['variant']} on {_provider(best['provider'])}** {format_ms(best['p50_ms'])}" + (f" ({', '.join(against)}{limit})" if against or limit else "") + _its_decode(report, best) + _quality(report, best["variant"]))
+        out.append(
+            f"- {shape_text(best['shape'])}: **{best['variant']} on {_provider(best['provider'])}** {format_ms(best['p50_ms'])}"
+            + (f" ({', '.join(against)}{limit})" if against or limit else "")
+            + _its_decode(report, best)
+            + _quality(report, best["variant"])
+        )
     if not report.get("validated"):
-        return ["Fastest per shape (no source model to validate against: check is this recipe's gate):", "", *(line.replace("no validated", "no") for line in out), ""]
+        return [
+            "Fastest per shape (no source model to validate against: check is this recipe's gate):",
+            "",
+            *(line.replace("no validated", "no") for line in out),
+            "",
+        ]
     return ["Fastest validated (variant, provider) per shape:", "", *out, ""]
 
 
@@ -246,7 +295,10 @@ def _its_decode(report: dict[str, Any], best: dict[str, Any]) -> str:
     steps = [
         d
         for d in report.get("decode") or []
-        if d["engine"] != "pytorch" and "decode_p50_ms" in d and json.dumps(d["shape"], sort_keys=True) == shape and (not report.get("validated") or validated_on(report, d))
+        if d["engine"] != "pytorch"
+        and "decode_p50_ms" in d
+        and json.dumps(d["shape"], sort_keys=True) == shape
+        and (not report.get("validated") or validated_on(report, d))
     ]
     own = next((d for d in steps if (d["variant"], d["provider"]) == (best["variant"], best["provider"])), None)
     if own is None:
@@ -267,7 +319,10 @@ def chart(report: dict[str, Any], path: Any) -> None:
     import matplotlib.pyplot as plt
 
     rows = [r for r in report["results"] if "p50_ms" in r]
-    shapes = sorted({json.dumps(r["shape"], sort_keys=True) for r in rows} | {json.dumps(b["shape"], sort_keys=True) for b in report["baseline"]})
+    shapes = sorted(
+        {json.dumps(r["shape"], sort_keys=True) for r in rows}
+        | {json.dumps(b["shape"], sort_keys=True) for b in report["baseline"]}
+    )
     fig, axes = plt.subplots(1, max(1, len(shapes)), figsize=(5 * max(1, len(shapes)), 3.6), squeeze=False)
     for ax, shape in zip(axes[0], shapes):
         labels, values, colours = [], [], []

@@ -40,7 +40,9 @@ class Cost:
 
     @staticmethod
     def of(planned: Any, cache: Any) -> Cost:
-        remote = sum(1 for s in planned.steps if s.action == "cached" and (s.key in cache.pulled or s.key in cache.remote_only))
+        remote = sum(
+            1 for s in planned.steps if s.action == "cached" and (s.key in cache.pulled or s.key in cache.remote_only)
+        )
         cached = sum(1 for s in planned.steps if s.action == "cached") - remote
         return Cost(len(planned.would_run), remote, cached, planned.estimate_s)
 
@@ -73,21 +75,44 @@ class Metric:
 def render(base: str, diffs: list[RecipeDiff], fmt: str) -> str:
     """The diff as ``json``, ``md`` or text (HTML: ``report.page.render_diff``)."""
     if fmt == "json":
-        return json.dumps(
-            {
-                "base": base,
-                "summary": _summary(diffs),
-                "recipes": [
-                    {"path": d.path, "status": d.status, "error": d.error, "changes": [_json_change(k, a, b) for k, a, b in d.changes],
-                     "invalidated": d.invalidated, "metrics": [{"what": m.what, "base": m.base, "now": m.now, "unit": m.unit} for m in d.metrics], "figures": d.figures or "changed",
-                     "models": [{"step": m.step, "path": m.path, "changes": [{"what": r.what, "base": r.base, "now": r.now, "unit": r.unit} for r in m.rows],
-                                 "drift": m.drift, "drift_inputs": m.drift_inputs, "note": m.note or None} for m in d.models]}
-                    for d in diffs
-                ],
-            },
-            indent=2,
-            default=str,
-        ) + "\n"
+        return (
+            json.dumps(
+                {
+                    "base": base,
+                    "summary": _summary(diffs),
+                    "recipes": [
+                        {
+                            "path": d.path,
+                            "status": d.status,
+                            "error": d.error,
+                            "changes": [_json_change(k, a, b) for k, a, b in d.changes],
+                            "invalidated": d.invalidated,
+                            "metrics": [
+                                {"what": m.what, "base": m.base, "now": m.now, "unit": m.unit} for m in d.metrics
+                            ],
+                            "figures": d.figures or "changed",
+                            "models": [
+                                {
+                                    "step": m.step,
+                                    "path": m.path,
+                                    "changes": [
+                                        {"what": r.what, "base": r.base, "now": r.now, "unit": r.unit} for r in m.rows
+                                    ],
+                                    "drift": m.drift,
+                                    "drift_inputs": m.drift_inputs,
+                                    "note": m.note or None,
+                                }
+                                for m in d.models
+                            ],
+                        }
+                        for d in diffs
+                    ],
+                },
+                indent=2,
+                default=str,
+            )
+            + "\n"
+        )
     md = fmt == "md"
     lines = [f"## onnxbuild diff against {base[:12]}" if md else f"onnxbuild diff against {base[:12]}", ""]
     if not diffs:
@@ -105,10 +130,15 @@ def render(base: str, diffs: list[RecipeDiff], fmt: str) -> str:
             else:
                 lines += [f"  {k}: {show(a)} -> {show(b)}" for k, a, b in d.changes]
         if d.invalidated:
-            lines += ["", f"Steps that rebuild: {', '.join(d.invalidated)}" if md else f"  rebuilds: {', '.join(d.invalidated)}"]
+            lines += [
+                "",
+                f"Steps that rebuild: {', '.join(d.invalidated)}" if md else f"  rebuilds: {', '.join(d.invalidated)}",
+            ]
         if d.metrics:
             if md:
-                lines += ["", "| figure | base | working tree |", "|---|---|---|"] + [f"| {cell(m.what)} | {m.shown(m.base)} | {cell(m.change)} |" for m in d.metrics]
+                lines += ["", "| figure | base | working tree |", "|---|---|---|"] + [
+                    f"| {cell(m.what)} | {m.shown(m.base)} | {cell(m.change)} |" for m in d.metrics
+                ]
             else:
                 lines += [f"  {m.what}: {m.shown(m.base)} -> {m.change}" for m in d.metrics]
         elif d.figures:
@@ -116,7 +146,9 @@ def render(base: str, diffs: list[RecipeDiff], fmt: str) -> str:
         if d.models:
             rows = [(m.path, r.what, r.shown(r.base), r.shown(r.now)) for m in d.models for r in model_lines(m)]
             if md:
-                lines += ["", "| model file | what | base | working tree |", "|---|---|---|---|"] + [f"| `{f}` | {cell(w)} | {cell(a)} | {cell(b)} |" for f, w, a, b in rows]
+                lines += ["", "| model file | what | base | working tree |", "|---|---|---|---|"] + [
+                    f"| `{f}` | {cell(w)} | {cell(a)} | {cell(b)} |" for f, w, a, b in rows
+                ]
             else:
                 lines += ["  model files:"] + [f"    {f}: {w}: {a} -> {b}" for f, w, a, b in rows]
         lines.append("")
@@ -143,17 +175,27 @@ def summary_line(diffs: list[RecipeDiff]) -> str:
     line = f"{n} of {s['recipes']} recipe{'s' if s['recipes'] != 1 else ''} changed; {s['to_build']} step{'s' if s['to_build'] != 1 else ''} to build"
     line += f", {s['from_remote']} from the remote cache, {s['cached']} cached"
     if s["to_build"]:
-        line += f"; {format_duration(s['estimate_s'])} by the last build's timings" if s["estimate_s"] is not None else "; not built here before: no estimate"
+        line += (
+            f"; {format_duration(s['estimate_s'])} by the last build's timings"
+            if s["estimate_s"] is not None
+            else "; not built here before: no estimate"
+        )
     return line
 
 
 def model_lines(m: ModelDiff) -> list[ModelRow]:
     """A changed model file as rows for people: what changed inside, then how far its outputs moved."""
-    rows = list(m.rows) or [ModelRow("contents", "same operators, signature and weight bytes", "(weights' values differ)")]
+    rows = list(m.rows) or [
+        ModelRow("contents", "same operators, signature and weight bytes", "(weights' values differ)")
+    ]
     if m.drift:
         worst = max(m.drift, key=lambda k: m.drift[k])
         where = ", ".join(f"{k}={v}" for k, v in m.drift_inputs.items())
-        rows.append(ModelRow(f"output drift on the validation inputs ({where})", "-", f"max abs diff {m.drift[worst]:.3g} ({worst})"))
+        rows.append(
+            ModelRow(
+                f"output drift on the validation inputs ({where})", "-", f"max abs diff {m.drift[worst]:.3g} ({worst})"
+            )
+        )
     if m.note:
         rows.append(ModelRow("output drift", "-", m.note))
     return rows

@@ -11,7 +11,11 @@ def markdown(report: dict[str, Any], recipe: str) -> str:
         lines += ["> weights: **random-init**: generations repeat tokens; the logits columns carry the comparison", ""]
     lines += [
         f"Prompt: {len(report['prompt_ids'])} tokens; {report['max_new_tokens']} new tokens, greedy"
-        + (f" and seeded sampling (seed {report['sampling']['seed']}, temperature {report['sampling']['temperature']}, top-k {report['sampling']['top_k']})" if report["sampling"] else "")
+        + (
+            f" and seeded sampling (seed {report['sampling']['seed']}, temperature {report['sampling']['temperature']}, top-k {report['sampling']['top_k']})"
+            if report["sampling"]
+            else ""
+        )
         + ". PyTorch: transformers generate() (greedy), the same loop with the same draws (sampling).",
         "",
         f"Overall: **{'passed' if report['passed'] else 'FAILED'}**",
@@ -28,5 +32,7 @@ def markdown(report: dict[str, Any], recipe: str) -> str:
             f"{('yes' if s['identical'] else 'no') if s else '-'} | {r['rule']} | {'pass' if r['passed'] else 'FAIL'} |"
         )
     if report["pytorch"]["text"] is not None:
-        lines += ["", "PyTorch: " + repr(report["pytorch"]["text"])] + [f"{name}: {r.get('text')!r}" for name, r in report["variants"].items()]
+        lines += ["", "PyTorch: " + repr(report["pytorch"]["text"])] + [
+            f"{name}: {r.get('text')!r}" for name, r in report["variants"].items()
+        ]
     return "\n".join(lines) + "\n"

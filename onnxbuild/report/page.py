@@ -66,8 +66,12 @@ def render_report(folder: Path) -> str:
     title = str(name or folder.name)
     parts = [
         _guard("verdict", "manifest.json or timings.json", lambda: _verdict(folder, manifest, timings)),
-        _guard("validation", "reports/validation.json", lambda: _validation(_read(folder / "reports" / "validation.json"))),
-        _guard("generation", "reports/generation.json", lambda: _generation(_read(folder / "reports" / "generation.json"))),
+        _guard(
+            "validation", "reports/validation.json", lambda: _validation(_read(folder / "reports" / "validation.json"))
+        ),
+        _guard(
+            "generation", "reports/generation.json", lambda: _generation(_read(folder / "reports" / "generation.json"))
+        ),
         _guard("benchmark", "benchmark.json", lambda: _benchmark(folder, _read(folder / "benchmark.json"))),
         _guard("variants", "manifest.json or reports/optimize.json", lambda: _variants(folder, manifest)),
         _guard("steps", "manifest.json or timings.json", lambda: _steps(manifest, timings)),
@@ -101,7 +105,11 @@ def _verdict(folder: Path, manifest: Any, timings: Any) -> str:
         head = f'<div class="banner bad"><b>Build FAILED</b><ul>{lines}</ul>{also}</div>'
     else:
         validation = _read(folder / "reports" / "validation.json")
-        valid = "" if not isinstance(validation, dict) else (" Validation passed." if validation.get("passed") else " Validation FAILED.")
+        valid = (
+            ""
+            if not isinstance(validation, dict)
+            else (" Validation passed." if validation.get("passed") else " Validation FAILED.")
+        )
         cls = "bad" if isinstance(validation, dict) and not validation.get("passed") else "ok"
         head = f'<div class="banner {cls}"><b>{"Build OK" if cls == "ok" else "Build FAILED"}</b>: {len(steps)} steps built or cached.{valid}</div>'
     weights = _weights(folder, manifest)
@@ -120,7 +128,11 @@ def _weights(folder: Path, manifest: Any) -> str:
                 weights, why = str(data["weights"]), str(data.get("why", ""))
     if weights == "random-init":
         return f'<div class="banner warn"><b>random-init weights</b> ({escape(why or "seeded")}): every figure here compares the export with its source, not a trained model.</div>'
-    return f'<div class="note">weights: {escape(weights)}{" (" + escape(why) + ")" if why else ""}</div>' if weights else ""
+    return (
+        f'<div class="note">weights: {escape(weights)}{" (" + escape(why) + ")" if why else ""}</div>'
+        if weights
+        else ""
+    )
 
 
 def _validation(report: Any) -> str:
@@ -132,10 +144,18 @@ def _validation(report: Any) -> str:
     for variant, v in _variant_order(report["variants"]):
         if not isinstance(v, dict):
             continue
-        tol = f"atol {v.get('atol', '?'):g}, rtol {v.get('rtol', '?'):g}" if isinstance(v.get("atol"), (int, float)) and isinstance(v.get("rtol"), (int, float)) else "-"
+        tol = (
+            f"atol {v.get('atol', '?'):g}, rtol {v.get('rtol', '?'):g}"
+            if isinstance(v.get("atol"), (int, float)) and isinstance(v.get("rtol"), (int, float))
+            else "-"
+        )
         for r in v.get("shapes", []) if isinstance(v.get("shapes"), list) else []:
             outputs = r.get("outputs", {}) if isinstance(r.get("outputs"), dict) else {}
-            ok = bool(r.get("passed")) and not r.get("error") and all(isinstance(c, dict) and c.get("passed") for c in outputs.values())
+            ok = (
+                bool(r.get("passed"))
+                and not r.get("error")
+                and all(isinstance(c, dict) and c.get("passed") for c in outputs.values())
+            )
             worst = _worst(outputs)
             diff = _sci(outputs[worst].get("max_abs_diff")) if worst else "-"
             top1 = r.get("top1_agreement")
@@ -148,12 +168,16 @@ def _validation(report: Any) -> str:
             for out in sorted(outputs, key=_natural):
                 c = outputs[out]
                 if isinstance(c, dict):
-                    details.append(f"<tr><td>{escape(variant)}</td><td>{escape(shape)}</td><td>{escape(out)}</td><td class=\"num\">{_sci(c.get('max_abs_diff'))}</td><td class=\"num\">{_sci(c.get('max_rel_diff'))}</td><td>{_mark(bool(c.get('passed')))}</td></tr>")
+                    details.append(
+                        f'<tr><td>{escape(variant)}</td><td>{escape(shape)}</td><td>{escape(out)}</td><td class="num">{_sci(c.get("max_abs_diff"))}</td><td class="num">{_sci(c.get("max_rel_diff"))}</td><td>{_mark(bool(c.get("passed")))}</td></tr>'
+                    )
     gates = []
     for variant, v in _variant_order(report["variants"]):
         t = v.get("top1") if isinstance(v, dict) else None
         if isinstance(t, dict) and isinstance(t.get("agreement"), (int, float)):
-            gates.append(f"<li>{escape(variant)}: top-1 agreement {t['agreement']:.3f} over {escape(str(t.get('tokens', '?')))} tokens (floor {escape(str(t.get('min')))}) {_mark(bool(t.get('passed')))}</li>")
+            gates.append(
+                f"<li>{escape(variant)}: top-1 agreement {t['agreement']:.3f} over {escape(str(t.get('tokens', '?')))} tokens (floor {escape(str(t.get('min')))}) {_mark(bool(t.get('passed')))}</li>"
+            )
         q = v.get("text") if isinstance(v, dict) else None
         if isinstance(q, dict) and isinstance(q.get("perplexity"), (int, float)):
             gates.append(
@@ -162,7 +186,9 @@ def _validation(report: Any) -> str:
             )
         a = v.get("accuracy") if isinstance(v, dict) else None
         if isinstance(a, dict) and isinstance(a.get("onnxruntime"), (int, float)):
-            gates.append(f"<li>{escape(variant)}: accuracy ONNX Runtime {a['onnxruntime']:.4f} vs source {a.get('pytorch', 0):.4f} on {escape(str(a.get('samples', '?')))} samples {_mark(bool(a.get('passed')))}</li>")
+            gates.append(
+                f"<li>{escape(variant)}: accuracy ONNX Runtime {a['onnxruntime']:.4f} vs source {a.get('pytorch', 0):.4f} on {escape(str(a.get('samples', '?')))} samples {_mark(bool(a.get('passed')))}</li>"
+            )
     head = "<tr><th>variant</th><th>shape</th><th>worst output</th><th>max abs diff</th><th>tolerance</th><th>top-1</th><th>result</th></tr>"
     return (
         f'<section id="validation"><h2>Validation against the source model: {_mark(bool(report.get("passed")))}</h2>'
@@ -214,9 +240,15 @@ def _benchmark(folder: Path, report: Any) -> str:
         if not isinstance(r, dict):
             continue
         ratio, ratio16 = r.get("ratio_to_pytorch"), r.get("ratio_to_pytorch_bf16")
-        provider = str(r.get("provider", "")).replace("ExecutionProvider", "") + (" (IOBinding)" if r.get("io_binding") else "") + (f" {r['inference_precision']}" if r.get("inference_precision") else "")
+        provider = (
+            str(r.get("provider", "")).replace("ExecutionProvider", "")
+            + (" (IOBinding)" if r.get("io_binding") else "")
+            + (f" {r['inference_precision']}" if r.get("inference_precision") else "")
+        )
         if "p50_ms" not in r:
-            rows.append(f'<tr data-variant="{escape(str(r.get("variant")))}" class="failed"><td>{escape(str(r.get("variant")))}</td><td>{escape(provider)}</td><td>{escape(_shape(r.get("shape")))}</td><td colspan="5">error: {escape(str(r.get("error")))}</td></tr>')
+            rows.append(
+                f'<tr data-variant="{escape(str(r.get("variant")))}" class="failed"><td>{escape(str(r.get("variant")))}</td><td>{escape(provider)}</td><td>{escape(_shape(r.get("shape")))}</td><td colspan="5">error: {escape(str(r.get("error")))}</td></tr>'
+            )
             continue
         rows.append(
             f'<tr data-variant="{escape(str(r.get("variant")))}"><td>{escape(str(r.get("variant")))}</td><td>{escape(provider)}</td><td>{escape(_shape(r.get("shape")))}</td>'
@@ -225,18 +257,34 @@ def _benchmark(folder: Path, report: Any) -> str:
     decode = []
     for d in report.get("decode", []) if isinstance(report.get("decode"), list) else []:
         if isinstance(d, dict):
-            who = f"PyTorch {d.get('dtype', 'fp32')} generate()" if d.get("engine") == "pytorch" else f"{d.get('variant')} ({str(d.get('provider') or '').replace('ExecutionProvider', '')})"
-            decode.append(f'<tr><td>{escape(who)}</td><td>{escape(_shape(d.get("shape")))}</td><td class="num">{format_ms(d.get("prefill_p50_ms"))}</td><td class="num">{format_ms(d.get("decode_p50_ms"))}</td><td class="num">{escape(str(d.get("tokens_per_s", "-")))}</td><td>{escape(limit_text(d))}</td></tr>')
+            who = (
+                f"PyTorch {d.get('dtype', 'fp32')} generate()"
+                if d.get("engine") == "pytorch"
+                else f"{d.get('variant')} ({str(d.get('provider') or '').replace('ExecutionProvider', '')})"
+            )
+            decode.append(
+                f'<tr><td>{escape(who)}</td><td>{escape(_shape(d.get("shape")))}</td><td class="num">{format_ms(d.get("prefill_p50_ms"))}</td><td class="num">{format_ms(d.get("decode_p50_ms"))}</td><td class="num">{escape(str(d.get("tokens_per_s", "-")))}</td><td>{escape(limit_text(d))}</td></tr>'
+            )
     png = folder / "benchmark.png"
     chart = ""
     if png.is_file() and not png.is_symlink() and png.stat().st_size < 8 << 20:
         chart = f'<img class="chart" alt="p50 latency per variant" src="data:image/png;base64,{base64.b64encode(png.read_bytes()).decode("ascii")}">'
     skipped = [p for p in report.get("providers", []) if isinstance(p, dict) and p.get("status") == "skipped"]
-    notes = "".join(f'<li class="skip">{escape(str(p.get("name")))} skipped: {escape(str(p.get("reason")))}</li>' for p in skipped)
+    notes = "".join(
+        f'<li class="skip">{escape(str(p.get("name")))} skipped: {escape(str(p.get("reason")))}</li>' for p in skipped
+    )
     return (
         f'<section id="benchmark"><h2>Benchmark</h2><div class="note">{escape(str(machine.get("cpu", "?")))}, {escape(str(machine.get("cores", "?")))} cores, {escape(str(machine.get("threads", "?")))} threads; PyTorch measured in the same run.</div>{chart}'
-        "<table><tr><th>variant</th><th>provider</th><th>shape</th><th>p50</th><th>p90</th><th>vs PyTorch fp32</th><th>vs PyTorch bf16</th><th>of the limit</th></tr>" + "".join(rows) + "</table>"
-        + ("<table><tr><th>decoder</th><th>prompt</th><th>prefill p50</th><th>decode p50</th><th>tokens/s</th><th>decode: of the limit</th></tr>" + "".join(decode) + "</table>" if decode else "")
+        "<table><tr><th>variant</th><th>provider</th><th>shape</th><th>p50</th><th>p90</th><th>vs PyTorch fp32</th><th>vs PyTorch bf16</th><th>of the limit</th></tr>"
+        + "".join(rows)
+        + "</table>"
+        + (
+            "<table><tr><th>decoder</th><th>prompt</th><th>prefill p50</th><th>decode p50</th><th>tokens/s</th><th>decode: of the limit</th></tr>"
+            + "".join(decode)
+            + "</table>"
+            if decode
+            else ""
+        )
         + (f"<ul>{notes}</ul>" if notes else "")
         + "</section>"
     )
@@ -252,13 +300,29 @@ def _variants(folder: Path, manifest: Any) -> str:
         for o in step.get("outputs", []) if isinstance(step.get("outputs"), list) else []:
             if isinstance(o, dict) and str(o.get("path", "")).endswith(".onnx"):
                 path = str(o["path"])
-                variant = "model" if "/" not in path else path.split("/")[0]  # an encoder-decoder's two files are both "model"
+                variant = (
+                    "model" if "/" not in path else path.split("/")[0]
+                )  # an encoder-decoder's two files are both "model"
                 report = _read(folder / "reports" / "optimize.json") if variant == "optimized" else None
-                fused = ", ".join(f"{k} x{v}" for k, v in sorted((report or {}).get("fused_ops", {}).items())) if isinstance(report, dict) else ""
-                rows.append(f'<tr data-variant="{escape(variant)}"><td>{escape(variant)}</td><td><code>{escape(path)}</code></td><td class="num">{_size(o.get("bytes"))}</td><td>{escape(fused or "-")}</td></tr>')
+                fused = (
+                    ", ".join(f"{k} x{v}" for k, v in sorted((report or {}).get("fused_ops", {}).items()))
+                    if isinstance(report, dict)
+                    else ""
+                )
+                rows.append(
+                    f'<tr data-variant="{escape(variant)}"><td>{escape(variant)}</td><td><code>{escape(path)}</code></td><td class="num">{_size(o.get("bytes"))}</td><td>{escape(fused or "-")}</td></tr>'
+                )
     check = _read(folder / "reports" / "check.json")
-    described = "model.onnx" if (folder / "model.onnx").is_file() or not (folder / "decoder_model.onnx").is_file() else "decoder_model.onnx"
-    about = f"<div class=\"note\">{described}: {escape(str(check.get('nodes')))} nodes, {check.get('parameters', 0):,} parameters, IR {escape(str(check.get('ir_version')))}</div>" if isinstance(check, dict) and isinstance(check.get("parameters"), int) else ""
+    described = (
+        "model.onnx"
+        if (folder / "model.onnx").is_file() or not (folder / "decoder_model.onnx").is_file()
+        else "decoder_model.onnx"
+    )
+    about = (
+        f'<div class="note">{described}: {escape(str(check.get("nodes")))} nodes, {check.get("parameters", 0):,} parameters, IR {escape(str(check.get("ir_version")))}</div>'
+        if isinstance(check, dict) and isinstance(check.get("parameters"), int)
+        else ""
+    )
     if not rows:
         return ""
     return f'<section id="variants"><h2>Variants</h2>{about}<table><tr><th>variant</th><th>file</th><th>size</th><th>fused ops</th></tr>{"".join(rows)}</table></section>'
@@ -266,7 +330,11 @@ def _variants(folder: Path, manifest: Any) -> str:
 
 def _steps(manifest: Any, timings: Any) -> str:
     steps = timings.get("steps", {}) if isinstance(timings, dict) and isinstance(timings.get("steps"), dict) else {}
-    order = [s.get("name") for s in manifest.get("steps", []) if isinstance(s, dict)] if isinstance(manifest, dict) and isinstance(manifest.get("steps"), list) else []
+    order = (
+        [s.get("name") for s in manifest.get("steps", []) if isinstance(s, dict)]
+        if isinstance(manifest, dict) and isinstance(manifest.get("steps"), list)
+        else []
+    )
     order += [n for n in steps if n not in order]
     if not order:
         return ""
@@ -276,14 +344,20 @@ def _steps(manifest: Any, timings: Any) -> str:
         status = str(t.get("status") or "-")
         cls = {"built": "pass", "cached": "note", "failed": "fail", "skipped": "skip"}.get(status, "")
         seconds = t.get("seconds")
-        rows.append(f'<tr><td>{escape(str(name))}</td><td class="{cls}">{escape(status)}</td><td class="num">{"" if not seconds else f"{seconds:.1f} s"}</td><td>{escape(str(t.get("reason") or ""))}</td></tr>')
+        rows.append(
+            f'<tr><td>{escape(str(name))}</td><td class="{cls}">{escape(status)}</td><td class="num">{"" if not seconds else f"{seconds:.1f} s"}</td><td>{escape(str(t.get("reason") or ""))}</td></tr>'
+        )
     return f'<section id="steps"><h2>Steps (this run)</h2><table><tr><th>step</th><th>status</th><th>time</th><th>why</th></tr>{"".join(rows)}</table></section>'
 
 
 def _versions(manifest: Any) -> str:
     if not isinstance(manifest, dict):
         return ""
-    pairs = [*(manifest.get("versions") or {}).items(), *(manifest.get("platform") or {}).items()] if isinstance(manifest.get("versions"), dict) and isinstance(manifest.get("platform"), dict) else []
+    pairs = (
+        [*(manifest.get("versions") or {}).items(), *(manifest.get("platform") or {}).items()]
+        if isinstance(manifest.get("versions"), dict) and isinstance(manifest.get("platform"), dict)
+        else []
+    )
     cells = "".join(f"<tr><td>{escape(str(k))}</td><td><code>{escape(str(v))}</code></td></tr>" for k, v in pairs)
     return f'<section id="versions"><h2>Versions</h2><table>{cells}</table></section>' if cells else ""
 
@@ -296,11 +370,13 @@ def _digests(manifest: Any) -> str:
         if isinstance(step, dict):
             for o in step.get("outputs", []) if isinstance(step.get("outputs"), list) else []:
                 if isinstance(o, dict):
-                    rows.append(f'<tr><td><code>{escape(str(o.get("path")))}</code></td><td>{escape(str(step.get("name")))}</td><td class="num">{_size(o.get("bytes"))}</td><td class="mono">{escape(str(o.get("sha256")))}</td></tr>')
+                    rows.append(
+                        f'<tr><td><code>{escape(str(o.get("path")))}</code></td><td>{escape(str(step.get("name")))}</td><td class="num">{_size(o.get("bytes"))}</td><td class="mono">{escape(str(o.get("sha256")))}</td></tr>'
+                    )
     recipe: dict[str, Any] = manifest["recipe"] if isinstance(manifest.get("recipe"), dict) else {}
     return (
         f'<section id="digests"><h2>Digests</h2><div class="note">recipe sha256 <code>{escape(str(recipe.get("digest", "?")))}</code></div>'
-        f'<details><summary>{len(rows)} files</summary><table><tr><th>file</th><th>step</th><th>size</th><th>sha256</th></tr>{"".join(rows)}</table></details></section>'
+        f"<details><summary>{len(rows)} files</summary><table><tr><th>file</th><th>step</th><th>size</th><th>sha256</th></tr>{''.join(rows)}</table></details></section>"
     )
 
 
@@ -313,21 +389,30 @@ def render_diff(base: str, diffs: list[RecipeDiff]) -> str:
         if d.error:
             parts.append(f"<pre>{escape(d.error)}</pre>")
         if d.changes:
-            rows = "".join(f"<tr><td><code>{escape(k)}</code></td><td>{escape(show(a))}</td><td>{escape(show(b))}</td></tr>" for k, a, b in d.changes)
+            rows = "".join(
+                f"<tr><td><code>{escape(k)}</code></td><td>{escape(show(a))}</td><td>{escape(show(b))}</td></tr>"
+                for k, a, b in d.changes
+            )
             parts.append(f"<table><tr><th>key</th><th>base</th><th>working tree</th></tr>{rows}</table>")
         if d.invalidated:
             parts.append(f"<p>Steps that rebuild: {escape(', '.join(d.invalidated))}</p>")
         if d.metrics:
-            rows = "".join(f'<tr><td>{escape(m.what)}</td><td class="num">{escape(m.shown(m.base))}</td><td class="num">{escape(m.change)}</td></tr>' for m in d.metrics)
+            rows = "".join(
+                f'<tr><td>{escape(m.what)}</td><td class="num">{escape(m.shown(m.base))}</td><td class="num">{escape(m.change)}</td></tr>'
+                for m in d.metrics
+            )
             parts.append(f"<table><tr><th>figure</th><th>base</th><th>working tree</th></tr>{rows}</table>")
         elif d.figures:
             parts.append(f'<p class="note">Figures: {escape(d.figures)}.</p>')
         if d.models:
             rows = "".join(
                 f'<tr><td><code>{escape(m.path)}</code></td><td>{escape(r.what)}</td><td class="num">{escape(r.shown(r.base))}</td><td class="num">{escape(r.shown(r.now))}</td></tr>'
-                for m in d.models for r in model_lines(m)
+                for m in d.models
+                for r in model_lines(m)
             )
-            parts.append(f"<h3>Model files</h3><table><tr><th>file</th><th>what</th><th>base</th><th>working tree</th></tr>{rows}</table>")
+            parts.append(
+                f"<h3>Model files</h3><table><tr><th>file</th><th>what</th><th>base</th><th>working tree</th></tr>{rows}</table>"
+            )
         sections.append(f'<section class="recipe">{"".join(parts)}</section>')
     if sections:
         sections.insert(0, f"<p><b>{escape(summary_line(diffs))}</b></p>")
@@ -361,7 +446,7 @@ def _read(path: Path) -> Any:
 
 
 def _variant_order(variants: dict[str, Any]) -> list[tuple[str, Any]]:
-    return sorted(variants.items(), key=lambda kv: ({"model": 0, "optimized": 1}.get(kv[0], 2)))
+    return sorted(variants.items(), key=lambda kv: {"model": 0, "optimized": 1}.get(kv[0], 2))
 
 
 def _natural(name: str) -> list[Any]:
@@ -372,7 +457,11 @@ def _worst(outputs: dict[str, Any]) -> str | None:
     failed = sorted((n for n, c in outputs.items() if isinstance(c, dict) and not c.get("passed")), key=_natural)
     if failed:
         return failed[0]
-    diffs = [(c["max_abs_diff"], n) for n, c in outputs.items() if isinstance(c, dict) and isinstance(c.get("max_abs_diff"), (int, float))]
+    diffs = [
+        (c["max_abs_diff"], n)
+        for n, c in outputs.items()
+        if isinstance(c, dict) and isinstance(c.get("max_abs_diff"), (int, float))
+    ]
     return max(diffs)[1] if diffs else None
 
 

@@ -130,11 +130,15 @@ def text_failures(q: TextQuality) -> list[str]:
     """Each gate the figures miss, as words."""
     out = []
     if q["ppl_increase_max"] is not None and q["ppl_increase"] > q["ppl_increase_max"]:
-        out.append(f"perplexity {q['perplexity']:.3f} is {q['ppl_increase']:+.2%} over PyTorch's {q['perplexity_reference']:.3f} (ppl_increase_max {q['ppl_increase_max']:.2%})")
+        out.append(
+            f"perplexity {q['perplexity']:.3f} is {q['ppl_increase']:+.2%} over PyTorch's {q['perplexity_reference']:.3f} (ppl_increase_max {q['ppl_increase_max']:.2%})"
+        )
     if q["kld_max"] is not None and q["kld_mean"] > q["kld_max"]:
         out.append(f"mean KL divergence from PyTorch {q['kld_mean']:.4f} is over kld_max {q['kld_max']:g}")
     if q["text_top1_min"] is not None and q["top1_agreement"] < q["text_top1_min"]:
-        out.append(f"top-1 agreement with PyTorch {q['top1_agreement']:.3f} is below text_top1_min {q['text_top1_min']:g}")
+        out.append(
+            f"top-1 agreement with PyTorch {q['top1_agreement']:.3f} is below text_top1_min {q['text_top1_min']:g}"
+        )
     return out
 
 
@@ -167,7 +171,12 @@ def failure_message(
             name, c = next((n, c) for n, c in web["outputs"].items() if not c["passed"])
             return f"validation of {variant} in onnxruntime-web (the web target) failed at shape {shape}: output {name}: max abs diff {c['max_abs_diff']} vs torch (atol {c['atol']:g}, rtol {c['rtol']:g})"
         ov = r.get("openvino")
-        if ov is not None and not ov["passed"] and all(c["passed"] for c in r["outputs"].values()) and openvino is not None:
+        if (
+            ov is not None
+            and not ov["passed"]
+            and all(c["passed"] for c in r["outputs"].values())
+            and openvino is not None
+        ):
             where = f"validation of {variant} on OpenVINO ({openvino['precision']} inference) failed at shape {shape}"
             if ov["error"]:
                 return f"{where}: {ov['error']}"
@@ -226,22 +235,43 @@ def markdown(report: dict[str, Any], name: str) -> str:
     """The verdict first (one row per variant and shape, its worst output), details after, folded."""
     lines = [f"# {name}: validation against the source model", ""]
     if report.get("weights") == "random-init":
-        lines += [f"> weights: **random-init** ({report.get('weights_note') or 'seeded'}): figures compare the export, not a trained model", ""]
+        lines += [
+            f"> weights: **random-init** ({report.get('weights_note') or 'seeded'}): figures compare the export, not a trained model",
+            "",
+        ]
     lines += [f"Overall: **{'passed' if report['passed'] else 'FAILED'}**", ""]
-    lines += ["| variant | shape | worst output | max abs diff | tolerance | top-1 agreement | result |", "|---|---|---|---|---|---|---|"]
+    lines += [
+        "| variant | shape | worst output | max abs diff | tolerance | top-1 agreement | result |",
+        "|---|---|---|---|---|---|---|",
+    ]
     variants = sorted(report["variants"].items(), key=lambda kv: {"model": 0, "optimized": 1}.get(kv[0], 2))
     for variant, v in variants:
         for r in v["shapes"]:
             shape = ", ".join(f"{k}={n}" for k, n in r["shape"].items())
             top1 = f"{r['top1_agreement']:.3f}" if r["top1_agreement"] is not None else "-"
             web = r.get("web") or {}
-            ok = r["passed"] and all(c["passed"] for c in r["outputs"].values()) and not web.get("error") and all(c["passed"] for c in web.get("outputs", {}).values())
+            ok = (
+                r["passed"]
+                and all(c["passed"] for c in r["outputs"].values())
+                and not web.get("error")
+                and all(c["passed"] for c in web.get("outputs", {}).values())
+            )
             lines.append(_verdict_row(variant, shape, r["outputs"], r["error"], top1, v, ok))
             ov = r.get("openvino")
             if ov is not None and v.get("openvino"):
                 o = v["openvino"]
                 o_top1 = f"{ov['top1_agreement']:.3f}" if ov["top1_agreement"] is not None else "-"
-                lines.append(_verdict_row(f"{variant} on OpenVINO ({o['precision']})", shape, ov["outputs"], ov["error"], o_top1, o, ov["passed"]))
+                lines.append(
+                    _verdict_row(
+                        f"{variant} on OpenVINO ({o['precision']})",
+                        shape,
+                        ov["outputs"],
+                        ov["error"],
+                        o_top1,
+                        o,
+                        ov["passed"],
+                    )
+                )
     lines.append("")
     for variant, v in variants:
         lines += _variant_figures(variant, v, report.get("reference"))
@@ -260,17 +290,23 @@ def markdown(report: dict[str, Any], name: str) -> str:
             if r["error"]:
                 lines.append(f"| {shape} | - | - | - | - | error: {_cell(r['error'])} |")
             web = r.get("web") or {}
-            rows = [(out, c, "") for out, c in r["outputs"].items()] + [(out, c, "web: ") for out, c in web.get("outputs", {}).items()]
+            rows = [(out, c, "") for out, c in r["outputs"].items()] + [
+                (out, c, "web: ") for out, c in web.get("outputs", {}).items()
+            ]
             for out, c, where in sorted(rows, key=lambda t: (t[2], natural_key(t[0]))):
                 mism = "-" if c["mismatch_fraction"] is None else f"{c['mismatch_fraction']:.2%}"
-                lines.append(f"| {shape} | {where}{out} | {_sci(c['max_abs_diff'])} | {_sci(c['max_rel_diff'])} | {mism} | {'pass' if c['passed'] else 'FAIL'} |")
+                lines.append(
+                    f"| {shape} | {where}{out} | {_sci(c['max_abs_diff'])} | {_sci(c['max_rel_diff'])} | {mism} | {'pass' if c['passed'] else 'FAIL'} |"
+                )
             if web.get("error"):
                 lines.append(f"| {shape} | web | - | - | - | error: {_cell(web['error'])} |")
         lines += ["", "</details>", ""]
     return "\n".join(lines)
 
 
-def _verdict_row(who: str, shape: str, outputs: dict[str, Any], error: str | None, top1: str, tolerances: dict[str, Any], ok: bool) -> str:
+def _verdict_row(
+    who: str, shape: str, outputs: dict[str, Any], error: str | None, top1: str, tolerances: dict[str, Any], ok: bool
+) -> str:
     """One row of the verdict table: the worst output at one case, or the error."""
     tol = f"atol {tolerances['atol']:g}, rtol {tolerances['rtol']:g}"
     if error:
@@ -289,15 +325,24 @@ def _variant_figures(variant: str, v: dict[str, Any], reference: str | None) -> 
         lines += [f"{variant}: web target: {v['web']}.", ""]
     if v.get("openvino"):
         o = v["openvino"]
-        lines += [f"{variant}: openvino target: {o['note']}" + (f"; error: {o['error']}" if o["error"] else "") + ".", ""]
+        lines += [
+            f"{variant}: openvino target: {o['note']}" + (f"; error: {o['error']}" if o["error"] else "") + ".",
+            "",
+        ]
         if o["top1"]:
             t = o["top1"]
             floor = f" (at least {t['min']:g})" if t["min"] is not None else ""
-            lines += [f"{variant} on OpenVINO: top-1 agreement over all {t['tokens']} predictions: **{t['agreement']:.3f}**{floor}: {'pass' if t['passed'] else 'FAIL'}", ""]
+            lines += [
+                f"{variant} on OpenVINO: top-1 agreement over all {t['tokens']} predictions: **{t['agreement']:.3f}**{floor}: {'pass' if t['passed'] else 'FAIL'}",
+                "",
+            ]
     if v.get("top1"):
         t = v["top1"]
         floor = f" (at least {t['min']:g})" if t["min"] is not None else ""
-        lines += [f"{variant}: top-1 agreement over all {t['tokens']} predictions (tokens or classes): **{t['agreement']:.3f}**{floor}: {'pass' if t['passed'] else 'FAIL'}", ""]
+        lines += [
+            f"{variant}: top-1 agreement over all {t['tokens']} predictions (tokens or classes): **{t['agreement']:.3f}**{floor}: {'pass' if t['passed'] else 'FAIL'}",
+            "",
+        ]
     if v.get("accuracy"):
         a = v["accuracy"]
         floor = "" if a["min"] is None else f", at least {a['min']:g}"

@@ -42,7 +42,9 @@ def default_base(cwd: Path) -> str:
         except UsageError:
             continue
     # Comparing with HEAD instead would show nothing and look like "no change".
-    raise UsageError("no base to compare with (no merge-base with main, origin/main or master; a shallow clone?): pass --base REF, after `git fetch origin REF` if need be")
+    raise UsageError(
+        "no base to compare with (no merge-base with main, origin/main or master; a shallow clone?): pass --base REF, after `git fetch origin REF` if need be"
+    )
 
 
 def renames(base: str, cwd: Path) -> dict[str, str]:
@@ -63,7 +65,11 @@ def changed_recipes(base: str, cwd: Path) -> list[str]:
     names += _git("ls-files", "--others", "--exclude-standard", "--", "recipes", cwd=cwd).splitlines()
     recipes = {n for n in names if n.endswith((".yaml", ".yml"))}
     locks = {n.removesuffix(".lock.json") for n in names if n.endswith(".lock.json")}
-    code = {n for n in _git("diff", "--name-only", base, cwd=cwd).splitlines() if not n.endswith((".yaml", ".yml", ".lock.json"))}
+    code = {
+        n
+        for n in _git("diff", "--name-only", base, cwd=cwd).splitlines()
+        if not n.endswith((".yaml", ".yml", ".lock.json"))
+    }
     from onnxbuild.pipeline import steps_for
     from onnxbuild.recipe.loader import load_recipe
 
@@ -92,7 +98,13 @@ def _load(text: str | None, path: str, cwd: Path) -> Recipe | None:
     if text is None:
         return None
     resolved = parse_recipe(text, path)
-    return Recipe(name=resolved["name"], path=path, directory=(cwd / path).resolve().parent, digest=sha256_text(text), resolved=resolved)
+    return Recipe(
+        name=resolved["name"],
+        path=path,
+        directory=(cwd / path).resolve().parent,
+        digest=sha256_text(text),
+        resolved=resolved,
+    )
 
 
 def _git_bytes(*args: str, cwd: Path) -> bytes | None:
@@ -130,7 +142,13 @@ def _file_changes(old: Recipe, new: Recipe, base: str, root: Path) -> tuple[list
             before = hashlib.sha256(before_bytes).hexdigest() if before_bytes is not None else None
             if now != before:
                 changed.add(label)
-                rows.append((f"{label} ({rel})", f"sha256 {before[:12]}" if before else "(absent)", f"sha256 {now[:12]}" if now else "(absent)"))
+                rows.append(
+                    (
+                        f"{label} ({rel})",
+                        f"sha256 {before[:12]}" if before else "(absent)",
+                        f"sha256 {now[:12]}" if now else "(absent)",
+                    )
+                )
     return rows, changed
 
 
@@ -175,7 +193,11 @@ def _package_changes(new: Recipe, base: str, root: Path) -> tuple[list[tuple[str
         packages = (step.get("ingredients") or {}).get("packages") if isinstance(step, dict) else None
         if isinstance(packages, dict):
             before.update({str(k): str(v) for k, v in packages.items()})
-    rows = [(f"package {name}", old, package_version(name)) for name, old in sorted(before.items()) if package_version(name) != old]
+    rows = [
+        (f"package {name}", old, package_version(name))
+        for name, old in sorted(before.items())
+        if package_version(name) != old
+    ]
     return rows, {str(r[0]).removeprefix("package ") for r in rows}
 
 
@@ -193,7 +215,9 @@ def diff(paths: list[str], base: str | None, cache: Any, cwd: Path | None = None
         try:
             _git("rev-parse", "--verify", "--quiet", f"{base}^{{commit}}", cwd=cwd)
         except UsageError:
-            raise UsageError(f"the base {base!r} is not a commit here (a shallow clone? fetch it: git fetch --depth=50 origin {base})") from None
+            raise UsageError(
+                f"the base {base!r} is not a commit here (a shallow clone? fetch it: git fetch --depth=50 origin {base})"
+            ) from None
     paths = paths or changed_recipes(base, cwd)
     moved = renames(base, cwd)
     moved_from = set(moved.values())
@@ -249,7 +273,13 @@ def diff(paths: list[str], base: str | None, cache: Any, cwd: Path | None = None
         for s in steps_for(new):
             before = old_steps.get(s.name)
             reads = set(s.files) & changed_files or set(s.packages) & changed_packages
-            if before is None or before.params != s.params or before.kind != s.kind or reads or any(d in dirty for d in s.deps):
+            if (
+                before is None
+                or before.params != s.params
+                or before.kind != s.kind
+                or reads
+                or any(d in dirty for d in s.deps)
+            ):
                 dirty.add(s.name)
                 entry.invalidated.append(s.name)
         old_plan, new_plan = plan([old], cache, steps_for), plan([new], cache, steps_for)
@@ -303,7 +333,11 @@ def _metrics(old_plan: Any, new_plan: Any, cache: Any) -> list[Metric]:
                 rows.append(Metric(f"validation {variant} max abs diff", a, b, ""))
             # quality on real text (validate.text): what a reviewer of a quantization change reads
             t_old, t_new = w.get("text") or {}, v.get("text") or {}
-            for key, label in (("perplexity", "perplexity"), ("kld_mean", "mean KL from PyTorch"), ("top1_agreement", "top-1 on text")):
+            for key, label in (
+                ("perplexity", "perplexity"),
+                ("kld_mean", "mean KL from PyTorch"),
+                ("top1_agreement", "top-1 on text"),
+            ):
                 if key in t_new and t_old.get(key) != t_new[key]:
                     rows.append(Metric(f"validation {variant} {label}", t_old.get(key), t_new[key], ""))
     b_old = _read_output(cache, old.get("benchmark"), "benchmark.json")
@@ -311,12 +345,22 @@ def _metrics(old_plan: Any, new_plan: Any, cache: Any) -> list[Metric]:
     # the same cached entry on both sides has the same figures; a rerun may time alike
     rerun = bool(old.get("benchmark")) and bool(new.get("benchmark")) and old["benchmark"].key != new["benchmark"].key
     if b_old and b_new and rerun:
-        before_p50 = {(r["variant"], r["provider"], json.dumps(r.get("shape"), sort_keys=True)): r.get("p50_ms") for r in b_old["results"]}
+        before_p50 = {
+            (r["variant"], r["provider"], json.dumps(r.get("shape"), sort_keys=True)): r.get("p50_ms")
+            for r in b_old["results"]
+        }
         for r in b_new["results"]:
             k = (r["variant"], r["provider"], json.dumps(r.get("shape"), sort_keys=True))
             if k in before_p50 and before_p50[k] and r.get("p50_ms"):
                 shape = ", ".join(f"{d}={n}" for d, n in (r.get("shape") or {}).items())
-                rows.append(Metric(f"p50 {r['variant']} on {str(r.get('provider', '')).replace('ExecutionProvider', '')} ({shape})", before_p50[k], r["p50_ms"], "ms"))
+                rows.append(
+                    Metric(
+                        f"p50 {r['variant']} on {str(r.get('provider', '')).replace('ExecutionProvider', '')} ({shape})",
+                        before_p50[k],
+                        r["p50_ms"],
+                        "ms",
+                    )
+                )
     return rows
 
 

@@ -67,7 +67,9 @@ def feeds_for(model_path: Path, sizes: dict[str, int], seed: int = 0, vocab: int
     return make_inputs(session_specs(session.get_inputs(), sizes, fallback="float32"), sizes, seed=seed, vocab=vocab)
 
 
-def first_divergence(reference: Path, candidate: Path, feeds: dict[str, Any], rtol: float, atol: float, out_dir: Path) -> Search:
+def first_divergence(
+    reference: Path, candidate: Path, feeds: dict[str, Any], rtol: float, atol: float, out_dir: Path
+) -> Search:
     """Compare every tensor ``candidate`` and ``reference`` both name, in candidate order."""
 
     import numpy as np
@@ -84,7 +86,14 @@ def first_divergence(reference: Path, candidate: Path, feeds: dict[str, Any], rt
     needed = {i for n in cand_model.graph.node for i in n.input if i in cand_floats or i in tensors}
     got = _run_exposed(cand_model, sorted(set(shared) | needed | set(graph_outputs)), feeds)
     ref = _run_exposed(ref_model, sorted(set(shared) | {o.name for o in ref_model.graph.output}), feeds)
-    outputs_diff = max((float(np.max(np.abs(got[o].astype(np.float64) - ref[o].astype(np.float64)))) for o in graph_outputs if o in ref and o in got and got[o].shape == ref[o].shape and got[o].size), default=0.0)
+    outputs_diff = max(
+        (
+            float(np.max(np.abs(got[o].astype(np.float64) - ref[o].astype(np.float64))))
+            for o in graph_outputs
+            if o in ref and o in got and got[o].shape == ref[o].shape and got[o].size
+        ),
+        default=0.0,
+    )
     compared = 0
     producer = {o: n for n in cand_model.graph.node for o in n.output}
     for name in shared:
@@ -100,9 +109,21 @@ def first_divergence(reference: Path, candidate: Path, feeds: dict[str, Any], rt
         if not bad.any():
             continue
         node = producer[name]
-        subgraph, inputs = _extract(candidate, cand_model, node, _cut(cand_model, node, set(shared) | set(feeds)), got, out_dir)
+        subgraph, inputs = _extract(
+            candidate, cand_model, node, _cut(cand_model, node, set(shared) | set(feeds)), got, out_dir
+        )
         return Search(
-            Divergence(node.name, node.op_type, name, _module(node), float(np.max(np.where(np.isfinite(diff), diff, np.inf))), float(bad.mean()), compared, subgraph, inputs),
+            Divergence(
+                node.name,
+                node.op_type,
+                name,
+                _module(node),
+                float(np.max(np.where(np.isfinite(diff), diff, np.inf))),
+                float(bad.mean()),
+                compared,
+                subgraph,
+                inputs,
+            ),
             compared,
             outputs_diff,
         )
@@ -139,7 +160,9 @@ def _run_exposed(model: Any, names: list[str], feeds: dict[str, Any]) -> dict[st
         if name not in have and name in produced:
             exposed.graph.output.append(onnx.ValueInfoProto(name=name))
     options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # keep every tensor as the file names it
+    options.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    )  # keep every tensor as the file names it
     options.log_severity_level = 3
     session = ort.InferenceSession(exposed.SerializeToString(), options, providers=["CPUExecutionProvider"])
     accepted = {i.name for i in session.get_inputs()}
@@ -179,7 +202,9 @@ def _cut(model: Any, node: Any, agreed: set[str]) -> list[str]:
     return sorted(cut)
 
 
-def _extract(path: Path, model: Any, node: Any, inputs: list[str], values: dict[str, Any], out_dir: Path) -> tuple[Path | None, Path | None]:
+def _extract(
+    path: Path, model: Any, node: Any, inputs: list[str], values: dict[str, Any], out_dir: Path
+) -> tuple[Path | None, Path | None]:
     """The nodes between ``inputs`` and ``node``'s outputs as a model, and an .npz of those
     inputs' values in the failing run."""
     import numpy as np
@@ -199,7 +224,9 @@ def _extract(path: Path, model: Any, node: Any, inputs: list[str], values: dict[
             onnx.save_model(typed, str(sub))
             onnx.utils.extract_model(str(sub), str(sub), inputs, outputs, check_model=False)
     except Exception as exc:  # a node inside a subgraph, or inputs extract_model cannot cut at
-        raise StepError(f"first divergence at {node.name} ({node.op_type}), but its subgraph could not be extracted: {type(exc).__name__}: {exc}") from None
+        raise StepError(
+            f"first divergence at {node.name} ({node.op_type}), but its subgraph could not be extracted: {type(exc).__name__}: {exc}"
+        ) from None
     np.savez(str(data), **{i: values[i] for i in inputs if i in values})
     return sub, data
 
@@ -215,5 +242,7 @@ def _typed(model: Any, names: list[str], values: dict[str, Any]) -> Any:
     for name in names:
         if name in values and name not in declared:
             value = values[name]
-            typed.graph.value_info.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(value.dtype), list(value.shape)))
+            typed.graph.value_info.append(
+                helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(value.dtype), list(value.shape))
+            )
     return typed

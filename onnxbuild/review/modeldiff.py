@@ -90,7 +90,9 @@ def facts(path: Path) -> ModelFacts:
         weights[kind] = weights.get(kind, 0) + size
     return ModelFacts(
         opset={(o.domain or "ai.onnx"): int(o.version) for o in model.opset_import},
-        inputs=tuple(_signature(v) for v in model.graph.input if v.name not in {i.name for i in model.graph.initializer}),
+        inputs=tuple(
+            _signature(v) for v in model.graph.input if v.name not in {i.name for i in model.graph.initializer}
+        ),
         outputs=tuple(_signature(v) for v in model.graph.output),
         ops=ops,
         weights=weights,
@@ -151,7 +153,13 @@ def drift(old: Path, new: Path, sizes: dict[str, int], seed: int) -> tuple[dict[
     out: dict[str, float] = {}
     for name, x, y in zip(names, ra, rb, strict=True):
         x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
-        out[name] = float(np.max(np.abs(x - y))) if x.shape == y.shape and x.size else float("nan") if x.shape != y.shape else 0.0
+        out[name] = (
+            float(np.max(np.abs(x - y)))
+            if x.shape == y.shape and x.size
+            else float("nan")
+            if x.shape != y.shape
+            else 0.0
+        )
     return out, ""
 
 
@@ -223,7 +231,9 @@ def _signature(value: Any) -> str:
     import onnx
 
     t = value.type.tensor_type
-    dims = ", ".join(d.dim_param if d.dim_param else str(d.dim_value) if d.HasField("dim_value") else "?" for d in t.shape.dim)
+    dims = ", ".join(
+        d.dim_param if d.dim_param else str(d.dim_value) if d.HasField("dim_value") else "?" for d in t.shape.dim
+    )
     dtype = onnx.TensorProto.DataType.Name(t.elem_type).lower() if t.elem_type else "?"
     return f"{value.name}: {dtype} [{dims}]"
 

@@ -51,12 +51,20 @@ def environment(withs: list[str], root: Path) -> Path:
     marker = venv / "installed.json"
     if marker.is_file() and json.loads(marker.read_text(encoding="utf-8")) == sorted(withs):
         return python
-    made = subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--clear", str(venv)], capture_output=True, text=True)
+    made = subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", "--clear", str(venv)], capture_output=True, text=True
+    )
     if made.returncode != 0:
         raise UsageError(f"could not make a virtual environment at {venv}: {made.stderr.strip()[-500:]}")
-    done = subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *withs], capture_output=True, text=True)
+    done = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *withs],
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
-        raise UsageError(f"pip could not install {' '.join(withs)}: {done.stderr.strip()[-800:]}; check the versions exist for this Python (pip index versions NAME)")
+        raise UsageError(
+            f"pip could not install {' '.join(withs)}: {done.stderr.strip()[-800:]}; check the versions exist for this Python (pip index versions NAME)"
+        )
     marker.write_text(json.dumps(sorted(withs)), encoding="utf-8")
     return python
 
@@ -64,7 +72,18 @@ def environment(withs: list[str], root: Path) -> Path:
 def build_with(python: Path, recipes: list[str], work: Path) -> tuple[bool, list[str]]:
     """``onnxbuild make --keep-going`` with that Python, into ``work``; (ok, failure lines)."""
     done = subprocess.run(
-        [str(python), "-m", "onnxbuild", "make", "--keep-going", "--cache-dir", str(work / "cache"), "--artifacts-dir", str(work / "artifacts"), *recipes],
+        [
+            str(python),
+            "-m",
+            "onnxbuild",
+            "make",
+            "--keep-going",
+            "--cache-dir",
+            str(work / "cache"),
+            "--artifacts-dir",
+            str(work / "artifacts"),
+            *recipes,
+        ],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONNOUSERSITE": "1"},
@@ -84,7 +103,10 @@ def versions_of(python: Path) -> dict[str, str]:
 def compare(before: Side, after: Side, names: list[str]) -> Comparison:
     """The Markdown report of ``after`` against ``before`` for the recipes ``names``."""
     changed = {k: (before.versions.get(k), v) for k, v in after.versions.items() if before.versions.get(k) != v}
-    lines = [f"## Dependency check: {', '.join(f'{k} {a} -> {b}' for k, (a, b) in changed.items()) or 'no package version changed'}", ""]
+    lines = [
+        f"## Dependency check: {', '.join(f'{k} {a} -> {b}' for k, (a, b) in changed.items()) or 'no package version changed'}",
+        "",
+    ]
     broken = not after.ok
     for name in names:
         lines += [f"### {name}", ""]
@@ -98,9 +120,17 @@ def compare(before: Side, after: Side, names: list[str]) -> Comparison:
             if not path.endswith(".onnx"):
                 continue
             variant = "model" if "/" not in path else path.split("/")[0]
-            same = "identical" if a["files"].get(path) == b["files"].get(path) else ("new" if path not in a["files"] else "missing" if path not in b["files"] else "differ")
-            lines.append(f"| `{path}` | {same} | {_moved(a['validation'].get(variant), b['validation'].get(variant))} | {_fused(a['fused'], b['fused'], variant)} | {_latency(a['latency'].get(variant), b['latency'].get(variant))} |")
-        for variant, (was, now) in sorted({v: (a["passed"].get(v), b["passed"].get(v)) for v in set(a["passed"]) | set(b["passed"])}.items()):
+            same = (
+                "identical"
+                if a["files"].get(path) == b["files"].get(path)
+                else ("new" if path not in a["files"] else "missing" if path not in b["files"] else "differ")
+            )
+            lines.append(
+                f"| `{path}` | {same} | {_moved(a['validation'].get(variant), b['validation'].get(variant))} | {_fused(a['fused'], b['fused'], variant)} | {_latency(a['latency'].get(variant), b['latency'].get(variant))} |"
+            )
+        for variant, (was, now) in sorted(
+            {v: (a["passed"].get(v), b["passed"].get(v)) for v in set(a["passed"]) | set(b["passed"])}.items()
+        ):
             if was and now is False:
                 lines.append(f"\n**validation of {variant} broke** with the new versions")
                 broken = True
@@ -120,7 +150,13 @@ def _read(folder: Path) -> dict[str, Any]:
     files = {o["path"]: o["sha256"] for s in manifest.get("steps", []) for o in s.get("outputs", [])}
     validation = load("reports/validation.json") or {}
     per_variant = validation.get("variants", {})
-    diffs = {v: max((c.get("max_abs_diff") or 0.0 for s in r.get("shapes", []) for c in s.get("outputs", {}).values()), default=None) for v, r in per_variant.items()}
+    diffs = {
+        v: max(
+            (c.get("max_abs_diff") or 0.0 for s in r.get("shapes", []) for c in s.get("outputs", {}).values()),
+            default=None,
+        )
+        for v, r in per_variant.items()
+    }
     passed = {v: bool(r.get("passed")) for v, r in per_variant.items()}
     fused = (load("reports/optimize.json") or {}).get("fused_ops") or {}
     bench = load("benchmark.json") or {}
@@ -128,7 +164,14 @@ def _read(folder: Path) -> dict[str, Any]:
     for r in bench.get("results", []):
         if r.get("provider") == "CPUExecutionProvider" and r.get("p50_ms") is not None:
             latency.setdefault(r["variant"], r["p50_ms"])
-    return {"manifest": manifest, "files": files, "validation": diffs, "passed": passed, "fused": fused, "latency": latency}
+    return {
+        "manifest": manifest,
+        "files": files,
+        "validation": diffs,
+        "passed": passed,
+        "fused": fused,
+        "latency": latency,
+    }
 
 
 def _moved(a: float | None, b: float | None) -> str:
@@ -144,7 +187,9 @@ def _fused(a: dict[str, int], b: dict[str, int], variant: str) -> str:
         return "-"
     if a == b:
         return "same" if a else "-"
-    return ", ".join(f"{op} {a.get(op, 0)} -> {b.get(op, 0)}" for op in sorted(set(a) | set(b)) if a.get(op) != b.get(op))
+    return ", ".join(
+        f"{op} {a.get(op, 0)} -> {b.get(op, 0)}" for op in sorted(set(a) | set(b)) if a.get(op) != b.get(op)
+    )
 
 
 def _latency(a: float | None, b: float | None) -> str:

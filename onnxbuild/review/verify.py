@@ -65,7 +65,13 @@ def verify(paths: list[str], artifacts_dir: Path, jobs: int = 1) -> list[RecipeV
                 continue
             again = rebuilt.get(step["name"])
             if again is None or again["status"] not in ("built", "cached"):
-                verdict.steps.append(StepVerdict(step["name"], "missing", f"the rebuild did not produce it ({again['reason'] if again else 'no such step'})"))
+                verdict.steps.append(
+                    StepVerdict(
+                        step["name"],
+                        "missing",
+                        f"the rebuild did not produce it ({again['reason'] if again else 'no such step'})",
+                    )
+                )
                 continue
             before = {o["path"]: o["sha256"] for o in step["outputs"]}
             after = {o["path"]: o["sha256"] for o in again["outputs"]}
@@ -74,8 +80,12 @@ def verify(paths: list[str], artifacts_dir: Path, jobs: int = 1) -> list[RecipeV
             if not differing:
                 verdict.steps.append(StepVerdict(step["name"], "identical"))
             elif why:
-                verdict.steps.append(StepVerdict(step["name"], "hardware-dependent", f"{', '.join(differing)} differ ({why})"))
+                verdict.steps.append(
+                    StepVerdict(step["name"], "hardware-dependent", f"{', '.join(differing)} differ ({why})")
+                )
             else:
-                verdict.steps.append(StepVerdict(step["name"], "differs", f"{', '.join(differing)} differ from the manifest"))
+                verdict.steps.append(
+                    StepVerdict(step["name"], "differs", f"{', '.join(differing)} differ from the manifest")
+                )
         verdicts.append(verdict)
     return verdicts

@@ -47,16 +47,28 @@ def model_path(artifact: str | Path, variant: str) -> Path:
     if path.is_file():
         return path
     if not path.is_dir():
-        raise UsageError(f"{artifact}: no such file or folder; give an artifact folder (artifacts/<recipe name>) or a .onnx file")
+        raise UsageError(
+            f"{artifact}: no such file or folder; give an artifact folder (artifacts/<recipe name>) or a .onnx file"
+        )
     candidate = path / "model.onnx" if variant == "model" else path / variant / "model.onnx"
     if not candidate.is_file():
-        found = sorted({"model"} if (path / "model.onnx").is_file() else set()) + sorted(p.parent.name for p in path.glob("*/model.onnx"))
+        found = sorted({"model"} if (path / "model.onnx").is_file() else set()) + sorted(
+            p.parent.name for p in path.glob("*/model.onnx")
+        )
         hint = f"variants here: {', '.join(found)}" if found else "build it first: onnxbuild make RECIPE"
         raise UsageError(f"{candidate} does not exist ({hint})")
     return candidate
 
 
-def run(artifact: str | Path, prompt: str, *, max_new_tokens: int = 32, variant: str = "model", chat: bool = True, sampling: Any = None) -> RunResult:
+def run(
+    artifact: str | Path,
+    prompt: str,
+    *,
+    max_new_tokens: int = 32,
+    variant: str = "model",
+    chat: bool = True,
+    sampling: Any = None,
+) -> RunResult:
     import numpy as np
     import onnxruntime as ort
 
@@ -73,7 +85,9 @@ def run(artifact: str | Path, prompt: str, *, max_new_tokens: int = 32, variant:
     except Exception as exc:
         raise UsageError(f"{path}: ONNX Runtime cannot load it: {brief(exc)}") from None
     if not any(i.name.startswith(PAST_PREFIX) for i in session.get_inputs()):
-        raise UsageError(f"{path} takes no past_key_values inputs: build it with export.with_past: true in the recipe to generate from it")
+        raise UsageError(
+            f"{path} takes no past_key_values inputs: build it with export.with_past: true in the recipe to generate from it"
+        )
     decoder = OrtDecoder(session)
     config = _json(folder / "config.json")
     generation = _json(folder / "generation_config.json")
@@ -81,7 +95,9 @@ def run(artifact: str | Path, prompt: str, *, max_new_tokens: int = 32, variant:
     used_template = False
     if tokenizer is not None:
         if chat and getattr(tokenizer, "chat_template", None):
-            ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
+            ids = tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+            )
             ids = list(ids["input_ids"]) if isinstance(ids, dict) or hasattr(ids, "keys") else list(ids)
             used_template = True
         else:
@@ -101,16 +117,28 @@ def run(artifact: str | Path, prompt: str, *, max_new_tokens: int = 32, variant:
         raise UsageError(f"--prompt: token id {max(ids)} is outside the vocabulary (size {vocab})")
     context = int(config.get("n_positions") or config.get("max_position_embeddings") or 0)
     if context and len(ids) + max_new_tokens > context:
-        raise UsageError(f"--max-new-tokens: the prompt ({len(ids)} tokens) plus {max_new_tokens} new tokens exceeds the model's context of {context}; ask for at most {max(context - len(ids), 0)}")
+        raise UsageError(
+            f"--max-new-tokens: the prompt ({len(ids)} tokens) plus {max_new_tokens} new tokens exceeds the model's context of {context}; ask for at most {max(context - len(ids), 0)}"
+        )
     eos = generation.get("eos_token_id", config.get("eos_token_id"))
     eos = eos[0] if isinstance(eos, list) and eos else eos
     choose = sampling.chooser() if sampling is not None else greedy
     t0 = time.perf_counter()
-    out = decoder.generate(np.asarray([ids], dtype=np.int64), max_new_tokens, choose, eos=eos if isinstance(eos, int) else None)
+    out = decoder.generate(
+        np.asarray([ids], dtype=np.int64), max_new_tokens, choose, eos=eos if isinstance(eos, int) else None
+    )
     seconds = time.perf_counter() - t0
     new = [int(t) for t in out.tokens[0]]
     text = tokenizer.decode(new, skip_special_tokens=True) if tokenizer is not None else None
-    return RunResult(path, list(map(int, ids)), new, text, used_template, seconds, bool(isinstance(eos, int) and new and new[-1] == eos))
+    return RunResult(
+        path,
+        list(map(int, ids)),
+        new,
+        text,
+        used_template,
+        seconds,
+        bool(isinstance(eos, int) and new and new[-1] == eos),
+    )
 
 
 def encoder_decoder(artifact: str | Path, variant: str) -> tuple[Path, Path, Path] | None:
@@ -124,11 +152,15 @@ def encoder_decoder(artifact: str | Path, variant: str) -> tuple[Path, Path, Pat
     where = folder if variant == "model" else folder / variant
     if not ((where / ENCODER_FILE).is_file() and (where / DECODER_FILE).is_file()):
         found = ["model", *sorted(p.parent.name for p in folder.glob(f"*/{DECODER_FILE}"))]
-        raise UsageError(f"{folder} has no variant {variant!r} (an encoder and a decoder file under {where}); variants here: {', '.join(found)}")
+        raise UsageError(
+            f"{folder} has no variant {variant!r} (an encoder and a decoder file under {where}); variants here: {', '.join(found)}"
+        )
     return where / ENCODER_FILE, where / DECODER_FILE, folder
 
 
-def _run_seq2seq(encoder: Path, decoder: Path, folder: Path, prompt: str, max_new_tokens: int, sampling: Any) -> RunResult:
+def _run_seq2seq(
+    encoder: Path, decoder: Path, folder: Path, prompt: str, max_new_tokens: int, sampling: Any
+) -> RunResult:
     """Text (or token ids) in for T5/BART/Marian; a .npy file of log-mel features for Whisper."""
     import numpy as np
 
@@ -149,10 +181,14 @@ def _run_seq2seq(encoder: Path, decoder: Path, folder: Path, prompt: str, max_ne
         try:
             features = np.load(prompt).astype(np.float32)
         except (OSError, ValueError):
-            raise UsageError(f"--prompt: a speech model takes log-mel features: give a .npy file of shape {shape[1:]} (got {prompt!r})") from None
+            raise UsageError(
+                f"--prompt: a speech model takes log-mel features: give a .npy file of shape {shape[1:]} (got {prompt!r})"
+            ) from None
         features = features[None] if features.ndim == 2 else features
         if list(features.shape[1:]) != list(shape[1:]):
-            raise UsageError(f"--prompt: {prompt} holds features of shape {list(features.shape[1:])}; this model takes {shape[1:]} (mel bins x frames)")
+            raise UsageError(
+                f"--prompt: {prompt} holds features of shape {list(features.shape[1:])}; this model takes {shape[1:]} (mel bins x frames)"
+            )
         feeds = {"input_features": features}
     else:
         if tokenizer is not None:
@@ -161,18 +197,31 @@ def _run_seq2seq(encoder: Path, decoder: Path, folder: Path, prompt: str, max_ne
             try:
                 ids = [int(t) for t in prompt.replace(",", " ").split()]
             except ValueError:
-                raise UsageError(f"{folder} has no tokenizer files, so --prompt must be token ids (e.g. --prompt '13 8774 55')") from None
+                raise UsageError(
+                    f"{folder} has no tokenizer files, so --prompt must be token ids (e.g. --prompt '13 8774 55')"
+                ) from None
         if not ids:
             raise UsageError("--prompt: no tokens to start from; give some text or token ids")
         vocab = int(config.get("vocab_size") or 0)
         if vocab and max(ids) >= vocab:
             raise UsageError(f"--prompt: token id {max(ids)} is outside the vocabulary (size {vocab})")
-        feeds = {"input_ids": np.asarray([ids], dtype=np.int64), "attention_mask": np.ones((1, len(ids)), dtype=np.int64)}
-    start = generation.get("decoder_start_token_id", config.get("decoder_start_token_id", config.get("pad_token_id", 0)))
+        feeds = {
+            "input_ids": np.asarray([ids], dtype=np.int64),
+            "attention_mask": np.ones((1, len(ids)), dtype=np.int64),
+        }
+    start = generation.get(
+        "decoder_start_token_id", config.get("decoder_start_token_id", config.get("pad_token_id", 0))
+    )
     eos = generation.get("eos_token_id", config.get("eos_token_id"))
     eos = eos[0] if isinstance(eos, list) and eos else eos
     t0 = time.perf_counter()
-    out = runner.generate(feeds, int(start or 0), max_new_tokens, eos if isinstance(eos, int) else None, sampling.chooser() if sampling is not None else None)
+    out = runner.generate(
+        feeds,
+        int(start or 0),
+        max_new_tokens,
+        eos if isinstance(eos, int) else None,
+        sampling.chooser() if sampling is not None else None,
+    )
     seconds = time.perf_counter() - t0
     new = [int(t) for t in out.tokens[0]]
     text = tokenizer.decode(new, skip_special_tokens=True) if tokenizer is not None else None

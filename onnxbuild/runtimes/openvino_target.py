@@ -206,7 +206,10 @@ class Session:
 
     def _node_totals(self) -> dict[str, tuple[str, float]]:
         """node name -> ("NodeType (implementation)", its mean ms per call so far)."""
-        return {n.node_name: (f"{n.node_type} ({n.exec_type})", n.real_time.total_seconds() * 1000.0) for n in self.request.profiling_info}
+        return {
+            n.node_name: (f"{n.node_type} ({n.exec_type})", n.real_time.total_seconds() * 1000.0)
+            for n in self.request.profiling_info
+        }
 
     def _call(self, feeds: dict[str, Any], *, copy: bool, wanted: list[str]) -> dict[str, Any]:
         missing = [p.name for _, p in self.inputs if p.name not in feeds]
@@ -254,9 +257,13 @@ class Session:
         held = [v for v in given if isinstance(v, Kept)]
         if held:
             if len(held) != len(given):
-                raise ValueError("a past is either kept() markers for every cache tensor or arrays for every one, not a mix")
+                raise ValueError(
+                    "a past is either kept() markers for every cache tensor or arrays for every one, not a mix"
+                )
             if any(k != self._marker() for k in held) or int(feeds["input_ids"].shape[0]) != self.batch:
-                raise ValueError("a stateful OpenVINO session holds only the cache of its latest call: feed its kept() back after each call, or the past as arrays")
+                raise ValueError(
+                    "a stateful OpenVINO session holds only the cache of its latest call: feed its kept() back after each call, or the past as arrays"
+                )
             return
         self.generation += 1
         self.batch = int(feeds["input_ids"].shape[0])  # the graph sizes a new cache from input_ids
@@ -273,7 +280,9 @@ class Session:
         # copies into fresh arrays first; with a second copy on top GPT-2's 128-token prefill
         # (model.onnx, bf16) took 62 ms instead of 42. share_inputs: read the arrays in place
         # as ONNX Runtime does (GPT-2's decode step copied its 9.4 MB past: 11.5 -> 9.4 ms).
-        result = self.request.infer({port: feeds[p.name] for port, p in self.inputs}, share_inputs=True, share_outputs=True)
+        result = self.request.infer(
+            {port: feeds[p.name] for port, p in self.inputs}, share_inputs=True, share_outputs=True
+        )
         self.calls += 1
         return {p.name: np.array(result[port]) if copy else result[port] for port, p in self.outputs}
 
@@ -281,7 +290,9 @@ class Session:
         import numpy as np
 
         if "attention_mask" not in feeds:
-            raise ValueError("OpenVINO refused an empty past and the model has no attention_mask to hide a stand-in slot")
+            raise ValueError(
+                "OpenVINO refused an empty past and the model has no attention_mask to hide a stand-in slot"
+            )
         padded = dict(feeds)
         for name, value in feeds.items():
             if name.startswith(PAST):
@@ -332,7 +343,9 @@ def _stateful(model: Any, pasts: list[str], outputs: list[str]) -> Any | None:
     pairs = {p: _present_of(p) for p in pasts}
     if not pasts or "input_ids" not in {n for i in model.inputs for n in i.get_names()}:
         return None
-    paired = set(pairs.values()) <= set(outputs) and all(model.input(p).get_partial_shape().rank.get_length() == 4 for p in pasts)
+    paired = set(pairs.values()) <= set(outputs) and all(
+        model.input(p).get_partial_shape().rank.get_length() == 4 for p in pasts
+    )
     attention = sum(op.get_type_name() == "ScaledDotProductAttention" for op in model.get_ops())
     if not paired or attention * 2 != len(pasts):  # a key and a value per attention
         return None
@@ -350,19 +363,29 @@ def _stateful(model: Any, pasts: list[str], outputs: list[str]) -> Any | None:
     manager.register_pass(MakeStateful(pairs))  # names each variable past + present
     manager.run_passes(model)
     ids = model.input("input_ids")
-    batch = ops.gather(ops.shape_of(ids, output_type="i64"), ops.constant(np.array([0], dtype=np.int64)), ops.constant(np.array(0, dtype=np.int64)))
+    batch = ops.gather(
+        ops.shape_of(ids, output_type="i64"),
+        ops.constant(np.array([0], dtype=np.int64)),
+        ops.constant(np.array(0, dtype=np.int64)),
+    )
     for op in model.get_ops():
         if op.get_type_name() == "ReadValue":
             dims: list[Any] = [d.get_min_length() for d in op.get_output_partial_shape(0)]
             dims[0] = batch
-            shape = ops.concat([d if not isinstance(d, int) else ops.constant(np.array([d], dtype=np.int64)) for d in dims], axis=0)
-            zero = ops.convert(ops.constant(np.array(0.0, dtype=np.float32)), op.get_output_element_type(0))  # an f16 cache too
+            shape = ops.concat(
+                [d if not isinstance(d, int) else ops.constant(np.array([d], dtype=np.int64)) for d in dims], axis=0
+            )
+            zero = ops.convert(
+                ops.constant(np.array(0.0, dtype=np.float32)), op.get_output_element_type(0)
+            )  # an f16 cache too
             op.set_arguments([ops.broadcast(zero, shape)])
     model.validate_nodes_and_infer_types()
     return model
 
 
-def _compile(core: Any, path: Path, model: Any, pasts: list[str], outputs: list[str], config: dict[str, Any], precision: str) -> tuple[Any, bool]:
+def _compile(
+    core: Any, path: Path, model: Any, pasts: list[str], outputs: list[str], config: dict[str, Any], precision: str
+) -> tuple[Any, bool]:
     """The compiled model, and whether it holds its KV cache (``_stateful``), which is a speed-up
     and never a reason to fail: where making it stateful or compiling that fails, the file is
     compiled with its cache as inputs and outputs."""
@@ -378,7 +401,14 @@ def _compile(core: Any, path: Path, model: Any, pasts: list[str], outputs: list[
     return core.compile_model(model, "CPU", config), False
 
 
-def load(path: Path, *, precision: Precision = "auto", threads: int | None = None, profile: bool = False, stateful: bool = True) -> Session:
+def load(
+    path: Path,
+    *,
+    precision: Precision = "auto",
+    threads: int | None = None,
+    profile: bool = False,
+    stateful: bool = True,
+) -> Session:
     """Compile ``path`` for OpenVINO's CPU plugin (latency hint, ``threads`` inference threads;
     ``profile``: with OpenVINO's per-node counters on, for ``Session.kernels``, never for a timed
     row; ``stateful``: hold a decoder's KV cache in the model where that helps, see above)."""
@@ -405,15 +435,25 @@ def load(path: Path, *, precision: Precision = "auto", threads: int | None = Non
             names = port.get_names()
             name = next((n for n in wanted if n in names), None)
             if name is None:
-                raise ValueError(f"OpenVINO's compiled model has an {what} named {sorted(names)}, none of them an {what} of the ONNX graph ({', '.join(wanted)})")
+                raise ValueError(
+                    f"OpenVINO's compiled model has an {what} named {sorted(names)}, none of them an {what} of the ONNX graph ({', '.join(wanted)})"
+                )
             shape = [d.get_length() if d.is_static else None for d in port.get_partial_shape()]
             out.append((port, Port(name, shape, f"tensor({_numpy_type(port.get_element_type())})")))
         return sorted(out, key=lambda p: wanted.index(p[1].name))
 
     # the cache's ports as the ONNX graph has them, before they turn into variables
-    cache = [(None, p) for _, p in ports(model.inputs, onnx_in, "input") + ports(model.outputs, onnx_out, "output") if p.name.startswith((PAST, PRESENT))]
+    cache = [
+        (None, p)
+        for _, p in ports(model.inputs, onnx_in, "input") + ports(model.outputs, onnx_out, "output")
+        if p.name.startswith((PAST, PRESENT))
+    ]
     pasts = [p.name for _, p in cache if p.name.startswith(PAST)]
-    compiled, held = _compile(core, path, model, pasts, onnx_out, config, precision) if stateful else (core.compile_model(model, "CPU", config), False)
+    compiled, held = (
+        _compile(core, path, model, pasts, onnx_out, config, precision)
+        if stateful
+        else (core.compile_model(model, "CPU", config), False)
+    )
     request = compiled.create_infer_request()
 
     def merged(found: Any, wanted: list[str], what: str) -> list[tuple[Any, Port]]:
@@ -428,14 +468,25 @@ def load(path: Path, *, precision: Precision = "auto", threads: int | None = Non
         precision=_precision_name(compiled.get_property("INFERENCE_PRECISION_HINT")),
         inputs=merged(compiled.inputs, onnx_in, "input"),
         outputs=merged(compiled.outputs, onnx_out, "output"),
-        states={p: variables[p + _present_of(p)] for p in pasts} if held else {},  # MakeStateful names a variable by its pair
+        states={p: variables[p + _present_of(p)] for p in pasts}
+        if held
+        else {},  # MakeStateful names a variable by its pair
         beam=next((port for port in compiled.inputs if "beam_idx" in port.get_names()), None),
     )
 
 
 def _numpy_type(element_type: Any) -> str:
     name = str(element_type.get_type_name())
-    return {"f32": "float", "f16": "float16", "bf16": "bfloat16", "i64": "int64", "i32": "int32", "u8": "uint8", "i8": "int8", "boolean": "bool"}.get(name, name)
+    return {
+        "f32": "float",
+        "f16": "float16",
+        "bf16": "bfloat16",
+        "i64": "int64",
+        "i32": "int32",
+        "u8": "uint8",
+        "i8": "int8",
+        "boolean": "bool",
+    }.get(name, name)
 
 
 def _precision_name(element_type: Any) -> str:

@@ -34,7 +34,11 @@ def probe(names: list[str] | None = None) -> list[ProviderStatus]:
     listed = ort.get_available_providers()
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
-    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "probe", [x], [y]), ir_version=10, opset_imports=[helper.make_opsetid("", 18)])
+    model = helper.make_model(
+        helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "probe", [x], [y]),
+        ir_version=10,
+        opset_imports=[helper.make_opsetid("", 18)],
+    )
     data = model.SerializeToString()
     ort.set_default_logger_severity(4)
     logging.getLogger("onnxruntime").setLevel(logging.CRITICAL)
@@ -46,14 +50,23 @@ def probe(names: list[str] | None = None) -> list[ProviderStatus]:
         printed = io.StringIO()  # ORT prints its fallback banner to stdout; keep it out of --json
         try:
             with contextlib.redirect_stdout(printed):
-                session = ort.InferenceSession(data, providers=[name] if name == "CPUExecutionProvider" else [name, "CPUExecutionProvider"])
+                session = ort.InferenceSession(
+                    data, providers=[name] if name == "CPUExecutionProvider" else [name, "CPUExecutionProvider"]
+                )
                 actual = session.get_providers()[0]
                 session.run(None, {"x": np.ones((1, 4), np.float32)})
         except Exception as exc:
             out.append(ProviderStatus(name, True, False, f"session failed: {brief(exc, limit=200)}"))
             continue
         if actual != name:
-            detail = next((line.split("EP Error", 1)[1].strip() for line in printed.getvalue().splitlines() if "EP Error" in line and len(line) > 40), "")
+            detail = next(
+                (
+                    line.split("EP Error", 1)[1].strip()
+                    for line in printed.getvalue().splitlines()
+                    if "EP Error" in line and len(line) > 40
+                ),
+                "",
+            )
             detail = detail.split(" void ", 1)[-1][:200] if detail else "missing driver, CUDA/cuDNN libraries or device"
             out.append(ProviderStatus(name, True, False, f"listed, but sessions fall back to {actual} ({detail})"))
         else:

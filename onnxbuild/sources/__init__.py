@@ -67,7 +67,7 @@ def source_module(kind: str) -> ModuleType:
 
 def traced(source: dict[str, Any]) -> bool:
     """Whether a recipe's ``source`` section is a framework model to export."""
-    (kind, src), = source.items()
+    ((kind, src),) = source.items()
     module = source_module(kind)
     check = getattr(module, "traced", None)
     return bool(module.TRACED) and (check is None or bool(check(src)))
@@ -80,7 +80,7 @@ def traced_kinds() -> list[str]:
 def is_decoder(source: dict[str, Any]) -> bool:
     """Whether a recipe's ``source`` is a text decoder, which ``export.with_past`` and the
     fused decoder graphs apply to (the kind's ``decoder(src)``; none has it by default)."""
-    (kind, src), = source.items()
+    ((kind, src),) = source.items()
     check = getattr(source_module(kind), "decoder", None)
     return bool(check(src)) if check is not None else False
 

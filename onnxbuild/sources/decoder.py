@@ -48,7 +48,10 @@ class PastLayout:
         return [PRESENT.format(i=i, kv=kv) for i in range(self.layers) for kv in ("key", "value")]
 
     def past_specs(self) -> list[dict[str, Any]]:
-        return [{"name": n, "dtype": self.dtype, "shape": ["batch", self.kv_heads, "past_sequence", self.head_dim]} for n in self.past_names]
+        return [
+            {"name": n, "dtype": self.dtype, "shape": ["batch", self.kv_heads, "past_sequence", self.head_dim]}
+            for n in self.past_names
+        ]
 
 
 def layout_of(config: Any) -> PastLayout:
@@ -187,7 +190,9 @@ class OrtDecoder:
         if "attention_mask" in self.inputs:
             feeds["attention_mask"] = np.ones((batch, past_len + seq), dtype=np.int64)
         if "position_ids" in self.inputs:
-            feeds["position_ids"] = np.broadcast_to(np.arange(past_len, past_len + seq, dtype=np.int64), (batch, seq)).copy()
+            feeds["position_ids"] = np.broadcast_to(
+                np.arange(past_len, past_len + seq, dtype=np.int64), (batch, seq)
+            ).copy()
         feeds.update(zip(self.layout.past_names, past, strict=True))
         return feeds
 
@@ -244,7 +249,13 @@ def torch_generate(model: Any, prompt: Any, max_new_tokens: int, choose: Any = g
     with torch.inference_mode():
         for _ in range(max_new_tokens):
             mask = torch.ones((ids.shape[0], total), dtype=torch.long)
-            out = model(input_ids=ids, attention_mask=mask, use_cache=True, return_dict=True, **({cache_arg: cache} if cache is not None else {}))
+            out = model(
+                input_ids=ids,
+                attention_mask=mask,
+                use_cache=True,
+                return_dict=True,
+                **({cache_arg: cache} if cache is not None else {}),
+            )
             cache = out.get("past_key_values") if out.get("past_key_values") is not None else out.get("cache")
             last = out["logits"][:, -1, :].float().numpy()
             steps.append(last)
@@ -307,8 +318,16 @@ def genai_config(config: Any, layout: PastLayout, export: ExportSection) -> str:
                 "num_attention_heads": int(config.num_attention_heads),
                 "num_hidden_layers": layout.layers,
                 "num_key_value_heads": layout.kv_heads,
-                "inputs": {**inputs, "past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value"},
-                "outputs": {"logits": "logits", "present_key_names": "present.%d.key", "present_value_names": "present.%d.value"},
+                "inputs": {
+                    **inputs,
+                    "past_key_names": "past_key_values.%d.key",
+                    "past_value_names": "past_key_values.%d.value",
+                },
+                "outputs": {
+                    "logits": "logits",
+                    "present_key_names": "present.%d.key",
+                    "present_value_names": "present.%d.value",
+                },
             },
         },
         "search": {

@@ -48,13 +48,17 @@ def read_header(path: Path, key: str, shown: str) -> Header:
     except OSError as exc:
         raise StepError(f"{key}: {shown}: cannot read it ({exc.strerror})") from None
     if magic != MAGIC:
-        raise StepError(f"{key}: {shown} is not a GGUF file (it starts with {magic!r}, a GGUF file with b'GGUF'); name a .gguf file written by llama.cpp's converters")
+        raise StepError(
+            f"{key}: {shown} is not a GGUF file (it starts with {magic!r}, a GGUF file with b'GGUF'); name a .gguf file written by llama.cpp's converters"
+        )
     import gguf
 
     try:
         reader = gguf.GGUFReader(str(path))
     except Exception as exc:  # a truncated or corrupt file
-        raise StepError(f"{key}: {shown}: the GGUF file cannot be read ({type(exc).__name__}: {str(exc)[:200]}); is it complete?") from None
+        raise StepError(
+            f"{key}: {shown}: the GGUF file cannot be read ({type(exc).__name__}: {str(exc)[:200]}); is it complete?"
+        ) from None
     arch = _field(reader, "general.architecture")
     supported = _transformers_architectures()
     if arch not in supported and arch.replace("-", "_") not in supported:

@@ -114,19 +114,31 @@ def check(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[tuple[Any,
         has_values, has_random = "values" in init, "random" in init
         if has_values == has_random:
             got = "it has both" if has_values else "it has neither"
-            yield ("source", "graph", "initializers", i), f"give exactly one of `values` (the numbers) and `random` (a seed); {got}", True
+            yield (
+                ("source", "graph", "initializers", i),
+                f"give exactly one of `values` (the numbers) and `random` (a seed); {got}",
+                True,
+            )
         if has_values:
             count = _count_leaves(init["values"])
             want = 1
             for d in init["shape"]:
                 want *= d
             if count != want:
-                yield ("source", "graph", "initializers", i, "values"), f"has {count} values but shape {init['shape']} needs {want}", False
+                yield (
+                    ("source", "graph", "initializers", i, "values"),
+                    f"has {count} values but shape {init['shape']} needs {want}",
+                    False,
+                )
         defined.add(init["name"])
     for i, node in enumerate(src["nodes"]):
         for j, name in enumerate(node["inputs"]):
             if name and name not in defined:
-                yield ("source", "graph", "nodes", i, "inputs", j), f"{name!r} is not a graph input, an initializer or the output of an earlier node", False
+                yield (
+                    ("source", "graph", "nodes", i, "inputs", j),
+                    f"{name!r} is not a graph input, an initializer or the output of an earlier node",
+                    False,
+                )
         defined.update(node["outputs"])
     for i, value in enumerate(src["outputs"]):
         if value["name"] not in defined:

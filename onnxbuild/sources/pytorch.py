@@ -53,14 +53,18 @@ def load_model(src: dict[str, Any], record: dict[str, Any], recipe_dir: Path) ->
     except Exception as exc:
         raise StepError(f"source.pytorch.factory: {src['factory']} raised {type(exc).__name__}: {exc}") from None
     if not isinstance(model, torch.nn.Module):
-        raise StepError(f"source.pytorch.factory: {src['factory']} returned {type(model).__name__}, not a torch.nn.Module")
+        raise StepError(
+            f"source.pytorch.factory: {src['factory']} returned {type(model).__name__}, not a torch.nn.Module"
+        )
     if src.get("checkpoint"):
         path = recipe_dir / src["checkpoint"]
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
             model.load_state_dict(state)
         except Exception as exc:
-            raise StepError(f"source.pytorch.checkpoint: cannot load {src['checkpoint']}: {type(exc).__name__}: {str(exc)[:300]}") from None
+            raise StepError(
+                f"source.pytorch.checkpoint: cannot load {src['checkpoint']}: {type(exc).__name__}: {str(exc)[:300]}"
+            ) from None
     model.eval()
     return model
 
@@ -80,7 +84,11 @@ TRACED = True
 def check(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[tuple[Any, ...], str, bool]]:
     """export.inputs is required (nothing else knows the model's signature); the factory reference is well formed."""
     if "inputs" not in doc.get("export", {}):
-        yield ("export",) if "export" in doc else ("source", "pytorch"), "a pytorch source needs export.inputs (name, dtype and shape of each model input)", True
+        yield (
+            ("export",) if "export" in doc else ("source", "pytorch"),
+            "a pytorch source needs export.inputs (name, dtype and shape of each model input)",
+            True,
+        )
     wrong = usercode.ref_problem(src["factory"]) if isinstance(src.get("factory"), str) else None
     if wrong:
         yield ("source", "pytorch", "factory"), wrong, False

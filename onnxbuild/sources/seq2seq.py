@@ -32,7 +32,11 @@ DECODER_INPUTS = ("input_ids", "encoder_hidden_states", "encoder_attention_mask"
 def layout_of(config: Any) -> PastLayout:
     """The decoder's self-attention cache: T5 names its sizes num_decoder_layers / num_heads /
     d_kv, BART and Marian decoder_layers / decoder_attention_heads / d_model."""
-    layers = int(getattr(config, "num_decoder_layers", None) or getattr(config, "decoder_layers", None) or config.num_hidden_layers)
+    layers = int(
+        getattr(config, "num_decoder_layers", None)
+        or getattr(config, "decoder_layers", None)
+        or config.num_hidden_layers
+    )
     heads = int(getattr(config, "decoder_attention_heads", None) or config.num_attention_heads)
     head_dim = int(getattr(config, "d_kv", None) or config.d_model // heads)
     return PastLayout(layers=layers, kv_heads=heads, head_dim=head_dim)
@@ -74,7 +78,9 @@ def decoder_module(model: Any, layout: PastLayout, masked: bool) -> Any:
         def forward(self, input_ids: Any, encoder_hidden_states: Any, *rest: Any) -> Any:
             config = self.model.config
             mask, past = (rest[0], rest[1:]) if masked else (None, rest)
-            own = DynamicCache(ddp_cache_data=[(past[2 * i], past[2 * i + 1]) for i in range(layout.layers)], config=config)
+            own = DynamicCache(
+                ddp_cache_data=[(past[2 * i], past[2 * i + 1]) for i in range(layout.layers)], config=config
+            )
             cache = EncoderDecoderCache(own, DynamicCache(config=config))
             out = self.model(
                 decoder_input_ids=input_ids,
@@ -93,7 +99,9 @@ def decoder_module(model: Any, layout: PastLayout, masked: bool) -> Any:
     return Decoder().eval()
 
 
-def decoder_io(layout: PastLayout, hidden: int, encoder_length: int | str, masked: bool) -> tuple[list[dict[str, Any]], list[str], dict[str, dict[int, str]]]:
+def decoder_io(
+    layout: PastLayout, hidden: int, encoder_length: int | str, masked: bool
+) -> tuple[list[dict[str, Any]], list[str], dict[str, dict[int, str]]]:
     """The decoder file's input specs, output names and dynamic axes."""
     inputs: list[dict[str, Any]] = [
         {"name": "input_ids", "dtype": "int64", "shape": ["batch", "decoder_sequence"]},
@@ -138,7 +146,9 @@ class OrtSeq2Seq:
             try:
                 loaded.append(ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]))
             except Exception as exc:
-                raise StepError(f"ONNX Runtime cannot load {path}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__}") from None
+                raise StepError(
+                    f"ONNX Runtime cannot load {path}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__}"
+                ) from None
         return cls(loaded[0], loaded[1], layout_from_session(loaded[1]))
 
     def encode(self, feeds: dict[str, Any]) -> Any:
@@ -151,14 +161,24 @@ class OrtSeq2Seq:
     def empty_past(self, batch: int) -> list[Any]:
         import numpy as np
 
-        return [np.zeros((batch, self.layout.kv_heads, 0, self.layout.head_dim), dtype=np.float32) for _ in self.layout.past_names]
+        return [
+            np.zeros((batch, self.layout.kv_heads, 0, self.layout.head_dim), dtype=np.float32)
+            for _ in self.layout.past_names
+        ]
 
     def step(self, ids: Any, hidden: Any, mask: Any, past: list[Any]) -> tuple[Any, list[Any]]:
-        feeds = {"input_ids": ids, "encoder_hidden_states": hidden, **({"encoder_attention_mask": mask} if self.masked else {}), **dict(zip(self.layout.past_names, past, strict=True))}
+        feeds = {
+            "input_ids": ids,
+            "encoder_hidden_states": hidden,
+            **({"encoder_attention_mask": mask} if self.masked else {}),
+            **dict(zip(self.layout.past_names, past, strict=True)),
+        }
         out = self.decoder.run(None, feeds)
         return out[0], list(out[1:])
 
-    def generate(self, feeds: dict[str, Any], start: int, max_new_tokens: int, eos: int | None, choose: Any = None) -> Generation:
+    def generate(
+        self, feeds: dict[str, Any], start: int, max_new_tokens: int, eos: int | None, choose: Any = None
+    ) -> Generation:
         """Greedy (or ``choose``'s) decoding from the start token, stopping once every row
         has produced ``eos``."""
         import numpy as np
@@ -241,7 +261,9 @@ def hf_generate(model: Any, feeds: dict[str, Any], max_new_tokens: int, stop_at_
         with torch.inference_mode():
             # GenerationMixin's own: Whisper overrides generate() with language detection,
             # timestamps and prompts, none of which a greedy loop over the files does.
-            out = GenerationMixin.generate(model, inputs=torch.from_numpy(feeds[main]), **extra, output_logits=True, return_dict_in_generate=True)
+            out = GenerationMixin.generate(
+                model, inputs=torch.from_numpy(feeds[main]), **extra, output_logits=True, return_dict_in_generate=True
+            )
     finally:
         model.generation_config = saved
     tokens = out.sequences[:, 1:].numpy().astype(np.int64)  # the start token is not generated
@@ -261,7 +283,9 @@ class Checked:
     top1_total: int
 
 
-def validate_files(model: Any, source: dict[str, Any], export: Any, validate: Any, paths: list[Any], compare: Any) -> Checked:
+def validate_files(
+    model: Any, source: dict[str, Any], export: Any, validate: Any, paths: list[Any], compare: Any
+) -> Checked:
     """Each shape end to end, ONNX Runtime against PyTorch: the encoder's hidden states; the
     decoder's first call (``decoder_sequence`` tokens, empty cache) on each engine's own
     hidden states, logits and grown cache; then one more token through that cache."""
@@ -285,8 +309,16 @@ def validate_files(model: Any, source: dict[str, Any], export: Any, validate: An
         batch = next(iter(feeds.values())).shape[0]
         mask = feeds.get("attention_mask")
         steps = int(sizes.get("decoder_sequence", DEFAULT_DECODER_SEQUENCE))
-        decoder_ids = np.random.default_rng(int(validate["seed"]) + 1000 + i).integers(0, vocab, size=(batch, steps), dtype=np.int64)
-        result: dict[str, Any] = {"shape": dict(sizes), "passed": False, "error": None, "outputs": {}, "top1_agreement": None}
+        decoder_ids = np.random.default_rng(int(validate["seed"]) + 1000 + i).integers(
+            0, vocab, size=(batch, steps), dtype=np.int64
+        )
+        result: dict[str, Any] = {
+            "shape": dict(sizes),
+            "passed": False,
+            "error": None,
+            "outputs": {},
+            "top1_agreement": None,
+        }
         with torch.no_grad():
             t_mask = (torch.from_numpy(mask),) if mask is not None else ()
             try:
@@ -297,7 +329,9 @@ def validate_files(model: Any, source: dict[str, Any], export: Any, validate: An
                 t_second = decoder(t_next_id, t_hidden, *t_mask, *t_first[1:])
             except Exception as exc:
                 shown = ", ".join(f"{d}={v}" for d, v in sizes.items())
-                raise StepError(f"validate.shapes: PyTorch itself fails on the source model at {shown} ({type(exc).__name__}: {str(exc)[:300]})") from None
+                raise StepError(
+                    f"validate.shapes: PyTorch itself fails on the source model at {shown} ({type(exc).__name__}: {str(exc)[:300]})"
+                ) from None
         try:
             hidden = ort_model.encode(feeds)
             first_logits, first_past = ort_model.step(decoder_ids, hidden, mask, ort_model.empty_past(batch))
@@ -309,7 +343,10 @@ def validate_files(model: Any, source: dict[str, Any], export: Any, validate: An
         pairs = [
             ("encoder.last_hidden_state", t_hidden, hidden),
             ("decoder.logits", t_first[0], first_logits),
-            *((f"decoder.{name}", t, o) for name, t, o in zip(layout.present_names, t_first[1:], first_past, strict=True)),
+            *(
+                (f"decoder.{name}", t, o)
+                for name, t, o in zip(layout.present_names, t_first[1:], first_past, strict=True)
+            ),
             ("decoder.next_step.logits", t_second[0], second_logits),
         ]
         ok = True
@@ -317,10 +354,12 @@ def validate_files(model: Any, source: dict[str, Any], export: Any, validate: An
             cmp = compare(ref.float().numpy(), np.asarray(got), rtol, atol)
             result["outputs"][name] = cmp
             ok = ok and cmp["passed"]
-        same = np.concatenate([
-            (t_first[0].numpy().argmax(-1) == first_logits.argmax(-1)).ravel(),
-            (t_second[0].numpy().argmax(-1) == second_logits.argmax(-1)).ravel(),
-        ])
+        same = np.concatenate(
+            [
+                (t_first[0].numpy().argmax(-1) == first_logits.argmax(-1)).ravel(),
+                (t_second[0].numpy().argmax(-1) == second_logits.argmax(-1)).ravel(),
+            ]
+        )
         result["top1_agreement"] = float(same.mean())
         hits, total = hits + int(same.sum()), total + int(same.size)
         result["passed"] = ok

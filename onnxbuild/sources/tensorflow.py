@@ -76,14 +76,18 @@ def load_model(src: dict[str, Any], record: dict[str, Any], recipe_dir: Path) ->
         try:
             return tf.keras.models.load_model(recipe_dir / src["keras"], compile=False)
         except Exception as exc:
-            raise StepError(f"source.tensorflow.keras: cannot load {src['keras']}: {type(exc).__name__}: {str(exc)[:300]}") from None
+            raise StepError(
+                f"source.tensorflow.keras: cannot load {src['keras']}: {type(exc).__name__}: {str(exc)[:300]}"
+            ) from None
     fn = usercode.load_function(src["factory"], recipe_dir, "source.tensorflow.factory")
     try:
         model = fn(**src["kwargs"])
     except Exception as exc:
         raise StepError(f"source.tensorflow.factory: {src['factory']} raised {type(exc).__name__}: {exc}") from None
     if not isinstance(model, tf.keras.Model):
-        raise StepError(f"source.tensorflow.factory: {src['factory']} returned {type(model).__name__}, not a tf.keras.Model")
+        raise StepError(
+            f"source.tensorflow.factory: {src['factory']} returned {type(model).__name__}, not a tf.keras.Model"
+        )
     return model
 
 
@@ -99,7 +103,9 @@ class KerasAdapter:
         import torch
 
         arrays = [a.detach().cpu().numpy() if hasattr(a, "detach") else a for a in args]
-        out = self.model(arrays[0] if len(arrays) == 1 else dict(zip(self.input_names, arrays, strict=True)), training=False)
+        out = self.model(
+            arrays[0] if len(arrays) == 1 else dict(zip(self.input_names, arrays, strict=True)), training=False
+        )
         outs = out if isinstance(out, (list, tuple)) else [out]
         return tuple(torch.from_numpy(o.numpy()) for o in outs)
 
@@ -114,7 +120,10 @@ def convert(model: Any, export: ExportSection, path: Path) -> None:
     import tf2onnx
 
     signature = [
-        tf.TensorSpec([None if isinstance(d, str) else int(d) for d in t["shape"]], tf.as_dtype(t["dtype"]), name=t["name"]) for t in export["inputs"]
+        tf.TensorSpec(
+            [None if isinstance(d, str) else int(d) for d in t["shape"]], tf.as_dtype(t["dtype"]), name=t["name"]
+        )
+        for t in export["inputs"]
     ]
     try:
         proto, _ = tf2onnx.convert.from_keras(model, input_signature=signature, opset=int(export["opset"]))
@@ -123,7 +132,9 @@ def convert(model: Any, export: ExportSection, path: Path) -> None:
     produced = [o.name for o in proto.graph.output]
     wanted = list(export["outputs"])
     if len(produced) != len(wanted):
-        raise StepError(f"export.outputs names {len(wanted)} outputs but the model returns {len(produced)} ({', '.join(produced)})")
+        raise StepError(
+            f"export.outputs names {len(wanted)} outputs but the model returns {len(produced)} ({', '.join(produced)})"
+        )
     renames = {old: new for old, new in zip(produced, wanted, strict=True) if old != new}
     for node in proto.graph.node:
         node.output[:] = [renames.get(o, o) for o in node.output]
@@ -144,10 +155,18 @@ TRACED = True
 def check(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[tuple[Any, ...], str, bool]]:
     """export.inputs is required (nothing else knows the model's signature); the factory reference is well formed."""
     if "inputs" not in doc.get("export", {}):
-        yield ("export",) if "export" in doc else ("source", "tensorflow"), "a tensorflow source needs export.inputs (its input signature: name, dtype and shape of each model input)", True
+        yield (
+            ("export",) if "export" in doc else ("source", "tensorflow"),
+            "a tensorflow source needs export.inputs (its input signature: name, dtype and shape of each model input)",
+            True,
+        )
     if ("factory" in src) == ("keras" in src):
         got = "it has both" if "factory" in src else "it has neither"
-        yield ("source", "tensorflow"), f"give exactly one of `factory` (file.py:function) and `keras` (a .keras file); {got}", True
+        yield (
+            ("source", "tensorflow"),
+            f"give exactly one of `factory` (file.py:function) and `keras` (a .keras file); {got}",
+            True,
+        )
     if doc.get("export", {}).get("exporter", "torchscript") != "torchscript":
         yield ("export", "exporter"), "a tensorflow source is converted with tf2onnx; remove export.exporter", False
     wrong = usercode.ref_problem(src["factory"]) if isinstance(src.get("factory"), str) else None

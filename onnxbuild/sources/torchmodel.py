@@ -27,7 +27,7 @@ def load_source_model(source: dict[str, Any], record: dict[str, Any], recipe_dir
     """The model a torch-traced source's record describes, from that source kind's module."""
     from onnxbuild.sources import source_module
 
-    (kind, src), = source.items()
+    ((kind, src),) = source.items()
     return source_module(kind).load_model(src, record, recipe_dir)
 
 
@@ -55,7 +55,7 @@ def wrap(model: Any, source: dict[str, Any], input_names: list[str], output_name
     """
     import torch
 
-    (kind, _), = source.items()
+    ((kind, _),) = source.items()
     if kind == "tensorflow":
         from onnxbuild.sources.tensorflow import KerasAdapter
 
@@ -91,7 +91,7 @@ def wrap(model: Any, source: dict[str, Any], input_names: list[str], output_name
 
 def output_axes(source: dict[str, Any], export: ExportSection) -> dict[str, dict[int, str]]:
     """Symbolic axes of the outputs, so they read batch/sequence instead of generated names."""
-    (kind, src), = source.items()
+    ((kind, src),) = source.items()
     first = export["inputs"][0]["shape"] if export["inputs"] else []
     batch = first[0] if first and isinstance(first[0], str) else None
     seq = first[1] if len(first) > 1 and isinstance(first[1], str) else None
@@ -119,7 +119,7 @@ def vocab_size(model: Any) -> int | None:
 def input_specs(source: dict[str, Any], export: ExportSection, *, natural: bool) -> list[dict[str, Any]]:
     """The inputs to feed. ``natural`` gives a transformers model its task's shapes
     (batch, sequence) even where the export fixed an axis, so validation sees the mistake."""
-    (kind, _), = source.items()
+    ((kind, _),) = source.items()
     specs = [dict(t) for t in export["inputs"]]
     if natural and kind == "huggingface":
         for t in specs:
@@ -130,8 +130,15 @@ def input_specs(source: dict[str, Any], export: ExportSection, *, natural: bool)
 
 
 ORT_TYPES = {
-    "tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64", "tensor(bool)": "bool",
-    "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(int16)": "int16", "tensor(int8)": "int8", "tensor(uint8)": "uint8",
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(double)": "float64",
+    "tensor(bool)": "bool",
+    "tensor(int64)": "int64",
+    "tensor(int32)": "int32",
+    "tensor(int16)": "int16",
+    "tensor(int8)": "int8",
+    "tensor(uint8)": "uint8",
 }
 """ONNX Runtime's input types as make_inputs names them."""
 
@@ -146,7 +153,9 @@ def session_specs(inputs: Any, sizes: dict[str, int], fallback: str | None = Non
         dtype = ORT_TYPES.get(i.type, fallback)
         if dtype is None:
             raise ValueError(f"input {i.name} has type {i.type}")
-        specs.append({"name": i.name, "dtype": dtype, "shape": [d if isinstance(d, int) or d in known else 1 for d in i.shape]})
+        specs.append(
+            {"name": i.name, "dtype": dtype, "shape": [d if isinstance(d, int) or d in known else 1 for d in i.shape]}
+        )
     return specs
 
 
@@ -205,7 +214,7 @@ def pad_left(feeds: dict[str, Any], pad: int) -> None:
 
 def gates_top1(source: dict[str, Any]) -> bool:
     """Whether the first output scores tokens or classes (top-1 agreement is measured)."""
-    (kind, src), = source.items()
+    ((kind, src),) = source.items()
     return kind == "huggingface" and TASKS[src["task"]]["top1"]
 
 
@@ -218,34 +227,49 @@ def labelled_inputs(got: Any, specs: list[dict[str, Any]], key: str) -> tuple[di
     import numpy as np
 
     if not (isinstance(got, (tuple, list)) and len(got) == 2 and isinstance(got[0], dict)):
-        raise StepError(f"{key}: must return (inputs, labels): a dict of input name -> array and an array of class labels (got {type(got).__name__})")
+        raise StepError(
+            f"{key}: must return (inputs, labels): a dict of input name -> array and an array of class labels (got {type(got).__name__})"
+        )
     arrays, labels = got[0], np.asarray(got[1])
     names = [t["name"] for t in specs]
     missing = [n for n in names if n not in arrays]
     extra = [str(n) for n in arrays if n not in names]
     if missing or extra:
-        what = "; ".join(part for part in (f"missing {', '.join(missing)}" if missing else "", f"not export inputs: {', '.join(extra)}" if extra else "") if part)
+        what = "; ".join(
+            part
+            for part in (
+                f"missing {', '.join(missing)}" if missing else "",
+                f"not export inputs: {', '.join(extra)}" if extra else "",
+            )
+            if part
+        )
         raise StepError(f"{key}: the inputs must be exactly export.inputs ({', '.join(names)}); {what}")
     if labels.dtype.kind not in "iu" or labels.ndim == 0:
-        raise StepError(f"{key}: labels must be an array of integer class indices (got {labels.dtype} of shape {list(labels.shape)})")
+        raise StepError(
+            f"{key}: labels must be an array of integer class indices (got {labels.dtype} of shape {list(labels.shape)})"
+        )
     feeds: dict[str, Any] = {}
     for t in specs:
         value = np.asarray(arrays[t["name"]])
         if value.ndim == 0 or value.shape[0] != labels.shape[0]:
-            raise StepError(f"{key}: input {t['name']} has shape {list(value.shape)} but there are {labels.shape[0]} labels; the first axis counts samples")
+            raise StepError(
+                f"{key}: input {t['name']} has shape {list(value.shape)} but there are {labels.shape[0]} labels; the first axis counts samples"
+            )
         dtype = np.dtype(t["dtype"]) if t["dtype"] != "bfloat16" else np.dtype("float32")
         feeds[t["name"]] = np.ascontiguousarray(value.astype(dtype, copy=False))
     return feeds, labels
 
 
-def load_tokenizer(source: dict[str, Any], record: dict[str, Any], recipe_dir: Path, key: str = "validate.sentences") -> Any:
+def load_tokenizer(
+    source: dict[str, Any], record: dict[str, Any], recipe_dir: Path, key: str = "validate.sentences"
+) -> Any:
     """The tokenizer of a transformers source: source.huggingface.tokenizer if given, else
     the model's own folder (local, package, or the Hub snapshot the source step recorded)."""
     import transformers
 
     from onnxbuild.sources.huggingface import gguf_where, is_gguf, local_folder
 
-    (kind, src), = source.items()
+    ((kind, src),) = source.items()
     if kind != "huggingface":
         raise StepError(f"{key}: needs a huggingface source (this recipe's source is {kind})")
     extra: dict[str, Any] = {}
@@ -274,7 +298,9 @@ def load_tokenizer(source: dict[str, Any], record: dict[str, Any], recipe_dir: P
     return tokenizer
 
 
-def sentence_inputs(tokenizer: Any, sentences: list[str], specs: list[dict[str, Any]], sizes: dict[str, int]) -> tuple[dict[str, Any], Any]:
+def sentence_inputs(
+    tokenizer: Any, sentences: list[str], specs: list[dict[str, Any]], sizes: dict[str, int]
+) -> tuple[dict[str, Any], Any]:
     """One padded batch of the sentences as the export's inputs, and its attention mask.
 
     Inputs the tokenizer does not produce (position_ids, say) are made as in
@@ -286,7 +312,12 @@ def sentence_inputs(tokenizer: Any, sentences: list[str], specs: list[dict[str, 
     ids = np.asarray(encoded["input_ids"])
     mask = np.asarray(encoded["attention_mask"]) if "attention_mask" in encoded else np.ones_like(ids)
     batch, sequence = ids.shape
-    generated = make_inputs([t for t in specs if t["name"] not in encoded], {**sizes, "batch": batch, "sequence": sequence}, seed=0, vocab=None)
+    generated = make_inputs(
+        [t for t in specs if t["name"] not in encoded],
+        {**sizes, "batch": batch, "sequence": sequence},
+        seed=0,
+        vocab=None,
+    )
     feeds: dict[str, Any] = {}
     for t in specs:
         if t["name"] in encoded:

@@ -76,15 +76,21 @@ def check_defines(ref: str, recipe_dir: Path, key: str) -> None:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise StepError(f"{key}: {path} does not exist (paths are relative to the recipe's folder, {recipe_dir})") from None
+        raise StepError(
+            f"{key}: {path} does not exist (paths are relative to the recipe's folder, {recipe_dir})"
+        ) from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise StepError(f"{key}: cannot read {target} ({getattr(exc, 'strerror', None) or exc}); name a readable .py file") from None
+        raise StepError(
+            f"{key}: cannot read {target} ({getattr(exc, 'strerror', None) or exc}); name a readable .py file"
+        ) from None
     try:
         tree = ast.parse(text, filename=target)
     except SyntaxError as exc:
         raise StepError(f"{key}: {target} is not valid Python (line {exc.lineno}: {exc.msg})") from None
     if name not in _top_level_names(tree):
-        raise StepError(f"{key}: {target} defines no function {name!r} at its top level; add `def {name}(...)` there or fix the name after the colon")
+        raise StepError(
+            f"{key}: {target} defines no function {name!r} at its top level; add `def {name}(...)` there or fix the name after the colon"
+        )
 
 
 def _top_level_names(tree: ast.Module) -> set[str]:
@@ -100,7 +106,14 @@ def _top_level_names(tree: ast.Module) -> set[str]:
             names.add(node.target.id)
         elif isinstance(node, (ast.If, ast.Try)):
             # definitions under `if TYPE_CHECKING` / try-import fallbacks count
-            inner = ast.Module(body=[*node.body, *getattr(node, "orelse", []), *[s for h in getattr(node, "handlers", []) for s in h.body]], type_ignores=[])
+            inner = ast.Module(
+                body=[
+                    *node.body,
+                    *getattr(node, "orelse", []),
+                    *[s for h in getattr(node, "handlers", []) for s in h.body],
+                ],
+                type_ignores=[],
+            )
             names |= _top_level_names(inner)
     return names
 

@@ -89,7 +89,13 @@ def plan(p: Planning) -> list[StepSpec]:
             outputs=("benchmark.json", "benchmark.md", "benchmark.png"),
             # latencies belong to the machine that measured them: a runner of another
             # kind never pulls them from a shared cache as if they were its own
-            identity={"machine": {"cpu": environment.cpu_info()[0], "features": environment.cpu_fingerprint(), "threads": os.cpu_count()}},
+            identity={
+                "machine": {
+                    "cpu": environment.cpu_info()[0],
+                    "features": environment.cpu_fingerprint(),
+                    "threads": os.cpu_count(),
+                }
+            },
         )
     ]
 
@@ -106,6 +112,8 @@ def placement(recipe: Recipe) -> tuple[float, int, str]:
 def measured(params: dict[str, Any]) -> str:
     """Why this kind's outputs differ from run to run (see onnxbuild.steps.describe)."""
     return "timings differ run to run"
+
+
 """The runner starts nothing else while a benchmark runs, and starts it only when idle."""
 
 
@@ -122,7 +130,9 @@ class Timing(TypedDict):
     throughput: float
 
 
-def measure(fn: Any, batch: int, warmup: int, iterations: int, min_time_s: float, before: Callable[[], None] | None = None) -> Timing:
+def measure(
+    fn: Any, batch: int, warmup: int, iterations: int, min_time_s: float, before: Callable[[], None] | None = None
+) -> Timing:
     """Time ``fn()``: ``warmup`` untimed calls, then at least ``iterations`` timed calls and
     ``min_time_s`` seconds; ``before()``, where given, runs untimed before every call."""
 
@@ -187,13 +197,19 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     torch_source = export is not None
     record: dict[str, Any] = {}
     if torch_source:
-
         record = read_source_record(ctx)
     shapes = bench["shapes"]
     if any(v.get("files") for v in spec.params["variants"]):
         return _finish(
-            ctx, record, bench, threads, *_seq2seq_benchmark(ctx, spec, record, shapes, threads),
-            extra={"encoder_decoder": {"cached_tokens": CACHED_TOKENS}, "validated": {v["name"]: ["CPUExecutionProvider"] for v in spec.params["variants"]}},
+            ctx,
+            record,
+            bench,
+            threads,
+            *_seq2seq_benchmark(ctx, spec, record, shapes, threads),
+            extra={
+                "encoder_decoder": {"cached_tokens": CACHED_TOKENS},
+                "validated": {v["name"]: ["CPUExecutionProvider"] for v in spec.params["variants"]},
+            },
             load_before=load_before,
         )
     layout = _past_layout(ctx) if export is not None and export.get("with_past") else None
@@ -216,10 +232,20 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
             providers_report.append(_web_benchmark(ctx, spec, shapes, feeds_by_shape, baseline, results))
             continue
         if name == "openvino":
-            providers_report.append(_openvino_benchmark(ctx, spec, shapes, feeds_by_shape, threads, layout, baseline, results, decode, ov_kernels))
+            providers_report.append(
+                _openvino_benchmark(
+                    ctx, spec, shapes, feeds_by_shape, threads, layout, baseline, results, decode, ov_kernels
+                )
+            )
             continue
         if name not in available:
-            providers_report.append({"name": name, "status": "skipped", "reason": f"not in this onnxruntime build (it has: {', '.join(available)})"})
+            providers_report.append(
+                {
+                    "name": name,
+                    "status": "skipped",
+                    "reason": f"not in this onnxruntime build (it has: {', '.join(available)})",
+                }
+            )
             continue
         status: dict[str, Any] = {"name": name, "status": "used", "reason": ""}
         for variant in spec.params["variants"]:
@@ -227,13 +253,25 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
             so = sessions.options(threads)
             t0 = time.perf_counter()
             try:
-                session = ort.InferenceSession(str(path), so, providers=[(name, options)] if name == "CPUExecutionProvider" else [(name, options), "CPUExecutionProvider"])
+                session = ort.InferenceSession(
+                    str(path),
+                    so,
+                    providers=[(name, options)]
+                    if name == "CPUExecutionProvider"
+                    else [(name, options), "CPUExecutionProvider"],
+                )
             except Exception as exc:
-                results.append({"variant": variant["name"], "provider": name, "error": f"session failed: {str(exc)[:300]}"})
+                results.append(
+                    {"variant": variant["name"], "provider": name, "error": f"session failed: {str(exc)[:300]}"}
+                )
                 continue
             created = time.perf_counter() - t0
             if session.get_providers()[0] != name:
-                status = {"name": name, "status": "skipped", "reason": f"ONNX Runtime fell back to {session.get_providers()[0]} (the provider is listed but not usable here)"}
+                status = {
+                    "name": name,
+                    "status": "skipped",
+                    "reason": f"ONNX Runtime fell back to {session.get_providers()[0]} (the provider is listed but not usable here)",
+                }
                 del session
                 break
             wanted = [o.name for o in session.get_outputs()]
@@ -243,17 +281,49 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
                 # with inputs and outputs bound on the device (IOBinding), and report both.
                 modes = (False, True) if name == "CUDAExecutionProvider" else (False,)
                 for io_binding in modes:
-                    fn = _bound_runner(session, usable, wanted) if io_binding else (lambda s=session, f=usable, w=wanted: s.run(w, f))
+                    fn = (
+                        _bound_runner(session, usable, wanted)
+                        if io_binding
+                        else (lambda s=session, f=usable, w=wanted: s.run(w, f))
+                    )
                     try:
                         timing = measure(fn, _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
                     except Exception as exc:
-                        results.append({"variant": variant["name"], "provider": name, "shape": dict(sizes), "io_binding": io_binding, "error": str(exc)[:300]})
+                        results.append(
+                            {
+                                "variant": variant["name"],
+                                "provider": name,
+                                "shape": dict(sizes),
+                                "io_binding": io_binding,
+                                "error": str(exc)[:300],
+                            }
+                        )
                         continue
                     cpu = name == "CPUExecutionProvider"  # the measured peaks are the CPU's
                     if layout is not None and not io_binding:
-                        decode.append(_ort_decode(session, variant, name, sizes, timing, bench, decode) | (_work_of(path, variant["precision"]) if cpu else {}))
-                    row = _row(variant, name, sizes, timing, baseline, created=round(created, 4), peak_rss_mb=rss_mb(), io_binding=io_binding, path=path)
-                    results.append(row | (_work_of(path, variant["precision"], usable, "prefill" if layout is not None else "") if cpu else {}))
+                        decode.append(
+                            _ort_decode(session, variant, name, sizes, timing, bench, decode)
+                            | (_work_of(path, variant["precision"]) if cpu else {})
+                        )
+                    row = _row(
+                        variant,
+                        name,
+                        sizes,
+                        timing,
+                        baseline,
+                        created=round(created, 4),
+                        peak_rss_mb=rss_mb(),
+                        io_binding=io_binding,
+                        path=path,
+                    )
+                    results.append(
+                        row
+                        | (
+                            _work_of(path, variant["precision"], usable, "prefill" if layout is not None else "")
+                            if cpu
+                            else {}
+                        )
+                    )
             del session
             gc.collect()
             if name == "CPUExecutionProvider" and shapes:
@@ -270,7 +340,18 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         quality = _quality(ctx, spec)
         if quality:
             extra["quality"] = quality
-    return _finish(ctx, record, bench, threads, baseline, providers_report, results, decode if layout is not None else None, extra=extra, load_before=load_before)
+    return _finish(
+        ctx,
+        record,
+        bench,
+        threads,
+        baseline,
+        providers_report,
+        results,
+        decode if layout is not None else None,
+        extra=extra,
+        load_before=load_before,
+    )
 
 
 KERNELS_SHOWN = 6
@@ -288,7 +369,13 @@ def _quality(ctx: StepContext, spec: StepSpec) -> dict[str, Any]:
         entry = report["variants"][v["name"]]
         if entry.get("text"):
             t = entry["text"]
-            out[v["name"]] = {"passed": bool(entry["passed"]), "perplexity": t["perplexity"], "ppl_increase": t["ppl_increase"], "kld_mean": t["kld_mean"], "top1_agreement": t["top1_agreement"]}
+            out[v["name"]] = {
+                "passed": bool(entry["passed"]),
+                "perplexity": t["perplexity"],
+                "ppl_increase": t["ppl_increase"],
+                "kld_mean": t["kld_mean"],
+                "top1_agreement": t["top1_agreement"],
+            }
     return out
 
 
@@ -335,7 +422,9 @@ def _kernels(ctx: StepContext, path: Any, sizes: dict[str, int], feeds: dict[str
     }
 
 
-def _openvino_kernels(path: Any, precision: Any, threads: int, sizes: dict[str, int], feeds: dict[str, Any], layout: Any) -> list[dict[str, Any]]:
+def _openvino_kernels(
+    path: Any, precision: Any, threads: int, sizes: dict[str, int], feeds: dict[str, Any], layout: Any
+) -> list[dict[str, Any]]:
     """Where one call's time goes in OpenVINO's CPU plugin, from its own per-node counters in a
     separately compiled, profiled model (the timed rows run without them): per node type and
     the implementation it picked (``brgemm_avx512_amx_i8``, ``ref_f32``: OpenVINO names the
@@ -364,14 +453,22 @@ def _openvino_profile(session: Any, call: str, feeds: dict[str, Any], sizes: dic
     wall, per = session.kernels(feeds)
     total = sum(per.values()) or 1.0
     top = sorted(per.items(), key=lambda kv: -kv[1])[:KERNELS_SHOWN]
-    return {"call": call, "shape": dict(sizes), "run_ms": round(wall, 3), "ops": [{"op": op, "ms": round(ms, 3), "share": round(ms / total, 3)} for op, ms in top]}
+    return {
+        "call": call,
+        "shape": dict(sizes),
+        "run_ms": round(wall, 3),
+        "ops": [{"op": op, "ms": round(ms, 3), "share": round(ms / total, 3)} for op, ms in top],
+    }
 
 
 def _validated(spec: StepSpec) -> dict[str, list[str]]:
     """variant -> the providers its validate step ran it on: the CPU provider, and the web and
     openvino targets for the variants they list (a failure there fails the build)."""
     chosen = target_variants(spec.params["providers"])
-    return {v["name"]: ["CPUExecutionProvider", *(t for t, names in chosen.items() if v["name"] in names)] for v in spec.params["variants"]}
+    return {
+        v["name"]: ["CPUExecutionProvider", *(t for t, names in chosen.items() if v["name"] in names)]
+        for v in spec.params["variants"]
+    }
 
 
 def _finish(
@@ -400,7 +497,13 @@ def _finish(
         "machine": machine(threads),
         "versions": versions(),
         "weights": record.get("weights"),
-        "settings": {"warmup": bench["warmup"], "iterations": bench["iterations"], "min_time_s": bench["min_time_s"], "threads": threads, "session_config": dict(sessions.SESSION_CONFIG)},
+        "settings": {
+            "warmup": bench["warmup"],
+            "iterations": bench["iterations"],
+            "min_time_s": bench["min_time_s"],
+            "threads": threads,
+            "session_config": dict(sessions.SESSION_CONFIG),
+        },
         "baseline": baseline,
         "providers": providers_report,
         "results": results,
@@ -419,14 +522,28 @@ def _finish(
     ctx.output("benchmark.md").write_text(markdown(report), encoding="utf-8")
     chart(report, ctx.output("benchmark.png"))
     validated = report.get("validated")
-    best = min((r for r in results if "p50_ms" in r and (validated is None or validated_on(report, r))), key=lambda r: r["p50_ms"], default=None)
+    best = min(
+        (r for r in results if "p50_ms" in r and (validated is None or validated_on(report, r))),
+        key=lambda r: r["p50_ms"],
+        default=None,
+    )
     summary = "no results"
     if best:
         summary = f"best {'validated ' if validated else ''}{best['variant']} on {best['provider'].replace('ExecutionProvider', '')}: p50 {format_ms(best['p50_ms'])}"
-        ratios = [f"{x:.2f}x PyTorch {t}" for x, t in ((best.get("ratio_to_pytorch"), "fp32"), (best.get("ratio_to_pytorch_bf16"), "bf16")) if x]
+        ratios = [
+            f"{x:.2f}x PyTorch {t}"
+            for x, t in ((best.get("ratio_to_pytorch"), "fp32"), (best.get("ratio_to_pytorch_bf16"), "bf16"))
+            if x
+        ]
         if ratios:
             summary += f" ({', '.join(ratios)})"
-    warnings = (f"the machine was busy while timing (a GEMM loop got {min(load_before, load_after):.0%} of {threads} threads' CPU time): every time in benchmark.md is slow",) if loaded else ()
+    warnings = (
+        (
+            f"the machine was busy while timing (a GEMM loop got {min(load_before, load_after):.0%} of {threads} threads' CPU time): every time in benchmark.md is slow",
+        )
+        if loaded
+        else ()
+    )
     return StepResult(summary=summary, data={"results": len(results)}, warnings=warnings)
 
 
@@ -473,7 +590,11 @@ def _attach_roofline(ctx: StepContext, rows: list[dict[str, Any]], threads: int)
     if over:
         first = over[0]
         again = peaks.at_least(measure_peaks(threads, budget_s=REMEASURE_S))
-        rose = [k for k in ("fp32_gflops", "bf16_gflops", "int8_gops", "memory_gbps") if getattr(again, k) != getattr(peaks, k)]
+        rose = [
+            k
+            for k in ("fp32_gflops", "bf16_gflops", "int8_gops", "memory_gbps")
+            if getattr(again, k) != getattr(peaks, k)
+        ]
         remeasured = (
             f"{row_name(first)} at {shape_text(first.get('shape') or {})} reached {first['roofline']['fraction']:.0%} of {first['roofline']['limit']}: measured again, "
             + (f"{', '.join(rose)} rose" if rose else "no figure rose")
@@ -506,7 +627,9 @@ def _works(notes: list[tuple[dict[str, Any], Any, Any]]) -> list[Counted]:
     from onnxbuild.steps.roofline import graph_work
 
     loaded: tuple[str, Any] | None = None
-    counted: dict[str, Any] = {}  # graph and shapes -> its work (PyTorch's fp32 and bf16 rows, OpenVINO's rows share ONNX Runtime's)
+    counted: dict[
+        str, Any
+    ] = {}  # graph and shapes -> its work (PyTorch's fp32 and bf16 rows, OpenVINO's rows share ONNX Runtime's)
     out: list[Counted] = []
     for row, note, decode_shapes in sorted((n for n in notes if n[1]), key=lambda n: n[1]["path"]):
         shapes = note.get("shapes") or decode_shapes
@@ -535,7 +658,11 @@ def _rooflines(works: list[Counted], peaks: Any) -> None:
     from onnxbuild.steps.roofline import roofline
 
     for row, (work, precision, phase, ms) in works:
-        row["roofline"] = {**roofline(work, ms, precision, peaks, phase).as_dict(), "precision": precision, "phase": phase}
+        row["roofline"] = {
+            **roofline(work, ms, precision, peaks, phase).as_dict(),
+            "precision": precision,
+            "phase": phase,
+        }
 
 
 def _seq2seq_benchmark(
@@ -585,25 +712,63 @@ def _seq2seq_benchmark(
             batch = hidden_np.shape[0]
             ids = np.full((batch, 1), start, dtype=np.int64)
             rng = np.random.default_rng(7)
-            past_np = [rng.standard_normal((batch, layout.kv_heads, cached, layout.head_dim)).astype(np.float32) for _ in layout.past_names]
-            prefill = _timed_at(bench, lambda f=feeds, m=mask_np, b=batch, i=ids, r=runner: r.step(i, r.encode(f), m, r.empty_past(b)), sizes)
-            one = _timed_at(bench, lambda h=hidden_np, m=mask_np, pk=past_np, i=ids, r=runner: r.step(i, h, m, pk), sizes)
+            past_np = [
+                rng.standard_normal((batch, layout.kv_heads, cached, layout.head_dim)).astype(np.float32)
+                for _ in layout.past_names
+            ]
+            prefill = _timed_at(
+                bench,
+                lambda f=feeds, m=mask_np, b=batch, i=ids, r=runner: r.step(i, r.encode(f), m, r.empty_past(b)),
+                sizes,
+            )
+            one = _timed_at(
+                bench, lambda h=hidden_np, m=mask_np, pk=past_np, i=ids, r=runner: r.step(i, h, m, pk), sizes
+            )
             total = _generation_time(lambda f=feeds, r=runner: r.generate(f, start, n, None))
-            row = _row(variant, "CPUExecutionProvider", sizes, prefill, baseline, created=round(created, 4), peak_rss_mb=rss_mb(), io_binding=False, path=paths[-1])
+            row = _row(
+                variant,
+                "CPUExecutionProvider",
+                sizes,
+                prefill,
+                baseline,
+                created=round(created, 4),
+                peak_rss_mb=rss_mb(),
+                io_binding=False,
+                path=paths[-1],
+            )
             results.append({**row, "file_bytes": sum(p.stat().st_size for p in paths)})
             torch_decode = next((d for d in decode if d["engine"] == "pytorch" and d["shape"] == dict(sizes)), None)
-            decode.append({
-                "engine": "onnxruntime", "variant": variant["name"], "precision": variant["precision"], "provider": "CPUExecutionProvider",
-                **_decode_row(sizes, prefill, one, n, total, torch_decode["decode_p50_ms"] if torch_decode else None),
-            })
+            decode.append(
+                {
+                    "engine": "onnxruntime",
+                    "variant": variant["name"],
+                    "precision": variant["precision"],
+                    "provider": "CPUExecutionProvider",
+                    **_decode_row(
+                        sizes, prefill, one, n, total, torch_decode["decode_p50_ms"] if torch_decode else None
+                    ),
+                }
+            )
         del runner
         gc.collect()
     providers = [
-        {"name": p["name"], "status": "used" if p["name"] == "CPUExecutionProvider" else "skipped", "reason": "" if p["name"] == "CPUExecutionProvider" else "encoder-decoder models are timed on the CPU provider only (for now)"}
+        {
+            "name": p["name"],
+            "status": "used" if p["name"] == "CPUExecutionProvider" else "skipped",
+            "reason": ""
+            if p["name"] == "CPUExecutionProvider"
+            else "encoder-decoder models are timed on the CPU provider only (for now)",
+        }
         for p in spec.params["providers"]
     ]
     if not any(p["name"] == "CPUExecutionProvider" for p in providers):
-        providers.append({"name": "CPUExecutionProvider", "status": "used", "reason": "encoder-decoder models are timed on the CPU provider"})
+        providers.append(
+            {
+                "name": "CPUExecutionProvider",
+                "status": "used",
+                "reason": "encoder-decoder models are timed on the CPU provider",
+            }
+        )
     return baseline, providers, results, decode
 
 
@@ -613,7 +778,12 @@ def _timed_at(bench: BenchmarkSection, fn: Any, sizes: dict[str, int]) -> Timing
 
 
 def _seq2seq_pytorch(
-    model: Any, names: list[str], shapes: list[dict[str, int]], feeds_by_shape: list[dict[str, Any]], bench: BenchmarkSection, cached: int
+    model: Any,
+    names: list[str],
+    shapes: list[dict[str, int]],
+    feeds_by_shape: list[dict[str, Any]],
+    bench: BenchmarkSection,
+    cached: int,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """PyTorch's first token, one decoder step and whole generation (see _seq2seq_benchmark)."""
     import torch
@@ -638,7 +808,9 @@ def _seq2seq_pytorch(
             empty = [torch.zeros((batch, layout.kv_heads, 0, layout.head_dim)) for _ in layout.past_names]
             past = [torch.randn((batch, layout.kv_heads, cached, layout.head_dim)) for _ in layout.past_names]
 
-            def first(a: tuple[Any, ...] = args, m: tuple[Any, ...] = mask, e: list[Any] = empty, ids: Any = first_ids) -> None:
+            def first(
+                a: tuple[Any, ...] = args, m: tuple[Any, ...] = mask, e: list[Any] = empty, ids: Any = first_ids
+            ) -> None:
                 (h,) = encoder(*a)
                 decoder(ids, h, *m, *e)
 
@@ -647,13 +819,36 @@ def _seq2seq_pytorch(
 
             prefill, one = _timed_at(bench, first, sizes), _timed_at(bench, step, sizes)
         total = _generation_time(lambda f=feeds: seq2seq.hf_generate(model, f, n, stop_at_eos=False))
-        baseline.append({"engine": "pytorch", "mode": "eager", "attention": "sdpa", "device": "cpu", "shape": dict(sizes), **prefill, "peak_rss_mb": rss_mb()})
-        decode.append({"engine": "pytorch", "variant": None, "provider": None, **_decode_row(sizes, prefill, one, n, total, one["p50_ms"])})
+        baseline.append(
+            {
+                "engine": "pytorch",
+                "mode": "eager",
+                "attention": "sdpa",
+                "device": "cpu",
+                "shape": dict(sizes),
+                **prefill,
+                "peak_rss_mb": rss_mb(),
+            }
+        )
+        decode.append(
+            {
+                "engine": "pytorch",
+                "variant": None,
+                "provider": None,
+                **_decode_row(sizes, prefill, one, n, total, one["p50_ms"]),
+            }
+        )
     return baseline, decode
 
 
-
-def _web_benchmark(ctx: StepContext, spec: StepSpec, shapes: list[dict[str, int]], feeds_by_shape: list[dict[str, Any]], baseline: list[dict[str, Any]], results: list[dict[str, Any]]) -> dict[str, Any]:
+def _web_benchmark(
+    ctx: StepContext,
+    spec: StepSpec,
+    shapes: list[dict[str, int]],
+    feeds_by_shape: list[dict[str, Any]],
+    baseline: list[dict[str, Any]],
+    results: list[dict[str, Any]],
+) -> dict[str, Any]:
     """The variants meant for the web (``options.variants``, default model) in onnxruntime-web
     (wasm, one thread, under Node.js), timed inside Node; ``options.iterations`` and
     ``options.warmup`` override the benchmark's (wasm is slow on big models).
@@ -680,13 +875,36 @@ def _web_benchmark(ctx: StepContext, spec: StepSpec, shapes: list[dict[str, int]
         for sizes, feeds in zip(shapes, feeds_by_shape):
             run = web.run(path, feeds, warmup=warmup, iterations=max(iterations, 1))
             if run.error or not run.times_ms:
-                results.append({"variant": variant["name"], "provider": "web", "shape": dict(sizes), "error": run.error or "no timings"})
+                results.append(
+                    {
+                        "variant": variant["name"],
+                        "provider": "web",
+                        "shape": dict(sizes),
+                        "error": run.error or "no timings",
+                    }
+                )
                 continue
             timing = summarise(run.times_ms, _batch(sizes), warmup)
             # Node's peak (the largest child this process has waited for), not Python's.
             node_peak = round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1)
-            results.append(_row(variant, "web", sizes, timing, baseline, created=0.0, peak_rss_mb=node_peak, io_binding=False, path=path))
-    return {"name": "web", "status": "used", "reason": f"onnxruntime-web {web.version()} (wasm, 1 thread) under Node.js"}
+            results.append(
+                _row(
+                    variant,
+                    "web",
+                    sizes,
+                    timing,
+                    baseline,
+                    created=0.0,
+                    peak_rss_mb=node_peak,
+                    io_binding=False,
+                    path=path,
+                )
+            )
+    return {
+        "name": "web",
+        "status": "used",
+        "reason": f"onnxruntime-web {web.version()} (wasm, 1 thread) under Node.js",
+    }
 
 
 def _openvino_benchmark(
@@ -723,29 +941,68 @@ def _openvino_benchmark(
         try:
             session = openvino_target.load(path, precision=options.get("precision", "auto"), threads=threads)
         except Exception as exc:
-            results.append({"variant": variant["name"], "provider": "openvino", "error": f"OpenVINO cannot compile it: {str(exc)[:300]}"})
+            results.append(
+                {
+                    "variant": variant["name"],
+                    "provider": "openvino",
+                    "error": f"OpenVINO cannot compile it: {str(exc)[:300]}",
+                }
+            )
             continue
         created = time.perf_counter() - t0
         used.add(session.precision)
         for sizes, feeds in zip(shapes, feeds_by_shape):
             try:
-                timing = measure(lambda s=session, f=feeds: s.infer(f), _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
+                timing = measure(
+                    lambda s=session, f=feeds: s.infer(f),
+                    _batch(sizes),
+                    bench["warmup"],
+                    bench["iterations"],
+                    bench["min_time_s"],
+                )
             except Exception as exc:
-                results.append({"variant": variant["name"], "provider": "openvino", "shape": dict(sizes), "error": str(exc)[:300]})
+                results.append(
+                    {"variant": variant["name"], "provider": "openvino", "shape": dict(sizes), "error": str(exc)[:300]}
+                )
                 continue
             # the precision it multiplies in: a quantized file's own, else what OpenVINO chose
-            computes = variant["precision"] if variant["precision"] in ("int8", "int4") else "bf16" if session.precision == "bf16" else "fp32"
+            computes = (
+                variant["precision"]
+                if variant["precision"] in ("int8", "int4")
+                else "bf16"
+                if session.precision == "bf16"
+                else "fp32"
+            )
             if layout is not None and variant["name"] in listed:
-                decode.append(_ort_decode(session, variant, "openvino", sizes, timing, bench, decode, engine="openvino") | _work_of(path, computes))
-            row = _row(variant, "openvino", sizes, timing, baseline, created=round(created, 4), peak_rss_mb=rss_mb(), io_binding=False, path=path)
-            results.append(row | {"inference_precision": session.precision} | _work_of(path, computes, feeds, "prefill" if layout is not None else ""))
+                decode.append(
+                    _ort_decode(session, variant, "openvino", sizes, timing, bench, decode, engine="openvino")
+                    | _work_of(path, computes)
+                )
+            row = _row(
+                variant,
+                "openvino",
+                sizes,
+                timing,
+                baseline,
+                created=round(created, 4),
+                peak_rss_mb=rss_mb(),
+                io_binding=False,
+                path=path,
+            )
+            results.append(
+                row
+                | {"inference_precision": session.precision}
+                | _work_of(path, computes, feeds, "prefill" if layout is not None else "")
+            )
         masked = masked or session.masked_prefill
         if session.keeps_past and variant["name"] in listed:
             stateful.append(variant["name"])
         del session
         gc.collect()
         if variant["name"] in listed and shapes:
-            kernels[variant["name"]] = _openvino_kernels(path, options.get("precision", "auto"), threads, shapes[-1], feeds_by_shape[-1], layout)
+            kernels[variant["name"]] = _openvino_kernels(
+                path, options.get("precision", "auto"), threads, shapes[-1], feeds_by_shape[-1], layout
+            )
     note = f"OpenVINO {openvino_target.version()} CPU plugin, inference precision {', '.join(sorted(used)) or '-'}"
     if masked:
         note += "; prefill through a one-slot masked past (it refused an empty one)"
@@ -754,7 +1011,18 @@ def _openvino_benchmark(
     return {"name": "openvino", "status": "used", "reason": note}
 
 
-def _row(variant: dict[str, Any], provider: str, sizes: dict[str, int], timing: Timing, baseline: list[dict[str, Any]], *, created: float, peak_rss_mb: float, io_binding: bool, path: Any) -> dict[str, Any]:
+def _row(
+    variant: dict[str, Any],
+    provider: str,
+    sizes: dict[str, int],
+    timing: Timing,
+    baseline: list[dict[str, Any]],
+    *,
+    created: float,
+    peak_rss_mb: float,
+    io_binding: bool,
+    path: Any,
+) -> dict[str, Any]:
     """One timed (variant, provider, shape), beside PyTorch's times (fp32 and bf16) at the same shape."""
     base = _baseline_at(baseline, sizes, "fp32")
     bf16 = _baseline_at(baseline, sizes, "bf16")
@@ -799,7 +1067,9 @@ def _feeds(spec: StepSpec, ctx: StepContext, sizes: dict[str, int], index: int, 
     export = cast(ExportSection, spec.params["export"])
     if export is not None:
         specs = export["inputs"] + (layout.past_specs() if layout is not None else [])
-        return make_inputs(specs, {**sizes, "past_sequence": 0} if layout is not None else sizes, seed=500 + index, vocab=_vocab(spec))
+        return make_inputs(
+            specs, {**sizes, "past_sequence": 0} if layout is not None else sizes, seed=500 + index, vocab=_vocab(spec)
+        )
     import onnx
 
     model = onnx.load_model(str(ctx.input(spec.params["variants"][0]["path"])), load_external_data=False)
@@ -840,7 +1110,13 @@ def _bound_runner(session: Any, feeds: dict[str, Any], outputs: list[str]) -> An
 
 
 def _pytorch_baseline(
-    ctx: StepContext, spec: StepSpec, record: dict[str, Any], shapes: list[dict[str, int]], feeds_by_shape: list[dict[str, Any]], threads: int, layout: Any
+    ctx: StepContext,
+    spec: StepSpec,
+    record: dict[str, Any],
+    shapes: list[dict[str, int]],
+    feeds_by_shape: list[dict[str, Any]],
+    threads: int,
+    layout: Any,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, str]]:
     """PyTorch eager in fp32 and, where the CPU has native bf16, with bf16 weights; prefill and decode."""
     import torch
@@ -871,9 +1147,23 @@ def _pytorch_baseline(
         timing = measure(call, _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
         graph = ctx.input(spec.params["variants"][0]["path"])  # the exported model: the same products as PyTorch's
         phase = "prefill" if layout is not None else ""
-        out.append({"engine": "pytorch", "mode": "eager", "dtype": "fp32", "attention": attention, "device": "cpu", "shape": dict(sizes), **timing, "peak_rss_mb": rss_mb()} | _work_of(graph, "fp32", feeds, phase))
+        out.append(
+            {
+                "engine": "pytorch",
+                "mode": "eager",
+                "dtype": "fp32",
+                "attention": attention,
+                "device": "cpu",
+                "shape": dict(sizes),
+                **timing,
+                "peak_rss_mb": rss_mb(),
+            }
+            | _work_of(graph, "fp32", feeds, phase)
+        )
         if layout is not None:
-            decode.append(_pytorch_decode(model, wrapped, names, layout, sizes, timing, bench) | _work_of(graph, "fp32"))
+            decode.append(
+                _pytorch_decode(model, wrapped, names, layout, sizes, timing, bench) | _work_of(graph, "fp32")
+            )
     # The strongest local baseline: the same module with bf16 weights, where the CPU computes
     # bf16 natively (elsewhere PyTorch emulates it, slower than fp32: no baseline a user would pick).
     why = missing_feature(BF16_FLAGS, "bf16 arithmetic")
@@ -887,17 +1177,38 @@ def _pytorch_baseline(
                     m(*a)
 
             timing = measure(call16, _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
-            out.append({"engine": "pytorch", "mode": "eager", "dtype": "bf16", "attention": attention, "device": "cpu", "shape": dict(sizes), **timing, "peak_rss_mb": rss_mb()} | _work_of(graph, "bf16", feeds, phase))
+            out.append(
+                {
+                    "engine": "pytorch",
+                    "mode": "eager",
+                    "dtype": "bf16",
+                    "attention": attention,
+                    "device": "cpu",
+                    "shape": dict(sizes),
+                    **timing,
+                    "peak_rss_mb": rss_mb(),
+                }
+                | _work_of(graph, "bf16", feeds, phase)
+            )
             if layout is not None:
                 row = _pytorch_decode(model, wrapped, names, layout, sizes, timing, bench, dtype="bf16")
-                fp32 = next(d for d in decode if d["engine"] == "pytorch" and d["shape"] == dict(sizes) and d["dtype"] == "fp32")
-                row["decode_ratio_to_pytorch"] = round(row["decode_p50_ms"] / fp32["decode_p50_ms"], 3)  # against fp32, as every row
+                fp32 = next(
+                    d for d in decode if d["engine"] == "pytorch" and d["shape"] == dict(sizes) and d["dtype"] == "fp32"
+                )
+                row["decode_ratio_to_pytorch"] = round(
+                    row["decode_p50_ms"] / fp32["decode_p50_ms"], 3
+                )  # against fp32, as every row
                 row["decode_speedup_vs_pytorch"] = round(fp32["decode_p50_ms"] / row["decode_p50_ms"], 3)
                 fp32["decode_ratio_to_pytorch_bf16"] = round(fp32["decode_p50_ms"] / row["decode_p50_ms"], 3)
                 decode.append(row | _work_of(graph, "bf16"))
     del model, wrapped
     gc.collect()
-    bf16 = {"status": "used" if why is None else "skipped", "reason": "the model's weights and activations in bf16 (model.to(torch.bfloat16))" if why is None else f"{why}; PyTorch would emulate bf16, slower than its fp32"}
+    bf16 = {
+        "status": "used" if why is None else "skipped",
+        "reason": "the model's weights and activations in bf16 (model.to(torch.bfloat16))"
+        if why is None
+        else f"{why}; PyTorch would emulate bf16, slower than its fp32",
+    }
     return out, decode, bf16
 
 
@@ -912,8 +1223,17 @@ def _decode_feeds(names: list[str], layout: Any, sizes: dict[str, int], vocab: i
     """One decode step: a new token per sequence after a past as long as the shape's sequence."""
     from onnxbuild.sources.torchmodel import make_inputs
 
-    specs = [{"name": n, "dtype": "int64", "shape": ["batch", "total_sequence" if n == "attention_mask" else "sequence"]} for n in names if not n.startswith(PAST_PREFIX)]
-    return make_inputs(specs + layout.past_specs(), {"batch": _batch(sizes), "sequence": 1, "past_sequence": sizes["sequence"]}, seed=900, vocab=vocab)
+    specs = [
+        {"name": n, "dtype": "int64", "shape": ["batch", "total_sequence" if n == "attention_mask" else "sequence"]}
+        for n in names
+        if not n.startswith(PAST_PREFIX)
+    ]
+    return make_inputs(
+        specs + layout.past_specs(),
+        {"batch": _batch(sizes), "sequence": 1, "past_sequence": sizes["sequence"]},
+        seed=900,
+        vocab=vocab,
+    )
 
 
 def _generation_time(generate: Any, repeats: int = 3) -> float:
@@ -930,7 +1250,16 @@ def _timed(fn: Any) -> float:
     return time.perf_counter() - t0
 
 
-def _pytorch_decode(model: Any, wrapped: Any, names: list[str], layout: Any, sizes: dict[str, int], prefill: Timing, bench: BenchmarkSection, dtype: str = "fp32") -> dict[str, Any]:
+def _pytorch_decode(
+    model: Any,
+    wrapped: Any,
+    names: list[str],
+    layout: Any,
+    sizes: dict[str, int],
+    prefill: Timing,
+    bench: BenchmarkSection,
+    dtype: str = "fp32",
+) -> dict[str, Any]:
     """PyTorch's prefill and per-token decode, and transformers' generate() end to end."""
     import torch
 
@@ -951,7 +1280,9 @@ def _pytorch_decode(model: Any, wrapped: Any, names: list[str], layout: Any, siz
     return {"engine": "pytorch", "variant": None, "provider": None, "dtype": dtype, **row, WORK: _shapes(feeds)}
 
 
-def _decode_row(sizes: dict[str, int], prefill: Timing, step: Timing, n: int, total: float, base_ms: float | None) -> dict[str, Any]:
+def _decode_row(
+    sizes: dict[str, int], prefill: Timing, step: Timing, n: int, total: float, base_ms: float | None
+) -> dict[str, Any]:
     """The decode figures both engines report; ratios against PyTorch's per-token p50 ``base_ms``."""
     return {
         "shape": dict(sizes),
@@ -972,7 +1303,16 @@ def feeds_prompt(sizes: dict[str, int], vocab: int) -> Any:
     return np.random.default_rng(901).integers(0, vocab, size=(_batch(sizes), sizes["sequence"]), dtype=np.int64)
 
 
-def _ort_decode(session: Any, variant: dict[str, Any], provider: str, sizes: dict[str, int], prefill: Timing, bench: BenchmarkSection, decode: list[dict[str, Any]], engine: str = "onnxruntime") -> dict[str, Any]:
+def _ort_decode(
+    session: Any,
+    variant: dict[str, Any],
+    provider: str,
+    sizes: dict[str, int],
+    prefill: Timing,
+    bench: BenchmarkSection,
+    decode: list[dict[str, Any]],
+    engine: str = "onnxruntime",
+) -> dict[str, Any]:
     """The same figures for one variant: its prefill (measured above), one decode step, a whole generation."""
     decoder, feeds, vocab = _decode_step(session, sizes)
     n = int(bench["decode_tokens"])
@@ -985,13 +1325,26 @@ def _ort_decode(session: Any, variant: dict[str, Any], provider: str, sizes: dic
         if session.keeps_past:  # the pasts its steps read, from the prompt's length on
             held["decode_past"] = [sizes["sequence"], sizes["sequence"] + STATEFUL_SPAN - 1]
     else:
-        timing = measure(lambda: session.run(None, feeds), _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
+        timing = measure(
+            lambda: session.run(None, feeds), _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"]
+        )
     prompt = feeds_prompt(sizes, vocab)
     total = _generation_time(lambda: decoder.generate(prompt, n))
-    base, bf16 = ({d.get("dtype", "fp32"): d for d in decode if d["engine"] == "pytorch" and d["shape"] == dict(sizes)}.get(t) for t in ("fp32", "bf16"))
+    base, bf16 = (
+        {d.get("dtype", "fp32"): d for d in decode if d["engine"] == "pytorch" and d["shape"] == dict(sizes)}.get(t)
+        for t in ("fp32", "bf16")
+    )
     row = _decode_row(sizes, prefill, timing, n, total, base["decode_p50_ms"] if base else None)
     row["decode_ratio_to_pytorch_bf16"] = round(timing["p50_ms"] / bf16["decode_p50_ms"], 3) if bf16 else None
-    return {"engine": engine, "variant": variant["name"], "precision": variant["precision"], "provider": provider, **row, **held, WORK: _shapes(feeds)}
+    return {
+        "engine": engine,
+        "variant": variant["name"],
+        "precision": variant["precision"],
+        "provider": provider,
+        **row,
+        **held,
+        WORK: _shapes(feeds),
+    }
 
 
 def _decode_step(session: Any, sizes: dict[str, int]) -> tuple[Any, dict[str, Any], int]:
@@ -1001,7 +1354,9 @@ def _decode_step(session: Any, sizes: dict[str, int]) -> tuple[Any, dict[str, An
 
     decoder = OrtDecoder(session)
     names = [i.name for i in session.get_inputs()]
-    vocab = next((int(o.shape[-1]) for o in session.get_outputs() if o.name == "logits" and isinstance(o.shape[-1], int)), 2)
+    vocab = next(
+        (int(o.shape[-1]) for o in session.get_outputs() if o.name == "logits" and isinstance(o.shape[-1], int)), 2
+    )
     feeds = _decode_feeds(names, decoder.layout, sizes, vocab)
     return decoder, {k: v.astype(decoder.float) if k.startswith(PAST_PREFIX) else v for k, v in feeds.items()}, vocab
 
@@ -1014,4 +1369,6 @@ def _validate_schema(report: dict[str, Any]) -> None:
     try:
         jsonschema.validate(report, benchmark_schema())
     except jsonschema.ValidationError as exc:
-        raise StepError(f"benchmark.json does not match its schema at {'/'.join(map(str, exc.absolute_path))}: {exc.message} (a bug in the benchmark step)") from None
+        raise StepError(
+            f"benchmark.json does not match its schema at {'/'.join(map(str, exc.absolute_path))}: {exc.message} (a bug in the benchmark step)"
+        ) from None

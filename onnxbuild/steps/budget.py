@@ -90,7 +90,15 @@ def quantized_copy(weight: Any, bits: int, block: int, symmetric: bool) -> Any:
     return out.reshape(-1, n)[:k].astype(weight.dtype)
 
 
-def candidates(model: Any, feeds: list[dict[str, Any]], names: list[str], bits: int, block: int, symmetric: bool, fallback: int | None) -> list[Candidate]:
+def candidates(
+    model: Any,
+    feeds: list[dict[str, Any]],
+    names: list[str],
+    bits: int,
+    block: int,
+    symmetric: bool,
+    fallback: int | None,
+) -> list[Candidate]:
     """The MatMuls named in ``names`` (weights in initializers), each with its measured
     sensitivity, best worth (sensitivity per byte kept) first.
 
@@ -107,14 +115,20 @@ def candidates(model: Any, feeds: list[dict[str, Any]], names: list[str], bits: 
     from onnx import numpy_helper
 
     inits = {t.name: t for t in model.graph.initializer}
-    nodes = [n for n in model.graph.node if n.name in names and n.op_type == "MatMul" and len(n.input) == 2 and n.input[1] in inits]
+    nodes = [
+        n
+        for n in model.graph.node
+        if n.name in names and n.op_type == "MatMul" and len(n.input) == 2 and n.input[1] in inits
+    ]
     weights = {n.input[1]: numpy_helper.to_array(inits[n.input[1]]).astype(np.float32) for n in nodes}
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     kept = [t for t in probe.graph.initializer if t.name not in weights]
     del probe.graph.initializer[:]
     probe.graph.initializer.extend(kept)
-    probe.graph.input.extend(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, list(w.shape)) for name, w in weights.items())
+    probe.graph.input.extend(
+        onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, list(w.shape)) for name, w in weights.items()
+    )
     session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
     first = session.get_outputs()[0].name
     feed = {**feeds[0], **weights}
@@ -145,14 +159,25 @@ def figures(reference: list[Any], logits: list[Any], targets: list[Any]) -> dict
     tally = Tally()
     for ref, got, tgt in zip(reference, logits, targets, strict=True):
         tally.add(ref, got, tgt)
-    return {"ppl_increase": math.exp((tally.nll - tally.nll_reference) / tally.count) - 1.0, "kld_mean": max(0.0, tally.kl / tally.count)}
+    return {
+        "ppl_increase": math.exp((tally.nll - tally.nll_reference) / tally.count) - 1.0,
+        "kld_mean": max(0.0, tally.kl / tally.count),
+    }
 
 
 def meets(found: dict[str, float], budget: dict[str, float]) -> bool:
-    return ("ppl_increase_max" not in budget or found["ppl_increase"] <= budget["ppl_increase_max"]) and ("kld_max" not in budget or found["kld_mean"] <= budget["kld_max"])
+    return ("ppl_increase_max" not in budget or found["ppl_increase"] <= budget["ppl_increase_max"]) and (
+        "kld_max" not in budget or found["kld_mean"] <= budget["kld_max"]
+    )
 
 
-def search(order: list[Candidate], evaluate: Callable[[int], dict[str, float]], budget: dict[str, float], what: str, note: str = "") -> tuple[int, dict[str, float], list[dict[str, Any]]]:
+def search(
+    order: list[Candidate],
+    evaluate: Callable[[int], dict[str, float]],
+    budget: dict[str, float],
+    what: str,
+    note: str = "",
+) -> tuple[int, dict[str, float], list[dict[str, Any]]]:
     """The least k (keeping ``order[:k]``) whose figures meet ``budget``: 0, 1, 2, 4, ... then
     bisection. Raises a StepError naming the best plan when even every MatMul kept fails."""
     tried: list[dict[str, Any]] = []

@@ -53,7 +53,9 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         stem = "check" if i == len(files) - 1 else f"check.{Path(name).stem}"
         ctx.output(f"reports/{stem}.json").write_text(pretty_json(report), encoding="utf-8")
         ctx.output(f"reports/{stem}.md").write_text(markdown(report, ctx.recipe_name), encoding="utf-8")
-        summaries.append(f"{report['nodes']} nodes, {report['parameters']:,} parameters" + (f" ({name})" if len(files) > 1 else ""))
+        summaries.append(
+            f"{report['nodes']} nodes, {report['parameters']:,} parameters" + (f" ({name})" if len(files) > 1 else "")
+        )
     assert report is not None
     return StepResult(
         summary=f"ok: {'; '.join(summaries)}, opset {report['opsets'].get('', '?')}",
@@ -88,7 +90,11 @@ def inspect(model: Any, path: Any) -> CheckReport:
         dims: list[int | str | None] = []
         for d in t.shape.dim:
             dims.append(d.dim_value if d.HasField("dim_value") else (d.dim_param or None))
-        return {"name": v.name, "dtype": onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name if t.elem_type else "unknown", "shape": dims}
+        return {
+            "name": v.name,
+            "dtype": onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name if t.elem_type else "unknown",
+            "shape": dims,
+        }
 
     params = 0
     param_bytes = 0

@@ -53,7 +53,10 @@ KEYED = ("name", "dtype", "keep_io_types", "op_block_list")
 def variants(recipe: Recipe) -> list[Variant]:
     """One per entry, from the variant its ``from`` names, held to fp16's tolerances."""
     entries = cast(list[ConvertEntry], recipe.resolved.get("convert") or [])
-    return [variant(recipe, e["name"], f"convert.{e['name']}", f"{e['name']}/", "fp16", e["from"], e["validate"]) for e in entries]
+    return [
+        variant(recipe, e["name"], f"convert.{e['name']}", f"{e['name']}/", "fp16", e["from"], e["validate"])
+        for e in entries
+    ]
 
 
 def plan(p: Planning) -> list[StepSpec]:
@@ -88,7 +91,9 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         try:
             model.convert_float_to_float16(keep_io_types=e["keep_io_types"], op_block_list=e["op_block_list"] or None)
         except Exception as exc:
-            raise StepError(f"convert.{e['name']}: onnxruntime's float16 converter failed on {Path(name).name}: {type(exc).__name__}: {str(exc)[:400]}") from None
+            raise StepError(
+                f"convert.{e['name']}: onnxruntime's float16 converter failed on {Path(name).name}: {type(exc).__name__}: {str(exc)[:400]}"
+            ) from None
         halves += sum(1 for t in model.model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT16)
         big = model.model.ByteSize() > 2**31 - 2**26  # protobuf's 2 GB limit, with room
         model.save_model_to_file(str(out), use_external_data_format=big, all_tensors_to_one_file=True)
@@ -99,4 +104,8 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     if e["op_block_list"]:
         summary += f", kept in float32: {', '.join(e['op_block_list'])}"
     beside = genai_beside(ctx, spec.params["files"][-1], e["name"])
-    return StepResult(summary=summary, data={"bytes_in": size_in, "bytes_out": size_out, "float16_initializers": halves}, extra_outputs=(*extra, *beside))
+    return StepResult(
+        summary=summary,
+        data={"bytes_in": size_in, "bytes_out": size_out, "float16_initializers": halves},
+        extra_outputs=(*extra, *beside),
+    )

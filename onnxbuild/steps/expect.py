@@ -38,10 +38,29 @@ ALL = "all"
 """The ``expect:`` key whose rules apply to every variant."""
 
 COMPARISON = re.compile(r"^\s*(==|>=|<=|>|<)?\s*([0-9]+)\s*$")
-OPERATORS: dict[str, Callable[[int, int], bool]] = {"==": operator.eq, ">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
+OPERATORS: dict[str, Callable[[int, int], bool]] = {
+    "==": operator.eq,
+    ">=": operator.ge,
+    "<=": operator.le,
+    ">": operator.gt,
+    "<": operator.lt,
+}
 
 # ONNX TensorProto data types by name, as the weights rule spells them
-DTYPES = {1: "float32", 2: "uint8", 3: "int8", 9: "bool", 5: "int16", 6: "int32", 7: "int64", 10: "float16", 11: "float64", 16: "bfloat16", 21: "uint4", 22: "int4"}
+DTYPES = {
+    1: "float32",
+    2: "uint8",
+    3: "int8",
+    9: "bool",
+    5: "int16",
+    6: "int32",
+    7: "int64",
+    10: "float16",
+    11: "float64",
+    16: "bfloat16",
+    21: "uint4",
+    22: "int4",
+}
 
 
 def plan(p: Planning) -> list[StepSpec]:
@@ -106,7 +125,12 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     if contract.get("weights"):
         shares = weight_shares(models, files)
         for dtype, least in contract["weights"].items():
-            rule(f"weights.{dtype}", f">= {least:.0%} of the weight bytes", f"{shares.get(dtype, 0.0):.1%}", shares.get(dtype, 0.0) >= least)
+            rule(
+                f"weights.{dtype}",
+                f">= {least:.0%} of the weight bytes",
+                f"{shares.get(dtype, 0.0):.1%}",
+                shares.get(dtype, 0.0) >= least,
+            )
     if contract.get("max_mb") is not None:
         size = sum(_file_bytes(f) for f in files) / 1e6
         rule("max_mb", f"<= {contract['max_mb']:g} MB", f"{size:.2f} MB", size <= contract["max_mb"])
@@ -120,7 +144,9 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
             got = signature.get(name, "missing")
             rule(f"{side}.{name}", _normal(wanted), got, got == _normal(wanted))
 
-    ctx.output(f"reports/expect/{variant}.json").write_text(pretty_json({"variant": variant, "checks": checks}), encoding="utf-8")
+    ctx.output(f"reports/expect/{variant}.json").write_text(
+        pretty_json({"variant": variant, "checks": checks}), encoding="utf-8"
+    )
     broken = [c for c in checks if not c["ok"]]
     if broken:
         lines = "; ".join(f"{c['rule']}: expected {c['expected']}, found {c['actual']}" for c in broken)

@@ -73,7 +73,9 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     import torch
 
     if export["device"] == "cuda" and not torch.cuda.is_available():
-        raise StepError("export.device: cuda was asked for but torch sees no CUDA device here; use device: cpu (the ONNX file is the same)")
+        raise StepError(
+            "export.device: cuda was asked for but torch sees no CUDA device here; use device: cpu (the ONNX file is the same)"
+        )
     device = torch.device(export["device"])
     record = read_source_record(ctx)
     model = load_source_model(source, record, ctx.recipe_dir).to(device)
@@ -88,10 +90,14 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         try:
             produced = wrapped(*args)
         except Exception as exc:
-            raise StepError(f"the model failed on the export sample ({_describe(sample)}): {type(exc).__name__}: {str(exc)[:400]}") from None
+            raise StepError(
+                f"the model failed on the export sample ({_describe(sample)}): {type(exc).__name__}: {str(exc)[:400]}"
+            ) from None
     if len(produced) != len(export["outputs"]):
         raise StepError(f"export.outputs names {len(export['outputs'])} outputs but the model returns {len(produced)}")
-    dynamic_axes: dict[str, dict[int, str]] = {t["name"]: {i: d for i, d in enumerate(t["shape"]) if isinstance(d, str)} for t in export["inputs"]}
+    dynamic_axes: dict[str, dict[int, str]] = {
+        t["name"]: {i: d for i, d in enumerate(t["shape"]) if isinstance(d, str)} for t in export["inputs"]
+    }
     dynamic_axes.update(output_axes(source, export))
     out = ctx.output("model.onnx")
     with tempfile.TemporaryDirectory(dir=ctx.output_dir) as tmp:
@@ -114,17 +120,23 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         except StepError:
             raise
         except Exception as exc:
-            raise StepError(f"torch.onnx.export ({export['exporter']}) failed: {type(exc).__name__}: {brief(exc, lines=4, limit=600)}") from None
+            raise StepError(
+                f"torch.onnx.export ({export['exporter']}) failed: {type(exc).__name__}: {brief(exc, lines=4, limit=600)}"
+            ) from None
         params = sum(p.numel() * p.element_size() for p in model.parameters())
         del wrapped
         extra = _finalise(raw, out, export, params)
     if "huggingface" in source:
         extra += companion_files(ctx, model, source, record, export)
     summary = f"{export['exporter']} exporter, opset {export['opset']}, {out.stat().st_size / 1e6:.1f} MB"
-    return StepResult(summary=summary, data={"exporter": export["exporter"], "opset": export["opset"]}, extra_outputs=extra)
+    return StepResult(
+        summary=summary, data={"exporter": export["exporter"], "opset": export["opset"]}, extra_outputs=extra
+    )
 
 
-def _seq2seq(ctx: StepContext, model: Any, source: dict[str, Any], record: dict[str, Any], export: ExportSection) -> StepResult:
+def _seq2seq(
+    ctx: StepContext, model: Any, source: dict[str, Any], record: dict[str, Any], export: ExportSection
+) -> StepResult:
     """An encoder-decoder model as encoder_model.onnx and decoder_model.onnx (TorchScript:
     the decoder's cache is rebuilt from flat tensors, which it traces faithfully)."""
     import torch
@@ -144,22 +156,40 @@ def _seq2seq(ctx: StepContext, model: Any, source: dict[str, Any], record: dict[
     past_len = DEFAULT_SAMPLE["past_sequence"]
     generator = torch.Generator().manual_seed(0)
     decoder_ids = torch.randint(0, int(model.config.vocab_size), (batch, steps), generator=generator)
-    past = tuple(torch.randn((batch, layout.kv_heads, past_len, layout.head_dim), generator=generator) for _ in layout.past_names)
+    past = tuple(
+        torch.randn((batch, layout.kv_heads, past_len, layout.head_dim), generator=generator) for _ in layout.past_names
+    )
     mask = (torch.from_numpy(sample["attention_mask"]),) if masked else ()
     with torch.no_grad():
         try:
             (hidden,) = encoder(*args)
             decoder(decoder_ids, hidden, *mask, *past)
         except Exception as exc:
-            raise StepError(f"the model failed on the export sample ({_describe(sample)}): {type(exc).__name__}: {brief(exc, limit=400)}") from None
+            raise StepError(
+                f"the model failed on the export sample ({_describe(sample)}): {type(exc).__name__}: {brief(exc, limit=400)}"
+            ) from None
     # the encoder's output length: its input's sequence axis, or fixed (Whisper's 30 s of frames)
     length: int | str = "sequence" if masked else int(hidden.shape[1])
     dec_inputs, dec_outputs, dec_axes = seq2seq.decoder_io(layout, int(hidden.shape[-1]), length, masked)
     in_axes = {t["name"]: {i: d for i, d in enumerate(t["shape"]) if isinstance(d, str)} for t in export["inputs"]}
     out_axes = {0: "batch", **({1: "sequence"} if masked else {})}
     jobs = [
-        (seq2seq.ENCODER, encoder, args, names, [seq2seq.ENCODER_OUTPUT], {**in_axes, seq2seq.ENCODER_OUTPUT: out_axes}),
-        (seq2seq.DECODER, decoder, (decoder_ids, hidden, *mask, *past), [t["name"] for t in dec_inputs], dec_outputs, dec_axes),
+        (
+            seq2seq.ENCODER,
+            encoder,
+            args,
+            names,
+            [seq2seq.ENCODER_OUTPUT],
+            {**in_axes, seq2seq.ENCODER_OUTPUT: out_axes},
+        ),
+        (
+            seq2seq.DECODER,
+            decoder,
+            (decoder_ids, hidden, *mask, *past),
+            [t["name"] for t in dec_inputs],
+            dec_outputs,
+            dec_axes,
+        ),
     ]
     extra: tuple[str, ...] = ()
     params = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -169,11 +199,20 @@ def _seq2seq(ctx: StepContext, model: Any, source: dict[str, Any], record: dict[
             raw = Path(tmp) / name
             try:
                 torch.onnx.export(
-                    module, traced, str(raw), dynamo=False, input_names=inputs, output_names=outputs, dynamic_axes=axes,
-                    opset_version=export["opset"], do_constant_folding=export["constant_folding"],
+                    module,
+                    traced,
+                    str(raw),
+                    dynamo=False,
+                    input_names=inputs,
+                    output_names=outputs,
+                    dynamic_axes=axes,
+                    opset_version=export["opset"],
+                    do_constant_folding=export["constant_folding"],
                 )
             except Exception as exc:
-                raise StepError(f"torch.onnx.export of {name} failed: {type(exc).__name__}: {brief(exc, lines=4, limit=600)}") from None
+                raise StepError(
+                    f"torch.onnx.export of {name} failed: {type(exc).__name__}: {brief(exc, lines=4, limit=600)}"
+                ) from None
             extra += _finalise(raw, out, export, params)
     extra += companion_files(ctx, model, source, record, export)
     sizes = ", ".join(f"{name} {ctx.output(name).stat().st_size / 1e6:.1f} MB" for name, *_ in jobs)
@@ -189,10 +228,15 @@ def _tensorflow(ctx: StepContext, source: dict[str, Any], export: ExportSection)
     model = load_model(source["tensorflow"], record, ctx.recipe_dir)
     out = ctx.output("model.onnx")
     convert(model, export, out)
-    return StepResult(summary=f"tf2onnx, opset {export['opset']}, {out.stat().st_size / 1e6:.1f} MB", data={"exporter": "tf2onnx", "opset": export["opset"]})
+    return StepResult(
+        summary=f"tf2onnx, opset {export['opset']}, {out.stat().st_size / 1e6:.1f} MB",
+        data={"exporter": "tf2onnx", "opset": export["opset"]},
+    )
 
 
-def companion_files(ctx: StepContext, model: Any, source: dict[str, Any], record: dict[str, Any], export: ExportSection) -> tuple[str, ...]:
+def companion_files(
+    ctx: StepContext, model: Any, source: dict[str, Any], record: dict[str, Any], export: ExportSection
+) -> tuple[str, ...]:
     """config.json, generation_config.json and the tokenizer beside model.onnx, so Optimum's
     ORTModel classes can load the folder; for a with-past decoder, genai_config.json for
     onnxruntime-genai as well."""
@@ -218,7 +262,9 @@ def companion_files(ctx: StepContext, model: Any, source: dict[str, Any], record
     if export.get("with_past"):
         from onnxbuild.sources.decoder import genai_config, layout_of
 
-        ctx.output("genai_config.json").write_text(genai_config(model.config, layout_of(model.config), export), encoding="utf-8")
+        ctx.output("genai_config.json").write_text(
+            genai_config(model.config, layout_of(model.config), export), encoding="utf-8"
+        )
         written.append("genai_config.json")
     return tuple(written[1:])
 
@@ -255,17 +301,33 @@ def _finalise(raw: Path, out: Path, export: ExportSection, param_bytes: int) -> 
     """Strip run-specific metadata, then write inline or with one external-data file of a fixed name."""
     import onnx
 
-    external = export["external_data"] == "always" or (export["external_data"] == "auto" and param_bytes > PROTOBUF_LIMIT * 0.9)
+    external = export["external_data"] == "always" or (
+        export["external_data"] == "auto" and param_bytes > PROTOBUF_LIMIT * 0.9
+    )
     if export["external_data"] == "never" and param_bytes > PROTOBUF_LIMIT:
-        raise StepError(f"export.external_data: never, but the weights take {param_bytes / 1e9:.2f} GB and protobuf caps a file at 2 GB; use auto")
-    if export["exporter"] == "torchscript" and not external and not any(raw.parent.glob("*.data")) and len(list(raw.parent.iterdir())) == 1:
+        raise StepError(
+            f"export.external_data: never, but the weights take {param_bytes / 1e9:.2f} GB and protobuf caps a file at 2 GB; use auto"
+        )
+    if (
+        export["exporter"] == "torchscript"
+        and not external
+        and not any(raw.parent.glob("*.data"))
+        and len(list(raw.parent.iterdir())) == 1
+    ):
         raw.replace(out)  # TorchScript output is already deterministic; don't re-serialise it
         return ()
     model = onnx.load_model(str(raw), load_external_data=True)
     _strip_metadata(model)
     if external:
         location = f"{out.name}.data"  # model.onnx.data: a fixed name, so the bytes are reproducible
-        onnx.save_model(model, str(out), save_as_external_data=True, all_tensors_to_one_file=True, location=location, size_threshold=1024)
+        onnx.save_model(
+            model,
+            str(out),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=location,
+            size_threshold=1024,
+        )
         return (location,)
     onnx.save_model(model, str(out))
     return ()

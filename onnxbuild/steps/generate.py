@@ -56,7 +56,9 @@ def _audio(source: dict[str, Any]) -> bool:
     return (source.get("huggingface") or {}).get("task") == "automatic-speech-recognition"
 
 
-def prompt_ids(gen: GenerateSection, source: dict[str, Any], record: dict[str, Any], recipe_dir: Any, vocab: int) -> tuple[Any, Any]:
+def prompt_ids(
+    gen: GenerateSection, source: dict[str, Any], record: dict[str, Any], recipe_dir: Any, vocab: int
+) -> tuple[Any, Any]:
     """The prompt as a [1, n] int64 array, and the tokenizer when one was needed or found."""
     import numpy as np
 
@@ -109,7 +111,9 @@ def _encode(tokenizer: Any, prompt: str) -> list[int]:
     """A prompt as the model is asked things: through its chat template where the tokenizer
     has one (an instruct model answers a bare prompt as text to continue), else as text."""
     if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+        )
         ids = ids["input_ids"] if hasattr(ids, "keys") else ids
         return [int(i) for i in ids]
     return [int(i) for i in tokenizer.encode(prompt)]
@@ -125,7 +129,10 @@ def compare_runs(ref: Any, got: Any) -> dict[str, Any]:
     # Logits at step i depend only on tokens before i, so they are comparable up to and
     # including the first divergence.
     upto = len(ref.logits) if first is None else first + 1
-    diffs = [float(np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)).max()) for a, b in zip(ref.logits[:upto], got.logits[:upto], strict=True)]
+    diffs = [
+        float(np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)).max())
+        for a, b in zip(ref.logits[:upto], got.logits[:upto], strict=True)
+    ]
     return {
         "identical": first is None,
         "agreement": float(same.mean()),
@@ -152,7 +159,9 @@ def _aligned(ref: Any, got: Any) -> dict[str, Any]:
     from onnxbuild.sources.decoder import Generation
 
     length = min(ref.tokens.shape[1], got.tokens.shape[1])
-    cut = compare_runs(Generation(ref.tokens[:, :length], ref.logits[:length]), Generation(got.tokens[:, :length], got.logits[:length]))
+    cut = compare_runs(
+        Generation(ref.tokens[:, :length], ref.logits[:length]), Generation(got.tokens[:, :length], got.logits[:length])
+    )
     if cut["identical"] and ref.tokens.shape[1] != got.tokens.shape[1]:
         cut = {**cut, "identical": False, "first_divergence": length}
     return {**cut, "tokens": got.tokens[0].tolist()}
@@ -167,7 +176,15 @@ def encoder_feeds(spec: StepSpec, model: Any) -> dict[str, Any]:
     return make_inputs(export["inputs"], sizes, seed=int(spec.params["generate"]["seed"]), vocab=None)
 
 
-def _seq2seq(ctx: StepContext, spec: StepSpec, gen: GenerateSection, model: Any, prompt: Any, tokenizer: Any, record: dict[str, Any]) -> StepResult:
+def _seq2seq(
+    ctx: StepContext,
+    spec: StepSpec,
+    gen: GenerateSection,
+    model: Any,
+    prompt: Any,
+    tokenizer: Any,
+    record: dict[str, Any],
+) -> StepResult:
     """An encoder-decoder: greedy decoding over encoder_model.onnx and decoder_model.onnx
     against transformers' generate() (stopping at end-of-text, as both do), per-step logits
     compared, and a teacher-forced pass over PyTorch's tokens for quantized variants."""
@@ -177,9 +194,17 @@ def _seq2seq(ctx: StepContext, spec: StepSpec, gen: GenerateSection, model: Any,
     from onnxbuild.sources.seq2seq import OrtSeq2Seq, hf_generate, start_token, torch_generate
 
     n = int(gen["max_new_tokens"])
-    feeds = {"input_ids": prompt, "attention_mask": np.ones_like(prompt)} if prompt is not None else encoder_feeds(spec, model)
+    feeds = (
+        {"input_ids": prompt, "attention_mask": np.ones_like(prompt)}
+        if prompt is not None
+        else encoder_feeds(spec, model)
+    )
     reference = hf_generate(model, feeds, n)
-    sampling = Sampling(gen["seed"], float(gen["sampling"]["temperature"]), int(gen["sampling"]["top_k"])) if gen["sampling"] is not None else None
+    sampling = (
+        Sampling(gen["seed"], float(gen["sampling"]["temperature"]), int(gen["sampling"]["top_k"]))
+        if gen["sampling"] is not None
+        else None
+    )
     sampled_ref = torch_generate(model, feeds, n, sampling.chooser()) if sampling else None
     start, eos = start_token(model.config), getattr(model.config, "eos_token_id", None)
     del model
@@ -193,7 +218,11 @@ def _seq2seq(ctx: StepContext, spec: StepSpec, gen: GenerateSection, model: Any,
         forced_ids = np.concatenate([np.full((1, 1), start, dtype=np.int64), reference.tokens[:, :-1]], axis=1)
         logits, _ = runner.step(forced_ids, runner.encode(feeds), feeds.get("attention_mask"), runner.empty_past(1))
         forced = float((np.asarray(logits).argmax(-1) == reference.tokens).mean())
-        entry: dict[str, Any] = {"precision": variant["precision"], "greedy": greedy_cmp, "teacher_forced_agreement": forced}
+        entry: dict[str, Any] = {
+            "precision": variant["precision"],
+            "greedy": greedy_cmp,
+            "teacher_forced_agreement": forced,
+        }
         if sampling and sampled_ref is not None:
             entry["sampling"] = compare_runs(sampled_ref, runner.generate(feeds, start, n, None, sampling.chooser()))
         problem = _judge(entry, variant, gen, reference, tokenizer, skip_special=True)
@@ -201,10 +230,31 @@ def _seq2seq(ctx: StepContext, spec: StepSpec, gen: GenerateSection, model: Any,
             problems.append(problem)
         results[variant["name"]] = entry
     prompt_list = prompt[0].tolist() if prompt is not None else []
-    return _finish(ctx, spec, record, gen, prompt_list, reference, sampled_ref, tokenizer, results, problems, f"{reference.tokens.shape[1]} new tokens (encoder-decoder)", skip_special=True)
+    return _finish(
+        ctx,
+        spec,
+        record,
+        gen,
+        prompt_list,
+        reference,
+        sampled_ref,
+        tokenizer,
+        results,
+        problems,
+        f"{reference.tokens.shape[1]} new tokens (encoder-decoder)",
+        skip_special=True,
+    )
 
 
-def _judge(entry: dict[str, Any], variant: dict[str, Any], gen: GenerateSection, reference: Any, tokenizer: Any, *, skip_special: bool) -> str | None:
+def _judge(
+    entry: dict[str, Any],
+    variant: dict[str, Any],
+    gen: GenerateSection,
+    reference: Any,
+    tokenizer: Any,
+    *,
+    skip_special: bool,
+) -> str | None:
     """The variant's verdict into ``entry`` (its rule, pass, text), and the problem if it fails:
     fp32 must give PyTorch's greedy tokens, other precisions meet generate.agreement_min."""
     greedy_cmp, forced = entry["greedy"], entry["teacher_forced_agreement"]
@@ -225,15 +275,34 @@ def _judge(entry: dict[str, Any], variant: dict[str, Any], gen: GenerateSection,
         entry["passed"] = floor is None or forced >= floor
         if not entry["passed"]:
             problem = f"{variant['name']}: teacher-forced token agreement {forced:.3f} is below generate.agreement_min {floor}"
-    entry["rule"] = "greedy tokens identical to PyTorch" if exact else (f"teacher-forced agreement >= {gen['agreement_min']}" if gen["agreement_min"] is not None else "reported only (set generate.agreement_min to gate)")
+    entry["rule"] = (
+        "greedy tokens identical to PyTorch"
+        if exact
+        else (
+            f"teacher-forced agreement >= {gen['agreement_min']}"
+            if gen["agreement_min"] is not None
+            else "reported only (set generate.agreement_min to gate)"
+        )
+    )
     if tokenizer is not None:
         entry["text"] = tokenizer.decode(greedy_cmp["tokens"], skip_special_tokens=skip_special)
     return problem
 
 
 def _finish(
-    ctx: StepContext, spec: StepSpec, record: dict[str, Any], gen: GenerateSection, prompt: list[int], reference: Any, sampled_ref: Any,
-    tokenizer: Any, results: dict[str, Any], problems: list[str], what: str, *, skip_special: bool,
+    ctx: StepContext,
+    spec: StepSpec,
+    record: dict[str, Any],
+    gen: GenerateSection,
+    prompt: list[int],
+    reference: Any,
+    sampled_ref: Any,
+    tokenizer: Any,
+    results: dict[str, Any],
+    problems: list[str],
+    what: str,
+    *,
+    skip_special: bool,
 ) -> StepResult:
     """reports/generation.json and .md, and the step's verdict."""
     report = {
@@ -244,18 +313,32 @@ def _finish(
         "max_new_tokens": int(gen["max_new_tokens"]),
         "pytorch": {
             "greedy_tokens": reference.tokens[0].tolist(),
-            "text": tokenizer.decode(reference.tokens[0].tolist(), skip_special_tokens=skip_special) if tokenizer is not None else None,
+            "text": tokenizer.decode(reference.tokens[0].tolist(), skip_special_tokens=skip_special)
+            if tokenizer is not None
+            else None,
             "sampling_tokens": sampled_ref.tokens[0].tolist() if sampled_ref else None,
         },
-        "sampling": {"seed": gen["seed"], **gen["sampling"]} if sampled_ref is not None and gen["sampling"] is not None else None,
+        "sampling": {"seed": gen["seed"], **gen["sampling"]}
+        if sampled_ref is not None and gen["sampling"] is not None
+        else None,
         "variants": results,
     }
     ctx.output("reports/generation.json").write_text(pretty_json(report), encoding="utf-8")
     ctx.output("reports/generation.md").write_text(markdown(report, ctx.recipe_name), encoding="utf-8")
-    verdicts = ", ".join(f"{name} " + ("identical" if r["greedy"]["identical"] else f"agreement {r['teacher_forced_agreement']:.2f}") for name, r in results.items())
+    verdicts = ", ".join(
+        f"{name} " + ("identical" if r["greedy"]["identical"] else f"agreement {r['teacher_forced_agreement']:.2f}")
+        for name, r in results.items()
+    )
     if problems:
-        raise StepError("generation does not match PyTorch: " + "; ".join(problems) + f". Report: artifacts/{ctx.recipe_name}/failed/{spec.name}/reports/generation.md")
-    return StepResult(summary=f"{what} vs PyTorch generate: {verdicts}", data={"passed": True, "identical": [k for k, r in results.items() if r["greedy"]["identical"]]})
+        raise StepError(
+            "generation does not match PyTorch: "
+            + "; ".join(problems)
+            + f". Report: artifacts/{ctx.recipe_name}/failed/{spec.name}/reports/generation.md"
+        )
+    return StepResult(
+        summary=f"{what} vs PyTorch generate: {verdicts}",
+        data={"passed": True, "identical": [k for k, r in results.items() if r["greedy"]["identical"]]},
+    )
 
 
 def run(ctx: StepContext, spec: StepSpec) -> StepResult:
@@ -275,7 +358,11 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     if any(v.get("files") for v in spec.params["variants"]):
         return _seq2seq(ctx, spec, gen, model, prompt, tokenizer, record)
     reference = hf_generate(model, prompt, n)
-    sampling = Sampling(gen["seed"], float(gen["sampling"]["temperature"]), int(gen["sampling"]["top_k"])) if gen["sampling"] is not None else None
+    sampling = (
+        Sampling(gen["seed"], float(gen["sampling"]["temperature"]), int(gen["sampling"]["top_k"]))
+        if gen["sampling"] is not None
+        else None
+    )
     sampled_ref = torch_generate(model, prompt, n, sampling.chooser()) if sampling else None
     # transformers' generate() ran with end-of-text suppressed (min_new_tokens), so lengths
     # match; the variants are decoded by the same rule, or a trained model that answers in
@@ -294,7 +381,11 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         decoder = OrtDecoder(session)
         greedy_cmp = compare_runs(reference, decoder.generate(prompt, n, choose))
         forced = teacher_forced(decoder, prompt, reference.tokens)
-        entry: dict[str, Any] = {"precision": variant["precision"], "greedy": greedy_cmp, "teacher_forced_agreement": forced}
+        entry: dict[str, Any] = {
+            "precision": variant["precision"],
+            "greedy": greedy_cmp,
+            "teacher_forced_agreement": forced,
+        }
         if sampling and sampled_ref is not None:
             entry["sampling"] = compare_runs(sampled_ref, decoder.generate(prompt, n, sampling.chooser()))
         problem = _judge(entry, variant, gen, reference, tokenizer, skip_special=False)
@@ -303,5 +394,17 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         results[variant["name"]] = entry
         del session
 
-    return _finish(ctx, spec, record, gen, prompt[0].tolist(), reference, sampled_ref, tokenizer, results, problems, f"{n} new tokens", skip_special=False)
-
+    return _finish(
+        ctx,
+        spec,
+        record,
+        gen,
+        prompt[0].tolist(),
+        reference,
+        sampled_ref,
+        tokenizer,
+        results,
+        problems,
+        f"{n} new tokens",
+        skip_special=False,
+    )

@@ -43,7 +43,13 @@ def plan(p: Planning) -> list[StepSpec]:
             kind="machine",
             params={"benchmark": pick(bench, {"threads"})},
             outputs=(PEAKS,),
-            identity={"machine": {"cpu": environment.cpu_info()[0], "features": environment.cpu_fingerprint(), "threads": os.cpu_count()}},
+            identity={
+                "machine": {
+                    "cpu": environment.cpu_info()[0],
+                    "features": environment.cpu_fingerprint(),
+                    "threads": os.cpu_count(),
+                }
+            },
         )
     ]
 
@@ -59,10 +65,22 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     threads = int(spec.params["benchmark"]["threads"] or (os.cpu_count() or 1))
     found = measure_peaks(threads, budget_s=BUDGET_S)
     peaks = found.as_dict()
-    report = {"cpu": environment.cpu_info()[0], "fingerprint": environment.cpu_fingerprint(), **peaks, "loaded": found.loaded}
+    report = {
+        "cpu": environment.cpu_info()[0],
+        "fingerprint": environment.cpu_fingerprint(),
+        **peaks,
+        "loaded": found.loaded,
+    }
     ctx.output(PEAKS).write_text(pretty_json(report), encoding="utf-8")
     summary = limits_line(dict(peaks))
     warnings: tuple[str, ...] = ()
     if found.loaded:
-        warnings = (f"the machine was busy: the peaks' timed calls got {found.cpu_share:.0%} of {threads} threads' CPU time, so they are low; not cached, measured again next build",)
-    return StepResult(summary=summary, data={"fp32_gflops": peaks["fp32_gflops"], "memory_gbps": peaks["memory_gbps"], "loaded": found.loaded}, warnings=warnings, keep=not found.loaded)
+        warnings = (
+            f"the machine was busy: the peaks' timed calls got {found.cpu_share:.0%} of {threads} threads' CPU time, so they are low; not cached, measured again next build",
+        )
+    return StepResult(
+        summary=summary,
+        data={"fp32_gflops": peaks["fp32_gflops"], "memory_gbps": peaks["memory_gbps"], "loaded": found.loaded},
+        warnings=warnings,
+        keep=not found.loaded,
+    )

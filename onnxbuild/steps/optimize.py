@@ -47,7 +47,13 @@ FUSED_OPS = (
     "RotaryEmbedding",
 )
 
-LEVELS = {"none": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "layout": "ORT_ENABLE_LAYOUT", "all": "ORT_ENABLE_ALL"}
+LEVELS = {
+    "none": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "layout": "ORT_ENABLE_LAYOUT",
+    "all": "ORT_ENABLE_ALL",
+}
 HARDWARE_BOUND = frozenset({"extended", "layout", "all"})
 
 
@@ -59,7 +65,17 @@ def variants(recipe: Recipe) -> list[Variant]:
     opt = recipe.resolved.get("optimize")
     if not opt:
         return []
-    return [variant(recipe, "optimized", "optimize", "optimized/", "fp16" if opt["float16"] else "fp32", "model", opt.get("validate") or {})]
+    return [
+        variant(
+            recipe,
+            "optimized",
+            "optimize",
+            "optimized/",
+            "fp16" if opt["float16"] else "fp32",
+            "model",
+            opt.get("validate") or {},
+        )
+    ]
 
 
 def plan(p: Planning) -> list[StepSpec]:
@@ -82,11 +98,20 @@ def plan(p: Planning) -> list[StepSpec]:
             name="optimize",
             kind="optimize",
             params={
-                "optimize": pick(r["optimize"], OWN_KEYS if fuse else set(OWN_KEYS) - {"decoder"}), "source": section_for(r["source"], drop=("tokenizer",), unset=("package",)) if kind == "huggingface" else None, "input": MODEL,
-                "provider": provider if hardware else None, "skip_layer_norm": skip_layer_norm(r["optimize"]["skip_layer_norm"], r["providers"]), **({"fuse_decoder": True} if fuse else {}), **({"files": list(files)} if files else {}),
+                "optimize": pick(r["optimize"], OWN_KEYS if fuse else set(OWN_KEYS) - {"decoder"}),
+                "source": section_for(r["source"], drop=("tokenizer",), unset=("package",))
+                if kind == "huggingface"
+                else None,
+                "input": MODEL,
+                "provider": provider if hardware else None,
+                "skip_layer_norm": skip_layer_norm(r["optimize"]["skip_layer_norm"], r["providers"]),
+                **({"fuse_decoder": True} if fuse else {}),
+                **({"files": list(files)} if files else {}),
             },
             deps=(model_step, "source") if fuse else (model_step,),
-            inputs=(StepInput(model_step, MODEL), StepInput("source", SOURCE_RECORD)) if fuse else tuple(StepInput(model_step, f) for f in files or (MODEL,)),
+            inputs=(StepInput(model_step, MODEL), StepInput("source", SOURCE_RECORD))
+            if fuse
+            else tuple(StepInput(model_step, f) for f in files or (MODEL,)),
             outputs=(*(f"optimized/{f}" for f in files or (MODEL,)), "reports/optimize.json"),
             identity={"cpu": environment.cpu_fingerprint()} if hardware else {},
         )
@@ -124,7 +149,9 @@ def model_dims(source: dict[str, Any] | None, recipe_dir: Path) -> tuple[int, in
         folder = local_folder(src, recipe_dir)
         if folder is not None and (folder / "config.json").is_file():
             config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    heads = next((config[k] for k in ("num_attention_heads", "n_head", "num_heads", "encoder_attention_heads") if k in config), 0)  # T5, BART/Whisper
+    heads = next(
+        (config[k] for k in ("num_attention_heads", "n_head", "num_heads", "encoder_attention_heads") if k in config), 0
+    )  # T5, BART/Whisper
     hidden = next((config[k] for k in ("hidden_size", "n_embd", "d_model") if k in config), 0)
     return int(heads or 0), int(hidden or 0)
 
@@ -165,7 +192,9 @@ def _each_file(ctx: StepContext, spec: StepSpec, opt: OptimizeSection) -> StepRe
     return _finish(ctx, spec, opt, report, dict(before), outs)
 
 
-def _optimize(ctx: StepContext, spec: StepSpec, opt: OptimizeSection, src_path: Path, out: Path) -> tuple[dict[str, Any], dict[str, int]]:
+def _optimize(
+    ctx: StepContext, spec: StepSpec, opt: OptimizeSection, src_path: Path, out: Path
+) -> tuple[dict[str, Any], dict[str, int]]:
     """One file through the fused decoder (a decoder's), ORT's transformer fusions, fp16 and the graph level."""
     import onnx
     import onnxruntime as ort
@@ -195,20 +224,38 @@ def _optimize(ctx: StepContext, spec: StepSpec, opt: OptimizeSection, src_path: 
         options = FusionOptions(model_type)
         for key, value in t["fusion_options"].items():
             if not hasattr(options, key):
-                raise StepError(f"optimize.transformer.fusion_options.{key}: not a fusion option of onnxruntime (known: {', '.join(sorted(vars(options)))})")
+                raise StepError(
+                    f"optimize.transformer.fusion_options.{key}: not a fusion option of onnxruntime (known: {', '.join(sorted(vars(options)))})"
+                )
             setattr(options, key, value)
         try:
-            optimized = optimize_model(str(current), model_type=model_type, num_heads=heads, hidden_size=hidden, optimization_options=options, opt_level=t["opt_level"], only_onnxruntime=t["only_onnxruntime"], use_gpu=False)
+            optimized = optimize_model(
+                str(current),
+                model_type=model_type,
+                num_heads=heads,
+                hidden_size=hidden,
+                optimization_options=options,
+                opt_level=t["opt_level"],
+                only_onnxruntime=t["only_onnxruntime"],
+                use_gpu=False,
+            )
         except Exception as exc:
             hint = ""
             if isinstance(exc, IndexError):
                 # Measured: ORT's fusions index bias inputs that onnxscript drops from dynamo graphs.
                 hint = "; this is how it fails on graphs from the dynamo exporter: use export.exporter: torchscript, or optimize.transformer: null"
-            raise StepError(f"onnxruntime's transformer optimizer failed ({model_type}, heads {heads}, hidden {hidden}): {type(exc).__name__}: {exc}{hint}") from None
+            raise StepError(
+                f"onnxruntime's transformer optimizer failed ({model_type}, heads {heads}, hidden {hidden}): {type(exc).__name__}: {exc}{hint}"
+            ) from None
         staged = ctx.output_dir / "stage-transformer.onnx"
         optimized.save_model_to_file(str(staged))
         current = staged
-        report["transformer"] = {"model_type": model_type, "num_heads": heads, "hidden_size": hidden, "opt_level": t["opt_level"]}
+        report["transformer"] = {
+            "model_type": model_type,
+            "num_heads": heads,
+            "hidden_size": hidden,
+            "opt_level": t["opt_level"],
+        }
     if opt["float16"] is not None:
         from onnxruntime.transformers.onnx_model import OnnxModel
 
@@ -252,19 +299,36 @@ def _split_skip_layer_norm(ctx: StepContext, current: Path, report: dict[str, An
     if not any(n.op_type == "SkipLayerNormalization" for n in model.graph.node):
         return current
     if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
-        report["skip_layer_norm"] = {"mode": "fused", "why": "weights stored outside the file: left as SkipLayerNormalization"}
+        report["skip_layer_norm"] = {
+            "mode": "fused",
+            "why": "weights stored outside the file: left as SkipLayerNormalization",
+        }
         return current
     if default_opset(model) < MIN_OPSET:
-        report["skip_layer_norm"] = {"mode": "fused", "why": f"opset {default_opset(model)} has no LayerNormalization (needs {MIN_OPSET}): left as SkipLayerNormalization"}
+        report["skip_layer_norm"] = {
+            "mode": "fused",
+            "why": f"opset {default_opset(model)} has no LayerNormalization (needs {MIN_OPSET}): left as SkipLayerNormalization",
+        }
         return current
     count = split_skip_layer_norm(model)
     staged = ctx.output_dir / "stage-sum.onnx"
     onnx.save_model(model, str(staged))
-    report["skip_layer_norm"] = {"mode": "sum", "split": count, "why": "every provider runs on the CPU, where ONNX Runtime's SkipLayerNormalization kernel is slower than Sum + LayerNormalization"}
+    report["skip_layer_norm"] = {
+        "mode": "sum",
+        "split": count,
+        "why": "every provider runs on the CPU, where ONNX Runtime's SkipLayerNormalization kernel is slower than Sum + LayerNormalization",
+    }
     return staged
 
 
-def _finish(ctx: StepContext, spec: StepSpec, opt: OptimizeSection, report: dict[str, Any], before: dict[str, int], outs: list[Path]) -> StepResult:
+def _finish(
+    ctx: StepContext,
+    spec: StepSpec,
+    opt: OptimizeSection,
+    report: dict[str, Any],
+    before: dict[str, int],
+    outs: list[Path],
+) -> StepResult:
     """reports/optimize.json and the step's summary, over every file written."""
     import onnx
 
@@ -283,11 +347,17 @@ def _finish(ctx: StepContext, spec: StepSpec, opt: OptimizeSection, report: dict
         op_types=dict(sorted(after.items(), key=lambda kv: (-kv[1], kv[0]))),
     )
     if report["hardware_bound"]:
-        report["note"] = f"level {opt['level']} ties the model to {spec.params['provider']} on this CPU (fingerprint {report['cpu_fingerprint']}); rebuilt elsewhere it may differ"
+        report["note"] = (
+            f"level {opt['level']} ties the model to {spec.params['provider']} on this CPU (fingerprint {report['cpu_fingerprint']}); rebuilt elsewhere it may differ"
+        )
     ctx.output("reports/optimize.json").write_text(pretty_json(report), encoding="utf-8")
     fused_text = ", ".join(f"{k} {v}" for k, v in fused.items()) or "no fused ops"
     extra = genai_beside(ctx, "model.onnx", "optimized") if not spec.params.get("files") else ()
-    return StepResult(summary=f"{how}{report['nodes_before']} -> {report['nodes_after']} nodes; {fused_text}", data={"fused_ops": fused}, extra_outputs=extra)
+    return StepResult(
+        summary=f"{how}{report['nodes_before']} -> {report['nodes_after']} nodes; {fused_text}",
+        data={"fused_ops": fused},
+        extra_outputs=extra,
+    )
 
 
 def genai_beside(ctx: StepContext, model_input: str, folder: str) -> tuple[str, ...]:

@@ -31,9 +31,36 @@ PACKAGES = ("onnxruntime", "onnx", "numpy")
 COMMON_KEYS = ("name", "method", "from", "exclude_nodes", "keep", "validate")
 METHOD_KEYS = {
     "dynamic": (*COMMON_KEYS, "per_channel", "reduce_range", "weight_type", "op_types"),
-    "static": (*COMMON_KEYS, "per_channel", "reduce_range", "weight_type", "activation_type", "op_types", "calibration"),
-    "int4": (*COMMON_KEYS, "block_size", "symmetric", "accuracy_level", "embedding", "algorithm", "budget", "calibration"),
-    "weight_only": (*COMMON_KEYS, "bits", "block_size", "symmetric", "accuracy_level", "embedding", "algorithm", "budget", "calibration"),
+    "static": (
+        *COMMON_KEYS,
+        "per_channel",
+        "reduce_range",
+        "weight_type",
+        "activation_type",
+        "op_types",
+        "calibration",
+    ),
+    "int4": (
+        *COMMON_KEYS,
+        "block_size",
+        "symmetric",
+        "accuracy_level",
+        "embedding",
+        "algorithm",
+        "budget",
+        "calibration",
+    ),
+    "weight_only": (
+        *COMMON_KEYS,
+        "bits",
+        "block_size",
+        "symmetric",
+        "accuracy_level",
+        "embedding",
+        "algorithm",
+        "budget",
+        "calibration",
+    ),
     "gguf": (*COMMON_KEYS, "accuracy_level", "embedding"),
 }
 
@@ -56,7 +83,17 @@ def variants(recipe: Recipe) -> list[Variant]:
     for q in recipe.resolved.get("quantize", []):
         budget = q.get("budget") or {}
         own = {**{k: budget[k] for k in TEXT_GATES if k in budget}, **q["validate"]}
-        out.append(variant(recipe, q["name"], f"quantize.{q['name']}", f"{q['name']}/", precision(cast(QuantizeSection, q)), q["from"], own))
+        out.append(
+            variant(
+                recipe,
+                q["name"],
+                f"quantize.{q['name']}",
+                f"{q['name']}/",
+                precision(cast(QuantizeSection, q)),
+                q["from"],
+                own,
+            )
+        )
     return out
 
 
@@ -94,12 +131,26 @@ def plan(p: Planning) -> list[StepSpec]:
                     "quantize": _keyed(q, keyed),
                     "input": base.path,
                     **({"files": list(base.files)} if base.files else {}),
-                    **({"inputs": r["export"]["inputs"], "shapes": r["validate"]["shapes"], "vocab_size": vocab_size(p.recipe)} if seeded else {}),
+                    **(
+                        {
+                            "inputs": r["export"]["inputs"],
+                            "shapes": r["validate"]["shapes"],
+                            "vocab_size": vocab_size(p.recipe),
+                        }
+                        if seeded
+                        else {}
+                    ),
                     **({"source": section_for(r["source"], unset=("package",))} if reads_source else {}),
                 },
                 deps=(base.step, *(("source",) if reads_source else ())),
-                inputs=(*(StepInput(base.step, f) for f in base.paths), *((StepInput("source", SOURCE_RECORD),) if reads_source else ())),
-                outputs=(*(f"{q['name']}/{Path(f).name}" for f in base.paths), *((f"reports/quantize/{q['name']}.json",) if budgeted or q["method"] == "gguf" else ())),
+                inputs=(
+                    *(StepInput(base.step, f) for f in base.paths),
+                    *((StepInput("source", SOURCE_RECORD),) if reads_source else ()),
+                ),
+                outputs=(
+                    *(f"{q['name']}/{Path(f).name}" for f in base.paths),
+                    *((f"reports/quantize/{q['name']}.json",) if budgeted or q["method"] == "gguf" else ()),
+                ),
                 files=files,
             )
         )
@@ -131,7 +182,20 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         extra.unlink()
     size_in, size_out = src.stat().st_size, out.stat().st_size
     model = onnx.load_model(str(out), load_external_data=False)
-    quantized = sum(1 for n in model.graph.node if n.op_type in ("MatMulInteger", "DynamicQuantizeMatMul", "QLinearMatMul", "MatMulNBits", "QAttention", "DynamicQuantizeLinear", "QuantizeLinear"))
+    quantized = sum(
+        1
+        for n in model.graph.node
+        if n.op_type
+        in (
+            "MatMulInteger",
+            "DynamicQuantizeMatMul",
+            "QLinearMatMul",
+            "MatMulNBits",
+            "QAttention",
+            "DynamicQuantizeLinear",
+            "QuantizeLinear",
+        )
+    )
     summary = f"{q['method']}: {size_in / 1e6:.1f} MB -> {size_out / 1e6:.1f} MB ({size_out / size_in:.0%}), {quantized} quantized nodes"
     from onnxbuild.steps.optimize import genai_beside
 
@@ -146,7 +210,10 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         fallback = "float" if plan["kept"] and plan["kept"][0]["bits"] is None else "8 bits"
         summary += f"; budget {', '.join(f'{k} {v:g}' for k, v in plan['budget'].items())}: {len(plan['kept'])} of {plan['matmuls']} MatMuls kept at {fallback} (calibration: ppl {plan['figures']['ppl_increase']:+.2%}, KL {plan['figures']['kld_mean']:.4f})"
         # what a review should see in the lock file: which layers changed precision
-        data["lock"] = {"kept": {k["node"]: k["bits"] or "float" for k in plan["kept"]}, "figures": {k: round(v, 6) for k, v in plan["figures"].items()}}
+        data["lock"] = {
+            "kept": {k["node"]: k["bits"] or "float" for k in plan["kept"]},
+            "figures": {k: round(v, 6) for k, v in plan["figures"].items()},
+        }
     return StepResult(summary=summary, data=data, extra_outputs=beside)
 
 
@@ -161,7 +228,9 @@ def _quantize(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: Quantiz
     except StepError:
         raise
     except Exception as exc:
-        raise StepError(f"quantize.{q['name']} ({q['method']}) failed{where}: {type(exc).__name__}: {str(exc)[:500]}") from None
+        raise StepError(
+            f"quantize.{q['name']} ({q['method']}) failed{where}: {type(exc).__name__}: {str(exc)[:500]}"
+        ) from None
 
 
 def _each_file(ctx: StepContext, spec: StepSpec, q: QuantizeSection) -> StepResult:
@@ -172,7 +241,9 @@ def _each_file(ctx: StepContext, spec: StepSpec, q: QuantizeSection) -> StepResu
     kept = {name: excluded(ctx.input(name), q, each_must_match=False) for name in files}
     for k in q["keep"]:
         if not any(k in node for names in kept.values() for node in names):
-            raise StepError(f"quantize.{q['name']}.keep: {k!r} is in no MatMul, Gemm or Gather node's name in {', '.join(Path(f).name for f in files)}; fix the name or drop it")
+            raise StepError(
+                f"quantize.{q['name']}.keep: {k!r} is in no MatMul, Gemm or Gather node's name in {', '.join(Path(f).name for f in files)}; fix the name or drop it"
+            )
     for name in files:
         src, out = ctx.input(name), ctx.output(f"{q['name']}/{Path(name).name}")
         _quantize(ctx, spec, src, out, {**q, "keep": [], "exclude_nodes": kept[name]}, f" on {Path(name).name}")
@@ -180,7 +251,10 @@ def _each_file(ctx: StepContext, spec: StepSpec, q: QuantizeSection) -> StepResu
         parts.append(f"{Path(name).name} {src.stat().st_size / 1e6:.1f} -> {out.stat().st_size / 1e6:.1f} MB")
     for extra in ctx.output(q["name"]).glob("*.onnx.data"):
         extra.unlink()
-    return StepResult(summary=f"{q['method']}: {'; '.join(parts)} ({size_out / size_in:.0%})", data={"bytes_in": size_in, "bytes_out": size_out})
+    return StepResult(
+        summary=f"{q['method']}: {'; '.join(parts)} ({size_out / size_in:.0%})",
+        data={"bytes_in": size_in, "bytes_out": size_out},
+    )
 
 
 def _dynamic(src: Path, out: Path, q: QuantizeSection) -> None:
@@ -211,13 +285,19 @@ def excluded(model: Any, q: QuantizeSection, *, each_must_match: bool = True) ->
     proto = model if isinstance(model, onnx.ModelProto) else onnx.load_model(str(model), load_external_data=False)
     # onnxruntime's quantizers take every "Attention" for its contrib op and rewrite ONNX's own
     # (opset 23) into a QAttention that cannot load: it stays float, the MatMuls around it do not
-    names += [n.name for n in proto.graph.node if n.op_type == "Attention" and n.domain in ("", "ai.onnx") and n.name not in names]
+    names += [
+        n.name
+        for n in proto.graph.node
+        if n.op_type == "Attention" and n.domain in ("", "ai.onnx") and n.name not in names
+    ]
     if q.get("keep"):
         weighted = [n.name for n in proto.graph.node if n.op_type in ("MatMul", "Gemm", "Gather")]
         for k in q["keep"]:
             hits = [n for n in weighted if k in n]
             if not hits and each_must_match:
-                raise StepError(f"quantize.{q['name']}.keep: {k!r} is in no MatMul, Gemm or Gather node's name (names look like {', '.join(weighted[-3:])}); fix the name or drop it")
+                raise StepError(
+                    f"quantize.{q['name']}.keep: {k!r} is in no MatMul, Gemm or Gather node's name (names look like {', '.join(weighted[-3:])}); fix the name or drop it"
+                )
             names += [n for n in hits if n not in names]
     return names
 
@@ -251,12 +331,31 @@ def _gguf(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: QuantizeSec
     exact = [c for c in carried if c.exact]
     left = [c for c in carried if not c.exact]
     if not q["embedding"]:
-        left.append(Carried("token_embd.weight", "", "model.embed_tokens.weight", why_not="quantize.embedding is false: the embedding Gather stays float"))
+        left.append(
+            Carried(
+                "token_embd.weight",
+                "",
+                "model.embed_tokens.weight",
+                why_not="quantize.embedding is false: the embedding Gather stays float",
+            )
+        )
     report = {
         "gguf": path.name,
         "accuracy_level": int(q["accuracy_level"]),
-        "carried": [{"gguf": c.gguf_name, "type": c.gguf_type, "onnx": c.onnx_name, "op": c.op, "bits": c.bits, "zero_points": c.zero_points} for c in exact],
-        "not_carried": [{"gguf": c.gguf_name, "type": c.gguf_type, "onnx": c.onnx_name, "why": c.why_not} for c in left],
+        "carried": [
+            {
+                "gguf": c.gguf_name,
+                "type": c.gguf_type,
+                "onnx": c.onnx_name,
+                "op": c.op,
+                "bits": c.bits,
+                "zero_points": c.zero_points,
+            }
+            for c in exact
+        ],
+        "not_carried": [
+            {"gguf": c.gguf_name, "type": c.gguf_type, "onnx": c.onnx_name, "why": c.why_not} for c in left
+        ],
     }
     ctx.output(f"reports/quantize/{q['name']}.json").write_text(pretty_json(report), encoding="utf-8")
     types = ", ".join(f"{t} {sum(1 for c in exact if c.gguf_type == t)}" for t in sorted({c.gguf_type for c in exact}))
@@ -264,11 +363,17 @@ def _gguf(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: QuantizeSec
     summary = f"gguf: {size_in / 1e6:.1f} MB -> {size_out / 1e6:.1f} MB, {len(exact)} GGUF tensors carried exactly ({types}), accuracy_level {q['accuracy_level']}"
     if left:
         named = [f"{c.gguf_name or c.onnx_name} ({c.gguf_type or 'no GGUF tensor'}: {c.why_not})" for c in left]
-        summary += f"; not carried (float): {', '.join(named[:5])}" + (f" and {len(named) - 5} more" if len(named) > 5 else "")
+        summary += f"; not carried (float): {', '.join(named[:5])}" + (
+            f" and {len(named) - 5} more" if len(named) > 5 else ""
+        )
     from onnxbuild.steps.optimize import genai_beside
 
     beside = genai_beside(ctx, spec.params["input"], q["name"])
-    return StepResult(summary=summary, data={"bytes_in": size_in, "bytes_out": size_out, "carried": len(exact), "not_carried": len(left)}, extra_outputs=beside)
+    return StepResult(
+        summary=summary,
+        data={"bytes_in": size_in, "bytes_out": size_out, "carried": len(exact), "not_carried": len(left)},
+        extra_outputs=beside,
+    )
 
 
 def _budgeted(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: QuantizeSection) -> PrecisionPlan:
@@ -304,7 +409,9 @@ def _budgeted(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: Quantiz
         kept = [c.node for c in order[:k]]
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
-        return _weight_only_proto(copy, {**q, "exclude_nodes": [*q["exclude_nodes"], *kept]}, keep_bits=(kept, fallback))
+        return _weight_only_proto(
+            copy, {**q, "exclude_nodes": [*q["exclude_nodes"], *kept]}, keep_bits=(kept, fallback)
+        )
 
     def evaluate(k: int) -> dict[str, float]:
         candidate = ort.InferenceSession(build(k).SerializeToString(), providers=["CPUExecutionProvider"])
@@ -345,16 +452,24 @@ def _calibration_windows(ctx: StepContext, spec: StepSpec, q: QuantizeSection, s
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise StepError(f"quantize.{q['name']}.calibration.text: cannot read {path} ({type(exc).__name__}: {str(exc)[:200]})") from None
-        tokenizer = load_tokenizer(spec.params["source"], read_source_record(ctx), ctx.recipe_dir, key=f"quantize.{q['name']}.calibration.text")
+            raise StepError(
+                f"quantize.{q['name']}.calibration.text: cannot read {path} ({type(exc).__name__}: {str(exc)[:200]})"
+            ) from None
+        tokenizer = load_tokenizer(
+            spec.params["source"], read_source_record(ctx), ctx.recipe_dir, key=f"quantize.{q['name']}.calibration.text"
+        )
         ids = np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
         n = min(len(ids) // window, count)
         if n == 0:
-            raise StepError(f"quantize.{q['name']}.calibration.text: {cal['text']} is {len(ids)} tokens long, shorter than one window of {window}; give more text or a smaller calibration.window")
+            raise StepError(
+                f"quantize.{q['name']}.calibration.text: {cal['text']} is {len(ids)} tokens long, shorter than one window of {window}; give more text or a smaller calibration.window"
+            )
         return ids[: n * window].reshape(n, window), f"{n} windows of {window} tokens from {cal['text']}"
     vocab = next((int(o.shape[-1]) for o in session.get_outputs()[:1] if isinstance(o.shape[-1], int)), 1000)
     rng = np.random.default_rng(0)
-    return rng.integers(0, vocab, size=(count, window), dtype=np.int64), f"{count} windows of {window} seeded random token ids (no calibration.text)"
+    return rng.integers(
+        0, vocab, size=(count, window), dtype=np.int64
+    ), f"{count} windows of {window} seeded random token ids (no calibration.text)"
 
 
 def _prefill_feeds(session: Any, ids: Any) -> dict[str, Any]:
@@ -370,7 +485,9 @@ def _prefill_feeds(session: Any, ids: Any) -> dict[str, Any]:
         elif i.name == "position_ids":
             feeds[i.name] = np.arange(len(ids), dtype=np.int64)[None, :]
         elif i.name.startswith(PAST):
-            feeds[i.name] = np.zeros([1 if j == 0 else 0 if j == 2 else d for j, d in enumerate(i.shape)], dtype=np.float32)
+            feeds[i.name] = np.zeros(
+                [1 if j == 0 else 0 if j == 2 else d for j, d in enumerate(i.shape)], dtype=np.float32
+            )
         else:
             raise StepError(f"an accuracy budget runs decoders on text windows; this model also takes {i.name!r}")
     return feeds
@@ -403,10 +520,21 @@ def _weight_only_proto(model: Any, q: QuantizeSection, keep_bits: tuple[list[str
     bits = bits_of(q)
     # GatherBlockQuantized wants the embedding blocked along the hidden axis (1), the
     # MatMuls' weights along their input axis (0)
-    ops = {"op_types_to_quantize": ("MatMul", "Gather"), "quant_axes": (("MatMul", 0), ("Gather", 1))} if q["embedding"] else {}
+    ops = (
+        {"op_types_to_quantize": ("MatMul", "Gather"), "quant_axes": (("MatMul", 0), ("Gather", 1))}
+        if q["embedding"]
+        else {}
+    )
     algo = HQQWeightOnlyQuantConfig(block_size=q["block_size"], bits=bits, **ops) if q["algorithm"] == "hqq" else None
     quant = MatMulNBitsQuantizer(
-        model, bits=bits, block_size=q["block_size"], is_symmetric=q["symmetric"], accuracy_level=q["accuracy_level"] or None, nodes_to_exclude=excluded(model, q) or None, algo_config=algo, **ops,
+        model,
+        bits=bits,
+        block_size=q["block_size"],
+        is_symmetric=q["symmetric"],
+        accuracy_level=q["accuracy_level"] or None,
+        nodes_to_exclude=excluded(model, q) or None,
+        algo_config=algo,
+        **ops,
     )
     quant.process()
     if algo is not None:
@@ -422,7 +550,14 @@ def _weight_only_proto(model: Any, q: QuantizeSection, keep_bits: tuple[list[str
         split_float_zero_points(quant.model.model)
     kept, fallback = keep_bits
     if kept and fallback is not None:  # the budget's kept MatMuls, at 8 bits
-        again = MatMulNBitsQuantizer(quant.model.model, bits=fallback, block_size=q["block_size"], is_symmetric=False, accuracy_level=q["accuracy_level"] or None, nodes_to_include=kept)
+        again = MatMulNBitsQuantizer(
+            quant.model.model,
+            bits=fallback,
+            block_size=q["block_size"],
+            is_symmetric=False,
+            accuracy_level=q["accuracy_level"] or None,
+            nodes_to_include=kept,
+        )
         again.process()
         return again.model.model
     return quant.model.model
@@ -446,10 +581,20 @@ def _bias_into_nbits(model: Any) -> None:
             continue
         first, second = add.input
         mm, bias = (producer.get(first), second) if second in inits else (producer.get(second), first)
-        if mm is None or mm.op_type != "MatMulNBits" or bias not in inits or consumers.get(mm.output[0]) != 1 or mm.output[0] in outputs:
+        if (
+            mm is None
+            or mm.op_type != "MatMulNBits"
+            or bias not in inits
+            or consumers.get(mm.output[0]) != 1
+            or mm.output[0] in outputs
+        ):
             continue
         n_out = next(a.i for a in mm.attribute if a.name == "N")
-        if list(inits[bias].dims) != [n_out] or len(mm.input) > 5 or numpy_helper.to_array(inits[bias]).dtype.name != "float32":
+        if (
+            list(inits[bias].dims) != [n_out]
+            or len(mm.input) > 5
+            or numpy_helper.to_array(inits[bias]).dtype.name != "float32"
+        ):
             continue
         mm.input.extend([""] * (5 - len(mm.input)) + [bias])
         mm.output[0] = add.output[0]
@@ -470,7 +615,11 @@ def _static(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: QuantizeS
     cal = q["calibration"]
     session = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
-    pasts = {i.name: [d if isinstance(d, int) else 0 for d in i.shape] for i in session.get_inputs() if i.name.startswith(PAST)}
+    pasts = {
+        i.name: [d if isinstance(d, int) else 0 for d in i.shape]
+        for i in session.get_inputs()
+        if i.name.startswith(PAST)
+    }
     del session
     batches: list[dict[str, Any]]
     if cal["npz"]:
@@ -481,7 +630,9 @@ def _static(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: QuantizeS
             raise StepError(f"quantize.{q['name']}.calibration.npz: cannot read {cal['npz']}: {exc}") from None
         missing = [n for n in names if n not in data and n not in pasts]
         if missing:
-            raise StepError(f"quantize.{q['name']}.calibration.npz: {cal['npz']} lacks arrays for inputs {missing} (it has {sorted(data)})")
+            raise StepError(
+                f"quantize.{q['name']}.calibration.npz: {cal['npz']} lacks arrays for inputs {missing} (it has {sorted(data)})"
+            )
         given = [n for n in names if n in data]
         count = len(data[given[0]])
         batches = [{n: data[n][i : i + 1] for n in given} for i in range(count)]
@@ -496,13 +647,17 @@ def _static(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: QuantizeS
             # "inhomogeneous shape" ValueError)
             shapes = [max(shapes, key=lambda s: math.prod(v for v in s.values() if isinstance(v, int)))]
         vocab = spec.params.get("vocab_size")
-        batches = [make_inputs(specs, shapes[i % len(shapes)], seed=1000 + i, vocab=vocab) for i in range(cal["samples"])]
+        batches = [
+            make_inputs(specs, shapes[i % len(shapes)], seed=1000 + i, vocab=vocab) for i in range(cal["samples"])
+        ]
         batches = [{k: v for k, v in b.items() if k in names} for b in batches]
     # A decoder with a KV cache calibrates on prefills: each past an empty [batch, heads, 0, dim].
     for batch in batches:
         rows = next((len(v) for k, v in batch.items() if not k.startswith(PAST)), 1)
         for name, shape in pasts.items():
-            batch.setdefault(name, np.zeros([rows if i == 0 else 0 if i == 2 else d for i, d in enumerate(shape)], dtype=np.float32))
+            batch.setdefault(
+                name, np.zeros([rows if i == 0 else 0 if i == 2 else d for i, d in enumerate(shape)], dtype=np.float32)
+            )
 
     class Reader(CalibrationDataReader):  # type: ignore[misc]
         def __init__(self) -> None:
@@ -511,7 +666,11 @@ def _static(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: QuantizeS
         def get_next(self) -> dict[str, Any] | None:
             return next(self.items, None)
 
-    methods = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy, "percentile": CalibrationMethod.Percentile}
+    methods = {
+        "minmax": CalibrationMethod.MinMax,
+        "entropy": CalibrationMethod.Entropy,
+        "percentile": CalibrationMethod.Percentile,
+    }
     quantize_static(
         str(src),
         str(out),

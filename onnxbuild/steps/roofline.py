@@ -112,7 +112,12 @@ class Work:
     """Op types with heavy math left out (shapes unknown or not modelled): ``flops`` is then a lower bound."""
 
     def as_dict(self) -> WorkDict:
-        return {"flops": self.flops, "weight_bytes": self.weight_bytes, "by_op": dict(self.by_op), "uncounted": list(self.uncounted)}
+        return {
+            "flops": self.flops,
+            "weight_bytes": self.weight_bytes,
+            "by_op": dict(self.by_op),
+            "uncounted": list(self.uncounted),
+        }
 
 
 @dataclass(frozen=True)
@@ -172,7 +177,9 @@ class Peaks:
             if value is None and optional:
                 return None
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"peaks.{key}: must be a positive number{' or null' if optional else ''} (got {value!r})")
+                raise ValueError(
+                    f"peaks.{key}: must be a positive number{' or null' if optional else ''} (got {value!r})"
+                )
             return float(value)
 
         threads = data.get("threads")
@@ -183,7 +190,15 @@ class Peaks:
             raise ValueError(f"peaks.how: must map figure names to strings (got {how!r})")
         fp32, memory = number("fp32_gflops"), number("memory_gbps")
         assert fp32 is not None and memory is not None
-        return cls(fp32, number("bf16_gflops", True), number("int8_gops", True), memory, threads, dict(how), number("cpu_share", True))
+        return cls(
+            fp32,
+            number("bf16_gflops", True),
+            number("int8_gops", True),
+            memory,
+            threads,
+            dict(how),
+            number("cpu_share", True),
+        )
 
 
 @dataclass(frozen=True)
@@ -213,13 +228,27 @@ class Roofline:
         return text + (f" (at least: {', '.join(self.uncounted)} not counted)" if self.uncounted else "")
 
     def as_dict(self) -> RooflineDict:
-        return {"gflops": self.gflops, "gbps": self.gbps, "bound": self.bound, "limit": self.limit, "fraction": self.fraction, "min_ms": self.min_ms}
+        return {
+            "gflops": self.gflops,
+            "gbps": self.gbps,
+            "bound": self.bound,
+            "limit": self.limit,
+            "fraction": self.fraction,
+            "min_ms": self.min_ms,
+        }
 
 
 # -- work ---------------------------------------------------------------------------------
 
 Shape = tuple[int, ...]
-MATMULS = {"MatMul": 1, "MatMulInteger": 1, "QLinearMatMul": 3, "FusedMatMul": 1, "DynamicQuantizeMatMul": 1, "MatMulIntegerToFloat": 1}
+MATMULS = {
+    "MatMul": 1,
+    "MatMulInteger": 1,
+    "QLinearMatMul": 3,
+    "FusedMatMul": 1,
+    "DynamicQuantizeMatMul": 1,
+    "MatMulIntegerToFloat": 1,
+}
 """Matrix products with numpy's broadcasting, and where each takes its B (A is input 0)."""
 CONV_WEIGHT = {"Conv": 1, "ConvInteger": 1, "QLinearConv": 3}
 """Where each convolution takes its weight [C_out, C_in / group, *kernel]."""
@@ -229,7 +258,19 @@ NOT_MODELLED = frozenset({
     "LSTM", "GRU", "RNN", "NhwcConv", "ConvTranspose", "QLinearConvTranspose", "GemmFastGelu", "QGemm",
 })  # fmt: skip
 """Ops with heavy math that are not counted: named in ``uncounted`` when the graph has them."""
-HEAVY = frozenset({*MATMULS, *CONV_WEIGHT, *NOT_MODELLED, "Gemm", "MatMulNBits", "Attention", "MultiHeadAttention", "GroupQueryAttention", "Einsum"})
+HEAVY = frozenset(
+    {
+        *MATMULS,
+        *CONV_WEIGHT,
+        *NOT_MODELLED,
+        "Gemm",
+        "MatMulNBits",
+        "Attention",
+        "MultiHeadAttention",
+        "GroupQueryAttention",
+        "Einsum",
+    }
+)
 
 
 def graph_work(model_or_path: onnx.ModelProto | str | os.PathLike[str], shapes: Mapping[str, Sequence[int]]) -> Work:
@@ -256,7 +297,13 @@ def graph_work(model_or_path: onnx.ModelProto | str | os.PathLike[str], shapes: 
 
     model = _load(model_or_path)
     weight_bytes = sum(_stored_bytes(t) for t in model.graph.initializer)
-    weight_bytes += sum(_stored_bytes(a.t) for n in model.graph.node if n.op_type == "Constant" and n.domain in ("", "ai.onnx") for a in n.attribute if a.name == "value")
+    weight_bytes += sum(
+        _stored_bytes(a.t)
+        for n in model.graph.node
+        if n.op_type == "Constant" and n.domain in ("", "ai.onnx")
+        for a in n.attribute
+        if a.name == "value"
+    )
     light = _light_copy(model, shapes)
     if light.functions:
         light = onnx.inliner.inline_local_functions(light)
@@ -270,7 +317,13 @@ def graph_work(model_or_path: onnx.ModelProto | str | os.PathLike[str], shapes: 
         if node.op_type in NOT_MODELLED:
             uncounted.add(node.op_type)
             continue
-        uncounted |= {n.op_type for a in node.attribute for g in (*a.graphs, *([a.g] if a.HasField("g") else [])) for n in g.node if n.op_type in HEAVY}
+        uncounted |= {
+            n.op_type
+            for a in node.attribute
+            for g in (*a.graphs, *([a.g] if a.HasField("g") else []))
+            for n in g.node
+            if n.op_type in HEAVY
+        }
         try:
             flops = _node_flops(node, known)
         except _Unresolved:
@@ -292,7 +345,14 @@ def _unread_table_bytes(graph: onnx.GraphProto, known: Mapping[str, tuple[int | 
     unread = 0
     for t in graph.initializer:
         uses = users.get(t.name, [])
-        if not uses or len(t.dims) < 2 or not all(n.op_type == "Gather" and i == 0 and not any(a.name == "axis" and a.i != 0 for a in n.attribute) for n, i in uses):
+        if (
+            not uses
+            or len(t.dims) < 2
+            or not all(
+                n.op_type == "Gather" and i == 0 and not any(a.name == "axis" and a.i != 0 for a in n.attribute)
+                for n, i in uses
+            )
+        ):
             continue
         rows = 0
         for node, _ in uses:
@@ -369,7 +429,9 @@ def _light_copy(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> 
     inputs = {i.name for i in model.graph.input} - initializers
     unknown = sorted(set(shapes) - inputs)
     if unknown:
-        raise ValueError(f"shapes: {', '.join(map(repr, unknown))} {'is' if len(unknown) == 1 else 'are'} not an input of the graph (inputs: {', '.join(sorted(inputs)) or 'none'})")
+        raise ValueError(
+            f"shapes: {', '.join(map(repr, unknown))} {'is' if len(unknown) == 1 else 'are'} not an input of the graph (inputs: {', '.join(sorted(inputs)) or 'none'})"
+        )
     for vi in model.graph.input:
         if vi.name in initializers:
             continue
@@ -382,7 +444,9 @@ def _light_copy(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> 
         if declared is not None:
             if len(declared) != len(want):
                 raise ValueError(f"shapes[{vi.name!r}]: the input has rank {len(declared)}, got {want}")
-            fixed = [(i, d.dim_value) for i, d in enumerate(declared) if d.HasField("dim_value") and d.dim_value != want[i]]
+            fixed = [
+                (i, d.dim_value) for i, d in enumerate(declared) if d.HasField("dim_value") and d.dim_value != want[i]
+            ]
             if fixed:
                 i, value = fixed[0]
                 raise ValueError(f"shapes[{vi.name!r}]: dimension {i} of the input is fixed at {value}, got {want}")
@@ -414,7 +478,9 @@ def _infer_shapes(light: onnx.ModelProto) -> dict[str, tuple[int | None, ...] | 
         contrib = symbolic.dispatcher_.get("Attention")
         if contrib is not None:
             # it takes every Attention for the contrib op: ONNX's own (opset 23) is inferred by ONNX
-            symbolic.dispatcher_["Attention"] = lambda node: _onnx_attention(symbolic, node) if node.domain in ("", "ai.onnx") else contrib(node)
+            symbolic.dispatcher_["Attention"] = lambda node: (
+                _onnx_attention(symbolic, node) if node.domain in ("", "ai.onnx") else contrib(node)
+            )
         symbolic._preprocess(light)
         while symbolic.run_:
             complete = symbolic._infer_impl()
@@ -441,7 +507,9 @@ def _onnx_attention(symbolic: Any, node: onnx.NodeProto) -> None:
 
     inputs = [symbolic.known_vi_[name] for name in node.input if name]
     outputs = [helper.make_empty_tensor_value_info(name) for name in node.output if name]
-    alone = helper.make_model(helper.make_graph([node], "attention", inputs, outputs), opset_imports=[helper.make_opsetid("", 23)])
+    alone = helper.make_model(
+        helper.make_graph([node], "attention", inputs, outputs), opset_imports=[helper.make_opsetid("", 23)]
+    )
     for vi in onnx.shape_inference.infer_shapes(alone, strict_mode=False).graph.output:
         if vi.type.tensor_type.HasField("shape"):
             symbolic.known_vi_[vi.name].CopyFrom(vi)
@@ -451,7 +519,11 @@ def _shapes_of(graph: onnx.GraphProto) -> dict[str, tuple[int | None, ...] | Non
     out: dict[str, tuple[int | None, ...] | None] = {}
     for vi in (*graph.input, *graph.output, *graph.value_info):
         t = vi.type.tensor_type
-        out[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim) if t.HasField("shape") else None
+        out[vi.name] = (
+            tuple(d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim)
+            if t.HasField("shape")
+            else None
+        )
     return out
 
 
@@ -516,7 +588,9 @@ def _node_flops(node: onnx.NodeProto, known: Mapping[str, tuple[int | None, ...]
     if op == "Attention" and node.domain == "com.microsoft":
         batch, seq, hidden = shape(0)
         qkv = shape(1)[1]
-        sizes = [int(size) for size in attrs["qkv_hidden_sizes"].ints] if "qkv_hidden_sizes" in attrs else [qkv // 3] * 3
+        sizes = (
+            [int(size) for size in attrs["qkv_hidden_sizes"].ints] if "qkv_hidden_sizes" in attrs else [qkv // 3] * 3
+        )
         past = shape(4)[3] if present(4) else 0
         return 2 * batch * seq * hidden * qkv + 2 * batch * seq * (past + seq) * (sizes[0] + sizes[2])
     if op == "Attention":  # ONNX (opset 23): Q [B, heads, S, H] or [B, S, heads * H], K and V alike
@@ -581,7 +655,10 @@ def _einsum_flops(node: onnx.NodeProto, operands: list[Shape]) -> int:
             start = term.index("...")
             extra = dims[start : start + len(dims) - len(letters)]
             width = max(len(ellipsis), len(extra))
-            ellipsis = [max(a, b) for a, b in zip([1] * (width - len(ellipsis)) + ellipsis, [1] * (width - len(extra)) + list(extra))]
+            ellipsis = [
+                max(a, b)
+                for a, b in zip([1] * (width - len(ellipsis)) + ellipsis, [1] * (width - len(extra)) + list(extra))
+            ]
             dims = dims[:start] + dims[start + len(extra) :]
         sizes.update({c: max(sizes.get(c, 1), d) for c, d in zip(letters, dims)})
     return 2 * math.prod(sizes.values()) * math.prod(ellipsis)
@@ -619,7 +696,8 @@ def measure_peaks(threads: int, budget_s: float = 1.0) -> Peaks:
     clock = _Clock()
     try:
         fp32, how["fp32_gflops"] = max(
-            [_torch_gemm(torch.float32, n, threads, budget_s, clock) for n in GEMM_SIZES] + [_ort_gemm(n, threads, budget_s, clock) for n in GEMM_SIZES]
+            [_torch_gemm(torch.float32, n, threads, budget_s, clock) for n in GEMM_SIZES]
+            + [_ort_gemm(n, threads, budget_s, clock) for n in GEMM_SIZES]
         )
         bf16: float | None = None
         if flags & set(BF16_FLAGS):
@@ -630,12 +708,22 @@ def measure_peaks(threads: int, budget_s: float = 1.0) -> Peaks:
         if flags & set(INT8_FLAGS):
             int8, how["int8_gops"] = max(_ort_int8_gemm(shape, threads, budget_s, clock) for shape in INT8_SHAPES)
         else:
-            how["int8_gops"] = f"not measured: no int8 dot-product instructions on this CPU (flags {', '.join(sorted(INT8_FLAGS))})"
+            how["int8_gops"] = (
+                f"not measured: no int8 dot-product instructions on this CPU (flags {', '.join(sorted(INT8_FLAGS))})"
+            )
         memory, how["memory_gbps"] = _read_bandwidth(threads, budget_s, clock)
     finally:
         torch.set_num_threads(before)
     share = clock.share(threads)
-    return Peaks(_sig(fp32), None if bf16 is None else _sig(bf16), None if int8 is None else _sig(int8), _sig(memory), threads, how, round(share, 3))
+    return Peaks(
+        _sig(fp32),
+        None if bf16 is None else _sig(bf16),
+        None if int8 is None else _sig(int8),
+        _sig(memory),
+        threads,
+        how,
+        round(share, 3),
+    )
 
 
 class _Clock:
@@ -657,7 +745,9 @@ def cpu_share(threads: int, seconds: float = 0.3) -> float:
     return round(clock.share(threads), 3)
 
 
-def _best(call: Callable[[], object], budget_s: float, warmup: int = 1, clock: _Clock | None = None) -> tuple[float, int]:
+def _best(
+    call: Callable[[], object], budget_s: float, warmup: int = 1, clock: _Clock | None = None
+) -> tuple[float, int]:
     """The shortest time of ``call`` (seconds) over at least 3 repeats and ``budget_s``, and the repeat count."""
     for _ in range(warmup):
         call()
@@ -684,7 +774,10 @@ def _torch_gemm(dtype: Any, n: int, threads: int, budget_s: float, clock: _Clock
     with torch.inference_mode():
         seconds, count = _best(lambda: torch.mm(a, b, out=out), budget_s, clock=clock)
     name = str(dtype).removeprefix("torch.")
-    return 2 * n**3 / seconds / 1e9, f"torch.mm {n}x{n} {name}, {threads} thread(s), best of {count}: 2n^3 / time (best of sizes {', '.join(map(str, GEMM_SIZES))})"
+    return (
+        2 * n**3 / seconds / 1e9,
+        f"torch.mm {n}x{n} {name}, {threads} thread(s), best of {count}: 2n^3 / time (best of sizes {', '.join(map(str, GEMM_SIZES))})",
+    )
 
 
 def _session(nodes: Any, inputs: Any, outputs: Any, weights: Any, threads: int) -> Any:
@@ -713,10 +806,15 @@ def _ort_gemm(n: int, threads: int, budget_s: float, clock: _Clock | None = None
     )  # fmt: skip
     feeds = {"A": rng.standard_normal((n, n), dtype=np.float32)}
     seconds, count = _best(lambda: session.run(None, feeds), budget_s, clock=clock)
-    return 2 * n**3 / seconds / 1e9, f"onnxruntime MatMul float32 {n}x{n}, {threads} intra-op thread(s), best of {count}: 2n^3 / time (best of torch and onnxruntime at sizes {', '.join(map(str, GEMM_SIZES))})"
+    return (
+        2 * n**3 / seconds / 1e9,
+        f"onnxruntime MatMul float32 {n}x{n}, {threads} intra-op thread(s), best of {count}: 2n^3 / time (best of torch and onnxruntime at sizes {', '.join(map(str, GEMM_SIZES))})",
+    )
 
 
-def _ort_int8_gemm(shape: tuple[int, int, int], threads: int, budget_s: float, clock: _Clock | None = None) -> tuple[float, str]:
+def _ort_int8_gemm(
+    shape: tuple[int, int, int], threads: int, budget_s: float, clock: _Clock | None = None
+) -> tuple[float, str]:
     """onnxruntime's int8 GEMM (MLAS, as dynamic quantization's MatMulInteger runs it): u8 x s8."""
     import numpy as np
     import onnx
@@ -731,7 +829,10 @@ def _ort_int8_gemm(shape: tuple[int, int, int], threads: int, budget_s: float, c
     )  # fmt: skip
     feeds = {"A": rng.integers(0, 256, (m, k), dtype=np.uint8)}
     seconds, count = _best(lambda: session.run(None, feeds), budget_s, clock=clock)
-    return 2 * m * k * n / seconds / 1e9, f"onnxruntime MatMulInteger uint8 {m}x{k} x int8 {k}x{n}, {threads} intra-op thread(s), best of {count}: 2mkn / time (best of {', '.join(f'{a}x{b}x{c}' for a, b, c in INT8_SHAPES)})"
+    return (
+        2 * m * k * n / seconds / 1e9,
+        f"onnxruntime MatMulInteger uint8 {m}x{k} x int8 {k}x{n}, {threads} intra-op thread(s), best of {count}: 2mkn / time (best of {', '.join(f'{a}x{b}x{c}' for a, b, c in INT8_SHAPES)})",
+    )
 
 
 def _read_bandwidth(threads: int, budget_s: float, clock: _Clock | None = None) -> tuple[float, str]:
@@ -740,7 +841,10 @@ def _read_bandwidth(threads: int, budget_s: float, clock: _Clock | None = None) 
     buffer = torch.ones(MEMORY_BYTES // 4, dtype=torch.float32)
     with torch.inference_mode():
         seconds, count = _best(buffer.sum, budget_s, clock=clock)
-    return MEMORY_BYTES / seconds / 1e9, f"torch sum of a {MEMORY_BYTES // 2**20} MiB float32 tensor, {threads} thread(s), best of {count}: bytes / time"
+    return (
+        MEMORY_BYTES / seconds / 1e9,
+        f"torch sum of a {MEMORY_BYTES // 2**20} MiB float32 tensor, {threads} thread(s), best of {count}: bytes / time",
+    )
 
 
 def _sig(value: float, digits: int = 4) -> float:
@@ -771,7 +875,9 @@ def roofline(work: Work, time_ms: float, precision: str, peaks: Peaks, phase: Ph
     elif precision in INT8_PRECISIONS and peaks.int8_gops is not None:
         compute_name, compute_peak = "int8 GEMM", peaks.int8_gops
     if not compute_peak > 0 or not peaks.memory_gbps > 0:
-        raise ValueError(f"peaks: {compute_name} and memory bandwidth must be positive (got {compute_peak!r}, {peaks.memory_gbps!r})")
+        raise ValueError(
+            f"peaks: {compute_name} and memory bandwidth must be positive (got {compute_peak!r}, {peaks.memory_gbps!r})"
+        )
     seconds = time_ms / 1e3
     compute_s = work.flops / (compute_peak * 1e9)
     memory_s = work.weight_bytes / (peaks.memory_gbps * 1e9)

@@ -27,11 +27,24 @@ def plan(p: Planning) -> list[StepSpec]:
     recipe = p.recipe
     files, identity = source_module(recipe.source_kind).identity(recipe.source, recipe.directory)
     outputs = (SOURCE_RECORD,) if recipe.torch_source else (MODEL,)
-    return [StepSpec(name="source", kind="source", params={"source": section_for(recipe.resolved["source"], drop=getattr(source_module(recipe.source_kind), "LATER", ()))}, outputs=outputs, files=files, identity=identity)]
+    return [
+        StepSpec(
+            name="source",
+            kind="source",
+            params={
+                "source": section_for(
+                    recipe.resolved["source"], drop=getattr(source_module(recipe.source_kind), "LATER", ())
+                )
+            },
+            outputs=outputs,
+            files=files,
+            identity=identity,
+        )
+    ]
 
 
 def run(ctx: StepContext, spec: StepSpec) -> StepResult:
-    (kind, src), = spec.params["source"].items()
+    ((kind, src),) = spec.params["source"].items()
     if kind == "graph":
         return _graph(ctx, src)
     if kind == "onnx":
@@ -67,7 +80,9 @@ def _onnx_file(ctx: StepContext, src: dict[str, object], key: str = "source.onnx
     try:
         found = path.is_file()
     except OSError as exc:  # e.g. a name longer than the file system allows
-        raise StepError(f"{key}: the system cannot open {shown[:80]}... ({exc.strerror}); give a shorter path") from None
+        raise StepError(
+            f"{key}: the system cannot open {shown[:80]}... ({exc.strerror}); give a shorter path"
+        ) from None
     if not found:
         raise StepError(f"{key}: {path} does not exist (paths are relative to the recipe's folder)")
     try:
@@ -80,7 +95,9 @@ def _onnx_file(ctx: StepContext, src: dict[str, object], key: str = "source.onnx
         location = next(e.value for e in tensor.external_data if e.key == "location")
         rel = Path(location)
         if rel.is_absolute() or ".." in rel.parts:
-            raise StepError(f"{key}: {shown} names external data outside its folder ({location}); onnxbuild refuses to read it")
+            raise StepError(
+                f"{key}: {shown} names external data outside its folder ({location}); onnxbuild refuses to read it"
+            )
         dest = ctx.output(rel.as_posix())
         if not dest.exists():
             shutil.copyfile(path.parent / rel, dest)

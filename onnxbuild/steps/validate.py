@@ -91,7 +91,11 @@ def plan(p: Planning) -> list[StepSpec]:
         # the file the variant was made from: a failed validation looks for where they part
         base = by_name.get(v.base) if v.base and not v.files else None
         # the tokenizer is read for validate.sentences and validate.text only, the export's sample never
-        source = section_for(r["source"], drop=() if r["validate"].get("sentences") or r["validate"].get("text") else ("tokenizer",), unset=("package",))
+        source = section_for(
+            r["source"],
+            drop=() if r["validate"].get("sentences") or r["validate"].get("text") else ("tokenizer",),
+            unset=("package",),
+        )
         validate = r["validate"] | tolerances(p.recipe, v)
         if not validate.get("sentences"):  # the embedding floor applies to sentences only
             validate = pick(validate, set(validate) - {"cosine_min"})
@@ -100,13 +104,23 @@ def plan(p: Planning) -> list[StepSpec]:
         if validate.get("left_padding", True) or not r["export"].get("with_past"):
             # in the key only where it leaves the case out: the default reruns nothing built before it
             validate = pick(validate, set(validate) - {"left_padding"})
-        params = {"source": source, "export": pick(r["export"], SIGNATURE_KEYS), "validate": validate, "variant": v.name, "model_path": v.path}
+        params = {
+            "source": source,
+            "export": pick(r["export"], SIGNATURE_KEYS),
+            "validate": validate,
+            "variant": v.name,
+            "model_path": v.path,
+        }
         if v.files:
             params["files"] = list(v.files)
         if v.name in chosen.get("web", ()):
             params["web"] = True  # meant for the browser: validated in onnxruntime-web too
         if ov and v.name in chosen["openvino"]:  # served by OpenVINO too: validated there, at its precision
-            params["openvino"] = {"precision": ov["options"].get("precision", "auto"), "runner": openvino_target.RUNNER, **pick(ov["options"], {"atol", "rtol", "top1_min"})}
+            params["openvino"] = {
+                "precision": ov["options"].get("precision", "auto"),
+                "runner": openvino_target.RUNNER,
+                **pick(ov["options"], {"atol", "rtol", "top1_min"}),
+            }
         if base is not None:
             params["base"] = {"variant": base.name, "path": base.path}
         steps.append(
@@ -115,7 +129,11 @@ def plan(p: Planning) -> list[StepSpec]:
                 kind="validate",
                 params=params,
                 deps=tuple(dict.fromkeys(("source", v.step, *((base.step,) if base else ())))),
-                inputs=(StepInput("source", SOURCE_RECORD), *(StepInput(v.step, f) for f in v.paths), *((StepInput(base.step, base.path),) if base else ())),
+                inputs=(
+                    StepInput("source", SOURCE_RECORD),
+                    *(StepInput(v.step, f) for f in v.paths),
+                    *((StepInput(base.step, base.path),) if base else ()),
+                ),
                 outputs=(f"reports/validation/{v.name}.json", f"reports/validation/{v.name}.md"),
             )
         )
@@ -127,7 +145,10 @@ def _as_declared(session: Any, feeds: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
 
     halves = {i.name for i in session.get_inputs() if i.type == "tensor(float16)"}
-    return {k: v.astype(np.float16) if k in halves and getattr(v, "dtype", None) == np.float32 else v for k, v in feeds.items()}
+    return {
+        k: v.astype(np.float16) if k in halves and getattr(v, "dtype", None) == np.float32 else v
+        for k, v in feeds.items()
+    }
 
 
 def compare(ref: Any, got: Any, rtol: float, atol: float) -> OutputComparison:
@@ -187,7 +208,6 @@ def compare(ref: Any, got: Any, rtol: float, atol: float) -> OutputComparison:
     }
 
 
-
 def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     import numpy as np
     import onnxruntime as ort
@@ -202,7 +222,9 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
 
         checked = validate_files(model, source, export, validate, [ctx.input(f) for f in spec.params["files"]], compare)
         shape_results = [cast(ShapeResult, c) for c in checked.results]
-        return _finish(ctx, spec, record, source, validate, shape_results, checked.top1_hits, checked.top1_total, None, None, "")
+        return _finish(
+            ctx, spec, record, source, validate, shape_results, checked.top1_hits, checked.top1_total, None, None, ""
+        )
     export = full_export(export, model)
     names = [t["name"] for t in export["inputs"]]
     wrapped = wrap(model, source, names, export["outputs"])
@@ -213,7 +235,9 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     options = sessions.options()
     provider = "CPUExecutionProvider"
     try:
-        session = ort.InferenceSession(str(ctx.input(spec.params.get("model_path", "model.onnx"))), options, providers=[provider])
+        session = ort.InferenceSession(
+            str(ctx.input(spec.params.get("model_path", "model.onnx"))), options, providers=[provider]
+        )
     except Exception as exc:
         raise StepError(f"ONNX Runtime cannot load model.onnx: {brief(exc, lines=None, limit=500)}") from None
 
@@ -243,27 +267,45 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         keep = real.keep
         try:
             with torch.no_grad():
-                reference = [keep(n, t.detach().float().cpu().numpy()) for n, t in zip(export["outputs"], wrapped(*(torch.from_numpy(feeds[n]) for n in names)), strict=False)]
+                reference = [
+                    keep(n, t.detach().float().cpu().numpy())
+                    for n, t in zip(
+                        export["outputs"], wrapped(*(torch.from_numpy(feeds[n]) for n in names)), strict=False
+                    )
+                ]
         except Exception as exc:  # the source model itself refuses this shape: the recipe asks too much
             shown = ", ".join(f"{d}={v}" for d, v in sizes.items())
             raise StepError(
                 f"validate.shapes: PyTorch itself fails on the source model at {shown} ({type(exc).__name__}: {brief(exc, limit=300)}); "
                 "the model does not take inputs of that size: list sizes it takes under validate.shapes"
             ) from None
-        shape_result: ShapeResult = {"shape": dict(sizes), "passed": False, "error": None, "outputs": {}, "top1_agreement": None}
+        shape_result: ShapeResult = {
+            "shape": dict(sizes),
+            "passed": False,
+            "error": None,
+            "outputs": {},
+            "top1_agreement": None,
+        }
         try:
             # a file with float16 inputs (a float16 variant without keep_io_types) takes the
             # same values rounded to float16; its float16 outputs compare as float32
-            whole = [np.asarray(o, np.float32) if getattr(o, "dtype", None) == np.float16 else o for o in session.run(export["outputs"], _as_declared(session, feeds))]
+            whole = [
+                np.asarray(o, np.float32) if getattr(o, "dtype", None) == np.float16 else o
+                for o in session.run(export["outputs"], _as_declared(session, feeds))
+            ]
             produced = [keep(n, p) for n, p in zip(export["outputs"], whole, strict=True)]
         except Exception as exc:
-            shape_result["error"] = f"ONNX Runtime refused the inputs: {brief(exc, lines=None, limit=500)}{_fixed_axis_hint(export, feeds)}"
+            shape_result["error"] = (
+                f"ONNX Runtime refused the inputs: {brief(exc, lines=None, limit=500)}{_fixed_axis_hint(export, feeds)}"
+            )
             results.append(shape_result)
             continue
         ok = True
         for name, ref, got, full in zip(export["outputs"], reference, produced, whole, strict=False):
             cmp = compare(ref, np.asarray(got), rtol, atol)
-            if real.mask is not None and np.shape(ref) == np.shape(got):  # the whole outputs' shapes, not the real tokens'
+            if real.mask is not None and np.shape(ref) == np.shape(
+                got
+            ):  # the whole outputs' shapes, not the real tokens'
                 cmp["worst_index"] = real.index(name, np.shape(full), cmp["worst_index"])
                 cmp["shape_expected"] = cmp["shape_onnx"] = list(np.shape(full))
             shape_result["outputs"][name] = cmp
@@ -290,7 +332,11 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
             failing = feeds
         results.append(shape_result)
 
-    accuracy = _accuracy(validate["accuracy"], wrapped, session, export, ctx.recipe_dir) if validate["accuracy"] is not None else None
+    accuracy = (
+        _accuracy(validate["accuracy"], wrapped, session, export, ctx.recipe_dir)
+        if validate["accuracy"] is not None
+        else None
+    )
     embeddings = None
     if validate["sentences"]:
         tokenizer = load_tokenizer(source, record, ctx.recipe_dir)
@@ -300,10 +346,36 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     text = _text_quality(ctx, model, session, source, record, export, specs, validate) if validate.get("text") else None
     openvino = ov_target.report(results, ov_hits, ov_total) if ov_target is not None else None
     left_out = bool(export.get("with_past")) and _free_batch(export) and not validate.get("left_padding", True)
-    return _finish(ctx, spec, record, source, validate, results, top1_hits, top1_total, accuracy, embeddings, web_note, provider, openvino, left_out, failing, text)
+    return _finish(
+        ctx,
+        spec,
+        record,
+        source,
+        validate,
+        results,
+        top1_hits,
+        top1_total,
+        accuracy,
+        embeddings,
+        web_note,
+        provider,
+        openvino,
+        left_out,
+        failing,
+        text,
+    )
 
 
-def _text_quality(ctx: StepContext, model: Any, session: Any, source: dict[str, Any], record: dict[str, Any], export: ExportSection, specs: list[dict[str, Any]], validate: ValidateSection) -> TextQuality:
+def _text_quality(
+    ctx: StepContext,
+    model: Any,
+    session: Any,
+    source: dict[str, Any],
+    record: dict[str, Any],
+    export: ExportSection,
+    specs: list[dict[str, Any]],
+    validate: ValidateSection,
+) -> TextQuality:
     """validate.text through the variant's session: each window one prefill from an empty past."""
     import numpy as np
 
@@ -346,8 +418,21 @@ def _finish(
     warn_only = validate["on_fail"] == "warn"  # part of every verdict: whether a failure ends the step
     rtol, atol = float(validate["rtol"]), float(validate["atol"])
     top1_min = validate.get("top1_min")
-    top1 = {"agreement": top1_hits / top1_total, "tokens": top1_total, "min": top1_min, "passed": top1_min is None or top1_hits / top1_total >= float(top1_min)} if top1_total else None
-    passed = all(r["passed"] for r in results) and all(c is None or c["passed"] for c in (accuracy, embeddings, top1, text)) and (openvino is None or openvino["passed"])
+    top1 = (
+        {
+            "agreement": top1_hits / top1_total,
+            "tokens": top1_total,
+            "min": top1_min,
+            "passed": top1_min is None or top1_hits / top1_total >= float(top1_min),
+        }
+        if top1_total
+        else None
+    )
+    passed = (
+        all(r["passed"] for r in results)
+        and all(c is None or c["passed"] for c in (accuracy, embeddings, top1, text))
+        and (openvino is None or openvino["passed"])
+    )
     report = {
         "passed": passed,
         "weights": record.get("weights"),
@@ -379,11 +464,17 @@ def _finish(
     data: dict[str, Any] = {"passed": passed, "max_abs_diff": worst, "shapes": len(results)}
     if web_note:
         web_worst = max((r["web"]["max_abs_diff_vs_cpu"] or 0.0 for r in results if "web" in r), default=None)
-        summary += f"; {web_note}" + (f", max abs diff vs CPU provider {web_worst:.2e}" if web_worst is not None else "")
+        summary += f"; {web_note}" + (
+            f", max abs diff vs CPU provider {web_worst:.2e}" if web_worst is not None else ""
+        )
         data["web"] = web_note
     if openvino is not None:
         summary += f"; openvino: {openvino['note']}"
-        data["openvino"] = {"passed": openvino["passed"], "precision": openvino["precision"], "max_abs_diff": openvino["max_abs_diff"]}
+        data["openvino"] = {
+            "passed": openvino["passed"],
+            "precision": openvino["precision"],
+            "max_abs_diff": openvino["max_abs_diff"],
+        }
     if accuracy is not None:
         engine = "TensorFlow" if "tensorflow" in source else "PyTorch"
         summary += f", accuracy {accuracy['onnxruntime']:.4f} ({engine} {accuracy['pytorch']:.4f})"
@@ -393,7 +484,9 @@ def _finish(
         data["embedding_cosine_min"] = embeddings["min"]
     if text is not None:
         summary += f"; on text: {text_summary(text)}"
-        data["text"] = {k: text[k] for k in ("perplexity", "perplexity_reference", "ppl_increase", "kld_mean", "top1_agreement")}
+        data["text"] = {
+            k: text[k] for k in ("perplexity", "perplexity_reference", "ppl_increase", "kld_mean", "top1_agreement")
+        }
     if left_out:
         summary += f"; {LEFT_OUT}"
     if record.get("weights") == "random-init":
@@ -401,7 +494,9 @@ def _finish(
     data = json_safe(data)
     if passed:
         return StepResult(summary=summary, data=data)
-    message = failure_message(results, variant, accuracy=accuracy, embeddings=embeddings, top1=top1, openvino=openvino, text=text)
+    message = failure_message(
+        results, variant, accuracy=accuracy, embeddings=embeddings, top1=top1, openvino=openvino, text=text
+    )
     if warn_only:
         return StepResult(summary=summary, data=data, warnings=(message + " (validate.on_fail: warn)",))
     numeric = any(not r["passed"] and not r["error"] for r in results)
@@ -411,7 +506,9 @@ def _finish(
     raise StepError(f"{message}. Reports: artifacts/{ctx.recipe_name}/failed/{spec.name}/.{hint}")
 
 
-def _first_divergence(ctx: StepContext, spec: StepSpec, results: list[ShapeResult], validate: ValidateSection, feeds: dict[str, Any]) -> str:
+def _first_divergence(
+    ctx: StepContext, spec: StepSpec, results: list[ShapeResult], validate: ValidateSection, feeds: dict[str, Any]
+) -> str:
     """Where the failing variant first parts from the file it was made from, at the first
     failing shape (onnxbuild/review/divergence.py), as a sentence for the failure; its subgraph and
     inputs go to the failed step's divergence/ folder. ``feeds``: that shape's own inputs."""
@@ -423,7 +520,14 @@ def _first_divergence(ctx: StepContext, spec: StepSpec, results: list[ShapeResul
     where = f"artifacts/{ctx.recipe_name}/failed/{spec.name}/{DIVERGENCE}/"
     try:
         candidate = ctx.input(spec.params["model_path"])
-        found = first_divergence(ctx.input(base["path"]), candidate, feeds, float(validate["rtol"]), float(validate["atol"]), ctx.output_dir / DIVERGENCE)
+        found = first_divergence(
+            ctx.input(base["path"]),
+            candidate,
+            feeds,
+            float(validate["rtol"]),
+            float(validate["atol"]),
+            ctx.output_dir / DIVERGENCE,
+        )
     except Exception as exc:  # the search is help for a failure, never a second failure
         return f" (The search for the first diverging node failed: {type(exc).__name__}: {brief(exc)}.)"
     d = found.divergence
@@ -485,7 +589,12 @@ class RealTokens:
     def _rule(self, name: str, shape: tuple[int, ...]) -> str:
         if self.mask is None:
             return ""
-        if name.startswith("present") and len(shape) >= 3 and shape[0] == self.mask.shape[0] and shape[2] == self.mask.shape[1]:
+        if (
+            name.startswith("present")
+            and len(shape) >= 3
+            and shape[0] == self.mask.shape[0]
+            and shape[2] == self.mask.shape[1]
+        ):
             return "cache"
         return "queries" if len(shape) >= 2 and shape[:2] == self.mask[:, self.past :].shape else ""
 
@@ -512,7 +621,16 @@ class RealTokens:
         return [b, s, *kept[1:]]
 
 
-def _web_case(model: Any, feeds: dict[str, Any], names: list[str], reference: list[Any], produced: list[Any], rtol: float, atol: float, keep: Callable[[str, Any], Any]) -> WebResult:
+def _web_case(
+    model: Any,
+    feeds: dict[str, Any],
+    names: list[str],
+    reference: list[Any],
+    produced: list[Any],
+    rtol: float,
+    atol: float,
+    keep: Callable[[str, Any], Any],
+) -> WebResult:
     """One validation case in onnxruntime-web: against the source model, and how far from ORT's CPU provider."""
 
     from onnxbuild import web
@@ -520,15 +638,33 @@ def _web_case(model: Any, feeds: dict[str, Any], names: list[str], reference: li
     run = web.run(model, feeds)
     if run.error:
         return {"passed": False, "error": f"onnxruntime-web: {run.error}", "outputs": {}, "max_abs_diff_vs_cpu": None}
-    return _runtime_case("onnxruntime-web", {n: keep(n, v) for n, v in run.outputs.items()}, names, reference, produced, rtol, atol)
+    return _runtime_case(
+        "onnxruntime-web", {n: keep(n, v) for n, v in run.outputs.items()}, names, reference, produced, rtol, atol
+    )
 
 
-def _runtime_case(runtime: str, got: dict[str, Any], names: list[str], reference: list[Any], produced: list[Any], rtol: float, atol: float) -> WebResult:
+def _runtime_case(
+    runtime: str,
+    got: dict[str, Any],
+    names: list[str],
+    reference: list[Any],
+    produced: list[Any],
+    rtol: float,
+    atol: float,
+) -> WebResult:
     """Another runtime's outputs at one case: against the source model, and how far from ORT's CPU provider."""
     import numpy as np
 
-    outputs = {name: compare(ref, np.asarray(got[name]), rtol, atol) for name, ref in zip(names, reference, strict=False) if name in got}
-    vs_cpu = [float(np.abs(np.asarray(got[n], dtype=np.float64) - np.asarray(cpu, dtype=np.float64)).max()) for n, cpu in zip(names, produced, strict=False) if n in got and np.asarray(cpu).size and np.shape(got[n]) == np.shape(cpu)]
+    outputs = {
+        name: compare(ref, np.asarray(got[name]), rtol, atol)
+        for name, ref in zip(names, reference, strict=False)
+        if name in got
+    }
+    vs_cpu = [
+        float(np.abs(np.asarray(got[n], dtype=np.float64) - np.asarray(cpu, dtype=np.float64)).max())
+        for n, cpu in zip(names, produced, strict=False)
+        if n in got and np.asarray(cpu).size and np.shape(got[n]) == np.shape(cpu)
+    ]
     missing = [n for n in names if n not in got]
     return {
         "passed": not missing and all(c["passed"] for c in outputs.values()),
@@ -554,7 +690,16 @@ class _OpenVino:
     def report(self, results: list[ShapeResult], hits: int, total: int) -> OpenVinoVerdict:
         """The whole-variant verdict: compiled, top-1 floor over every case (each case's own
         verdict is in its shape's result)."""
-        top1 = {"agreement": hits / total, "tokens": total, "min": self.top1_min, "passed": self.top1_min is None or hits / total >= self.top1_min} if total else None
+        top1 = (
+            {
+                "agreement": hits / total,
+                "tokens": total,
+                "min": self.top1_min,
+                "passed": self.top1_min is None or hits / total >= self.top1_min,
+            }
+            if total
+            else None
+        )
         cases = [r["openvino"] for r in results if "openvino" in r]
         diffs = [c["max_abs_diff"] for case in cases for c in case["outputs"].values() if c["max_abs_diff"] is not None]
         return {
@@ -570,7 +715,9 @@ class _OpenVino:
         }
 
 
-def _openvino_target(options: dict[str, Any] | None, model_file: Any, rtol: float, atol: float, top1_min: float | None = None) -> _OpenVino | None:
+def _openvino_target(
+    options: dict[str, Any] | None, model_file: Any, rtol: float, atol: float, top1_min: float | None = None
+) -> _OpenVino | None:
     """Compile the variant for OpenVINO and pick its tolerances from the precision it reports.
 
     The variant's own tolerances (``rtol``, ``atol``, ``top1_min``: an int8 file's are int8's)
@@ -583,9 +730,19 @@ def _openvino_target(options: dict[str, Any] | None, model_file: Any, rtol: floa
     try:
         session = openvino_target.load(model_file, precision=options["precision"])
     except Exception as exc:
-        return _OpenVino(None, options["precision"], atol, rtol, None, "failed", error=f"OpenVINO cannot compile the model: {brief(exc, lines=None, limit=400)}")
+        return _OpenVino(
+            None,
+            options["precision"],
+            atol,
+            rtol,
+            None,
+            "failed",
+            error=f"OpenVINO cannot compile the model: {brief(exc, lines=None, limit=400)}",
+        )
     used = session.precision
-    default_atol, default_rtol = (max(a, b) for a, b in zip(openvino_target.TOLERANCES.get(used, (atol, rtol)), (atol, rtol), strict=True))
+    default_atol, default_rtol = (
+        max(a, b) for a, b in zip(openvino_target.TOLERANCES.get(used, (atol, rtol)), (atol, rtol), strict=True)
+    )
     o_atol, o_rtol = float(options.get("atol", default_atol)), float(options.get("rtol", default_rtol))
     floors = [f for f in (top1_min, openvino_target.TOP1_MIN if used != "f32" else None) if f is not None]
     floor = options.get("top1_min", min(floors) if floors else None)
@@ -595,14 +752,28 @@ def _openvino_target(options: dict[str, Any] | None, model_file: Any, rtol: floa
     return _OpenVino(session, used, o_atol, o_rtol, None if floor is None else float(floor), note)
 
 
-def _openvino_case(target: _OpenVino, feeds: dict[str, Any], names: list[str], reference: list[Any], produced: list[Any], top1_gated: bool, keep: Callable[[str, Any], Any]) -> OpenVinoResult:
+def _openvino_case(
+    target: _OpenVino,
+    feeds: dict[str, Any],
+    names: list[str],
+    reference: list[Any],
+    produced: list[Any],
+    top1_gated: bool,
+    keep: Callable[[str, Any], Any],
+) -> OpenVinoResult:
     """One validation case in OpenVINO, with its precision's tolerances; top-1 agreement for language models."""
     import numpy as np
 
     try:
         got = {n: keep(n, v) for n, v in zip(names, target.session.run(names, feeds), strict=True)}
     except Exception as exc:
-        return {"passed": False, "error": f"OpenVINO refused the inputs: {brief(exc, lines=None, limit=400)}", "outputs": {}, "max_abs_diff_vs_cpu": None, "top1_agreement": None}
+        return {
+            "passed": False,
+            "error": f"OpenVINO refused the inputs: {brief(exc, lines=None, limit=400)}",
+            "outputs": {},
+            "max_abs_diff_vs_cpu": None,
+            "top1_agreement": None,
+        }
     case = _runtime_case("OpenVINO", got, names, reference, produced, target.rtol, target.atol)
     top1 = None
     if top1_gated and names[0] in got and np.shape(got[names[0]]) == reference[0].shape:
@@ -674,7 +845,9 @@ def _accuracy(cfg: AccuracyCheck, wrapped: Any, session: Any, export: ExportSect
     torch_pred, ort_pred = [], []
     for start in range(0, labels.shape[0], size):
         batch = {n: feeds[n][start : start + size] for n in names}
-        ref, out = _first_output_both(wrapped, session, export, batch, f"{key}: ONNX Runtime refused the dataset's inputs")
+        ref, out = _first_output_both(
+            wrapped, session, export, batch, f"{key}: ONNX Runtime refused the dataset's inputs"
+        )
         want = labels[start : start + size]
         if ref.shape[:-1] != want.shape:
             raise StepError(
@@ -699,7 +872,9 @@ def _accuracy(cfg: AccuracyCheck, wrapped: Any, session: Any, export: ExportSect
     }
 
 
-def _first_output_both(wrapped: Any, session: Any, export: ExportSection, feeds: dict[str, Any], refused: str) -> tuple[Any, Any]:
+def _first_output_both(
+    wrapped: Any, session: Any, export: ExportSection, feeds: dict[str, Any], refused: str
+) -> tuple[Any, Any]:
     """The first output from PyTorch and from ONNX Runtime on the same inputs (numpy arrays)."""
     import numpy as np
     import torch
@@ -714,21 +889,29 @@ def _first_output_both(wrapped: Any, session: Any, export: ExportSection, feeds:
     return ref, got
 
 
-def _embeddings(feeds: dict[str, Any], mask: Any, cosine_min: float | None, wrapped: Any, session: Any, export: ExportSection) -> EmbeddingResult:
+def _embeddings(
+    feeds: dict[str, Any], mask: Any, cosine_min: float | None, wrapped: Any, session: Any, export: ExportSection
+) -> EmbeddingResult:
     """Sentence embeddings from the first output, ONNX Runtime against PyTorch by cosine similarity."""
     import numpy as np
 
     first = export["outputs"][0]
-    ref, got = _first_output_both(wrapped, session, export, feeds, "validate.sentences: ONNX Runtime refused the tokenized sentences")
+    ref, got = _first_output_both(
+        wrapped, session, export, feeds, "validate.sentences: ONNX Runtime refused the tokenized sentences"
+    )
     if got.shape != ref.shape:
-        raise StepError(f"validate.sentences: output {first} has shape {list(got.shape)} from ONNX Runtime but {list(ref.shape)} from PyTorch")
+        raise StepError(
+            f"validate.sentences: output {first} has shape {list(got.shape)} from ONNX Runtime but {list(ref.shape)} from PyTorch"
+        )
     pooling: Literal["mean", "none"]
     if ref.ndim == 3 and ref.shape[:2] == mask.shape:
         pooling, a, b = "mean", mean_pool(ref, mask), mean_pool(got, mask)
     elif ref.ndim == 2:
         pooling, a, b = "none", ref.astype(np.float64), got.astype(np.float64)
     else:
-        raise StepError(f"validate.sentences: output {first} has shape {list(ref.shape)}; sentence embeddings need [batch, sequence, width] (mean-pooled) or [batch, width]")
+        raise StepError(
+            f"validate.sentences: output {first} has shape {list(ref.shape)}; sentence embeddings need [batch, sequence, width] (mean-pooled) or [batch, width]"
+        )
     cos = cosine_rows(a, b)
     threshold = None if cosine_min is None else float(cosine_min)
     return {
@@ -764,7 +947,9 @@ def case_seed(validate: ValidateSection, export: ExportSection, sizes: dict[str,
     or None when validation runs no such case."""
     if export.get("with_past") and "past_sequence" not in sizes:
         sizes = {**sizes, "past_sequence": 0}
-    return next((int(validate["seed"]) + i for i, c in enumerate(validation_cases(validate, export)) if c == sizes), None)
+    return next(
+        (int(validate["seed"]) + i for i, c in enumerate(validation_cases(validate, export)) if c == sizes), None
+    )
 
 
 def validation_cases(validate: ValidateSection, export: ExportSection) -> list[dict[str, int]]:
@@ -776,7 +961,9 @@ def validation_cases(validate: ValidateSection, export: ExportSection) -> list[d
 def _free_batch(export: ExportSection) -> bool:
     """Whether the export takes an attention_mask with a free batch axis (a left-padded case
     needs both: the mask to pad, two rows)."""
-    return any(t["name"] == "attention_mask" and t["shape"] and isinstance(t["shape"][0], str) for t in export["inputs"])
+    return any(
+        t["name"] == "attention_mask" and t["shape"] and isinstance(t["shape"][0], str) for t in export["inputs"]
+    )
 
 
 def _again(validate: ValidateSection, shape: dict[str, int]) -> str:
@@ -784,5 +971,7 @@ def _again(validate: ValidateSection, shape: dict[str, int]) -> str:
     if not shape.get("left_padding"):
         return ""
     length = shape["sequence"] if not shape.get("past_sequence") else shape["past_sequence"]
-    index = next((i for i, s in enumerate(validate["shapes"]) if s.get("sequence") == length and "past_sequence" not in s), 0)
+    index = next(
+        (i for i, s in enumerate(validate["shapes"]) if s.get("sequence") == length and "past_sequence" not in s), 0
+    )
     return f" --shape {index} --left-padding {shape['left_padding']}"

@@ -94,14 +94,27 @@ def install_into(folder: Path) -> str | None:
                     shutil.copyfile(HERE / name, tmp / name)
                 try:
                     done = subprocess.run(
-                        ["npm", "ci", "--prefix", str(tmp), "--no-audit", "--no-fund", "--ignore-scripts", "--loglevel=error"],
-                        capture_output=True, text=True, timeout=NPM_TIMEOUT_S,
+                        [
+                            "npm",
+                            "ci",
+                            "--prefix",
+                            str(tmp),
+                            "--no-audit",
+                            "--no-fund",
+                            "--ignore-scripts",
+                            "--loglevel=error",
+                        ],
+                        capture_output=True,
+                        text=True,
+                        timeout=NPM_TIMEOUT_S,
                     )
                 except subprocess.TimeoutExpired:
                     return f"installing onnxruntime-web with npm ci took over {NPM_TIMEOUT_S:.0f} s (no registry?); run `npm ci --prefix {HERE}` by hand"
                 if done.returncode != 0:
                     tail = " ".join((done.stderr or done.stdout).strip().splitlines()[-2:])[:300]
-                    return f"installing onnxruntime-web with npm ci failed ({tail}); run `npm ci --prefix {HERE}` by hand"
+                    return (
+                        f"installing onnxruntime-web with npm ci failed ({tail}); run `npm ci --prefix {HERE}` by hand"
+                    )
                 if folder.exists():
                     shutil.rmtree(folder)  # an older, incomplete install: _installed() said no
                 os.replace(tmp, folder)
@@ -116,7 +129,9 @@ def version() -> str:
     folder = home()
     if folder is None:
         return "?"
-    data: dict[str, Any] = json.loads((folder / "node_modules" / "onnxruntime-web" / "package.json").read_text(encoding="utf-8"))
+    data: dict[str, Any] = json.loads(
+        (folder / "node_modules" / "onnxruntime-web" / "package.json").read_text(encoding="utf-8")
+    )
     return str(data.get("version", "?"))
 
 
@@ -126,7 +141,15 @@ def where() -> str:
     return "" if folder is None or folder == HERE else str(folder)
 
 
-def run(model: Path, feeds: dict[str, Any], *, warmup: int = 0, iterations: int = 0, threads: int = 1, timeout_s: float = 600) -> WebRun:
+def run(
+    model: Path,
+    feeds: dict[str, Any],
+    *,
+    warmup: int = 0,
+    iterations: int = 0,
+    threads: int = 1,
+    timeout_s: float = 600,
+) -> WebRun:
     """Run ``model`` on ``feeds`` (numpy arrays) in onnxruntime-web; outputs by name, as numpy."""
     import numpy as np
 
@@ -137,14 +160,34 @@ def run(model: Path, feeds: dict[str, Any], *, warmup: int = 0, iterations: int 
             arr = np.ascontiguousarray(array)
             file = work / f"in{i}.bin"
             file.write_bytes(arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes())
-            inputs.append({"name": name, "dtype": "bool" if arr.dtype == np.bool_ else arr.dtype.name, "dims": list(arr.shape), "file": str(file)})
-        job = {"model": str(Path(model).resolve()), "threads": threads, "warmup": warmup, "iterations": iterations, "inputs": inputs, "out": str(work)}
+            inputs.append(
+                {
+                    "name": name,
+                    "dtype": "bool" if arr.dtype == np.bool_ else arr.dtype.name,
+                    "dims": list(arr.shape),
+                    "file": str(file),
+                }
+            )
+        job = {
+            "model": str(Path(model).resolve()),
+            "threads": threads,
+            "warmup": warmup,
+            "iterations": iterations,
+            "inputs": inputs,
+            "out": str(work),
+        }
         (work / "job.json").write_text(json.dumps(job), encoding="utf-8")
         try:
             folder = home()
             if folder is None:
                 return WebRun({}, [], unavailable(install=False))
-            done = subprocess.run(["node", str(folder / RUNNER_NAME), str(work / "job.json")], capture_output=True, text=True, timeout=timeout_s, cwd=folder)
+            done = subprocess.run(
+                ["node", str(folder / RUNNER_NAME), str(work / "job.json")],
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                cwd=folder,
+            )
         except subprocess.TimeoutExpired:
             return WebRun({}, [], f"onnxruntime-web did not finish in {timeout_s:.0f} s")
         result_path = work / "result.json"

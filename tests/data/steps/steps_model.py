@@ -10,9 +10,10 @@ class TwoByTwo(torch.nn.Module):
         self.gate = torch.nn.Linear(4, 8)
 
     def forward(self, x, cond):
-        h = self.proj(x)                      # [batch, steps, 8]
-        g = torch.sigmoid(self.gate(cond))    # [batch, 8]
+        h = self.proj(x)  # [batch, steps, 8]
+        g = torch.sigmoid(self.gate(cond))  # [batch, 8]
         return h * g[:, None, :], h.mean(dim=1)
+
 
 def build():
     return TwoByTwo()
