@@ -14,15 +14,15 @@ import hashlib
 from pathlib import Path
 
 MARK = "<!-- onnxbuild page "
-_RENDERERS = ("page.py", "diffview.py", "benchmark.py")
 _SHARED = ("_util.py", "review/modeldiff.py")
+"""What the renderer imports from outside report/ (whose modules are all taken)."""
 
 
 def page_key(folder: Path) -> str:
     """sha256 of what the page of ``folder`` is rendered from."""
     digest = hashlib.sha256(str(folder).encode())
     here = Path(__file__).parent
-    sources = [here / n for n in _RENDERERS] + [here.parent / n for n in _SHARED]
+    sources = sorted(here.glob("*.py")) + [here.parent / n for n in _SHARED]
     for path in (*sources, folder / "manifest.json", folder / "timings.json"):
         try:
             data = path.read_bytes()
