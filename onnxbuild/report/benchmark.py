@@ -173,11 +173,9 @@ def shape_text(shape: dict[str, int]) -> str:
 
 
 def row_name(row: dict[str, Any]) -> str:
-    """A timed row as a reader names it: its variant, or the PyTorch baseline and its dtype
-    (baseline and decode rows of PyTorch carry no variant)."""
-    if "variant" in row:
-        return str(row["variant"])
-    return f"PyTorch {row.get('dtype', 'fp32')}" if row.get("engine") == "pytorch" else str(row.get("engine", "a row"))
+    """A timed row as a reader names it: its variant, or, for the rows that carry none (the
+    PyTorch baselines, prefill and decode), PyTorch and its dtype."""
+    return str(row["variant"]) if "variant" in row else f"PyTorch {row.get('dtype', 'fp32')}"
 
 
 def _provider(name: str) -> str:
