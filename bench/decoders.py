@@ -15,7 +15,7 @@ file per process, alternating, best of three rounds:
                                                # BENCH_ROUNDS=5 for more alternating rounds
 
 Figures depend on the machine: compare rows of one run only.
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ for flush in (False, True):
     out.update({f"{k}_daz" if flush else k: v for k, v in time_both(s).items()})
     del s
 print(json.dumps(out))
-"""
+"""  # noqa: E501
 
 SAVE_HF = r"""
 import json, sys
@@ -91,7 +91,7 @@ PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
 print(json.dumps({"layers": model.config.num_hidden_layers, "kv": model.config.num_key_value_heads,
                   "head_dim": getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads,
                   "vocab": model.config.vocab_size}))
-"""
+"""  # noqa: E501
 
 
 def genai_python() -> str | None:
@@ -111,7 +111,8 @@ def genai_python() -> str | None:
             )
         if done.returncode != 0:
             print(
-                f"  onnxruntime-genai could not be installed ({done.stderr.strip()[-300:]}); the builder's rows are skipped"
+                f"  onnxruntime-genai could not be installed ({done.stderr.strip()[-300:]}); the builder's rows "
+                "are skipped"
             )
             return None
     return str(python)
@@ -210,11 +211,13 @@ def main(recipes: list[str]) -> None:
         print(f"{name} (batch 1; best of {ROUNDS} rounds of p50; one process per file):")
         print(f"  {'':<24} {'denormals as they come':>31}   {'denormals flushed (onnxbuild run)':>33}")
         print(
-            f"  {'file':<24} {'prefill 128':>12} {'decode after 128':>17}   {'prefill 128':>14} {'decode after 128':>17}"
+            f"  {'file':<24} {'prefill 128':>12} {'decode after 128':>17}   {'prefill 128':>14} "
+            f"{'decode after 128':>17}"
         )
         for label, t in best.items():
             print(
-                f"  {label:<24} {t['prefill_ms']:>9.1f} ms {t['decode_ms']:>14.2f} ms   {t['prefill_ms_daz']:>11.1f} ms {t['decode_ms_daz']:>14.2f} ms"
+                f"  {label:<24} {t['prefill_ms']:>9.1f} ms {t['decode_ms']:>14.2f} ms   "
+                f"{t['prefill_ms_daz']:>11.1f} ms {t['decode_ms_daz']:>14.2f} ms"
             )
         for line in verdicts(best):
             print(f"  {line}")
@@ -269,14 +272,16 @@ def genai_loads(genai: str, artifacts: Path) -> None:
         )
         if done.returncode != 0:
             print(
-                f"  onnxruntime-genai could not generate from {folder.relative_to(artifacts.parent)}: {done.stderr.strip()[-300:]}"
+                f"  onnxruntime-genai could not generate from {folder.relative_to(artifacts.parent)}: "
+                f"{done.stderr.strip()[-300:]}"
             )
             continue
         tokens = [int(t) for t in done.stdout.split()]
         ours = gen["variants"][variant]["greedy"]["tokens"][: len(tokens)]
         same = "the same greedy tokens as" if tokens == ours else "DIFFERENT tokens from"
         print(
-            f"  onnxruntime-genai on {folder.relative_to(artifacts.parent)}/: {len(tokens)} tokens, {same} onnxbuild's generate step"
+            f"  onnxruntime-genai on {folder.relative_to(artifacts.parent)}/: {len(tokens)} tokens, {same} "
+            "onnxbuild's generate step"
         )
 
 

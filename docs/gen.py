@@ -351,7 +351,8 @@ def smollm2_section(data: dict[str, Any], source: str) -> list[str]:
         "`recipes/text/eval.txt` against PyTorch fp32"
         + (f" (perplexity {reference:.2f})" if reference is not None else "")
         + "; speed: prefill of 128 tokens and one decode step after a past of 128, best p50 of",
-        "interleaved rounds. MB: the bytes of the `.onnx` file and the files named after it, as the script counted them.",
+        "interleaved rounds. MB: the bytes of the `.onnx` file and the files named after it, as the script "
+        "counted them.",
         "",
     ]
     lines += table(

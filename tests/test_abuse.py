@@ -50,7 +50,8 @@ def test_a_symlinked_cache_subfolder_is_refused_and_nothing_outside_is_deleted(p
     assert result.exit_code == 1
     assert (
         result.stderr
-        == "Error: .onnxbuild/cache/tmp is a symbolic link; onnxbuild deletes inside its cache folders and never follows links: remove the link (onnxbuild makes the folder again)\n"
+        == "Error: .onnxbuild/cache/tmp is a symbolic link; onnxbuild deletes inside its cache folders and never "
+        "follows links: remove the link (onnxbuild makes the folder again)\n"
     )
     assert (outside / "precious" / "data.txt").read_text(encoding="utf-8") == "keep me\n"
 
@@ -66,7 +67,8 @@ def test_a_folder_onnxbuild_did_not_make_is_refused_as_a_cache(project: Path, tm
         result = run("--cache-dir", str(home), *command)
         assert result.exit_code == 1, (command, result.output)
         assert result.stderr.startswith(
-            f"Error: {home} is not an onnxbuild cache (no {TAG_NAME}, and it holds .bashrc, objects/ab, tmp/old-build); "
+            f"Error: {home} is not an onnxbuild cache (no {TAG_NAME}, "
+            "and it holds .bashrc, objects/ab, tmp/old-build); "
         ), result.stderr
     assert (home / "tmp" / "old-build" / "notes.txt").is_file() and (home / "objects" / "ab" / "photo.jpg").is_file()
 
@@ -113,7 +115,8 @@ def test_a_new_cache_is_tagged_and_a_look_alike_without_the_tag_is_refused(
         assert result.exit_code == 1, (command, result.output)
         assert result.stderr == (
             f"Error: {look_alike} is not an onnxbuild cache (no {TAG_NAME}, and it holds objects/ab, tmp/job-1); "
-            "onnxbuild deletes inside its cache, so it uses only a new or empty folder: pass another --cache-dir or ONNXBUILD_CACHE_DIR\n"
+            "onnxbuild deletes inside its cache, so it uses only a new or empty folder: pass another --cache-dir "
+            "or ONNXBUILD_CACHE_DIR\n"
         )
     assert (look_alike / "tmp" / "job-1" / "draft.txt").is_file() and (
         look_alike / "objects" / "ab" / "abc"
@@ -150,7 +153,8 @@ def test_gc_and_cache_verify_refuse_while_a_build_uses_the_cache(project: Path, 
             assert result.exit_code == 1
             assert (
                 result.stderr
-                == f"Error: another onnxbuild is building with the cache .onnxbuild/cache; {name} would delete what it is using: run it again when that build ends\n"
+                == f"Error: another onnxbuild is building with the cache .onnxbuild/cache; {name} would delete "
+                "what it is using: run it again when that build ends\n"
             )
         other = Cache(cache_of(project)).maintenance_lock(shared=True)
         assert other.try_acquire()  # builds share the cache with each other
@@ -370,8 +374,8 @@ def test_verify_takes_a_manifest_of_the_wrong_shape_as_missing(project: Path) ->
         result = run("verify", LR)
         assert result.exit_code == 2, result.output
         assert (
-            result.stderr
-            == f"Error: artifacts/linear-regression/manifest.json is missing or unreadable; build first: onnxbuild make {LR}\n"
+            result.stderr == "Error: artifacts/linear-regression/manifest.json is missing or unreadable; build first: "
+            f"onnxbuild make {LR}\n"
         )
         assert run("gc").exit_code == 0
 
@@ -437,15 +441,18 @@ def test_readers_with_a_trusted_key_take_only_signed_remote_entries(
     [
         (
             lambda f: (f / "model.onnx").unlink() or (f / "model.onnx").mkdir(),
-            "Error: artifacts/linear-regression/model.onnx is a folder where onnxbuild writes a file; move it away and build again\n",
+            "Error: artifacts/linear-regression/model.onnx is a folder where onnxbuild writes a file; move it "
+            "away and build again\n",
         ),
         (
             lambda f: shutil.rmtree(f / "reports") or (f / "reports").write_text("mine", encoding="utf-8"),
-            "Error: artifacts/linear-regression/reports is a file where onnxbuild needs a folder (for reports/check.json); move it away and build again\n",
+            "Error: artifacts/linear-regression/reports is a file where onnxbuild needs a folder (for "
+            "reports/check.json); move it away and build again\n",
         ),
         (
             lambda f: shutil.rmtree(f) or f.write_text("mine", encoding="utf-8"),
-            "Error: artifacts/linear-regression is a file where onnxbuild writes the artifact folder; move it away and build again\n",
+            "Error: artifacts/linear-regression is a file where onnxbuild writes the artifact folder; move it "
+            "away and build again\n",
         ),
     ],
     ids=["model-is-a-folder", "reports-is-a-file", "folder-is-a-file"],
@@ -494,8 +501,8 @@ def test_a_sequence_beyond_the_models_positions_is_a_recipe_error(
     result = run("plan", "r.yaml")
     assert result.exit_code == 2
     assert (
-        "validate.shapes[2]: sequence + past_sequence is 140, beyond the model's 128 positions (source.huggingface.config); use at most 128"
-        in result.stderr
+        "validate.shapes[2]: sequence + past_sequence is 140, beyond the model's 128 positions "
+        "(source.huggingface.config); use at most 128" in result.stderr
     )
 
 

@@ -40,11 +40,13 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
     # YAML syntax and encoding
     "syntax-unclosed-flow-mapping": (
         "12:7",
-        "YAML syntax error: did not find expected ',' or '}' (while parsing a flow mapping that starts at line 11, column 9)",
+        "YAML syntax error: did not find expected ',' or '}' (while parsing a flow mapping that starts at line "
+        "11, column 9)",
     ),
     "syntax-unclosed-quote": (
         "17:1",
-        "YAML syntax error: found unexpected end of stream (while scanning a quoted scalar that starts at line 3, column 14)",
+        "YAML syntax error: found unexpected end of stream (while scanning a quoted scalar that starts at line 3, "
+        "column 14)",
     ),
     "syntax-mapping-in-scalar": ("2:13", "YAML syntax error: mapping values are not allowed in this context"),
     "syntax-bad-indent": (
@@ -79,7 +81,8 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
     ),
     "unreadable-int": (
         "11:65",
-        'source.graph.initializers[0].random.seed: YAML takes "0b_" for an integer but cannot read it as one; put it in quotes to make it text',
+        'source.graph.initializers[0].random.seed: YAML takes "0b_" for an integer but cannot read it as one; put '
+        "it in quotes to make it text",
     ),
     "deep-nesting": ("3:113", "the document is nested more than 100 levels deep; a recipe is far flatter"),
     "alias-bomb": ("1:1", "the document expands to more than 100000 values (YAML aliases?); a recipe is far smaller"),
@@ -105,7 +108,8 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
     ),
     "source-is-string": (
         "3:9",
-        'source: must be a mapping naming exactly one of: onnx, graph, huggingface, pytorch, tensorflow (got "model.onnx")',
+        "source: must be a mapping naming exactly one of: onnx, graph, huggingface, pytorch, tensorflow (got "
+        '"model.onnx")',
     ),
     "opset-is-word": ("5:12", 'source.graph.opset: must be an integer from 7 to 23 (got "eighteen")'),
     "quantize-is-mapping": ("16:11", "quantize: must be a list (got a mapping)"),
@@ -126,11 +130,13 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
     "unknown-source-key": ("4:28", "source.onnx.checksum: unknown key (expected one of: path)"),
     "unknown-quantize-key": (
         "17:35",
-        "quantize[0].width: unknown key (expected one of: accuracy_level, activation_type, algorithm, bits, block_size, budget, calibration,",
+        "quantize[0].width: unknown key (expected one of: accuracy_level, activation_type, algorithm, bits, "
+        "block_size, budget, calibration,",
     ),
     "missing-name": (
         "2:1",
-        "missing required key 'name' (a name of letters, digits, '.', '_' or '-' (at most 64, no path separators), e.g. gpt2-small)",
+        "missing required key 'name' (a name of letters, digits, '.', '_' or '-' (at most 64, no path "
+        "separators), e.g. gpt2-small)",
     ),
     "missing-source": (
         "2:1",
@@ -152,7 +158,8 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
     # bad enum values
     "enum-dtype": (
         "7:26",
-        'source.graph.inputs[0].dtype: must be one of: float32, float16, bfloat16, float64, int8, uint8, int16, int32, int64, bool (got "float33")',
+        "source.graph.inputs[0].dtype: must be one of: float32, float16, bfloat16, float64, int8, uint8, int16, "
+        'int32, int64, bool (got "float33")',
     ),
     "enum-quantize-method": (
         "17:24",
@@ -161,7 +168,9 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
     "enum-optimize-level": ("16:19", 'optimize.level: must be one of: none, basic, extended, layout, all (got "max")'),
     "enum-task": (
         "6:11",
-        'source.huggingface.task: must be one of: feature-extraction, text-classification, token-classification, question-answering, fill-mask, text-generation, text2text-generation, automatic-speech-recognition, image-classification, image-feature-extraction (got "translation")',
+        "source.huggingface.task: must be one of: feature-extraction, text-classification, token-classification, "
+        "question-answering, fill-mask, text-generation, text2text-generation, automatic-speech-recognition, "
+        'image-classification, image-feature-extraction (got "translation")',
     ),
     "enum-exporter": ("9:20", 'export.exporter: must be one of: torchscript, dynamo (got "onnx")'),
     "enum-on-fail": ("9:21", 'validate.on_fail: must be one of: error, warn (got "ignore")'),
@@ -210,24 +219,29 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
     ),
     "hf-model-and-package": (
         "4:3",
-        "source.huggingface: give exactly one of `model` (Hub id or folder) and `package` (a folder inside an installed package); it has both",
+        "source.huggingface: give exactly one of `model` (Hub id or folder) and `package` (a folder inside an "
+        "installed package); it has both",
     ),
     # a task's inputs (#18)
     "image-without-size": (
         "4:3",
-        "source.huggingface: an image model is exported at one sample size: give export.sample: {batch: 2, height: 224, width: 224} (or config.image_size)",
+        "source.huggingface: an image model is exported at one sample size: give export.sample: {batch: 2, "
+        "height: 224, width: 224} (or config.image_size)",
     ),
     "vit-without-image-size": (
         "8:13",
-        "source.huggingface.config: a vit model takes images of the one size its position embeddings were made for; give config.image_size (224 for the base models)",
+        "source.huggingface.config: a vit model takes images of the one size its position embeddings were made "
+        "for; give config.image_size (224 for the base models)",
     ),
     "image-with-sentences": (
         "10:3",
-        "validate.sentences: task image-feature-extraction takes images (pixel_values), not text; remove validate.sentences",
+        "validate.sentences: task image-feature-extraction takes images (pixel_values), not text; remove "
+        "validate.sentences",
     ),
     "token-classification-with-past": (
         "10:14",
-        "export.with_past: applies to huggingface text-generation models (this recipe has task token-classification); remove it",
+        "export.with_past: applies to huggingface text-generation models (this recipe has task "
+        "token-classification); remove it",
     ),
     "question-answering-image-size": (
         "10:36",
@@ -235,11 +249,13 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
     ),
     "seq2seq-with-past": (
         "10:3",
-        "export.with_past: an encoder-decoder's decoder_model.onnx always takes its cache (past_key_values.*) and the encoder has none; remove with_past",
+        "export.with_past: an encoder-decoder's decoder_model.onnx always takes its cache (past_key_values.*) and "
+        "the encoder has none; remove with_past",
     ),
     "seq2seq-float16": (
         "8:12",
-        "source.huggingface.dtype: encoder-decoder models export in float32 (their decoder cache is float32); remove dtype",
+        "source.huggingface.dtype: encoder-decoder models export in float32 (their decoder cache is float32); "
+        "remove dtype",
     ),
     "speech-sequence-shape": (
         "10:23",
@@ -247,11 +263,13 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
     ),
     "seq2seq-one-input": (
         "10:11",
-        "export.inputs: an encoder-decoder's encoder takes input_ids and attention_mask, both [batch, sequence] (got input_ids); remove export.inputs for the defaults",
+        "export.inputs: an encoder-decoder's encoder takes input_ids and attention_mask, both [batch, sequence] "
+        "(got input_ids); remove export.inputs for the defaults",
     ),
     "speech-text-prompt": (
         "11:3",
-        "generate.prompt: a speech model's prompt is audio: generation starts from seeded features of the export's shape; remove it",
+        "generate.prompt: a speech model's prompt is audio: generation starts from seeded features of the "
+        "export's shape; remove it",
     ),
     "cosine-without-sentences": (
         "9:12",
@@ -273,11 +291,20 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
     "quantize-name-slash": ("17:12", f'quantize[0].name: {NAME_PATTERN} (got "int8/fast")'),
     "provider-bad-name": (
         "5:20",
-        'providers[0].name: must be an ONNX Runtime provider name such as CPUExecutionProvider or CUDAExecutionProvider, web (onnxruntime-web under Node.js) or openvino (the OpenVINO CPU plugin) (got "cuda")',
+        "providers[0].name: must be an ONNX Runtime provider name such as CPUExecutionProvider or "
+        "CUDAExecutionProvider, web (onnxruntime-web under Node.js) or openvino (the OpenVINO CPU plugin) (got "
+        '"cuda")',
     ),
     "provider-unknown-name": (
         "5:20",
-        "providers[0].name: unknown execution provider 'TensorRTExecutionProvider'; did you mean TensorrtExecutionProvider? onnxruntime knows: ACLExecutionProvider, ArmNNExecutionProvider, AzureExecutionProvider, CANNExecutionProvider, CPUExecutionProvider, CUDAExecutionProvider, CoreMLExecutionProvider, DmlExecutionProvider, DnnlExecutionProvider, JsExecutionProvider, MIGraphXExecutionProvider, NnapiExecutionProvider, NvTensorRTRTXExecutionProvider, OpenVINOExecutionProvider, QNNExecutionProvider, ROCMExecutionProvider, RknpuExecutionProvider, SNPEExecutionProvider, TensorrtExecutionProvider, VSINPUExecutionProvider, VitisAIExecutionProvider, WebGpuExecutionProvider, WebNNExecutionProvider, XnnpackExecutionProvider (or web, openvino)",
+        "providers[0].name: unknown execution provider 'TensorRTExecutionProvider'; did you mean "
+        "TensorrtExecutionProvider? onnxruntime knows: ACLExecutionProvider, ArmNNExecutionProvider, "
+        "AzureExecutionProvider, CANNExecutionProvider, CPUExecutionProvider, CUDAExecutionProvider, "
+        "CoreMLExecutionProvider, DmlExecutionProvider, DnnlExecutionProvider, JsExecutionProvider, "
+        "MIGraphXExecutionProvider, NnapiExecutionProvider, NvTensorRTRTXExecutionProvider, "
+        "OpenVINOExecutionProvider, QNNExecutionProvider, ROCMExecutionProvider, RknpuExecutionProvider, "
+        "SNPEExecutionProvider, TensorrtExecutionProvider, VSINPUExecutionProvider, VitisAIExecutionProvider, "
+        "WebGpuExecutionProvider, WebNNExecutionProvider, XnnpackExecutionProvider (or web, openvino)",
     ),
     "openvino-bad-precision": (
         "7:26",
@@ -285,7 +312,8 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
     ),
     "openvino-unknown-option": (
         "7:15",
-        "providers[0].options.variant: unknown option for the openvino target (it takes: variants, precision, atol, rtol, top1_min)",
+        "providers[0].options.variant: unknown option for the openvino target (it takes: variants, precision, "
+        "atol, rtol, top1_min)",
     ),
     "openvino-unknown-variant": (
         "7:26",
@@ -410,7 +438,8 @@ def test_a_source_path_the_os_refuses_is_reported_without_a_traceback(
     monkeypatch.chdir(tmp_path)
     recipe = tmp_path / "long.yaml"
     recipe.write_text(
-        f"# A file name longer than any file system allows (255 bytes).\nname: long\nsource:\n  onnx: {{path: {'a' * 300}.onnx}}\n",
+        "# A file name longer than any file system allows (255 bytes).\nname: long\nsource:\n"
+        f"  onnx: {{path: {'a' * 300}.onnx}}\n",
         encoding="utf-8",
     )
     result = make(recipe, tmp_path / "out")

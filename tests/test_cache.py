@@ -250,7 +250,8 @@ def _edit_artifact_in_place(cache: Cache, entry: EntryRecord) -> str:
         f.write(data)
     os.utime(obj, ns=(obj.stat().st_atime_ns, obj.stat().st_mtime_ns + 1_000_000))
     return re.escape(
-        f"cache entry {entry['key'][:12]}: {out['path']} no longer matches its digest (modified in place?); discarded, rebuilding"
+        f"cache entry {entry['key'][:12]}: {out['path']} no longer matches its digest (modified in place?); "
+        "discarded, rebuilding"
     )
 
 

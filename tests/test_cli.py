@@ -30,7 +30,8 @@ source:
     inputs: []
 """
 BAD_PROBLEMS = [
-    """recipes/bad.yaml:1:7: name: must be a name of letters, digits, '.', '_' or '-' (at most 64, no path separators), e.g. gpt2-small (got "bad/name")""",
+    "recipes/bad.yaml:1:7: name: must be a name of letters, digits, '.', '_' or '-' (at most 64, no path "
+    'separators), e.g. gpt2-small (got "bad/name")',
     "recipes/bad.yaml:3:3: source.graph: missing required key 'outputs' (a list)",
     "recipes/bad.yaml:3:3: source.graph: missing required key 'nodes' (a list)",
     'recipes/bad.yaml:4:12: source.graph.opset: must be an integer from 7 to 23 (got "eighteen")',
@@ -200,7 +201,8 @@ def test_problems_of_several_recipes_are_reported_together(project: Path) -> Non
     assert result.exit_code == 2
     assert result.stderr.splitlines()[0] == f"Error: {len(BAD_PROBLEMS) + 2} problems in the recipe:"
     assert result.stderr.splitlines()[-2:] == [
-        "  recipes/empty.yaml:1:1: the recipe is empty; it needs at least `name:` and `source:` (see recipes/ for examples)",
+        "  recipes/empty.yaml:1:1: the recipe is empty; it needs at least `name:` and `source:` (see recipes/ for "
+        "examples)",
         "  recipes/missing.yaml: no such file (check the path; recipes usually live in recipes/)",
     ]
 
@@ -210,7 +212,8 @@ def test_one_problem_is_singular(project: Path) -> None:
     assert result.exit_code == 2
     assert (
         result.stderr
-        == "Error: 1 problem in the recipe:\n  recipes/nope.yaml: no such file (check the path; recipes usually live in recipes/)\n"
+        == "Error: 1 problem in the recipe:\n  recipes/nope.yaml: no such file (check the path; recipes usually "
+        "live in recipes/)\n"
     )
 
 
@@ -404,7 +407,7 @@ except SystemExit as exc:
     code = exc.code
 forbidden = %r
 print(json.dumps({"exit": code, "modules": sorted(m for m in sys.modules if m in forbidden or m.split(".")[0] in forbidden)}))
-"""
+"""  # noqa: E501
 
 
 @pytest.mark.parametrize(

@@ -132,7 +132,8 @@ def test_lock_of_a_killed_process_is_reclaimed(settings: onnxbuild.Settings) -> 
         assert not probe.try_acquire()
         with pytest.raises(
             CacheError,
-            match=r"^timed out after 0s waiting for the lock on recipe linear-regression \(.*recipe-linear-regression\.lock\); another onnxbuild is still running$",
+            match=r"^timed out after 0s waiting for the lock on recipe linear-regression "
+            r"\(.*recipe-linear-regression\.lock\); another onnxbuild is still running$",
         ):
             probe.acquire()
     finally:

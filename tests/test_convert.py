@@ -148,5 +148,6 @@ def test_kinds_named_outside_their_modules_do_not_grow() -> None:
     total = sum(per_file.values())
     worst = sorted(per_file.items(), key=lambda kv: -kv[1])[:5]
     assert total <= KIND_NAMES_ELSEWHERE_AT_MOST, (
-        f"{total} names of kinds outside their modules (at most {KIND_NAMES_ELSEWHERE_AT_MOST}; most in {worst}): find the kind through its module instead"
+        f"{total} names of kinds outside their modules (at most {KIND_NAMES_ELSEWHERE_AT_MOST}; most in {worst}): "
+        "find the kind through its module instead"
     )

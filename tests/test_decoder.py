@@ -251,7 +251,8 @@ export:
             "feature-extraction",
             "true",
             "",
-            "export.with_past: applies to huggingface text-generation models (this recipe has task feature-extraction); remove it",
+            "export.with_past: applies to huggingface text-generation models (this recipe has task "
+            "feature-extraction); remove it",
         ),
         (
             "text-generation",
@@ -305,7 +306,10 @@ def test_a_local_model_with_a_tokenizer_generates_text_and_run_applies_its_chat_
     fast = transformers.PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>"
     )
-    fast.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+    fast.chat_template = (
+        "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}{% if "
+        "add_generation_prompt %}<assistant>{% endif %}"
+    )
     folder = tmp_path / "tiny-lm"
     fast.save_pretrained(folder)
     torch.manual_seed(0)
@@ -316,7 +320,8 @@ def test_a_local_model_with_a_tokenizer_generates_text_and_run_applies_its_chat_
     recipe = tmp_path / "lm.yaml"
     recipe.write_text(
         "name: tiny-lm\nsource:\n  huggingface: {model: ./tiny-lm, task: text-generation}\nexport: {with_past: true}\n"
-        "validate: {shapes: [{batch: 1, sequence: 4}]}\ngenerate: {max_new_tokens: 6, prompt: the quick brown fox, sampling: null}\n",
+        "validate: {shapes: [{batch: 1, sequence: 4}]}\ngenerate: {max_new_tokens: 6, prompt: the quick brown "
+        "fox, sampling: null}\n",
         encoding="utf-8",
     )
     settings = onnxbuild.Settings(cache_dir=tmp_path / "cache", artifacts_dir=tmp_path / "artifacts")

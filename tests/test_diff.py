@@ -88,7 +88,8 @@ def test_diff_as_html_is_one_self_contained_page(repo: Path) -> None:
         (
             ["--base", "0123456789abcdef0123456789abcdef01234567"],
             None,
-            "Error: the base '0123456789abcdef0123456789abcdef01234567' is not a commit here (a shallow clone? fetch it: git fetch --depth=50 origin 0123456789abcdef0123456789abcdef01234567)",
+            "Error: the base '0123456789abcdef0123456789abcdef01234567' is not a commit here (a shallow clone? "
+            "fetch it: git fetch --depth=50 origin 0123456789abcdef0123456789abcdef01234567)",
         ),
         (
             [LR],

@@ -285,7 +285,8 @@ def test_failure_skips_dependents_and_keep_going_builds_the_rest(
         "r:c": skipped_c,
         "r:d": (
             "skipped",
-            "not run: the build stopped at the first failure (use --keep-going to build everything that does not depend on it)",
+            "not run: the build stopped at the first failure (use --keep-going to build everything that does not "
+            "depend on it)",
         ),
     }
     assert recorder.started == ["r:a"]

@@ -98,7 +98,7 @@ def test_a_graph_source_variant_is_searched_with_seeded_inputs(project: Path) ->
     result = runner.invoke(cli, ["explain-mismatch", "recipes/lr-int8.yaml", "--variant", "int8"])
     assert result.exit_code == 0, result.output
     assert (
-        "int8 (artifacts/linear-regression/int8/model.onnx) against model at the sample, seeded inputs (validation runs no such case) (atol 3, rtol 0.5)"
-        in result.output
+        "int8 (artifacts/linear-regression/int8/model.onnx) against model at the sample, seeded inputs "
+        "(validation runs no such case) (atol 3, rtol 0.5)" in result.output
     )
     assert "no divergence: 2 shared tensors compared" in result.output

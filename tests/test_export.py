@@ -192,7 +192,8 @@ def test_pytorch_factory_source_with_checkpoint(project: Path, settings: onnxbui
         # caught earlier, by the source step, without running the file
         (
             "tiny_mlp.py:missing",
-            "source.pytorch.factory: tiny_mlp.py defines no function 'missing' at its top level; add `def missing(...)` there or fix the name after the colon",
+            "source.pytorch.factory: tiny_mlp.py defines no function 'missing' at its top level; add "
+            "`def missing(...)` there or fix the name after the colon",
         ),
     ],
 )

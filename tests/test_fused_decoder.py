@@ -302,7 +302,8 @@ def test_validation_fails_a_graph_that_ignores_left_padding(built: Path, tmp_pat
     assert padded.exit_code == 1 and "/model/layers.1/attn/Attention (Attention)" in padded.output, padded.output
     assert (
         too_much.exit_code == 2
-        and "--left-padding: 16 must leave a real token in the padded row: between 1 and 15 for validate.shapes[1] (sequence 16)"
+        and "--left-padding: 16 must leave a real token in the padded row: between 1 and 15 for "
+        "validate.shapes[1] (sequence 16)"
         in too_much.output
     )
     # validate.left_padding: false, for a model never given a padded batch: the same graph
@@ -430,15 +431,20 @@ def test_int4_multiplies_in_int8_keeps_lm_head_in_full_precision_and_packs_the_e
     ("recipe", "message"),
     [
         (
-            "name: x\nsource: {huggingface: {model: m, task: feature-extraction, offline: random-init, config: {model_type: bert}}}\noptimize: {decoder: fused}\n",
-            "optimize.decoder: fused graphs are for text-generation models exported with export.with_past: true; use decoder: auto or export",
+            "name: x\nsource: {huggingface: {model: m, task: feature-extraction, offline: random-init, config: "
+            "{model_type: bert}}}\noptimize: {decoder: fused}\n",
+            "optimize.decoder: fused graphs are for text-generation models exported with export.with_past: true; "
+            "use decoder: auto or export",
         ),
         (
-            "name: x\nsource: {huggingface: {model: m, task: text-generation, offline: random-init, config: {model_type: falcon}}}\nexport: {with_past: true}\noptimize: {decoder: fused}\n",
-            "optimize.decoder: no fused graph for model_type 'falcon' (there is one for llama, mistral, qwen2, qwen3, phi3, gemma, gpt2); use decoder: auto or export",
+            "name: x\nsource: {huggingface: {model: m, task: text-generation, offline: random-init, config: "
+            "{model_type: falcon}}}\nexport: {with_past: true}\noptimize: {decoder: fused}\n",
+            "optimize.decoder: no fused graph for model_type 'falcon' (there is one for llama, mistral, qwen2, "
+            "qwen3, phi3, gemma, gpt2); use decoder: auto or export",
         ),
         (
-            "name: x\nsource: {huggingface: {model: m, task: text-generation, offline: random-init, config: {model_type: llama}}}\nexport: {with_past: true}\noptimize: {decoder: fast}\n",
+            "name: x\nsource: {huggingface: {model: m, task: text-generation, offline: random-init, config: "
+            "{model_type: llama}}}\nexport: {with_past: true}\noptimize: {decoder: fast}\n",
             'r.yaml:4:21: optimize.decoder: must be auto, fused or export (got "fast")',
         ),
     ],

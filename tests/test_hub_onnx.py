@@ -116,8 +116,8 @@ def test_a_hub_id_that_cannot_be_reached_fails_the_source_step_and_says_what_to_
     )
     assert result.exit_code == 1, result.output
     assert (
-        "step source failed: source.huggingface.file: cannot download onnx/model.onnx of onnx-community/tiny-bert-onnx@main from the Hugging Face Hub (HF_HUB_OFFLINE is set)"
-        in result.output
+        "step source failed: source.huggingface.file: cannot download onnx/model.onnx of "
+        "onnx-community/tiny-bert-onnx@main from the Hugging Face Hub (HF_HUB_OFFLINE is set)" in result.output
     )
     assert "point `model:` at a local folder with the repository's layout" in result.output
 
@@ -127,11 +127,13 @@ def test_a_hub_id_that_cannot_be_reached_fails_the_source_step_and_says_what_to_
     [
         (
             "validate: {atol: 0.1}\n",
-            "validate: applies only to huggingface, pytorch and tensorflow sources (this recipe's source is an ONNX file, huggingface.file); remove it",
+            "validate: applies only to huggingface, pytorch and tensorflow sources (this recipe's source is an "
+            "ONNX file, huggingface.file); remove it",
         ),
         (
             "export: {opset: 17}\n",
-            "export: applies only to huggingface, pytorch and tensorflow sources (this recipe's source is an ONNX file, huggingface.file)",
+            "export: applies only to huggingface, pytorch and tensorflow sources (this recipe's source is an ONNX "
+            "file, huggingface.file)",
         ),
     ],
 )

@@ -109,7 +109,8 @@ NO_OTHER_VALUE: dict[str, str] = {
     "export.with_past": "generate: wants a past",
     "validate.sentences": "sentences are for sentence encoders",
     "validate.cosine_min": "a cosine floor needs validate.sentences",
-    "validate.text": "perplexity on text needs a text-generation model and its tokenizer: random-init tiny-gpt2 has none (tests/test_smollm2.py)",
+    "validate.text": "perplexity on text needs a text-generation model and its tokenizer: random-init tiny-gpt2 "
+    "has none (tests/test_smollm2.py)",
     "validate.ppl_increase_max": "a text gate needs validate.text",
     "validate.kld_max": "a text gate needs validate.text",
     "validate.text_top1_min": "a text gate needs validate.text",

@@ -107,7 +107,8 @@ def test_each_section_type_names_exactly_the_schema_keys_and_what_resolve_writes
         value = parse_recipe(path.read_text(encoding="utf-8"), str(path)).get(section)
         for item in value if isinstance(value, list) else [value] if value else []:
             assert set(item) <= keys, (
-                f"{path.name}: resolve writes {sorted(set(item) - keys)} into {section}, which {typed.__name__} does not name"
+                f"{path.name}: resolve writes {sorted(set(item) - keys)} into {section}, which {typed.__name__} "
+                "does not name"
             )
 
 

@@ -55,7 +55,8 @@ def test_a_step_over_its_time_limit_fails_and_earlier_steps_stay_cached(tmp_path
     assert steps["export"]["status"] == "built" and steps["validate"]["status"] == "failed"
     assert "over limits.seconds (0.3 s) for this step" in steps["validate"]["reason"]
     assert steps["report"]["status"] == "skipped"
-    # Limits change whether a step may finish, not what it writes: in no key, so raising one reruns nothing that succeeded.
+    # Limits change whether a step may finish, not what it writes: in no key, so raising one reruns nothing that
+    # succeeded.
     write(tmp_path, "limits:\n  seconds: 600\n")
     again = onnxbuild.build([recipe], settings)
     statuses = {s["name"]: s["status"] for s in again.recipes[0].steps}
@@ -134,7 +135,8 @@ def test_limits_hold_from_outside_the_step_process(
     monkeypatch.setenv("HOG_PID_FILE", str(pid_file))
     recipe = tmp_path / "hog.yaml"
     recipe.write_text(
-        f'name: hog\nsource:\n  pytorch: {{factory: "hog.py:{factory}"}}\nexport:\n  inputs: [{{name: x, shape: [batch, 4]}}]\nlimits:\n  steps:\n    export: {limits}\n',
+        f'name: hog\nsource:\n  pytorch: {{factory: "hog.py:{factory}"}}\nexport:\n'
+        f"  inputs: [{{name: x, shape: [batch, 4]}}]\nlimits:\n  steps:\n    export: {limits}\n",
         encoding="utf-8",
     )
     settings = onnxbuild.Settings(cache_dir=tmp_path / "cache", artifacts_dir=tmp_path / "artifacts")

@@ -21,8 +21,8 @@ def test_make_lock_then_plan_check_then_a_stale_lock_fails(project: Path) -> Non
     missing = run("plan", "--check", LR)
     assert missing.exit_code == 1
     assert (
-        "linear-regression.lock.json does not exist; run `onnxbuild make recipes/linear-regression.yaml --lock` and commit it"
-        in missing.stdout
+        "linear-regression.lock.json does not exist; run `onnxbuild make recipes/linear-regression.yaml --lock` "
+        "and commit it" in missing.stdout
     )
 
     built = run("make", LR, "--lock")

@@ -205,7 +205,8 @@ def test_openvino_validates_model_at_its_precision_and_is_benchmarked(tiny_ov: P
         assert line.endswith(
             "the fastest validated decode"
             if top is own
-            else f"({top['variant']} on {top['provider'].replace('ExecutionProvider', '')} {format_ms(top['decode_p50_ms'])})"
+            else f"({top['variant']} on {top['provider'].replace('ExecutionProvider', '')} "
+            f"{format_ms(top['decode_p50_ms'])})"
         )
 
 
@@ -263,8 +264,8 @@ def test_a_static_int8_decoder_calibrates_on_prefills_and_is_validated_on_openvi
     assert "KV cache held in the model (stateful)" in ov["note"]
     note = next(p for p in bench["providers"] if p["name"] == "openvino")["reason"]
     assert (
-        "KV cache held in the model (stateful) for s8: decode steps are successive tokens after the past, set back untimed every 8 steps"
-        in note
+        "KV cache held in the model (stateful) for s8: decode steps are successive tokens after the past, set "
+        "back untimed every 8 steps" in note
     )
     assert f"\n{note}.\n" in (folder / "benchmark.md").read_text(encoding="utf-8")
     held = next(d for d in bench["decode"] if d["engine"] == "openvino")

@@ -70,7 +70,8 @@ def test_a_benchmark_shape_missing_an_axis_is_a_recipe_error(tmp_path: Path, mon
     result = run("plan", STEPS)
     assert result.exit_code == 2
     assert result.stderr.splitlines()[1:] == [
-        "  steps/steps.yaml:14:12: benchmark.shapes[0]: missing a size for dimension 'steps' (the inputs use: batch, steps)",
+        "  steps/steps.yaml:14:12: benchmark.shapes[0]: missing a size for dimension 'steps' (the inputs use: "
+        "batch, steps)",
         "  steps/steps.yaml:14:45: benchmark.shapes[1].frames: unknown dimension (the inputs use: batch, steps)",
     ]
 
@@ -91,7 +92,8 @@ def test_a_targeted_forced_build_keeps_every_current_output(steps_project: Path)
         name: s["status"]
         for name, s in json.loads((folder / "timings.json").read_text(encoding="utf-8"))["steps"].items()
     }
-    # the chain to check reran; validate, report and benchmark (outside it) stayed, as the rebuilt export came out identical
+    # the chain to check reran; validate, report and benchmark (outside it) stayed, as the rebuilt export came out
+    # identical
     assert status == {
         "source": "built",
         "export": "built",
@@ -140,7 +142,8 @@ def test_plan_names_files_missing_or_altered_in_the_artifact_folder(steps_projec
     assert result.exit_code == 1, result.output
     assert result.stdout.splitlines()[-3:] == [
         "artifacts/steps/reports/validation.md: missing; `onnxbuild make steps/steps.yaml` restores it from the cache",
-        "artifacts/steps/benchmark.md: differs from what step benchmark built; `onnxbuild make steps/steps.yaml` restores it from the cache",
+        "artifacts/steps/benchmark.md: differs from what step benchmark built; `onnxbuild make steps/steps.yaml` "
+        "restores it from the cache",
         "2 artifact files out of step with the cache",
     ]
     as_json = json.loads(run("plan", STEPS, "--json").stdout)
@@ -180,19 +183,23 @@ def test_a_target_leaves_out_steps_that_are_not_current(steps_project: Path) -> 
     [
         (
             "../../etc/passwd:build",
-            '../../etc/passwd is not a Python file; name a .py file, e.g. "model.py:build" (relative to the recipe\'s folder) or "package.module:build"',
+            '../../etc/passwd is not a Python file; name a .py file, e.g. "model.py:build" (relative to the '
+            'recipe\'s folder) or "package.module:build"',
         ),
         (
             "/etc/model.py:build",
-            '/etc/model.py is an absolute path; name a .py file, e.g. "model.py:build" (relative to the recipe\'s folder) or "package.module:build"',
+            '/etc/model.py is an absolute path; name a .py file, e.g. "model.py:build" (relative to the recipe\'s '
+            'folder) or "package.module:build"',
         ),
         (
             "../../elsewhere/model.py:build",
-            "../../elsewhere/model.py lies outside the recipe's folder and the folder above it; keep model code beside the recipe",
+            "../../elsewhere/model.py lies outside the recipe's folder and the folder above it; keep model code "
+            "beside the recipe",
         ),
         (
             "sub/../../../model.py:build",
-            "sub/../../../model.py lies outside the recipe's folder and the folder above it; keep model code beside the recipe",
+            "sub/../../../model.py lies outside the recipe's folder and the folder above it; keep model code "
+            "beside the recipe",
         ),
     ],
 )
@@ -216,7 +223,8 @@ def test_a_factory_that_is_not_a_python_file_beside_the_recipe_is_a_recipe_error
         (
             "def other():\n    pass\n",
             "m.py:build",
-            "source.pytorch.factory: m.py defines no function 'build' at its top level; add `def build(...)` there or fix the name after the colon",
+            "source.pytorch.factory: m.py defines no function 'build' at its top level; add `def build(...)` "
+            "there or fix the name after the colon",
         ),
         ("def build(:\n", "m.py:build", "source.pytorch.factory: m.py is not valid Python (line 1: invalid syntax)"),
         (
@@ -415,7 +423,8 @@ def test_without_npm_the_first_use_says_what_to_do(tmp_path: Path, monkeypatch: 
     monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/node" if name == "node" else None)
     assert (
         web.unavailable()
-        == f"onnxruntime-web is not installed and npm is not on PATH: install Node.js with npm, or run `npm ci --prefix {tmp_path}`"
+        == "onnxruntime-web is not installed and npm is not on PATH: install Node.js with npm, or run "
+        f"`npm ci --prefix {tmp_path}`"
     )
 
 

@@ -57,7 +57,7 @@ def settings(root: Path, **extra: object) -> onnxbuild.Settings:
 
 
 MEASURED = {"timings.json", "report.html", "benchmark.json", "benchmark.md", "benchmark.png", "machine.json"}
-"""Durations, memory, latencies and the machine's peaks: they differ run to run by design, whichever executor ran them."""
+"""Durations, memory, latencies and the machine's peaks: they differ run to run by design, whichever executor ran them."""  # noqa: E501
 
 
 def digests(folder: Path) -> dict[str, str]:
@@ -148,7 +148,8 @@ def test_a_step_that_needs_a_gpu_is_refused_before_anything_runs(cluster: Path, 
     recipe = root / "recipes" / "cuda.yaml"
     recipe.write_text(
         (ROOT / "recipes" / "linear-regression.yaml").read_text(encoding="utf-8")
-        + "benchmark: {iterations: 2}\nproviders:\n  - {name: CUDAExecutionProvider}\n  - {name: CPUExecutionProvider}\n",
+        + "benchmark: {iterations: 2}\nproviders:\n  - {name: CUDAExecutionProvider}\n"
+        "  - {name: CPUExecutionProvider}\n",
         encoding="utf-8",
     )
     with pytest.raises(

@@ -50,7 +50,10 @@ source:
 
 ONNX = "source: {onnx: {path: m.onnx}}\n"
 
-TOP_KEYS = "benchmark, convert, description, expect, export, generate, limits, name, optimize, providers, quantize, source, validate"
+TOP_KEYS = (
+    "benchmark, convert, description, expect, export, generate, limits, name, optimize, providers, "
+    "quantize, source, validate"
+)
 NAME_RULE = "a name of letters, digits, '.', '_' or '-' (at most 64, no path separators), e.g. gpt2-small"
 SOURCES = "exactly one of: onnx, graph, huggingface, pytorch, tensorflow"
 
@@ -67,14 +70,16 @@ BAD: list[Any] = [
     pytest.param(
         "name: a\nsource: [1, 2\n",
         [
-            "r.yaml:3:1: YAML syntax error: did not find expected ',' or ']' (while parsing a flow sequence that starts at line 2, column 9)"
+            "r.yaml:3:1: YAML syntax error: did not find expected ',' or ']' (while parsing a flow sequence that "
+            "starts at line 2, column 9)"
         ],
         id="syntax-unclosed-bracket",
     ),
     pytest.param(
         'name: "abc\nsource: {}\n',
         [
-            "r.yaml:3:1: YAML syntax error: found unexpected end of stream (while scanning a quoted scalar that starts at line 1, column 7)"
+            "r.yaml:3:1: YAML syntax error: found unexpected end of stream (while scanning a quoted scalar that "
+            "starts at line 1, column 7)"
         ],
         id="syntax-unclosed-quote",
     ),
@@ -86,7 +91,8 @@ BAD: list[Any] = [
     pytest.param(
         "name: a\nsource:\n\tonnx: {path: m.onnx}\n",
         [
-            "r.yaml:3:1: YAML syntax error: found character that cannot start any token (indent with spaces; YAML does not allow tabs)"
+            "r.yaml:3:1: YAML syntax error: found character that cannot start any token (indent with spaces; YAML "
+            "does not allow tabs)"
         ],
         id="tab-indent",
     ),
@@ -187,7 +193,8 @@ BAD: list[Any] = [
     pytest.param(
         GRAPH.replace("random: {seed: 0}", "random: {seed: 0, sead: 1}"),
         [
-            "r.yaml:9:68: source.graph.initializers[0].random.sead: unknown key (did you mean 'seed'? expected one of: distribution, scale, seed)"
+            "r.yaml:9:68: source.graph.initializers[0].random.sead: unknown key (did you mean 'seed'? expected "
+            "one of: distribution, scale, seed)"
         ],
         id="unknown-nested-key",
     ),
@@ -227,7 +234,8 @@ BAD: list[Any] = [
         id="source-null",
     ),
     pytest.param(
-        "name: a\nsource:\n  graph:\n    inputs: [{name: X, dtype: float32, shape: [1]}]\n    outputs: [{name: X, dtype: float32, shape: [1]}]\n",
+        "name: a\nsource:\n  graph:\n    inputs: [{name: X, dtype: float32, shape: [1]}]\n"
+        "    outputs: [{name: X, dtype: float32, shape: [1]}]\n",
         ["r.yaml:3:3: source.graph: missing required key 'nodes' (a list)"],
         id="graph-missing-nodes",
     ),
@@ -239,7 +247,8 @@ BAD: list[Any] = [
     pytest.param(
         "name: yes\n" + ONNX,
         [
-            f"r.yaml:1:7: name: must be {NAME_RULE} (got true; YAML read this as a boolean, put the value in quotes to make it text)"
+            f"r.yaml:1:7: name: must be {NAME_RULE} (got true; YAML read this as a boolean, put the value in "
+            "quotes to make it text)"
         ],
         id="name-read-as-boolean",
     ),
@@ -261,7 +270,9 @@ BAD: list[Any] = [
     pytest.param(
         HF.replace("text-generation", "generation"),
         [
-            'r.yaml:5:11: source.huggingface.task: must be one of: feature-extraction, text-classification, token-classification, question-answering, fill-mask, text-generation, text2text-generation, automatic-speech-recognition, image-classification, image-feature-extraction (got "generation")'
+            "r.yaml:5:11: source.huggingface.task: must be one of: feature-extraction, text-classification, "
+            "token-classification, question-answering, fill-mask, text-generation, text2text-generation, "
+            'automatic-speech-recognition, image-classification, image-feature-extraction (got "generation")'
         ],
         id="task-enum",
     ),
@@ -288,14 +299,16 @@ BAD: list[Any] = [
     pytest.param(
         GRAPH.replace("shape: [batch, 4]", "shape: [batch, 4.5]"),
         [
-            "r.yaml:5:50: source.graph.inputs[0].shape[1]: must be a non-negative integer or a symbolic dimension name such as batch (got 4.5)"
+            "r.yaml:5:50: source.graph.inputs[0].shape[1]: must be a non-negative integer or a symbolic dimension "
+            "name such as batch (got 4.5)"
         ],
         id="input-dim-not-integer",
     ),
     pytest.param(
         GRAPH.replace("dtype: float32, shape: [batch, 4]", "dtype: float, shape: [batch, 4]"),
         [
-            'r.yaml:5:26: source.graph.inputs[0].dtype: must be one of: float32, float16, bfloat16, float64, int8, uint8, int16, int32, int64, bool (got "float")'
+            "r.yaml:5:26: source.graph.inputs[0].dtype: must be one of: float32, float16, bfloat16, float64, "
+            'int8, uint8, int16, int32, int64, bool (got "float")'
         ],
         id="dtype-enum",
     ),
@@ -320,14 +333,17 @@ BAD: list[Any] = [
     pytest.param(
         "name: a\nsource:\n  pytorch:\n    factory: model.py\n",
         [
-            'r.yaml:4:14: source.pytorch.factory: must be "path/to/file.py:function" or "package.module:function" (got "model.py")'
+            'r.yaml:4:14: source.pytorch.factory: must be "path/to/file.py:function" or "package.module:function" '
+            '(got "model.py")'
         ],
         id="pytorch-factory-format",
     ),
     pytest.param(
         "name: a\n" + ONNX + "providers: [{name: CPU}]\n",
         [
-            'r.yaml:3:20: providers[0].name: must be an ONNX Runtime provider name such as CPUExecutionProvider or CUDAExecutionProvider, web (onnxruntime-web under Node.js) or openvino (the OpenVINO CPU plugin) (got "CPU")'
+            "r.yaml:3:20: providers[0].name: must be an ONNX Runtime provider name such as CPUExecutionProvider "
+            "or CUDAExecutionProvider, web (onnxruntime-web under Node.js) or openvino (the OpenVINO CPU plugin) "
+            '(got "CPU")'
         ],
         id="provider-name",
     ),
@@ -338,7 +354,8 @@ BAD: list[Any] = [
     ),
     pytest.param(
         # Every schema problem in the file comes back at once, in file order.
-        "name: a/b\nsource:\n  onnx: {path: m.onnx, extra: 1}\nexport:\n  opset: eighteen\n  exporter: onnx\nproviders: []\n",
+        "name: a/b\nsource:\n  onnx: {path: m.onnx, extra: 1}\nexport:\n  opset: eighteen\n  exporter: onnx\n"
+        "providers: []\n",
         [
             f'r.yaml:1:7: name: must be {NAME_RULE} (got "a/b")',
             "r.yaml:3:24: source.onnx.extra: unknown key (expected one of: path)",
@@ -362,7 +379,8 @@ BAD: list[Any] = [
     pytest.param(
         GRAPH.replace("inputs: [X, A]", "inputs: [X, W]"),
         [
-            "r.yaml:11:39: source.graph.nodes[0].inputs[1]: 'W' is not a graph input, an initializer or the output of an earlier node"
+            "r.yaml:11:39: source.graph.nodes[0].inputs[1]: 'W' is not a graph input, an initializer or the "
+            "output of an earlier node"
         ],
         id="node-input-undefined",
     ),
@@ -384,42 +402,48 @@ BAD: list[Any] = [
     pytest.param(
         GRAPH.replace("random: {seed: 0}", "values: [1, 2, 3, 4, 5, 6, 7, 8], random: {seed: 0}"),
         [
-            "r.yaml:9:9: source.graph.initializers[0]: give exactly one of `values` (the numbers) and `random` (a seed); it has both"
+            "r.yaml:9:9: source.graph.initializers[0]: give exactly one of `values` (the numbers) and `random` (a "
+            "seed); it has both"
         ],
         id="initializer-values-and-random",
     ),
     pytest.param(
         GRAPH.replace(", random: {seed: 0}", ""),
         [
-            "r.yaml:9:9: source.graph.initializers[0]: give exactly one of `values` (the numbers) and `random` (a seed); it has neither"
+            "r.yaml:9:9: source.graph.initializers[0]: give exactly one of `values` (the numbers) and `random` (a "
+            "seed); it has neither"
         ],
         id="initializer-neither",
     ),
     pytest.param(
         GRAPH + "export:\n  opset: 18\n",
         [
-            "r.yaml:12:1: export: applies only to huggingface, pytorch and tensorflow sources (this recipe's source is graph); remove it"
+            "r.yaml:12:1: export: applies only to huggingface, pytorch and tensorflow sources (this recipe's "
+            "source is graph); remove it"
         ],
         id="export-on-graph-source",
     ),
     pytest.param(
         HF.replace("    task", "    package: pkg/model\n    task"),
         [
-            "r.yaml:3:3: source.huggingface: give exactly one of `model` (Hub id or folder) and `package` (a folder inside an installed package); it has both"
+            "r.yaml:3:3: source.huggingface: give exactly one of `model` (Hub id or folder) and `package` (a "
+            "folder inside an installed package); it has both"
         ],
         id="huggingface-model-and-package",
     ),
     pytest.param(
         HF.replace("    model: openai-community/gpt2\n", ""),
         [
-            "r.yaml:3:3: source.huggingface: give exactly one of `model` (Hub id or folder) and `package` (a folder inside an installed package); it has neither"
+            "r.yaml:3:3: source.huggingface: give exactly one of `model` (Hub id or folder) and `package` (a "
+            "folder inside an installed package); it has neither"
         ],
         id="huggingface-neither",
     ),
     pytest.param(
         "name: mlp\nsource:\n  pytorch:\n    factory: model.py:build\n",
         [
-            "r.yaml:3:3: source.pytorch: a pytorch source needs export.inputs (name, dtype and shape of each model input)"
+            "r.yaml:3:3: source.pytorch: a pytorch source needs export.inputs (name, dtype and shape of each "
+            "model input)"
         ],
         id="pytorch-without-export",
     ),
@@ -429,12 +453,14 @@ BAD: list[Any] = [
         id="pytorch-without-export-inputs",
     ),
     pytest.param(
-        "name: mlp\nsource:\n  pytorch:\n    factory: model.py:build\nexport:\n  inputs:\n    - {name: x, shape: [batch, 4]}\n    - {name: x, shape: [batch, 4]}\n",
+        "name: mlp\nsource:\n  pytorch:\n    factory: model.py:build\nexport:\n  inputs:\n"
+        "    - {name: x, shape: [batch, 4]}\n    - {name: x, shape: [batch, 4]}\n",
         ["r.yaml:8:14: export.inputs[1].name: input 'x' is listed twice (first as export.inputs[0])"],
         id="duplicate-export-input",
     ),
     pytest.param(
-        "name: mlp\nsource:\n  pytorch:\n    factory: model.py:build\nexport:\n  inputs:\n    - {name: x, shape: [batch, 4]}\n  sample: {sequence: 3}\n",
+        "name: mlp\nsource:\n  pytorch:\n    factory: model.py:build\nexport:\n  inputs:\n"
+        "    - {name: x, shape: [batch, 4]}\n  sample: {sequence: 3}\n",
         ["r.yaml:8:3: export.sample: give a sample size for dimension 'batch' (e.g. sample: {batch: 2})"],
         id="sample-missing-dim",
     ),
@@ -491,23 +517,28 @@ BAD_FILES = {
         "bad/several-problems.yaml:8:25: benchmark.iterations: must be an integer >= 1 (got 0)",
     ],
     "tabs.yaml": [
-        "bad/tabs.yaml:4:1: YAML syntax error: found character that cannot start any token (indent with spaces; YAML does not allow tabs)",
+        "bad/tabs.yaml:4:1: YAML syntax error: found character that cannot start any token (indent with spaces; "
+        "YAML does not allow tabs)",
     ],
     "python-tag.yaml": [
-        "bad/python-tag.yaml:2:7: name: tag !!python/object/apply:os.system is not allowed in a recipe (only plain YAML values)",
+        "bad/python-tag.yaml:2:7: name: tag !!python/object/apply:os.system is not allowed in a recipe (only "
+        "plain YAML values)",
     ],
     "alias-bomb.yaml": [
-        "bad/alias-bomb.yaml:1:1: the document expands to more than 100000 values (YAML aliases?); a recipe is far smaller",
+        "bad/alias-bomb.yaml:1:1: the document expands to more than 100000 values (YAML aliases?); a recipe is "
+        "far smaller",
     ],
     "gpt2-typos.yaml": [
         'bad/gpt2-typos.yaml:7:10: export.opset: must be an integer from 7 to 23 (got "eighteen")',
-        "bad/gpt2-typos.yaml:8:3: export.exproter: unknown key (did you mean 'exporter'? expected one of: constant_folding, device, exporter, external_data, inputs, opset, outputs, sample, with_past)",
+        "bad/gpt2-typos.yaml:8:3: export.exproter: unknown key (did you mean 'exporter'? expected one of: "
+        "constant_folding, device, exporter, external_data, inputs, opset, outputs, sample, with_past)",
         "bad/gpt2-typos.yaml:10:9: validate.atol: must be a number >= 0 (got -1)",
     ],
     "dangling-graph.yaml": [
         "bad/dangling-graph.yaml:7:16: source.graph.outputs[0].name: 'Y' is not produced by any node",
         "bad/dangling-graph.yaml:9:58: source.graph.initializers[0].values: has 3 values but shape [4, 2] needs 8",
-        "bad/dangling-graph.yaml:11:39: source.graph.nodes[0].inputs[1]: 'W' is not a graph input, an initializer or the output of an earlier node",
+        "bad/dangling-graph.yaml:11:39: source.graph.nodes[0].inputs[1]: 'W' is not a graph input, an initializer "
+        "or the output of an earlier node",
     ],
 }
 

@@ -142,7 +142,8 @@ def test_digits_training_is_deterministic_and_the_test_split_fixed(project: Path
 def test_an_accuracy_floor_fails_the_build_with_the_figures(project: Path, settings: onnxbuild.Settings) -> None:
     # Labels shifted by one sample: both runtimes score about 10%, far below min: 0.9.
     (project / "recipes" / "digits_shifted.py").write_text(
-        "import numpy as np\nfrom digits_mlp import test_set\n\n\ndef shifted():\n    inputs, labels = test_set()\n    return inputs, np.roll(labels, 1)\n",
+        "import numpy as np\nfrom digits_mlp import test_set\n\n\ndef shifted():\n"
+        "    inputs, labels = test_set()\n    return inputs, np.roll(labels, 1)\n",
         encoding="utf-8",
     )
     text = (project / "recipes" / "digits-mlp.yaml").read_text(encoding="utf-8")

@@ -220,8 +220,8 @@ def test_onnxbuild_report_needs_a_build_first(project: Path) -> None:
     result = CliRunner().invoke(cli, ["report", "recipes/linear-regression.yaml"])
     assert result.exit_code == 2
     assert (
-        result.stderr
-        == "Error: artifacts/linear-regression/ has no manifest.json: build it first with `onnxbuild make recipes/linear-regression.yaml`\n"
+        result.stderr == "Error: artifacts/linear-regression/ has no manifest.json: build it first with "
+        "`onnxbuild make recipes/linear-regression.yaml`\n"
     )
 
 

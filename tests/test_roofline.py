@@ -84,7 +84,11 @@ def test_an_embedding_table_counts_the_rows_its_indices_pick() -> None:
     assert graph_work(alone, {"ids": (2, 5)}).weight_bytes == 10 * 8 * 4
     # tied to an output projection (GPT-2's lm_head): the MatMul reads the table whole
     tied = model(
-        [helper.make_node("Gather", ["E", "ids"], ["H"]), helper.make_node("Transpose", ["E"], ["Et"]), helper.make_node("MatMul", ["H", "Et"], ["Y"])],
+        [
+            helper.make_node("Gather", ["E", "ids"], ["H"]),
+            helper.make_node("Transpose", ["E"], ["Et"]),
+            helper.make_node("MatMul", ["H", "Et"], ["Y"]),
+        ],
         ids, ["Y"], {"E": floats(100, 8)},
     )  # fmt: skip
     assert graph_work(tied, {"ids": (2, 5)}).weight_bytes == 100 * 8 * 4

@@ -142,8 +142,8 @@ def test_a_config_transformers_cannot_build_is_a_step_error_naming_the_config(tm
     assert not report.ok
     [failure] = report.failures()
     assert (
-        "source.huggingface.config: transformers cannot build a image-classification model from it (IndexError: list index out of range)"
-        in str(failure)
+        "source.huggingface.config: transformers cannot build a image-classification model from it (IndexError: "
+        "list index out of range)" in str(failure)
     )
 
 
@@ -284,7 +284,8 @@ def test_odd_config_values_resolve_to_the_defaults_transformers_would_use(
     must not crash on it."""
     recipe = tmp_path / "r.yaml"
     recipe.write_text(
-        f"name: odd\nsource:\n  huggingface:\n    model: x/y\n    task: {task}\n    offline: random-init\n    config: {config}\n",
+        f"name: odd\nsource:\n  huggingface:\n    model: x/y\n    task: {task}\n    offline: random-init\n"
+        f"    config: {config}\n",
         encoding="utf-8",
     )
     [pixels] = onnxbuild.load_recipe(recipe).resolved["export"]["inputs"]
@@ -296,7 +297,8 @@ def test_an_image_model_of_unknown_type_is_validated_at_its_sample_size_only(tmp
     image size, from a ResNet: the default shapes vary the batch and hold the image size."""
     recipe = tmp_path / "r.yaml"
     recipe.write_text(
-        "name: hub-vit\nsource:\n  huggingface:\n    model: google/vit-base-patch16-224\n    task: image-classification\nexport:\n  sample: {batch: 2, height: 224, width: 224}\n",
+        "name: hub-vit\nsource:\n  huggingface:\n    model: google/vit-base-patch16-224\n"
+        "    task: image-classification\nexport:\n  sample: {batch: 2, height: 224, width: 224}\n",
         encoding="utf-8",
     )
     shapes = onnxbuild.load_recipe(recipe).resolved["validate"]["shapes"]

@@ -17,11 +17,13 @@ INPUTS = "export:\n  inputs: [{name: pixels, dtype: float32, shape: [batch, 64]}
     [
         (
             "source:\n  tensorflow: {factory: 'm.py:build', keras: m.keras}\n" + INPUTS,
-            "source.tensorflow: give exactly one of `factory` (file.py:function) and `keras` (a .keras file); it has both",
+            "source.tensorflow: give exactly one of `factory` (file.py:function) and `keras` (a .keras file); it "
+            "has both",
         ),
         (
             "source:\n  tensorflow: {kwargs: {}}\n" + INPUTS,
-            "source.tensorflow: give exactly one of `factory` (file.py:function) and `keras` (a .keras file); it has neither",
+            "source.tensorflow: give exactly one of `factory` (file.py:function) and `keras` (a .keras file); it "
+            "has neither",
         ),
         (
             "source:\n  tensorflow: {factory: 'm.py:build'}\n",

@@ -70,7 +70,8 @@ def test_a_text_shorter_than_one_window_says_how_long_it_is() -> None:
         )
     assert (
         str(exc.value)
-        == "validate.text: file short.txt is 3 tokens long, shorter than one window of 256; give more text or set validate.text.window to at most 3"
+        == "validate.text: file short.txt is 3 tokens long, shorter than one window of 256; give more text or set "
+        "validate.text.window to at most 3"
     )
 
 
@@ -83,7 +84,8 @@ def test_a_text_shorter_than_one_window_says_how_long_it_is() -> None:
         ),
         (
             {"package": "no_such_package_xyz/eval.txt"},
-            "validate.text.package: no_such_package_xyz/eval.txt: the package 'no_such_package_xyz' is not installed; install it, or name a file beside the recipe under validate.text.file",
+            "validate.text.package: no_such_package_xyz/eval.txt: the package 'no_such_package_xyz' is not "
+            "installed; install it, or name a file beside the recipe under validate.text.file",
         ),
     ],
 )
@@ -130,8 +132,9 @@ def test_a_budget_no_plan_meets_names_the_best_plan_and_its_figure() -> None:
             "quantize.int4",
         )
     assert str(exc.value) == (
-        "quantize.int4.budget: no plan meets ppl_increase_max 0.05 on the calibration text: the best found keeps 3 of 3 MatMuls at the "
-        "fallback precision and reaches ppl_increase 0.17, kld_mean 0.5; raise the budget, set budget.fallback: float, or use more bits"
+        "quantize.int4.budget: no plan meets ppl_increase_max 0.05 on the calibration text: the best found keeps "
+        "3 of 3 MatMuls at the fallback precision and reaches ppl_increase 0.17, kld_mean 0.5; raise the budget, "
+        "set budget.fallback: float, or use more bits"
     )
 
 
@@ -165,7 +168,8 @@ source:
             "feature-extraction",
             "validate:\n  text: {inline: hello}\n",
             [
-                "r.yaml:9:3: validate.text: measures perplexity of a text-generation model (task: text-generation); for an encoder use validate.sentences"
+                "r.yaml:9:3: validate.text: measures perplexity of a text-generation model (task: "
+                "text-generation); for an encoder use validate.sentences"
             ],
             id="text-on-an-encoder",
         ),
@@ -173,7 +177,8 @@ source:
             "text-generation",
             "export: {with_past: true}\nvalidate:\n  text: {inline: hello, file: a.txt}\n",
             [
-                "r.yaml:10:3: validate.text: give exactly one of file (beside the recipe), package (pkg/file.txt) and inline (the text itself); it has file and inline"
+                "r.yaml:10:3: validate.text: give exactly one of file (beside the recipe), package (pkg/file.txt) "
+                "and inline (the text itself); it has file and inline"
             ],
             id="text-from-two-places",
         ),
@@ -181,7 +186,8 @@ source:
             "text-generation",
             "export: {with_past: true}\nvalidate:\n  text: {window: 64}\n",
             [
-                "r.yaml:10:3: validate.text: give exactly one of file (beside the recipe), package (pkg/file.txt) and inline (the text itself); it has none"
+                "r.yaml:10:3: validate.text: give exactly one of file (beside the recipe), package (pkg/file.txt) "
+                "and inline (the text itself); it has none"
             ],
             id="text-from-nowhere",
         ),
@@ -189,7 +195,8 @@ source:
             "text-generation",
             "export: {with_past: true}\nquantize:\n  - {name: q, method: int4, validate: {kld_max: 0.1}}\n",
             [
-                "r.yaml:10:40: quantize[0].validate.kld_max: kld_max gates quality on real text; add validate.text (the text to measure on)"
+                "r.yaml:10:40: quantize[0].validate.kld_max: kld_max gates quality on real text; add "
+                "validate.text (the text to measure on)"
             ],
             id="text-gate-without-text",
         ),
@@ -197,7 +204,8 @@ source:
             "text-generation",
             "export: {with_past: true}\nquantize:\n  - {name: q, method: int4, budget: {fallback: 8}}\n",
             [
-                "r.yaml:10:29: quantize[0].budget: give ppl_increase_max and/or kld_max: the figures the plan keeps the file within (e.g. {ppl_increase_max: 0.05})"
+                "r.yaml:10:29: quantize[0].budget: give ppl_increase_max and/or kld_max: the figures the plan "
+                "keeps the file within (e.g. {ppl_increase_max: 0.05})"
             ],
             id="budget-without-a-figure",
         ),

@@ -85,7 +85,8 @@ def test_an_artifact_folder_linked_outside_is_refused(project: Path, outside: Pa
     assert result.exit_code == 2
     assert (
         result.stderr
-        == f"Error: artifacts/linear-regression leads to {outside}, outside artifacts/ (a symbolic link?); onnxbuild writes artifacts only inside artifacts/: remove the link, or pass --artifacts-dir\n"
+        == f"Error: artifacts/linear-regression leads to {outside}, outside artifacts/ (a symbolic link?); "
+        "onnxbuild writes artifacts only inside artifacts/: remove the link, or pass --artifacts-dir\n"
     )
     assert tree(outside) == before
     assert list((project / ".onnxbuild" / "cache" / "entries").rglob("*.json")) == []
@@ -98,7 +99,9 @@ def test_a_folder_inside_the_artifacts_linked_outside_is_refused(project: Path, 
     result = CliRunner().invoke(cli, ["make", LR])
     assert result.exit_code == 2
     assert result.stderr.endswith(
-        f"Error: artifacts/linear-regression/reports leads to {outside / 'reports'}, outside artifacts/linear-regression/ (a symbolic link?); onnxbuild writes artifacts only inside it: remove the link\n"
+        f"Error: artifacts/linear-regression/reports leads to {outside / 'reports'}, outside "
+        "artifacts/linear-regression/ (a symbolic link?); onnxbuild writes artifacts only inside it: remove the "
+        "link\n"
     )
     assert tree(outside) == before
 
@@ -113,8 +116,8 @@ def test_a_planted_manifest_and_failed_link_delete_nothing_outside(
     folder = disk / "linear-regression"
     folder.mkdir()
     # A manifest from "an earlier build" listing files this build does not produce, which
-    # the runner removes as stale (up out of the folder, absolute, empty, not text); and failed/ linked to a folder with source/ and check/,
-    # which a successful build clears as failed/<step>.
+    # the runner removes as stale (up out of the folder, absolute, empty, not text); and failed/ linked to a folder
+    # with source/ and check/, which a successful build clears as failed/<step>.
     climbing = os.path.relpath(outside / "keep.txt", folder)
     assert climbing.startswith("../") and (folder / climbing).resolve() == outside / "keep.txt"
     paths = (climbing, str(outside / "source" / "keep.txt"), "", 5)  # and two a manifest never holds
@@ -147,8 +150,8 @@ def test_a_cache_entry_naming_a_path_outside_is_a_damaged_entry(project: Path) -
     result = CliRunner().invoke(cli, ["make", LR])
     assert result.exit_code == 0, result.output
     assert (
-        f"warning: cache entry {check.stem[:12]} is damaged (output path '../../evil.json' leads out of the artifact folder); rebuilding"
-        in result.stderr
+        f"warning: cache entry {check.stem[:12]} is damaged (output path '../../evil.json' leads out of the "
+        "artifact folder); rebuilding" in result.stderr
     )
     timings = json.loads((project / "artifacts" / "linear-regression" / "timings.json").read_text(encoding="utf-8"))
     assert {name: s["status"] for name, s in timings["steps"].items()} == {"source": "cached", "check": "built"}

@@ -231,7 +231,8 @@ MESSAGES = [
             _shape({"batch": 5, "sequence": 33}, error="ONNX Runtime refused the inputs: Got invalid dimensions"),
         ],
         {},
-        "validation of model failed at shape batch=5, sequence=33: ONNX Runtime refused the inputs: Got invalid dimensions",
+        "validation of model failed at shape batch=5, sequence=33: ONNX Runtime refused the inputs: Got invalid "
+        "dimensions",
         id="runtime-error",
     ),
     pytest.param(
@@ -308,12 +309,14 @@ def test_labelled_inputs_casts_to_the_export_dtype() -> None:
 BAD_DATASETS = [
     pytest.param(
         np.zeros((3, 64)),
-        "validate.accuracy.dataset: must return (inputs, labels): a dict of input name -> array and an array of class labels (got ndarray)",
+        "validate.accuracy.dataset: must return (inputs, labels): a dict of input name -> array and an array of "
+        "class labels (got ndarray)",
         id="not-a-pair",
     ),
     pytest.param(
         ({"image": np.zeros((3, 64))}, np.zeros(3, np.int64)),
-        "validate.accuracy.dataset: the inputs must be exactly export.inputs (pixels); missing pixels; not export inputs: image",
+        "validate.accuracy.dataset: the inputs must be exactly export.inputs (pixels); missing pixels; not export "
+        "inputs: image",
         id="wrong-name",
     ),
     pytest.param(
@@ -323,7 +326,8 @@ BAD_DATASETS = [
     ),
     pytest.param(
         ({"pixels": np.zeros((4, 64))}, np.zeros(3, np.int64)),
-        "validate.accuracy.dataset: input pixels has shape [4, 64] but there are 3 labels; the first axis counts samples",
+        "validate.accuracy.dataset: input pixels has shape [4, 64] but there are 3 labels; the first axis counts "
+        "samples",
         id="count-mismatch",
     ),
 ]
@@ -341,12 +345,14 @@ def test_load_function_from_a_file_beside_the_recipe(tmp_path: Any) -> None:
     assert load_function("data.py:answer", tmp_path, "validate.accuracy.dataset")() == 42
     with pytest.raises(
         StepError,
-        match=r"^validate\.accuracy\.dataset: data\.py defines no function 'nope' at its top level; add `def nope\(\.\.\.\)` there or fix the name after the colon$",
+        match=r"^validate\.accuracy\.dataset: data\.py defines no function 'nope' at its top level; add "
+        r"`def nope\(\.\.\.\)` there or fix the name after the colon$",
     ):
         load_function("data.py:nope", tmp_path, "validate.accuracy.dataset")
     with pytest.raises(
         StepError,
-        match=r"^validate\.accuracy\.dataset: .*missing\.py does not exist \(paths are relative to the recipe's folder, .*\)$",
+        match=r"^validate\.accuracy\.dataset: .*missing\.py does not exist \(paths are relative to the recipe's "
+        r"folder, .*\)$",
     ):
         load_function("missing.py:f", tmp_path, "validate.accuracy.dataset")
 
@@ -418,7 +424,8 @@ BAD_KEYS = [
     pytest.param(
         TORCH + "validate:\n  sentences: [Hello]\n",
         [
-            "r.yaml:7:3: validate.sentences: needs a huggingface source, whose tokenizer turns the sentences into inputs (this recipe's source is pytorch)"
+            "r.yaml:7:3: validate.sentences: needs a huggingface source, whose tokenizer turns the sentences into "
+            "inputs (this recipe's source is pytorch)"
         ],
         id="sentences-need-a-tokenizer",
     ),
@@ -440,21 +447,24 @@ BAD_KEYS = [
     pytest.param(
         TORCH + "validate:\n  accuracy: {dataset: test_set}\n",
         [
-            'r.yaml:7:23: validate.accuracy.dataset: must be "path/to/file.py:function" or "package.module:function" (got "test_set")'
+            'r.yaml:7:23: validate.accuracy.dataset: must be "path/to/file.py:function" or '
+            '"package.module:function" (got "test_set")'
         ],
         id="dataset-without-function",
     ),
     pytest.param(
         TORCH + "validate:\n  accuracy: {max_drop: 0.01}\n",
         [
-            'r.yaml:7:3: validate.accuracy: missing required key \'dataset\' ("path/to/file.py:function" or "package.module:function")'
+            "r.yaml:7:3: validate.accuracy: missing required key 'dataset' "
+            '("path/to/file.py:function" or "package.module:function")'
         ],
         id="accuracy-without-dataset",
     ),
     pytest.param(
         TORCH + 'validate:\n  accuracy: {dataset: "m.py:f", max_dorp: 0.1}\n',
         [
-            "r.yaml:7:33: validate.accuracy.max_dorp: unknown key (did you mean 'max_drop'? expected one of: batch_size, dataset, max_drop, min)"
+            "r.yaml:7:33: validate.accuracy.max_dorp: unknown key (did you mean 'max_drop'? expected one of: "
+            "batch_size, dataset, max_drop, min)"
         ],
         id="accuracy-typo",
     ),
