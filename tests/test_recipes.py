@@ -193,6 +193,12 @@ def test_all_minilm_l6_v2_real_weights_from_a_package(project: Path, settings: o
     # the float16 variant (convert), on real weights: measured worst-sentence cosine 0.999999
     fp16 = validation["variants"]["fp16"]
     assert fp16["passed"] is True and fp16["atol"] == 0.2 and fp16["embedding_cosine"]["min"] >= 0.9999
+    # 8-bit weights with activations quantized per 32 channels of each token: the worst sentence
+    # keeps cosine 0.998967 (measured), held to #38's 0.995 bar, where the dynamic int8
+    # (one scale per activation tensor) falls to 0.982, just over the 0.98 int8 gets by default
+    blockwise = validation["variants"]["int8-blockwise"]
+    assert blockwise["passed"] is True and blockwise["embedding_cosine"]["cosine_min"] == 0.995
+    assert blockwise["embedding_cosine"]["min"] >= 0.995
 
 
 # ---------------------------------------------------------------- bert-base-uncased
