@@ -439,7 +439,8 @@ def _take_alone(cache: Cache, command: str) -> Any:
         from onnxbuild.errors import CacheError
 
         raise CacheError(
-            f"another onnxbuild is building with the cache {cache.root}; {command} would delete what it is using: run it again when that build ends"
+            f"another onnxbuild is building with the cache {cache.root}; {command} would delete what it is using: "
+            "run it again when that build ends"
         )
     return lock
 
@@ -488,11 +489,13 @@ def explain_mismatch(
     v = by_name[variant]
     if v.base is None:
         raise UsageError(
-            "--variant: model is the export itself; explain-mismatch compares a variant with the file it was made from (optimized, or a quantize entry)"
+            "--variant: model is the export itself; "
+            "explain-mismatch compares a variant with the file it was made from (optimized, or a quantize entry)"
         )
     if v.files:
         raise UsageError(
-            f"--variant: {variant} is {len(v.files)} files (an encoder and a decoder); explain-mismatch takes one-file variants"
+            f"--variant: {variant} is {len(v.files)} files (an encoder and a decoder); "
+            "explain-mismatch takes one-file variants"
         )
     base_name = v.base
     folder = settings.artifacts_dir / recipe.name
@@ -511,7 +514,8 @@ def explain_mismatch(
         length = int(sizes.get("sequence", 1))
         if not 0 < left_padding < length:
             raise UsageError(
-                f"--left-padding: {left_padding} must leave a real token in the padded row: between 1 and {length - 1} for validate.shapes[{shape}] (sequence {length})"
+                f"--left-padding: {left_padding} must leave a real token in the padded row: "
+                f"between 1 and {length - 1} for validate.shapes[{shape}] (sequence {length})"
             )
         sizes = {**sizes, "batch": max(2, int(sizes.get("batch", 1))), "left_padding": left_padding}
     rtol, atol = float(limits.get("rtol", 1e-3)), float(limits.get("atol", 1e-4))

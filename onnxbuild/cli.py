@@ -83,7 +83,8 @@ detailed_option = click.option(
     DETAILED,
     "detailed",
     is_flag=True,
-    help="Exit codes as Terraform's plan -detailed-exitcode: 0 nothing changes, 2 something changes, 1 any error (recipe errors included).",
+    help="Exit codes as Terraform's plan -detailed-exitcode: 0 nothing changes, 2 something changes, 1 any error "
+    "(recipe errors included).",
 )
 
 
@@ -113,7 +114,8 @@ def _settings(ctx: click.Context) -> api.Settings:
     envvar="ONNXBUILD_CACHE_URL",
     default=None,
     metavar="URL",
-    help="Remote cache shared with other machines (any fsspec URL: file://, s3://, gs://); env ONNXBUILD_CACHE_URL or [tool.onnxbuild] cache_url.",
+    help="Remote cache shared with other machines (any fsspec URL: file://, s3://, gs://); "
+    "env ONNXBUILD_CACHE_URL or [tool.onnxbuild] cache_url.",
 )
 @click.option(
     "--cache-read-only",
@@ -235,7 +237,8 @@ class Printer:
     "--target",
     "-t",
     metavar="STEP",
-    help="Build only this step and what it needs (e.g. check); other steps' current outputs stay in the artifact folder.",
+    help="Build only this step and what it needs (e.g. check); "
+    "other steps' current outputs stay in the artifact folder.",
 )
 @click.option(
     "--force",
@@ -245,7 +248,8 @@ class Printer:
 @click.option(
     "--single",
     is_flag=True,
-    help="With --force and --target: rerun only the target step; what it needs comes from the cache (built if missing).",
+    help="With --force and --target: rerun only the target step; what it needs comes from the cache "
+    "(built if missing).",
 )
 @click.option(
     "--jobs",
@@ -266,7 +270,8 @@ class Printer:
 @click.option(
     "--frozen",
     is_flag=True,
-    help="CI: fail when a recipe's lock is stale, or when an output, built or pulled, differs from the digest in the lock.",
+    help="CI: fail when a recipe's lock is stale, or when an output, built or pulled, "
+    "differs from the digest in the lock.",
 )
 @click.option(
     "--executor",
@@ -372,7 +377,9 @@ def _summary(report: Any) -> str:
         state = "ok" if r.ok else "FAILED"
         pulled = sum(1 for s in r.steps if s["status"] == "cached" and s["reason"] == "pulled from the remote cache")
         lines.append(
-            f"{r.recipe.name}: {state} ({', '.join(f'{n} {k}' for k, n in counts.items())}{f'; {pulled} pulled from the remote cache' if pulled else ''})"
+            f"{r.recipe.name}: {state} "
+            f"({', '.join(f'{n} {k}' for k, n in counts.items())}"
+            f"{f'; {pulled} pulled from the remote cache' if pulled else ''})"
         )
         width = max(len(s["name"]) for s in r.steps) if r.steps else 4
         for s in r.steps:
@@ -443,7 +450,8 @@ def plan(
 
             if detailed:
                 click.echo(
-                    "Error: the lock files do not match the recipes; run `onnxbuild make RECIPE --lock` and commit the locks",
+                    "Error: the lock files do not match the recipes; "
+                    "run `onnxbuild make RECIPE --lock` and commit the locks",
                     err=True,
                 )
                 ctx.exit(2)
@@ -540,7 +548,8 @@ def diff_command(ctx: click.Context, recipes: tuple[str, ...], base: str | None,
     invalid = [d.path for d in diffs if d.status == "invalid"]
     if invalid:
         raise UsageError(
-            f"{len(invalid)} recipe{'s' if len(invalid) != 1 else ''} cannot be loaded: {', '.join(invalid)} (see above)"
+            f"{len(invalid)} recipe{'s' if len(invalid) != 1 else ''} cannot be loaded: "
+            f"{', '.join(invalid)} (see above)"
         )
     if detailed and any(d.status != "unchanged" for d in diffs):
         ctx.exit(2)
@@ -654,7 +663,8 @@ def explain_mismatch(
         else "seeded inputs (validation runs no such case)"
     )
     click.echo(
-        f"{what['recipe']}: {what['variant']} ({what['candidate']}) against {what['base']} at {sizes or 'the sample'}, {inputs} (atol {what['atol']:g}, rtol {what['rtol']:g})"
+        f"{what['recipe']}: {what['variant']} ({what['candidate']}) against {what['base']} at "
+        f"{sizes or 'the sample'}, {inputs} (atol {what['atol']:g}, rtol {what['rtol']:g})"
     )
     click.echo(f"  final outputs: max abs diff {found.outputs_max_abs_diff:.3g}")
     d = found.divergence
@@ -662,7 +672,8 @@ def explain_mismatch(
         click.echo(f"  no divergence: {found.compared} shared tensors compared, all within tolerance")
         return
     click.echo(
-        f"  first divergence: node {d.node} ({d.op_type}), output {d.output}: max abs diff {d.max_abs_diff:.3g}, {d.mismatched:.1%} of its elements outside"
+        f"  first divergence: node {d.node} ({d.op_type}), output {d.output}: max abs diff {d.max_abs_diff:.3g}, "
+        f"{d.mismatched:.1%} of its elements outside"
     )
     if d.module:
         click.echo(f"  from module: {d.module}")
@@ -797,7 +808,8 @@ def cache_verify(ctx: click.Context, remote: bool) -> None:
         for line in problems:
             click.echo(line)
         click.echo(
-            f"checked {checked} remote cache entr{'y' if checked == 1 else 'ies'}; {len(problems)} problem{'s' if len(problems) != 1 else ''}"
+            f"checked {checked} remote cache entr{'y' if checked == 1 else 'ies'}; "
+            f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
         )
         return
     checked, dropped = api.verify_cache(_settings(ctx))
@@ -897,7 +909,8 @@ def run_command(
     how = "sampled" if sample else "greedy"
     end = ", stopped at end-of-text" if result.stopped_at_eos else ""
     click.echo(
-        f"{len(result.new_ids)} tokens ({how}) in {result.seconds:.2f} s, {result.tokens_per_s:.1f} tokens/s, {result.model}{end}",
+        f"{len(result.new_ids)} tokens ({how}) in {result.seconds:.2f} s, {result.tokens_per_s:.1f} tokens/s, "
+        f"{result.model}{end}",
         err=True,
     )
 

@@ -118,7 +118,8 @@ def artifact_folder(artifacts_root: Path, name: str) -> Path:
     folder = artifacts_root / name
     if not inside(folder, artifacts_root):
         raise UsageError(
-            f"{folder} leads to {folder.resolve()}, outside {artifacts_root}/ (a symbolic link?); onnxbuild writes artifacts only inside {artifacts_root}/: remove the link, or pass --artifacts-dir"
+            f"{folder} leads to {folder.resolve()}, outside {artifacts_root}/ (a symbolic link?); "
+            f"onnxbuild writes artifacts only inside {artifacts_root}/: remove the link, or pass --artifacts-dir"
         )
     return folder
 
@@ -153,7 +154,8 @@ def _checked(dest: Path, folder: Path) -> Path:
     """
     if not inside(dest.parent, folder):
         raise UsageError(
-            f"{dest.parent} leads to {dest.parent.resolve()}, outside {folder}/ (a symbolic link?); onnxbuild writes artifacts only inside it: remove the link"
+            f"{dest.parent} leads to {dest.parent.resolve()}, outside {folder}/ (a symbolic link?); "
+            "onnxbuild writes artifacts only inside it: remove the link"
         )
     return dest
 
@@ -257,6 +259,7 @@ def materialise(cache: Cache, o: OutputRecord, folder: Path, rel: str) -> None:
         from onnxbuild.errors import CacheError
 
         raise CacheError(
-            f"cache object {o['sha256'][:12]} for {o['path']} is corrupt; run `onnxbuild cache verify`, then build again"
+            f"cache object {o['sha256'][:12]} for {o['path']} is corrupt; run `onnxbuild cache verify`, "
+            "then build again"
         )
     link_or_copy(src, dest, pause=rel)

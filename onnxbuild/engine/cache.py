@@ -184,7 +184,8 @@ class Cache:
                 (self.root / sub).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise CacheError(
-                f"cannot create the cache at {self.root} ({exc.strerror or exc}); pass --cache-dir or set ONNXBUILD_CACHE_DIR to a writable folder"
+                f"cannot create the cache at {self.root} ({exc.strerror or exc}); "
+                "pass --cache-dir or set ONNXBUILD_CACHE_DIR to a writable folder"
             ) from None
 
     def ensure_own(self) -> None:
@@ -213,8 +214,10 @@ class Cache:
                     )
             if others and not tagged(self.root):
                 raise CacheError(
-                    f"{self.root} is not an onnxbuild cache (no {TAG_NAME}, and it holds {', '.join(others[:3])}{', ...' if len(others) > 3 else ''}); "
-                    "onnxbuild deletes inside its cache, so it uses only a new or empty folder: pass another --cache-dir or ONNXBUILD_CACHE_DIR"
+                    f"{self.root} is not an onnxbuild cache (no {TAG_NAME}, "
+                    f"and it holds {', '.join(others[:3])}{', ...' if len(others) > 3 else ''}); "
+                    "onnxbuild deletes inside its cache, so it uses only a new or empty folder: "
+                    "pass another --cache-dir or ONNXBUILD_CACHE_DIR"
                 )
             try:
                 (self.root / TAG_NAME).write_text(TAG, encoding="utf-8")
@@ -223,7 +226,8 @@ class Cache:
         for sub in SUBFOLDERS:
             if (self.root / sub).is_symlink():
                 raise CacheError(
-                    f"{self.root / sub} is a symbolic link; onnxbuild deletes inside its cache folders and never follows links: remove the link (onnxbuild makes the folder again)"
+                    f"{self.root / sub} is a symbolic link; onnxbuild deletes inside its cache folders and never "
+                    "follows links: remove the link (onnxbuild makes the folder again)"
                 )
 
     # ------------------------------------------------------------ entries
@@ -340,7 +344,8 @@ class Cache:
                 self.remote.push(dict(entry), self)
             except OSError as exc:
                 self.warn(
-                    f"could not push {step} to the remote cache {self.remote.url} ({exc}); the local build is unaffected"
+                    f"could not push {step} to the remote cache {self.remote.url} ({exc}); "
+                    "the local build is unaffected"
                 )
         return entry
 

@@ -105,7 +105,8 @@ def _importable(task: Task) -> Outcome | None:
     except ImportError as exc:
         return Outcome(
             False,
-            error=f"the {task.spec.kind} step kind was registered from module {task.spec.entry!r}, which a step process cannot import ({exc}); register an importable module or build in-process",
+            error=f"the {task.spec.kind} step kind was registered from module {task.spec.entry!r}, "
+            f"which a step process cannot import ({exc}); register an importable module or build in-process",
         )
     return None
 
@@ -235,9 +236,15 @@ class ChildStep:
             elapsed = time.perf_counter() - self.started
             message = ""
             if limits.memory_mb and peak > limits.memory_mb:
-                message = f"stopped at {peak:,.0f} MB resident, over limits.memory_mb ({limits.memory_mb:,} MB) for this step; raise the limit in the recipe if the model needs it"
+                message = (
+                    f"stopped at {peak:,.0f} MB resident, over limits.memory_mb ({limits.memory_mb:,} MB) "
+                    "for this step; raise the limit in the recipe if the model needs it"
+                )
             elif limits.seconds and elapsed > limits.seconds:
-                message = f"stopped after {elapsed:,.2f} s, over limits.seconds ({limits.seconds:g} s) for this step; raise the limit in the recipe if the step needs it"
+                message = (
+                    f"stopped after {elapsed:,.2f} s, over limits.seconds ({limits.seconds:g} s) for this step; "
+                    "raise the limit in the recipe if the step needs it"
+                )
             if message:
                 self.stopped = Outcome(False, error=message, seconds=elapsed, peak_rss_mb=round(peak, 1))
                 self.kill()

@@ -204,8 +204,9 @@ class RayExecutor:
         self.local = settings.address is None
         if not self.local and not settings.remote_url:
             raise UsageError(
-                f"--executor ray with --ray-address {settings.address}: steps on other nodes exchange inputs and outputs "
-                "through the remote cache, and none is configured; give --cache-url (or [tool.onnxbuild] cache_url), "
+                f"--executor ray with --ray-address {settings.address}: steps on other nodes exchange inputs "
+                "and outputs through the remote cache, and none is configured; "
+                "give --cache-url (or [tool.onnxbuild] cache_url), "
                 "or leave out --ray-address to start a local Ray instance that shares this machine's cache"
             )
         self._started = False

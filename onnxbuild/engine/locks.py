@@ -40,7 +40,8 @@ class FileLock:
             if self.timeout is not None and time.monotonic() - start > self.timeout:
                 os.close(fd)
                 raise CacheError(
-                    f"timed out after {self.timeout:.0f}s waiting for the lock on {self.what} ({self.path}); another onnxbuild is still running"
+                    f"timed out after {self.timeout:.0f}s waiting for the lock on {self.what} ({self.path}); "
+                    "another onnxbuild is still running"
                 )
             time.sleep(0.05)
 

@@ -95,7 +95,8 @@ class RemoteCache:
                 digest = _sha256(tmp)
                 if digest != o["sha256"]:
                     local.warn(
-                        f"remote cache object for {o['path']} does not match its digest; ignoring the remote entry {key[:12]}"
+                        f"remote cache object for {o['path']} does not match its digest; "
+                        f"ignoring the remote entry {key[:12]}"
                     )
                     self.damaged.update((key, o["sha256"]))
                     return False

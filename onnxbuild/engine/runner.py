@@ -267,7 +267,8 @@ def _run_all(
                     names = ", ".join(d.planned.spec.name for d in failed)
                     _skip(
                         st,
-                        f"not run: depends on {names}, which {'failed' if failed[0].record and failed[0].record['status'] == 'failed' else 'was skipped'}",
+                        f"not run: depends on {names}, which "
+                        f"{'failed' if failed[0].record and failed[0].record['status'] == 'failed' else 'was skipped'}",
                         reporter,
                     )
                     progressed = True
@@ -323,7 +324,8 @@ def _run_all(
         elif st.record is None:
             _skip(
                 st,
-                "not run: the build stopped at the first failure (use --keep-going to build everything that does not depend on it)",
+                "not run: the build stopped at the first failure "
+                "(use --keep-going to build everything that does not depend on it)",
                 reporter,
             )
 
@@ -509,7 +511,8 @@ def _differs_from_lock(st: _State, entry: EntryRecord) -> str:
         if got.get(path) != want:
             return (
                 f"--frozen: {path} has sha256 {str(got.get(path))[:16]}, the lock says {want[:16]} "
-                "(a poisoned or stale cache entry, or a build that is not reproducible here); nothing was written to the artifact folder"
+                "(a poisoned or stale cache entry, or a build that is not reproducible here); "
+                "nothing was written to the artifact folder"
             )
     return ""
 

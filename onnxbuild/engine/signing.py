@@ -69,7 +69,8 @@ class Signer:
             key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
         except (OSError, ValueError) as exc:
             raise CacheError(
-                f"{SIGNING_ENV}: cannot read an Ed25519 private key from {path} ({exc}); make one with `onnxbuild cache keygen FILE`"
+                f"{SIGNING_ENV}: cannot read an Ed25519 private key from {path} ({exc}); "
+                "make one with `onnxbuild cache keygen FILE`"
             ) from None
         if not isinstance(key, _ed25519().Ed25519PrivateKey):
             raise CacheError(
@@ -92,7 +93,8 @@ class Verifier:
                 self.keys.append(ed.Ed25519PublicKey.from_public_bytes(base64.b64decode(text.strip(), validate=True)))
             except ValueError as exc:
                 raise CacheError(
-                    f"{TRUSTED_ENV}: {text.strip()[:20]!r} is not a base64 Ed25519 public key ({exc}); `onnxbuild cache keygen` prints one"
+                    f"{TRUSTED_ENV}: {text.strip()[:20]!r} is not a base64 Ed25519 public key ({exc}); "
+                    "`onnxbuild cache keygen` prints one"
                 ) from None
 
     def valid(self, data: bytes, signature: bytes) -> bool:

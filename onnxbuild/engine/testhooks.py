@@ -27,7 +27,7 @@ def pause_for_tests(point: str, detail: str) -> None:
     artifact's path) once an artifact is linked under its temporary name, before the rename;
     ``manifest-write`` (detail: the recipe) once the new manifest is written under its
     temporary name, before the rename.
-    """
+    """  # noqa: E501
     value = os.environ.get(TEST_PAUSE_ENV)
     if not value:
         return

@@ -66,7 +66,8 @@ def build(model: Any, exported: Any) -> Built:
     kind = str(config.model_type)
     if kind not in FAMILIES:
         raise StepError(
-            f"optimize.decoder: fused: no fused graph for model_type {kind!r} (supported: {', '.join(FAMILIES)}); use optimize.decoder: export"
+            f"optimize.decoder: fused: no fused graph for model_type {kind!r} (supported: {', '.join(FAMILIES)}); "
+            "use optimize.decoder: export"
         )
     family = FAMILIES[kind]
     heads = int(config.num_attention_heads)
@@ -75,7 +76,8 @@ def build(model: Any, exported: Any) -> Built:
     act = str(getattr(config, "hidden_act", "silu"))
     if act not in ("silu", "gelu_pytorch_tanh", "gelu"):
         raise StepError(
-            f"optimize.decoder: fused: activation {act!r} of {kind} has no fused graph here; use optimize.decoder: export"
+            f"optimize.decoder: fused: activation {act!r} of {kind} has no fused graph here; "
+            "use optimize.decoder: export"
         )
     names = {v.name for v in exported.graph.input}
     unknown = (
@@ -85,7 +87,8 @@ def build(model: Any, exported: Any) -> Built:
     )
     if unknown or "attention_mask" not in names or "past_key_values.0.key" not in names:
         raise StepError(
-            f"optimize.decoder: fused needs an export with export.with_past: true and inputs input_ids, attention_mask, past_key_values.*; this one has {sorted(names)}"
+            "optimize.decoder: fused needs an export with export.with_past: true and inputs input_ids, "
+            f"attention_mask, past_key_values.*; this one has {sorted(names)}"
         )
 
     g = Graph()

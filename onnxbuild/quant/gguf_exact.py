@@ -190,7 +190,8 @@ class Blocks:
             return self
         if self.bits != 4:
             raise _NotCarried(
-                "8-bit blocks with Q4_1 offsets (a packed weight of Q4_1 and Q8_0 parts): ONNX Runtime's CPU MatMulNBits has no 8-bit kernel with float zero points"
+                "8-bit blocks with Q4_1 offsets (a packed weight of Q4_1 and Q8_0 parts): "
+                "ONNX Runtime's CPU MatMulNBits has no 8-bit kernel with float zero points"
             )
         z = (
             np.full(self.scales.shape, 2 ** (self.bits - 1), np.float32)
@@ -300,19 +301,23 @@ def carry(
                 raise _NotCarried(m.why_not)
             if op == "GatherBlockQuantized" and b.offsets is not None:
                 raise _NotCarried(
-                    "GatherBlockQuantized has neither float zero points nor offsets, and these Q4_1 offsets are not whole multiples of the scale"
+                    "GatherBlockQuantized has neither float zero points nor offsets, "
+                    "and these Q4_1 offsets are not whole multiples of the scale"
                 )
             if q4_1 == "float":
                 b = b.with_float_zero_points()
             if op == "MatMulNBits" and b.bits == 8 and accuracy_level < 4 and not slow_8bit:
                 raise _NotCarried(
-                    f"8-bit at accuracy_level {accuracy_level}: ONNX Runtime's CPU MatMulNBits has no prepacked 8-bit kernel below accuracy_level 4 and would dequantize the whole weight on every call; kept float (the exact dequantized weight), pass slow_8bit=True to carry it anyway"
+                    f"8-bit at accuracy_level {accuracy_level}: ONNX Runtime's CPU MatMulNBits has no prepacked 8-bit "
+                    "kernel below accuracy_level 4 and would dequantize the whole weight on every call; kept float "
+                    "(the exact dequantized weight), pass slow_8bit=True to carry it anyway"
                 )
             w = numpy_helper.to_array(inits[weight])
             want = (b.k, b.n) if op == "MatMulNBits" else (b.n, b.k)
             if tuple(w.shape) != want:
                 raise _NotCarried(
-                    f"the GGUF's {' + '.join(s for s, _ in b.sources)} give a [{want[0]}, {want[1]}] weight; the graph's {weight} is {list(w.shape)}"
+                    f"the GGUF's {' + '.join(s for s, _ in b.sources)} give a [{want[0]}, {want[1]}] weight; "
+                    f"the graph's {weight} is {list(w.shape)}"
                 )
             error = 0.0
             if check and w.size:
@@ -321,7 +326,9 @@ def carry(
                 scale = float(np.max(np.abs(w)))
                 if not error <= tolerance * scale:
                     raise _NotCarried(
-                        f"dequantized, the GGUF's blocks differ from the graph's {weight} by up to {error:.3g} ({error / max(scale, 1e-30):.3g} of its largest value): the graph was not written from this GGUF, or from a layout this module does not know"
+                        f"dequantized, the GGUF's blocks differ from the graph's {weight} by up to {error:.3g} "
+                        f"({error / max(scale, 1e-30):.3g} of its largest value): the graph was not written from this "
+                        "GGUF, or from a layout this module does not know"
                     )
         except _NotCarried as e:
             sources = m.sources or (("", ""),)

@@ -93,7 +93,8 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
         if images & set(missing) and not fixed:
             yield problem(
                 where,
-                "an image model is exported at one sample size: give export.sample: {batch: 2, height: 224, width: 224} (or config.image_size)",
+                "an image model is exported at one sample size: "
+                "give export.sample: {batch: 2, height: 224, width: 224} (or config.image_size)",
                 key=True,
             )
         for d in missing:
@@ -110,7 +111,8 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
                 if d not in dims and d not in optional:
                     yield problem(
                         ("validate", "shapes", i, d),
-                        f"unknown dimension (the inputs use: {', '.join([*dims, *optional]) or 'no symbolic dimensions'})",
+                        "unknown dimension (the inputs use: "
+                        f"{', '.join([*dims, *optional]) or 'no symbolic dimensions'})",
                         key=True,
                     )
         config = src.get("config") if kind == "huggingface" and isinstance(src.get("config"), dict) else {}
@@ -127,7 +129,8 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
                     if total > max_positions:
                         yield problem(
                             (section, "shapes", i),
-                            f"sequence + past_sequence is {total}, beyond the model's {max_positions} positions (source.huggingface.config); use at most {max_positions}",
+                            f"sequence + past_sequence is {total}, beyond the model's {max_positions} positions "
+                            f"(source.huggingface.config); use at most {max_positions}",
                         )
         bench = doc.get("benchmark") or {}
         for i, shape in enumerate(bench.get("shapes", []) if isinstance(bench, dict) else []):
@@ -141,7 +144,8 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
                 if d not in dims and d not in optional:
                     yield problem(
                         ("benchmark", "shapes", i, d),
-                        f"unknown dimension (the inputs use: {', '.join([*export_dims, *optional]) or 'no symbolic dimensions'})",
+                        "unknown dimension (the inputs use: "
+                        f"{', '.join([*export_dims, *optional]) or 'no symbolic dimensions'})",
                         key=True,
                     )
         names = [t["name"] for t in inputs]
@@ -155,7 +159,8 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
         if validate.get("sentences") is not None and kind != "huggingface":
             yield problem(
                 ("validate", "sentences"),
-                f"needs a huggingface source, whose tokenizer turns the sentences into inputs (this recipe's source is {kind})",
+                "needs a huggingface source, whose tokenizer turns the sentences into inputs "
+                f"(this recipe's source is {kind})",
                 key=True,
             )
         if validate.get("cosine_min") is not None and validate.get("sentences") is None:
@@ -170,14 +175,16 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
             if not is_decoder(doc["source"]):
                 yield problem(
                     ("validate", "text"),
-                    "measures perplexity of a text-generation model (task: text-generation); for an encoder use validate.sentences",
+                    "measures perplexity of a text-generation model (task: text-generation); "
+                    "for an encoder use validate.sentences",
                     key=True,
                 )
             elif len(given) != 1:
                 got = f"it has {' and '.join(given)}" if given else "it has none"
                 yield problem(
                     ("validate", "text"),
-                    f"give exactly one of file (beside the recipe), package (pkg/file.txt) and inline (the text itself); {got}",
+                    "give exactly one of file (beside the recipe), package (pkg/file.txt) and inline "
+                    f"(the text itself); {got}",
                     key=True,
                 )
         for i, q in enumerate(doc.get("quantize") or []):
@@ -191,24 +198,28 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
             ):
                 yield problem(
                     ("quantize", i, "method"),
-                    "gguf carries a GGUF file's own blocks: the source must name a .gguf file (source.huggingface.model or package)",
+                    "gguf carries a GGUF file's own blocks: the source must name a .gguf file "
+                    "(source.huggingface.model or package)",
                 )
             elif isinstance(q, dict) and q.get("method") == "gguf" and q.get("from", "model") != "optimized":
                 yield problem(
                     ("quantize", i, "method"),
-                    "gguf writes the blocks into the fused decoder graph: add from: optimized (with optimize.decoder: fused)",
+                    "gguf writes the blocks into the fused decoder graph: add from: optimized "
+                    "(with optimize.decoder: fused)",
                 )
             plan = q.get("budget") if isinstance(q, dict) else None
             if isinstance(plan, dict) and plan.get("ppl_increase_max") is None and plan.get("kld_max") is None:
                 yield problem(
                     ("quantize", i, "budget"),
-                    "give ppl_increase_max and/or kld_max: the figures the plan keeps the file within (e.g. {ppl_increase_max: 0.05})",
+                    "give ppl_increase_max and/or kld_max: "
+                    "the figures the plan keeps the file within (e.g. {ppl_increase_max: 0.05})",
                     key=True,
                 )
             elif isinstance(plan, dict) and q.get("method") not in ("int4", "weight_only"):
                 yield problem(
                     ("quantize", i, "budget"),
-                    f"plans weight-only precision per layer: method int4 or weight_only (this entry's is {q.get('method')})",
+                    "plans weight-only precision per layer: method int4 or weight_only "
+                    f"(this entry's is {q.get('method')})",
                     key=True,
                 )
             elif isinstance(plan, dict) and not is_decoder(doc["source"]):
@@ -270,7 +281,8 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
         if step not in kinds and step not in named:
             yield problem(
                 ("limits", "steps", step),
-                f"no such step or step kind (kinds: {', '.join(sorted(kinds))}; steps such as {', '.join(sorted(named)) or 'validate.int8'})",
+                f"no such step or step kind (kinds: {', '.join(sorted(kinds))}; "
+                f"steps such as {', '.join(sorted(named)) or 'validate.int8'})",
                 key=True,
             )
     decoder = (doc.get("optimize") or {}).get("decoder")
@@ -282,12 +294,14 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
         if not hf or hf.get("task") != "text-generation" or not with_past:
             yield problem(
                 ("optimize", "decoder"),
-                "fused graphs are for text-generation models exported with export.with_past: true; use decoder: auto or export",
+                "fused graphs are for text-generation models exported with export.with_past: true; "
+                "use decoder: auto or export",
             )
         elif model_type is not None and model_type not in FUSED_DECODERS:
             yield problem(
                 ("optimize", "decoder"),
-                f"no fused graph for model_type {model_type!r} (there is one for {', '.join(FUSED_DECODERS)}); use decoder: auto or export",
+                f"no fused graph for model_type {model_type!r} (there is one for {', '.join(FUSED_DECODERS)}); "
+                "use decoder: auto or export",
             )
     for n, (section, i, e) in enumerate(entries):
         earlier = [p["name"] for _, _, p in entries[:n]]
@@ -342,7 +356,8 @@ def _openvino_options(options: dict[str, Any], torch_source: bool) -> Iterable[t
     if not torch_source and any(k in options for k in ("atol", "rtol", "top1_min")):
         yield (
             (),
-            "tolerances need a source model to validate against (this recipe's source is an ONNX file or graph: the openvino target is only benchmarked)",
+            "tolerances need a source model to validate against (this recipe's source is an ONNX file or graph: "
+            "the openvino target is only benchmarked)",
             True,
         )
 

@@ -44,8 +44,9 @@ def markdown(report: dict[str, Any]) -> str:
     load = report.get("load")
     if load and load["loaded"]:
         lines += [
-            f"> **Measured on a busy machine:** a GEMM loop got {load['cpu_share_before']:.0%} of the threads' CPU time before the timed calls and "
-            f"{load['cpu_share_after']:.0%} after; another job ran, and every time below is slower than this machine is.",
+            f"> **Measured on a busy machine:** a GEMM loop got {load['cpu_share_before']:.0%} of the threads' CPU "
+            f"time before the timed calls and {load['cpu_share_after']:.0%} after; another job ran, "
+            "and every time below is slower than this machine is.",
             "",
         ]
     peaks = report.get("peaks")
@@ -56,7 +57,8 @@ def markdown(report: dict[str, Any]) -> str:
         ]
         if peaks.get("loaded"):
             lines += [
-                f"> The limits were measured on a busy machine ({peaks['cpu_share']:.0%} of the threads' CPU time): they are low, and the next build measures them again.",
+                f"> The limits were measured on a busy machine ({peaks['cpu_share']:.0%} of the threads' CPU time): "
+                "they are low, and the next build measures them again.",
                 "",
             ]
         if peaks.get("remeasured"):
@@ -65,7 +67,8 @@ def markdown(report: dict[str, Any]) -> str:
     if bf16 and bf16["status"] == "skipped":
         lines += [f"PyTorch bf16 not timed: {bf16['reason']}.", ""]
     lines += [
-        "| variant | provider | shape | p50 | p90 | p99 | throughput/s | vs PyTorch fp32 | vs PyTorch bf16 | work | of the limit |",
+        "| variant | provider | shape | p50 | p90 | p99 | throughput/s | vs PyTorch fp32 | vs PyTorch bf16 "
+        "| work | of the limit |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for b in report["baseline"]:
@@ -78,13 +81,15 @@ def markdown(report: dict[str, Any]) -> str:
         )
         vs32 = f"{b['p50_ms'] / fp['p50_ms']:.2f}x" if fp else "-"
         lines.append(
-            f"| PyTorch {dtype} ({b['mode']}{', ' + b['attention'] if b.get('attention') else ''}) | - | {shape} | {format_ms(b['p50_ms'])} | {format_ms(b['p90_ms'])} | "
+            f"| PyTorch {dtype} ({b['mode']}{', ' + b['attention'] if b.get('attention') else ''}) "
+            f"| - | {shape} | {format_ms(b['p50_ms'])} | {format_ms(b['p90_ms'])} | "
             f"{format_ms(b['p99_ms'])} | {b['throughput']:.1f} | {vs32} | {vs16} | {_work(b)} | {limit_text(b)} |"
         )
     for r in report["results"]:
         if "p50_ms" not in r:
             lines.append(
-                f"| {r['variant']} | {r['provider']} | {shape_text(r['shape']) if r.get('shape') else '-'} | error: {r.get('error')} | | | | | | | |"
+                f"| {r['variant']} | {r['provider']} | {shape_text(r['shape']) if r.get('shape') else '-'} | error: "
+                f"{r.get('error')} | | | | | | | |"
             )
             continue
         bound = " (IOBinding)" if r.get("io_binding") else ""
@@ -92,14 +97,17 @@ def markdown(report: dict[str, Any]) -> str:
         if report.get("validated") and not validated_on(report, r):
             precision += " (not validated here)"
         lines.append(
-            f"| {r['variant']}{bound} | {_provider(r['provider'])}{precision} | {shape_text(r['shape'])} | {format_ms(r['p50_ms'])} | {format_ms(r['p90_ms'])} | {format_ms(r['p99_ms'])} | "
-            f"{r['throughput']:.1f} | {_ratio(r.get('ratio_to_pytorch'))} | {_ratio(r.get('ratio_to_pytorch_bf16'))} | {_work(r)} | {limit_text(r)} |"
+            f"| {r['variant']}{bound} | {_provider(r['provider'])}{precision} | {shape_text(r['shape'])} | "
+            f"{format_ms(r['p50_ms'])} | {format_ms(r['p90_ms'])} | {format_ms(r['p99_ms'])} | "
+            f"{r['throughput']:.1f} | {_ratio(r.get('ratio_to_pytorch'))} | {_ratio(r.get('ratio_to_pytorch_bf16'))} "
+            f"| {_work(r)} | {limit_text(r)} |"
         )
     lines += [
         "",
-        "vs PyTorch: p50 over PyTorch's p50 at the same shape (below 1.00x is faster). Work: matrix-product FLOPs counted from the graph at that shape and "
-        "the weight bytes one call reads; of the limit: the roofline time (FLOPs at the peak for the row's precision, or weight bytes at the memory bandwidth, "
-        "whichever is longer) over the measured p50.",
+        "vs PyTorch: p50 over PyTorch's p50 at the same shape (below 1.00x is faster). "
+        "Work: matrix-product FLOPs counted from the graph at that shape and the weight bytes one call reads; "
+        "of the limit: the roofline time (FLOPs at the peak for the row's precision, or weight bytes at the memory "
+        "bandwidth, whichever is longer) over the measured p50.",
         "",
     ]
     if report.get("decode"):
@@ -108,15 +116,17 @@ def markdown(report: dict[str, Any]) -> str:
             "## Generation (KV cache)",
             "",
             (
-                "Encoder-decoder: prefill is the first token (the encoder, then the decoder's first step); decode is one "
-                f"decoder step through a cache of {report['encoder_decoder']['cached_tokens']} tokens. "
+                "Encoder-decoder: prefill is the first token (the encoder, then the decoder's first step); "
+                f"decode is one decoder step through a cache of {report['encoder_decoder']['cached_tokens']} tokens. "
                 if report.get("encoder_decoder")
                 else "Prefill: the prompt with an empty past. Decode: one new token after a past as long as the prompt "
-                '(a row whose model holds its cache, "past a-b": successive tokens after it, the past running from a to b). '
+                '(a row whose model holds its cache, "past a-b": successive tokens after it, '
+                "the past running from a to b). "
             )
             + "Generate: prefill plus all new tokens, end to end (PyTorch: transformers generate()).",
             "",
-            "| engine | variant | prompt | new tokens | prefill p50 | decode p50 | decode p90 | tokens/s | decode vs PyTorch fp32 | vs bf16 | decode: of the limit |",
+            "| engine | variant | prompt | new tokens | prefill p50 | decode p50 | decode p90 | tokens/s "
+            "| decode vs PyTorch fp32 | vs bf16 | decode: of the limit |",
             "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for d in report["decode"]:
@@ -128,7 +138,8 @@ def markdown(report: dict[str, Any]) -> str:
                 d["engine"], f"ONNX Runtime ({_provider(d['provider'] or '')})"
             )
             lines.append(
-                f"| {who} | {d['variant'] or '-'} | {shape} | {d['new_tokens']} | {format_ms(d['prefill_p50_ms'])} | {format_ms(d['decode_p50_ms'])}{_past(d)} | "
+                f"| {who} | {d['variant'] or '-'} | {shape} | {d['new_tokens']} | {format_ms(d['prefill_p50_ms'])} | "
+                f"{format_ms(d['decode_p50_ms'])}{_past(d)} | "
                 f"{format_ms(d['decode_p90_ms'])} | {d['tokens_per_s']:.1f} | {ratio} | {ratio16} | {limit_text(d)} |"
             )
     if report.get("kernels"):
@@ -142,14 +153,16 @@ def markdown(report: dict[str, Any]) -> str:
         for variant, k in report["kernels"].items():
             ops = ", ".join(f"{o['op']} {o['share']:.0%}" for o in k["ops"]) or f"error: {k.get('error')}"
             lines.append(
-                f"| {variant} | {shape_text(k['shape'])} | {format_ms(k['run_ms']) if k.get('run_ms') else '-'} | {ops} |"
+                f"| {variant} | {shape_text(k['shape'])} | "
+                f"{format_ms(k['run_ms']) if k.get('run_ms') else '-'} | {ops} |"
             )
     if report.get("openvino_kernels"):
         lines += [
             "",
             "## Where the time goes (OpenVINO's profiler)",
             "",
-            "| variant | call | shape | profiled call (mean of 10) | node type (implementation): ms per call (share of the nodes' time) |",
+            "| variant | call | shape | profiled call (mean of 10) | node type (implementation): ms per call "
+            "(share of the nodes' time) |",
             "|---|---|---|---|---|",
         ]
         for variant, entries in report["openvino_kernels"].items():
@@ -159,7 +172,8 @@ def markdown(report: dict[str, Any]) -> str:
                     or f"error: {k.get('error')}"
                 )
                 lines.append(
-                    f"| {variant} | {k['call']} | {shape_text(k['shape'])} | {format_ms(k['run_ms']) if k.get('run_ms') else '-'} | {ops} |"
+                    f"| {variant} | {k['call']} | {shape_text(k['shape'])} | "
+                    f"{format_ms(k['run_ms']) if k.get('run_ms') else '-'} | {ops} |"
                 )
     skipped = [p for p in report["providers"] if p["status"] == "skipped"]
     if skipped:
@@ -261,7 +275,8 @@ def fastest(report: dict[str, Any]) -> list[str]:
         ]
         limit = f", {limit_text(best)}" if best.get("roofline") else ""
         out.append(
-            f"- {shape_text(best['shape'])}: **{best['variant']} on {_provider(best['provider'])}** {format_ms(best['p50_ms'])}"
+            f"- {shape_text(best['shape'])}: **{best['variant']} on {_provider(best['provider'])}** "
+            f"{format_ms(best['p50_ms'])}"
             + (f" ({', '.join(against)}{limit})" if against or limit else "")
             + _its_decode(report, best)
             + _quality(report, best["variant"])
@@ -282,7 +297,10 @@ def _quality(report: dict[str, Any], variant: str) -> str:
     if not q:
         return ""
     verdict = "" if q["passed"] else "; its validation FAILED"
-    return f"; on text: perplexity {q['perplexity']:.3f} ({q['ppl_increase']:+.2%} vs PyTorch), mean KL {q['kld_mean']:.4f}, top-1 {q['top1_agreement']:.3f}{verdict}"
+    return (
+        f"; on text: perplexity {q['perplexity']:.3f} ({q['ppl_increase']:+.2%} vs PyTorch), "
+        f"mean KL {q['kld_mean']:.4f}, top-1 {q['top1_agreement']:.3f}{verdict}"
+    )
 
 
 def _its_decode(report: dict[str, Any], best: dict[str, Any]) -> str:
@@ -303,10 +321,15 @@ def _its_decode(report: dict[str, Any], best: dict[str, Any]) -> str:
         return ""
     top = min(steps, key=lambda d: d["decode_p50_ms"])
     if top is own:
-        return f"; its decode step {format_ms(own['decode_p50_ms'])}, the fastest{' validated' if report.get('validated') else ''} decode"
+        return (
+            f"; its decode step {format_ms(own['decode_p50_ms'])}, "
+            f"the fastest{' validated' if report.get('validated') else ''} decode"
+        )
     return (
-        f"; its decode step {format_ms(own['decode_p50_ms'])}, {own['decode_p50_ms'] / top['decode_p50_ms']:.2f}x the fastest"
-        f"{' validated' if report.get('validated') else ''} decode ({top['variant']} on {_provider(top['provider'])} {format_ms(top['decode_p50_ms'])})"
+        f"; its decode step {format_ms(own['decode_p50_ms'])}, "
+        f"{own['decode_p50_ms'] / top['decode_p50_ms']:.2f}x the fastest"
+        f"{' validated' if report.get('validated') else ''} decode ({top['variant']} on {_provider(top['provider'])} "
+        f"{format_ms(top['decode_p50_ms'])})"
     )
 
 

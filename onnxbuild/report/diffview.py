@@ -172,7 +172,10 @@ def summary_line(diffs: list[RecipeDiff]) -> str:
     """Terraform's last line, first: what the change costs to build."""
     s = _summary(diffs)
     n = s["changed"]
-    line = f"{n} of {s['recipes']} recipe{'s' if s['recipes'] != 1 else ''} changed; {s['to_build']} step{'s' if s['to_build'] != 1 else ''} to build"
+    line = (
+        f"{n} of {s['recipes']} recipe{'s' if s['recipes'] != 1 else ''} changed; "
+        f"{s['to_build']} step{'s' if s['to_build'] != 1 else ''} to build"
+    )
     line += f", {s['from_remote']} from the remote cache, {s['cached']} cached"
     if s["to_build"]:
         line += (

@@ -42,7 +42,7 @@ code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-
 details { margin: 6px 0; } summary { cursor: pointer; color: var(--muted); }
 img.chart { max-width: 100%; border: 1px solid var(--line); border-radius: 6px; }
 .note { color: var(--muted); }
-"""
+"""  # noqa: E501
 
 
 def write_report(folder: Path) -> Path:
@@ -83,7 +83,8 @@ def render_report(folder: Path) -> str:
     rest = (
         f'<html lang="en"><head><meta charset="utf-8"><title>{escape(title)}: onnxbuild report</title>'
         f"<style>{CSS}</style></head><body><main>\n<h1>{escape(title)}</h1>\n"
-        f'<div class="sub">onnxbuild report of <code>{escape(str(folder))}/</code>{" from <code>" + where + "</code>" if where else ""}</div>\n'
+        '<div class="sub">onnxbuild report of '
+        f"<code>{escape(str(folder))}/</code>{' from <code>' + where + '</code>' if where else ''}</div>\n"
         + "\n".join(p for p in parts if p)
         + "\n</main></body></html>\n"
     )
@@ -98,7 +99,10 @@ def _verdict(folder: Path, manifest: Any, timings: Any) -> str:
     failed = [(n, s) for n, s in steps.items() if isinstance(s, dict) and s.get("status") == "failed"]
     skipped = [n for n, s in steps.items() if isinstance(s, dict) and s.get("status") == "skipped"]
     if not isinstance(manifest, dict):
-        head = '<div class="banner bad"><b>No manifest</b>: manifest.json is missing or unreadable; build with <code>onnxbuild make</code>.</div>'
+        head = (
+            '<div class="banner bad"><b>No manifest</b>: manifest.json is missing or unreadable; '
+            "build with <code>onnxbuild make</code>.</div>"
+        )
     elif failed:
         lines = "".join(f"<li><b>{escape(n)}</b> failed: {escape(str(s.get('reason', '')))}</li>" for n, s in failed)
         also = f"<div>skipped: {escape(', '.join(skipped))}</div>" if skipped else ""
@@ -111,7 +115,10 @@ def _verdict(folder: Path, manifest: Any, timings: Any) -> str:
             else (" Validation passed." if validation.get("passed") else " Validation FAILED.")
         )
         cls = "bad" if isinstance(validation, dict) and not validation.get("passed") else "ok"
-        head = f'<div class="banner {cls}"><b>{"Build OK" if cls == "ok" else "Build FAILED"}</b>: {len(steps)} steps built or cached.{valid}</div>'
+        head = (
+            f'<div class="banner {cls}"><b>{"Build OK" if cls == "ok" else "Build FAILED"}</b>: '
+            f"{len(steps)} steps built or cached.{valid}</div>"
+        )
     weights = _weights(folder, manifest)
     return f'<section id="verdict">{head}{weights}</section>'
 
@@ -127,7 +134,10 @@ def _weights(folder: Path, manifest: Any) -> str:
             if isinstance(data, dict) and data.get("weights"):
                 weights, why = str(data["weights"]), str(data.get("why", ""))
     if weights == "random-init":
-        return f'<div class="banner warn"><b>random-init weights</b> ({escape(why or "seeded")}): every figure here compares the export with its source, not a trained model.</div>'
+        return (
+            f'<div class="banner warn"><b>random-init weights</b> ({escape(why or "seeded")}): '
+            "every figure here compares the export with its source, not a trained model.</div>"
+        )
     return (
         f'<div class="note">weights: {escape(weights)}{" (" + escape(why) + ")" if why else ""}</div>'
         if weights
@@ -139,7 +149,10 @@ def _validation(report: Any) -> str:
     if report is None:
         return ""
     if not isinstance(report, dict) or not isinstance(report.get("variants"), dict):
-        return '<section id="validation"><h2>Validation</h2><p class="note">reports/validation.json is unreadable.</p></section>'
+        return (
+            '<section id="validation"><h2>Validation</h2><p class="note">reports/validation.json is '
+            "unreadable.</p></section>"
+        )
     rows, details = [], []
     for variant, v in _variant_order(report["variants"]):
         if not isinstance(v, dict):
@@ -162,38 +175,55 @@ def _validation(report: Any) -> str:
             shape = _shape(r.get("shape"))
             error = f" {escape(str(r['error']))}" if r.get("error") else ""
             rows.append(
-                f'<tr data-variant="{escape(variant)}" class="{"" if ok else "failed"}"><td>{escape(variant)}</td><td>{escape(shape)}</td><td>{escape(worst or "-")}</td>'
-                f'<td class="num">{diff}</td><td>{escape(tol)}</td><td class="num">{"-" if top1 is None else f"{top1:.3f}"}</td><td>{_mark(ok)}{error}</td></tr>'
+                f'<tr data-variant="{escape(variant)}" class="{"" if ok else "failed"}"><td>{escape(variant)}</td>'
+                f"<td>{escape(shape)}</td><td>{escape(worst or '-')}</td>"
+                f'<td class="num">{diff}</td><td>{escape(tol)}</td>'
+                f'<td class="num">{"-" if top1 is None else f"{top1:.3f}"}</td><td>{_mark(ok)}{error}</td></tr>'
             )
             for out in sorted(outputs, key=_natural):
                 c = outputs[out]
                 if isinstance(c, dict):
                     details.append(
-                        f'<tr><td>{escape(variant)}</td><td>{escape(shape)}</td><td>{escape(out)}</td><td class="num">{_sci(c.get("max_abs_diff"))}</td><td class="num">{_sci(c.get("max_rel_diff"))}</td><td>{_mark(bool(c.get("passed")))}</td></tr>'
+                        f"<tr><td>{escape(variant)}</td><td>{escape(shape)}</td><td>{escape(out)}</td>"
+                        f'<td class="num">{_sci(c.get("max_abs_diff"))}</td>'
+                        f'<td class="num">{_sci(c.get("max_rel_diff"))}</td>'
+                        f"<td>{_mark(bool(c.get('passed')))}</td></tr>"
                     )
     gates = []
     for variant, v in _variant_order(report["variants"]):
         t = v.get("top1") if isinstance(v, dict) else None
         if isinstance(t, dict) and isinstance(t.get("agreement"), (int, float)):
             gates.append(
-                f"<li>{escape(variant)}: top-1 agreement {t['agreement']:.3f} over {escape(str(t.get('tokens', '?')))} tokens (floor {escape(str(t.get('min')))}) {_mark(bool(t.get('passed')))}</li>"
+                f"<li>{escape(variant)}: top-1 agreement {t['agreement']:.3f} over "
+                f"{escape(str(t.get('tokens', '?')))} tokens (floor {escape(str(t.get('min')))}) "
+                f"{_mark(bool(t.get('passed')))}</li>"
             )
         q = v.get("text") if isinstance(v, dict) else None
         if isinstance(q, dict) and isinstance(q.get("perplexity"), (int, float)):
             gates.append(
-                f"<li>{escape(variant)}: on text ({escape(str(q.get('text')))}, {escape(str(q.get('predictions')))} predictions): perplexity {q['perplexity']:.3f} "
-                f"({q.get('ppl_increase', 0):+.2%} vs PyTorch {q.get('perplexity_reference', 0):.3f}), mean KL {q.get('kld_mean', 0):.4f}, top-1 {q.get('top1_agreement', 0):.3f} {_mark(bool(q.get('passed')))}</li>"
+                f"<li>{escape(variant)}: on text ({escape(str(q.get('text')))}, {escape(str(q.get('predictions')))} "
+                f"predictions): perplexity {q['perplexity']:.3f} "
+                f"({q.get('ppl_increase', 0):+.2%} vs PyTorch {q.get('perplexity_reference', 0):.3f}), "
+                f"mean KL {q.get('kld_mean', 0):.4f}, top-1 {q.get('top1_agreement', 0):.3f} "
+                f"{_mark(bool(q.get('passed')))}</li>"
             )
         a = v.get("accuracy") if isinstance(v, dict) else None
         if isinstance(a, dict) and isinstance(a.get("onnxruntime"), (int, float)):
             gates.append(
-                f"<li>{escape(variant)}: accuracy ONNX Runtime {a['onnxruntime']:.4f} vs source {a.get('pytorch', 0):.4f} on {escape(str(a.get('samples', '?')))} samples {_mark(bool(a.get('passed')))}</li>"
+                f"<li>{escape(variant)}: accuracy ONNX Runtime {a['onnxruntime']:.4f} vs source "
+                f"{a.get('pytorch', 0):.4f} on {escape(str(a.get('samples', '?')))} samples "
+                f"{_mark(bool(a.get('passed')))}</li>"
             )
-    head = "<tr><th>variant</th><th>shape</th><th>worst output</th><th>max abs diff</th><th>tolerance</th><th>top-1</th><th>result</th></tr>"
+    head = (
+        "<tr><th>variant</th><th>shape</th><th>worst output</th><th>max abs diff</th><th>tolerance</th><th>top-1</th>"
+        "<th>result</th></tr>"
+    )
     return (
         f'<section id="validation"><h2>Validation against the source model: {_mark(bool(report.get("passed")))}</h2>'
         f"<table>{head}{''.join(rows)}</table>{'<ul>' + ''.join(gates) + '</ul>' if gates else ''}"
-        f"<details><summary>every output at every shape ({len(details)} comparisons)</summary><table><tr><th>variant</th><th>shape</th><th>output</th><th>max abs diff</th><th>max rel diff</th><th>result</th></tr>{''.join(details)}</table></details></section>"
+        f"<details><summary>every output at every shape ({len(details)} comparisons)</summary><table><tr>"
+        "<th>variant</th><th>shape</th><th>output</th><th>max abs diff</th><th>max rel diff</th><th>result</th>"
+        f"</tr>{''.join(details)}</table></details></section>"
     )
 
 
@@ -208,15 +238,21 @@ def _generation(report: Any) -> str:
         first = greedy.get("first_divergence")
         rule = str(v.get("rule", "")) if isinstance(v, dict) else ""
         rows.append(
-            f'<tr data-variant="{escape(variant)}"><td>{escape(variant)}</td><td>{"identical" if greedy.get("identical") else "differs"}</td>'
-            f'<td class="num">{"-" if first is None else escape(str(first))}</td><td class="num">{"-" if agreement is None else f"{agreement:.3f}"}</td>'
+            f'<tr data-variant="{escape(variant)}"><td>{escape(variant)}</td>'
+            f"<td>{'identical' if greedy.get('identical') else 'differs'}</td>"
+            f'<td class="num">{"-" if first is None else escape(str(first))}</td>'
+            f'<td class="num">{"-" if agreement is None else f"{agreement:.3f}"}</td>'
             f'<td class="num">{f"{forced:.3f}" if isinstance(forced, (int, float)) else "-"}</td>'
-            f'<td class="num">{_sci(greedy.get("logits_max_abs_diff"))}</td><td>{_mark(bool(v.get("passed")))} <span class="note">{escape(rule)}</span></td></tr>'
+            f'<td class="num">{_sci(greedy.get("logits_max_abs_diff"))}</td><td>{_mark(bool(v.get("passed")))} '
+            f'<span class="note">{escape(rule)}</span></td></tr>'
         )
     return (
-        f'<section id="generation"><h2>Generation: {escape(str(report.get("max_new_tokens", "?")))} greedy tokens against transformers&#39; generate()</h2>'
-        '<div class="note">Free-running tokens diverge for good after the first different one; teacher-forced agreement feeds both the same prefix at every step.</div>'
-        "<table><tr><th>variant</th><th>tokens</th><th>first divergence</th><th>free-running agreement</th><th>teacher-forced agreement</th><th>logits max abs diff</th><th>result</th></tr>"
+        f'<section id="generation"><h2>Generation: {escape(str(report.get("max_new_tokens", "?")))} greedy tokens '
+        "against transformers&#39; generate()</h2>"
+        '<div class="note">Free-running tokens diverge for good after the first different one; '
+        "teacher-forced agreement feeds both the same prefix at every step.</div>"
+        "<table><tr><th>variant</th><th>tokens</th><th>first divergence</th><th>free-running agreement</th>"
+        "<th>teacher-forced agreement</th><th>logits max abs diff</th><th>result</th></tr>"
         + "".join(rows)
         + "</table></section>"
     )
@@ -233,8 +269,11 @@ def _benchmark(folder: Path, report: Any) -> str:
         if isinstance(b, dict):
             fp32 = b.get("dtype", "fp32") == "fp32"
             rows.append(
-                f'<tr class="baseline"><td>PyTorch {escape(str(b.get("dtype", "fp32")))} ({escape(str(b.get("mode", "")))})</td><td>-</td><td>{escape(_shape(b.get("shape")))}</td>'
-                f'<td class="num">{format_ms(b.get("p50_ms"))}</td><td class="num">{format_ms(b.get("p90_ms"))}</td><td class="num">{"1.00x" if fp32 else "-"}</td><td class="num">{"-" if fp32 else "1.00x"}</td><td>{escape(limit_text(b))}</td></tr>'
+                f'<tr class="baseline"><td>PyTorch {escape(str(b.get("dtype", "fp32")))} '
+                f"({escape(str(b.get('mode', '')))})</td><td>-</td><td>{escape(_shape(b.get('shape')))}</td>"
+                f'<td class="num">{format_ms(b.get("p50_ms"))}</td><td class="num">{format_ms(b.get("p90_ms"))}</td>'
+                f'<td class="num">{"1.00x" if fp32 else "-"}</td><td class="num">{"-" if fp32 else "1.00x"}</td>'
+                f"<td>{escape(limit_text(b))}</td></tr>"
             )
     for r in report["results"]:
         if not isinstance(r, dict):
@@ -247,12 +286,18 @@ def _benchmark(folder: Path, report: Any) -> str:
         )
         if "p50_ms" not in r:
             rows.append(
-                f'<tr data-variant="{escape(str(r.get("variant")))}" class="failed"><td>{escape(str(r.get("variant")))}</td><td>{escape(provider)}</td><td>{escape(_shape(r.get("shape")))}</td><td colspan="5">error: {escape(str(r.get("error")))}</td></tr>'
+                f'<tr data-variant="{escape(str(r.get("variant")))}" class="failed">'
+                f"<td>{escape(str(r.get('variant')))}</td><td>{escape(provider)}</td>"
+                f'<td>{escape(_shape(r.get("shape")))}</td><td colspan="5">error: '
+                f"{escape(str(r.get('error')))}</td></tr>"
             )
             continue
         rows.append(
-            f'<tr data-variant="{escape(str(r.get("variant")))}"><td>{escape(str(r.get("variant")))}</td><td>{escape(provider)}</td><td>{escape(_shape(r.get("shape")))}</td>'
-            f'<td class="num">{format_ms(r.get("p50_ms"))}</td><td class="num">{format_ms(r.get("p90_ms"))}</td><td class="num">{"-" if not ratio else f"{ratio:.2f}x"}</td><td class="num">{"-" if not ratio16 else f"{ratio16:.2f}x"}</td><td>{escape(limit_text(r))}</td></tr>'
+            f'<tr data-variant="{escape(str(r.get("variant")))}"><td>{escape(str(r.get("variant")))}</td>'
+            f"<td>{escape(provider)}</td><td>{escape(_shape(r.get('shape')))}</td>"
+            f'<td class="num">{format_ms(r.get("p50_ms"))}</td><td class="num">{format_ms(r.get("p90_ms"))}</td>'
+            f'<td class="num">{"-" if not ratio else f"{ratio:.2f}x"}</td>'
+            f'<td class="num">{"-" if not ratio16 else f"{ratio16:.2f}x"}</td><td>{escape(limit_text(r))}</td></tr>'
         )
     decode = []
     for d in report.get("decode", []) if isinstance(report.get("decode"), list) else []:
@@ -263,25 +308,33 @@ def _benchmark(folder: Path, report: Any) -> str:
                 else f"{d.get('variant')} ({str(d.get('provider') or '').replace('ExecutionProvider', '')})"
             )
             decode.append(
-                f'<tr><td>{escape(who)}</td><td>{escape(_shape(d.get("shape")))}</td><td class="num">{format_ms(d.get("prefill_p50_ms"))}</td><td class="num">{format_ms(d.get("decode_p50_ms"))}</td><td class="num">{escape(str(d.get("tokens_per_s", "-")))}</td><td>{escape(limit_text(d))}</td></tr>'
+                f"<tr><td>{escape(who)}</td><td>{escape(_shape(d.get('shape')))}</td>"
+                f'<td class="num">{format_ms(d.get("prefill_p50_ms"))}</td>'
+                f'<td class="num">{format_ms(d.get("decode_p50_ms"))}</td>'
+                f'<td class="num">{escape(str(d.get("tokens_per_s", "-")))}</td><td>{escape(limit_text(d))}</td></tr>'
             )
     png = folder / "benchmark.png"
     chart = ""
     if png.is_file() and not png.is_symlink() and png.stat().st_size < 8 << 20:
-        chart = f'<img class="chart" alt="p50 latency per variant" src="data:image/png;base64,{base64.b64encode(png.read_bytes()).decode("ascii")}">'
+        chart = (
+            '<img class="chart" alt="p50 latency per variant" '
+            f'src="data:image/png;base64,{base64.b64encode(png.read_bytes()).decode("ascii")}">'
+        )
     skipped = [p for p in report.get("providers", []) if isinstance(p, dict) and p.get("status") == "skipped"]
     notes = "".join(
         f'<li class="skip">{escape(str(p.get("name")))} skipped: {escape(str(p.get("reason")))}</li>' for p in skipped
     )
     return (
-        f'<section id="benchmark"><h2>Benchmark</h2><div class="note">{escape(str(machine.get("cpu", "?")))}, {escape(str(machine.get("cores", "?")))} cores, {escape(str(machine.get("threads", "?")))} threads; PyTorch measured in the same run.</div>{chart}'
-        "<table><tr><th>variant</th><th>provider</th><th>shape</th><th>p50</th><th>p90</th><th>vs PyTorch fp32</th><th>vs PyTorch bf16</th><th>of the limit</th></tr>"
+        f'<section id="benchmark"><h2>Benchmark</h2><div class="note">{escape(str(machine.get("cpu", "?")))}, '
+        f"{escape(str(machine.get('cores', '?')))} cores, {escape(str(machine.get('threads', '?')))} threads; "
+        f"PyTorch measured in the same run.</div>{chart}"
+        "<table><tr><th>variant</th><th>provider</th><th>shape</th><th>p50</th><th>p90</th><th>vs PyTorch fp32</th>"
+        "<th>vs PyTorch bf16</th><th>of the limit</th></tr>"
         + "".join(rows)
         + "</table>"
         + (
-            "<table><tr><th>decoder</th><th>prompt</th><th>prefill p50</th><th>decode p50</th><th>tokens/s</th><th>decode: of the limit</th></tr>"
-            + "".join(decode)
-            + "</table>"
+            "<table><tr><th>decoder</th><th>prompt</th><th>prefill p50</th><th>decode p50</th><th>tokens/s</th>"
+            "<th>decode: of the limit</th></tr>" + "".join(decode) + "</table>"
             if decode
             else ""
         )
@@ -310,7 +363,8 @@ def _variants(folder: Path, manifest: Any) -> str:
                     else ""
                 )
                 rows.append(
-                    f'<tr data-variant="{escape(variant)}"><td>{escape(variant)}</td><td><code>{escape(path)}</code></td><td class="num">{_size(o.get("bytes"))}</td><td>{escape(fused or "-")}</td></tr>'
+                    f'<tr data-variant="{escape(variant)}"><td>{escape(variant)}</td><td><code>{escape(path)}</code>'
+                    f'</td><td class="num">{_size(o.get("bytes"))}</td><td>{escape(fused or "-")}</td></tr>'
                 )
     check = _read(folder / "reports" / "check.json")
     described = (
@@ -319,13 +373,17 @@ def _variants(folder: Path, manifest: Any) -> str:
         else "decoder_model.onnx"
     )
     about = (
-        f'<div class="note">{described}: {escape(str(check.get("nodes")))} nodes, {check.get("parameters", 0):,} parameters, IR {escape(str(check.get("ir_version")))}</div>'
+        f'<div class="note">{described}: {escape(str(check.get("nodes")))} nodes, {check.get("parameters", 0):,} '
+        f"parameters, IR {escape(str(check.get('ir_version')))}</div>"
         if isinstance(check, dict) and isinstance(check.get("parameters"), int)
         else ""
     )
     if not rows:
         return ""
-    return f'<section id="variants"><h2>Variants</h2>{about}<table><tr><th>variant</th><th>file</th><th>size</th><th>fused ops</th></tr>{"".join(rows)}</table></section>'
+    return (
+        f'<section id="variants"><h2>Variants</h2>{about}<table><tr><th>variant</th><th>file</th><th>size</th>'
+        f"<th>fused ops</th></tr>{''.join(rows)}</table></section>"
+    )
 
 
 def _steps(manifest: Any, timings: Any) -> str:
@@ -345,9 +403,14 @@ def _steps(manifest: Any, timings: Any) -> str:
         cls = {"built": "pass", "cached": "note", "failed": "fail", "skipped": "skip"}.get(status, "")
         seconds = t.get("seconds")
         rows.append(
-            f'<tr><td>{escape(str(name))}</td><td class="{cls}">{escape(status)}</td><td class="num">{"" if not seconds else f"{seconds:.1f} s"}</td><td>{escape(str(t.get("reason") or ""))}</td></tr>'
+            f'<tr><td>{escape(str(name))}</td><td class="{cls}">{escape(status)}</td>'
+            f'<td class="num">{"" if not seconds else f"{seconds:.1f} s"}</td>'
+            f"<td>{escape(str(t.get('reason') or ''))}</td></tr>"
         )
-    return f'<section id="steps"><h2>Steps (this run)</h2><table><tr><th>step</th><th>status</th><th>time</th><th>why</th></tr>{"".join(rows)}</table></section>'
+    return (
+        '<section id="steps"><h2>Steps (this run)</h2><table><tr><th>step</th><th>status</th><th>time</th><th>why</th>'
+        f"</tr>{''.join(rows)}</table></section>"
+    )
 
 
 def _versions(manifest: Any) -> str:
@@ -371,12 +434,16 @@ def _digests(manifest: Any) -> str:
             for o in step.get("outputs", []) if isinstance(step.get("outputs"), list) else []:
                 if isinstance(o, dict):
                     rows.append(
-                        f'<tr><td><code>{escape(str(o.get("path")))}</code></td><td>{escape(str(step.get("name")))}</td><td class="num">{_size(o.get("bytes"))}</td><td class="mono">{escape(str(o.get("sha256")))}</td></tr>'
+                        f"<tr><td><code>{escape(str(o.get('path')))}</code></td>"
+                        f'<td>{escape(str(step.get("name")))}</td><td class="num">{_size(o.get("bytes"))}</td>'
+                        f'<td class="mono">{escape(str(o.get("sha256")))}</td></tr>'
                     )
     recipe: dict[str, Any] = manifest["recipe"] if isinstance(manifest.get("recipe"), dict) else {}
     return (
-        f'<section id="digests"><h2>Digests</h2><div class="note">recipe sha256 <code>{escape(str(recipe.get("digest", "?")))}</code></div>'
-        f"<details><summary>{len(rows)} files</summary><table><tr><th>file</th><th>step</th><th>size</th><th>sha256</th></tr>{''.join(rows)}</table></details></section>"
+        '<section id="digests"><h2>Digests</h2><div class="note">recipe sha256 '
+        f"<code>{escape(str(recipe.get('digest', '?')))}</code></div>"
+        f"<details><summary>{len(rows)} files</summary><table><tr><th>file</th><th>step</th><th>size</th>"
+        f"<th>sha256</th></tr>{''.join(rows)}</table></details></section>"
     )
 
 
@@ -398,7 +465,8 @@ def render_diff(base: str, diffs: list[RecipeDiff]) -> str:
             parts.append(f"<p>Steps that rebuild: {escape(', '.join(d.invalidated))}</p>")
         if d.metrics:
             rows = "".join(
-                f'<tr><td>{escape(m.what)}</td><td class="num">{escape(m.shown(m.base))}</td><td class="num">{escape(m.change)}</td></tr>'
+                f'<tr><td>{escape(m.what)}</td><td class="num">{escape(m.shown(m.base))}</td>'
+                f'<td class="num">{escape(m.change)}</td></tr>'
                 for m in d.metrics
             )
             parts.append(f"<table><tr><th>figure</th><th>base</th><th>working tree</th></tr>{rows}</table>")
@@ -406,20 +474,24 @@ def render_diff(base: str, diffs: list[RecipeDiff]) -> str:
             parts.append(f'<p class="note">Figures: {escape(d.figures)}.</p>')
         if d.models:
             rows = "".join(
-                f'<tr><td><code>{escape(m.path)}</code></td><td>{escape(r.what)}</td><td class="num">{escape(r.shown(r.base))}</td><td class="num">{escape(r.shown(r.now))}</td></tr>'
+                f"<tr><td><code>{escape(m.path)}</code></td><td>{escape(r.what)}</td>"
+                f'<td class="num">{escape(r.shown(r.base))}</td><td class="num">{escape(r.shown(r.now))}</td></tr>'
                 for m in d.models
                 for r in model_lines(m)
             )
             parts.append(
-                f"<h3>Model files</h3><table><tr><th>file</th><th>what</th><th>base</th><th>working tree</th></tr>{rows}</table>"
+                "<h3>Model files</h3><table><tr><th>file</th><th>what</th><th>base</th><th>working tree</th>"
+                f"</tr>{rows}</table>"
             )
         sections.append(f'<section class="recipe">{"".join(parts)}</section>')
     if sections:
         sections.insert(0, f"<p><b>{escape(summary_line(diffs))}</b></p>")
     body = "\n".join(sections) or "<p>No recipe changed.</p>"
     return (
-        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>onnxbuild diff</title><style>{CSS}</style></head><body><main>'
-        f'<h1>onnxbuild diff</h1><div class="sub">against <code>{escape(base[:12])}</code></div>\n{body}\n</main></body></html>\n'
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>onnxbuild diff</title>'
+        f"<style>{CSS}</style></head><body><main>"
+        f'<h1>onnxbuild diff</h1><div class="sub">against <code>{escape(base[:12])}</code></div>\n{body}\n</main>'
+        "</body></html>\n"
     )
 
 
@@ -432,7 +504,10 @@ def _guard(section: str, source: str, render: Callable[[], str]) -> str:
     try:
         return render()
     except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
-        return f'<section id="{section}"><h2>{section.capitalize()}</h2><p class="note">{escape(source)} has unexpected content ({escape(type(exc).__name__)}); section skipped.</p></section>'
+        return (
+            f'<section id="{section}"><h2>{section.capitalize()}</h2><p class="note">{escape(source)} has unexpected '
+            f"content ({escape(type(exc).__name__)}); section skipped.</p></section>"
+        )
 
 
 def _read(path: Path) -> Any:

@@ -131,7 +131,8 @@ def text_failures(q: TextQuality) -> list[str]:
     out = []
     if q["ppl_increase_max"] is not None and q["ppl_increase"] > q["ppl_increase_max"]:
         out.append(
-            f"perplexity {q['perplexity']:.3f} is {q['ppl_increase']:+.2%} over PyTorch's {q['perplexity_reference']:.3f} (ppl_increase_max {q['ppl_increase_max']:.2%})"
+            f"perplexity {q['perplexity']:.3f} is {q['ppl_increase']:+.2%} over PyTorch's "
+            f"{q['perplexity_reference']:.3f} (ppl_increase_max {q['ppl_increase_max']:.2%})"
         )
     if q["kld_max"] is not None and q["kld_mean"] > q["kld_max"]:
         out.append(f"mean KL divergence from PyTorch {q['kld_mean']:.4f} is over kld_max {q['kld_max']:g}")
@@ -144,7 +145,10 @@ def text_failures(q: TextQuality) -> list[str]:
 
 def text_summary(q: TextQuality) -> str:
     """The one-line figures, as the step's summary and the benchmark's lead show them."""
-    return f"ppl {q['perplexity']:.3f} ({q['ppl_increase']:+.2%} vs PyTorch {q['perplexity_reference']:.3f}), KL {q['kld_mean']:.4f}, top-1 {q['top1_agreement']:.3f}"
+    return (
+        f"ppl {q['perplexity']:.3f} ({q['ppl_increase']:+.2%} vs PyTorch {q['perplexity_reference']:.3f}), "
+        f"KL {q['kld_mean']:.4f}, top-1 {q['top1_agreement']:.3f}"
+    )
 
 
 def failure_message(
@@ -167,9 +171,15 @@ def failure_message(
         web = r.get("web")
         if web is not None and not web["passed"] and all(c["passed"] for c in r["outputs"].values()):
             if web["error"]:
-                return f"validation of {variant} in onnxruntime-web (the web target) failed at shape {shape}: {web['error']}"
+                return (
+                    f"validation of {variant} in onnxruntime-web (the web target) failed at shape {shape}: "
+                    f"{web['error']}"
+                )
             name, c = next((n, c) for n, c in web["outputs"].items() if not c["passed"])
-            return f"validation of {variant} in onnxruntime-web (the web target) failed at shape {shape}: output {name}: max abs diff {c['max_abs_diff']} vs torch (atol {c['atol']:g}, rtol {c['rtol']:g})"
+            return (
+                f"validation of {variant} in onnxruntime-web (the web target) failed at shape {shape}: output {name}: "
+                f"max abs diff {c['max_abs_diff']} vs torch (atol {c['atol']:g}, rtol {c['rtol']:g})"
+            )
         ov = r.get("openvino")
         if (
             ov is not None
@@ -182,51 +192,62 @@ def failure_message(
                 return f"{where}: {ov['error']}"
             name, c = next((n, c) for n, c in ov["outputs"].items() if not c["passed"])
             return (
-                f"{where}: output {name}: {c['mismatch_fraction']:.2%} of elements outside {atol_shown(c)} + rtol={c['rtol']:g}*|ref| "
-                f"(max abs diff {c['max_abs_diff']:.3g}); set providers[openvino].options atol/rtol if that precision is acceptable"
+                f"{where}: output {name}: {c['mismatch_fraction']:.2%} of elements outside "
+                f"{atol_shown(c)} + rtol={c['rtol']:g}*|ref| (max abs diff {c['max_abs_diff']:.3g}); "
+                "set providers[openvino].options atol/rtol if that precision is acceptable"
             )
         for name, c in r["outputs"].items():
             if c["passed"]:
                 continue
             if c["max_abs_diff"] is None:
-                return f"validation of {variant} failed at shape {shape}: output {name} has shape {c['shape_onnx']}, expected {c['shape_expected']}"
+                return (
+                    f"validation of {variant} failed at shape {shape}: output {name} has shape {c['shape_onnx']}, "
+                    f"expected {c['shape_expected']}"
+                )
             return (
-                f"validation of {variant} failed at shape {shape}: output {name}: {c['mismatch_fraction']:.2%} of elements outside "
-                f"{atol_shown(c)} + rtol={c['rtol']:g}*|ref|; worst at {c['worst_index']}: onnx {c['worst_onnx']:.6g} vs torch "
-                f"{c['worst_reference']:.6g} (abs diff {c['max_abs_diff']:.3g})"
+                f"validation of {variant} failed at shape {shape}: output {name}: "
+                f"{c['mismatch_fraction']:.2%} of elements outside {atol_shown(c)} + rtol={c['rtol']:g}*|ref|; "
+                f"worst at {c['worst_index']}: onnx {c['worst_onnx']:.6g} vs torch {c['worst_reference']:.6g} "
+                f"(abs diff {c['max_abs_diff']:.3g})"
             )
     if top1 is not None and not top1["passed"]:
         return (
-            f"validation of {variant} failed: top-1 agreement {top1['agreement']:.3f} over {top1['tokens']} predictions "
-            f"at all shapes is below top1_min {top1['min']:g}"
+            f"validation of {variant} failed: top-1 agreement {top1['agreement']:.3f} over {top1['tokens']} "
+            f"predictions at all shapes is below top1_min {top1['min']:g}"
         )
     if openvino is not None and openvino["error"]:
         return f"validation of {variant} on OpenVINO failed: {openvino['error']}"
     if openvino is not None and openvino["top1"] is not None and not openvino["top1"]["passed"]:
         t = openvino["top1"]
         return (
-            f"validation of {variant} on OpenVINO ({openvino['precision']} inference) failed: top-1 agreement {t['agreement']:.3f} over "
-            f"{t['tokens']} predictions at all shapes is below {t['min']:g} (providers[openvino].options.top1_min)"
+            f"validation of {variant} on OpenVINO ({openvino['precision']} inference) failed: "
+            f"top-1 agreement {t['agreement']:.3f} over {t['tokens']} predictions at all shapes is below {t['min']:g} "
+            "(providers[openvino].options.top1_min)"
         )
     if accuracy is not None and not accuracy["passed"]:
         where = f"on {accuracy['samples']} samples from {accuracy['dataset']}"
         drop = accuracy["pytorch"] - accuracy["onnxruntime"]
         if drop > accuracy["max_drop"] + 1e-9:
             return (
-                f"validation of {variant} failed: ONNX Runtime's top-1 accuracy {accuracy['onnxruntime']:.4f} is {drop:.4f} below "
-                f"PyTorch's {accuracy['pytorch']:.4f} {where} (validate.accuracy.max_drop: {accuracy['max_drop']:g})"
+                f"validation of {variant} failed: ONNX Runtime's top-1 accuracy {accuracy['onnxruntime']:.4f} "
+                f"is {drop:.4f} below PyTorch's {accuracy['pytorch']:.4f} {where} "
+                f"(validate.accuracy.max_drop: {accuracy['max_drop']:g})"
             )
-        return f"validation of {variant} failed: ONNX Runtime's top-1 accuracy {accuracy['onnxruntime']:.4f} {where} is below validate.accuracy.min ({accuracy['min']:g})"
+        return (
+            f"validation of {variant} failed: ONNX Runtime's top-1 accuracy {accuracy['onnxruntime']:.4f} {where} is "
+            f"below validate.accuracy.min ({accuracy['min']:g})"
+        )
     if embeddings is not None and not embeddings["passed"]:
         return (
-            f"validation of {variant} failed: sentence {embeddings['worst_sentence']}'s embedding has cosine similarity "
-            f"{embeddings['min']:.6f} to PyTorch's, below validate.cosine_min ({embeddings['cosine_min']:g}; "
+            f"validation of {variant} failed: sentence {embeddings['worst_sentence']}'s embedding has "
+            f"cosine similarity {embeddings['min']:.6f} to PyTorch's, "
+            f"below validate.cosine_min ({embeddings['cosine_min']:g}; "
             f"mean over {embeddings['sentences']} sentences {embeddings['mean']:.6f})"
         )
     if text is not None and not text["passed"]:
         return (
-            f"validation of {variant} failed on validate.text ({text['text']}, {text['predictions']} predictions): {'; '.join(text_failures(text))}; "
-            "if the loss is acceptable, set the variant's own validate: gates"
+            f"validation of {variant} failed on validate.text ({text['text']}, {text['predictions']} predictions): "
+            f"{'; '.join(text_failures(text))}; if the loss is acceptable, set the variant's own validate: gates"
         )
     return f"validation of {variant} failed"
 
@@ -236,7 +257,8 @@ def markdown(report: dict[str, Any], name: str) -> str:
     lines = [f"# {name}: validation against the source model", ""]
     if report.get("weights") == "random-init":
         lines += [
-            f"> weights: **random-init** ({report.get('weights_note') or 'seeded'}): figures compare the export, not a trained model",
+            f"> weights: **random-init** ({report.get('weights_note') or 'seeded'}): figures compare the export, "
+            "not a trained model",
             "",
         ]
     lines += [f"Overall: **{'passed' if report['passed'] else 'FAILED'}**", ""]
@@ -296,7 +318,8 @@ def markdown(report: dict[str, Any], name: str) -> str:
             for out, c, where in sorted(rows, key=lambda t: (t[2], natural_key(t[0]))):
                 mism = "-" if c["mismatch_fraction"] is None else f"{c['mismatch_fraction']:.2%}"
                 lines.append(
-                    f"| {shape} | {where}{out} | {_sci(c['max_abs_diff'])} | {_sci(c['max_rel_diff'])} | {mism} | {'pass' if c['passed'] else 'FAIL'} |"
+                    f"| {shape} | {where}{out} | {_sci(c['max_abs_diff'])} | {_sci(c['max_rel_diff'])} | {mism} | "
+                    f"{'pass' if c['passed'] else 'FAIL'} |"
                 )
             if web.get("error"):
                 lines.append(f"| {shape} | web | - | - | - | error: {_cell(web['error'])} |")
@@ -333,14 +356,16 @@ def _variant_figures(variant: str, v: dict[str, Any], reference: str | None) -> 
             t = o["top1"]
             floor = f" (at least {t['min']:g})" if t["min"] is not None else ""
             lines += [
-                f"{variant} on OpenVINO: top-1 agreement over all {t['tokens']} predictions: **{t['agreement']:.3f}**{floor}: {'pass' if t['passed'] else 'FAIL'}",
+                f"{variant} on OpenVINO: top-1 agreement over all {t['tokens']} predictions: "
+                f"**{t['agreement']:.3f}**{floor}: {'pass' if t['passed'] else 'FAIL'}",
                 "",
             ]
     if v.get("top1"):
         t = v["top1"]
         floor = f" (at least {t['min']:g})" if t["min"] is not None else ""
         lines += [
-            f"{variant}: top-1 agreement over all {t['tokens']} predictions (tokens or classes): **{t['agreement']:.3f}**{floor}: {'pass' if t['passed'] else 'FAIL'}",
+            f"{variant}: top-1 agreement over all {t['tokens']} predictions (tokens or classes): "
+            f"**{t['agreement']:.3f}**{floor}: {'pass' if t['passed'] else 'FAIL'}",
             "",
         ]
     if v.get("accuracy"):
@@ -349,9 +374,11 @@ def _variant_figures(variant: str, v: dict[str, Any], reference: str | None) -> 
         lines += [
             f"### {variant}: top-1 accuracy on {a['samples']} samples from `{a['dataset']}`",
             "",
-            f"| {'TensorFlow' if reference == 'tensorflow' else 'PyTorch'} | ONNX Runtime | same prediction | allowed | result |",
+            f"| {'TensorFlow' if reference == 'tensorflow' else 'PyTorch'} | ONNX Runtime | same prediction | "
+            "allowed | result |",
             "|---|---|---|---|---|",
-            f"| {a['pytorch']:.4f} | {a['onnxruntime']:.4f} | {a['agreement']:.2%} | drop at most {a['max_drop']:g}{floor} | {'pass' if a['passed'] else 'FAIL'} |",
+            f"| {a['pytorch']:.4f} | {a['onnxruntime']:.4f} | {a['agreement']:.2%} | drop at most "
+            f"{a['max_drop']:g}{floor} | {'pass' if a['passed'] else 'FAIL'} |",
             "",
         ]
     if v.get("embedding_cosine"):
@@ -359,11 +386,13 @@ def _variant_figures(variant: str, v: dict[str, Any], reference: str | None) -> 
         pooled = "mean-pooled over the attention mask" if e["pooling"] == "mean" else "as output"
         floor = "-" if e["cosine_min"] is None else f"{e['cosine_min']:g}"
         lines += [
-            f"### {variant}: sentence embeddings ({e['sentences']} sentences, padded to {e['sequence']} tokens, {pooled})",
+            f"### {variant}: sentence embeddings ({e['sentences']} sentences, padded to {e['sequence']} "
+            f"tokens, {pooled})",
             "",
             "| cosine min | cosine mean | worst sentence | max abs diff | threshold | result |",
             "|---|---|---|---|---|---|",
-            f"| {e['min']:.6f} | {e['mean']:.6f} | {e['worst_sentence']} | {e['max_abs_diff']:.2e} | {floor} | {'pass' if e['passed'] else 'FAIL'} |",
+            f"| {e['min']:.6f} | {e['mean']:.6f} | {e['worst_sentence']} | {e['max_abs_diff']:.2e} | {floor} | "
+            f"{'pass' if e['passed'] else 'FAIL'} |",
             "",
         ]
     if v.get("text"):
@@ -373,12 +402,16 @@ def _variant_figures(variant: str, v: dict[str, Any], reference: str | None) -> 
             return "-" if value is None else format(value, fmt)
 
         lines += [
-            f"### {variant}: quality on text ({q['text']}: {q['windows']} windows of {q['window']} tokens, {q['predictions']} next-token predictions)",
+            f"### {variant}: quality on text ({q['text']}: {q['windows']} windows of {q['window']} tokens, "
+            f"{q['predictions']} next-token predictions)",
             "",
-            "| perplexity | PyTorch's | increase | mean KL from PyTorch | top-1 = PyTorch | allowed: increase, KL, top-1 | result |",
+            "| perplexity | PyTorch's | increase | mean KL from PyTorch | top-1 = PyTorch "
+            "| allowed: increase, KL, top-1 | result |",
             "|---|---|---|---|---|---|---|",
-            f"| {q['perplexity']:.3f} | {q['perplexity_reference']:.3f} | {q['ppl_increase']:+.2%} | {q['kld_mean']:.4f} | {q['top1_agreement']:.3f} | "
-            f"{gate(q['ppl_increase_max'], '.1%')}, {gate(q['kld_max'], 'g')}, {gate(q['text_top1_min'], 'g')} | {'pass' if q['passed'] else 'FAIL'} |",
+            f"| {q['perplexity']:.3f} | {q['perplexity_reference']:.3f} | {q['ppl_increase']:+.2%} | "
+            f"{q['kld_mean']:.4f} | {q['top1_agreement']:.3f} | "
+            f"{gate(q['ppl_increase_max'], '.1%')}, {gate(q['kld_max'], 'g')}, {gate(q['text_top1_min'], 'g')} | "
+            f"{'pass' if q['passed'] else 'FAIL'} |",
             "",
         ]
     return lines

@@ -43,7 +43,8 @@ def default_base(cwd: Path) -> str:
             continue
     # Comparing with HEAD instead would show nothing and look like "no change".
     raise UsageError(
-        "no base to compare with (no merge-base with main, origin/main or master; a shallow clone?): pass --base REF, after `git fetch origin REF` if need be"
+        "no base to compare with (no merge-base with main, origin/main or master; a shallow clone?): pass --base REF, "
+        "after `git fetch origin REF` if need be"
     )
 
 
@@ -216,7 +217,8 @@ def diff(paths: list[str], base: str | None, cache: Any, cwd: Path | None = None
             _git("rev-parse", "--verify", "--quiet", f"{base}^{{commit}}", cwd=cwd)
         except UsageError:
             raise UsageError(
-                f"the base {base!r} is not a commit here (a shallow clone? fetch it: git fetch --depth=50 origin {base})"
+                f"the base {base!r} is not a commit here (a shallow clone? fetch it: "
+                f"git fetch --depth=50 origin {base})"
             ) from None
     paths = paths or changed_recipes(base, cwd)
     moved = renames(base, cwd)
@@ -355,7 +357,8 @@ def _metrics(old_plan: Any, new_plan: Any, cache: Any) -> list[Metric]:
                 shape = ", ".join(f"{d}={n}" for d, n in (r.get("shape") or {}).items())
                 rows.append(
                     Metric(
-                        f"p50 {r['variant']} on {str(r.get('provider', '')).replace('ExecutionProvider', '')} ({shape})",
+                        f"p50 {r['variant']} on "
+                        f"{str(r.get('provider', '')).replace('ExecutionProvider', '')} ({shape})",
                         before_p50[k],
                         r["p50_ms"],
                         "ms",

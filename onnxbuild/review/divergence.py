@@ -225,7 +225,8 @@ def _extract(
             onnx.utils.extract_model(str(sub), str(sub), inputs, outputs, check_model=False)
     except Exception as exc:  # a node inside a subgraph, or inputs extract_model cannot cut at
         raise StepError(
-            f"first divergence at {node.name} ({node.op_type}), but its subgraph could not be extracted: {type(exc).__name__}: {exc}"
+            f"first divergence at {node.name} ({node.op_type}), but its subgraph could not be extracted: "
+            f"{type(exc).__name__}: {exc}"
         ) from None
     np.savez(str(data), **{i: values[i] for i in inputs if i in values})
     return sub, data

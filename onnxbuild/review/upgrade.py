@@ -63,7 +63,8 @@ def environment(withs: list[str], root: Path) -> Path:
     )
     if done.returncode != 0:
         raise UsageError(
-            f"pip could not install {' '.join(withs)}: {done.stderr.strip()[-800:]}; check the versions exist for this Python (pip index versions NAME)"
+            f"pip could not install {' '.join(withs)}: {done.stderr.strip()[-800:]}; "
+            "check the versions exist for this Python (pip index versions NAME)"
         )
     marker.write_text(json.dumps(sorted(withs)), encoding="utf-8")
     return python
@@ -94,7 +95,13 @@ def build_with(python: Path, recipes: list[str], work: Path) -> tuple[bool, list
 
 def versions_of(python: Path) -> dict[str, str]:
     # the modules' own versions: onnxruntime may come from onnxruntime-gpu's distribution
-    code = "import json, importlib\nout = {}\nfor n in ('onnx', 'onnxruntime', 'torch', 'transformers', 'numpy', 'onnxscript'):\n    try: out[n] = importlib.import_module(n).__version__\n    except Exception: pass\nprint(json.dumps(out))"
+    code = (
+        "import json, importlib\nout = {}\n"
+        "for n in ('onnx', 'onnxruntime', 'torch', 'transformers', 'numpy', 'onnxscript'):\n"
+        "    try: out[n] = importlib.import_module(n).__version__\n"
+        "    except Exception: pass\n"
+        "print(json.dumps(out))"
+    )
     done = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True)
     out: dict[str, str] = json.loads(done.stdout)
     return out
@@ -104,7 +111,8 @@ def compare(before: Side, after: Side, names: list[str]) -> Comparison:
     """The Markdown report of ``after`` against ``before`` for the recipes ``names``."""
     changed = {k: (before.versions.get(k), v) for k, v in after.versions.items() if before.versions.get(k) != v}
     lines = [
-        f"## Dependency check: {', '.join(f'{k} {a} -> {b}' for k, (a, b) in changed.items()) or 'no package version changed'}",
+        "## Dependency check: "
+        f"{', '.join(f'{k} {a} -> {b}' for k, (a, b) in changed.items()) or 'no package version changed'}",
         "",
     ]
     broken = not after.ok
@@ -126,7 +134,9 @@ def compare(before: Side, after: Side, names: list[str]) -> Comparison:
                 else ("new" if path not in a["files"] else "missing" if path not in b["files"] else "differ")
             )
             lines.append(
-                f"| `{path}` | {same} | {_moved(a['validation'].get(variant), b['validation'].get(variant))} | {_fused(a['fused'], b['fused'], variant)} | {_latency(a['latency'].get(variant), b['latency'].get(variant))} |"
+                f"| `{path}` | {same} | {_moved(a['validation'].get(variant), b['validation'].get(variant))} | "
+                f"{_fused(a['fused'], b['fused'], variant)} | "
+                f"{_latency(a['latency'].get(variant), b['latency'].get(variant))} |"
             )
         for variant, (was, now) in sorted(
             {v: (a["passed"].get(v), b["passed"].get(v)) for v in set(a["passed"]) | set(b["passed"])}.items()

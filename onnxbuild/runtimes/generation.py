@@ -86,7 +86,8 @@ def run(
         raise UsageError(f"{path}: ONNX Runtime cannot load it: {brief(exc)}") from None
     if not any(i.name.startswith(PAST_PREFIX) for i in session.get_inputs()):
         raise UsageError(
-            f"{path} takes no past_key_values inputs: build it with export.with_past: true in the recipe to generate from it"
+            f"{path} takes no past_key_values inputs: "
+            "build it with export.with_past: true in the recipe to generate from it"
         )
     decoder = OrtDecoder(session)
     config = _json(folder / "config.json")
@@ -118,7 +119,8 @@ def run(
     context = int(config.get("n_positions") or config.get("max_position_embeddings") or 0)
     if context and len(ids) + max_new_tokens > context:
         raise UsageError(
-            f"--max-new-tokens: the prompt ({len(ids)} tokens) plus {max_new_tokens} new tokens exceeds the model's context of {context}; ask for at most {max(context - len(ids), 0)}"
+            f"--max-new-tokens: the prompt ({len(ids)} tokens) plus {max_new_tokens} new tokens exceeds the model's "
+            f"context of {context}; ask for at most {max(context - len(ids), 0)}"
         )
     eos = generation.get("eos_token_id", config.get("eos_token_id"))
     eos = eos[0] if isinstance(eos, list) and eos else eos
@@ -153,7 +155,8 @@ def encoder_decoder(artifact: str | Path, variant: str) -> tuple[Path, Path, Pat
     if not ((where / ENCODER_FILE).is_file() and (where / DECODER_FILE).is_file()):
         found = ["model", *sorted(p.parent.name for p in folder.glob(f"*/{DECODER_FILE}"))]
         raise UsageError(
-            f"{folder} has no variant {variant!r} (an encoder and a decoder file under {where}); variants here: {', '.join(found)}"
+            f"{folder} has no variant {variant!r} (an encoder and a decoder file under {where}); variants here: "
+            f"{', '.join(found)}"
         )
     return where / ENCODER_FILE, where / DECODER_FILE, folder
 
@@ -182,12 +185,14 @@ def _run_seq2seq(
             features = np.load(prompt).astype(np.float32)
         except (OSError, ValueError):
             raise UsageError(
-                f"--prompt: a speech model takes log-mel features: give a .npy file of shape {shape[1:]} (got {prompt!r})"
+                f"--prompt: a speech model takes log-mel features: give a .npy file of shape {shape[1:]} "
+                f"(got {prompt!r})"
             ) from None
         features = features[None] if features.ndim == 2 else features
         if list(features.shape[1:]) != list(shape[1:]):
             raise UsageError(
-                f"--prompt: {prompt} holds features of shape {list(features.shape[1:])}; this model takes {shape[1:]} (mel bins x frames)"
+                f"--prompt: {prompt} holds features of shape {list(features.shape[1:])}; this model takes {shape[1:]} "
+                "(mel bins x frames)"
             )
         feeds = {"input_features": features}
     else:

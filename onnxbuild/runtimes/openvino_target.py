@@ -262,7 +262,8 @@ class Session:
                 )
             if any(k != self._marker() for k in held) or int(feeds["input_ids"].shape[0]) != self.batch:
                 raise ValueError(
-                    "a stateful OpenVINO session holds only the cache of its latest call: feed its kept() back after each call, or the past as arrays"
+                    "a stateful OpenVINO session holds only the cache of its latest call: feed its kept() "
+                    "back after each call, or the past as arrays"
                 )
             return
         self.generation += 1
@@ -436,7 +437,8 @@ def load(
             name = next((n for n in wanted if n in names), None)
             if name is None:
                 raise ValueError(
-                    f"OpenVINO's compiled model has an {what} named {sorted(names)}, none of them an {what} of the ONNX graph ({', '.join(wanted)})"
+                    f"OpenVINO's compiled model has an {what} named {sorted(names)}, "
+                    f"none of them an {what} of the ONNX graph ({', '.join(wanted)})"
                 )
             shape = [d.get_length() if d.is_static else None for d in port.get_partial_shape()]
             out.append((port, Port(name, shape, f"tensor({_numpy_type(port.get_element_type())})")))

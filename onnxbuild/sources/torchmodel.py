@@ -228,7 +228,8 @@ def labelled_inputs(got: Any, specs: list[dict[str, Any]], key: str) -> tuple[di
 
     if not (isinstance(got, (tuple, list)) and len(got) == 2 and isinstance(got[0], dict)):
         raise StepError(
-            f"{key}: must return (inputs, labels): a dict of input name -> array and an array of class labels (got {type(got).__name__})"
+            f"{key}: must return (inputs, labels): a dict of input name -> array and an array of class labels "
+            f"(got {type(got).__name__})"
         )
     arrays, labels = got[0], np.asarray(got[1])
     names = [t["name"] for t in specs]
@@ -246,14 +247,16 @@ def labelled_inputs(got: Any, specs: list[dict[str, Any]], key: str) -> tuple[di
         raise StepError(f"{key}: the inputs must be exactly export.inputs ({', '.join(names)}); {what}")
     if labels.dtype.kind not in "iu" or labels.ndim == 0:
         raise StepError(
-            f"{key}: labels must be an array of integer class indices (got {labels.dtype} of shape {list(labels.shape)})"
+            f"{key}: labels must be an array of integer class indices "
+            f"(got {labels.dtype} of shape {list(labels.shape)})"
         )
     feeds: dict[str, Any] = {}
     for t in specs:
         value = np.asarray(arrays[t["name"]])
         if value.ndim == 0 or value.shape[0] != labels.shape[0]:
             raise StepError(
-                f"{key}: input {t['name']} has shape {list(value.shape)} but there are {labels.shape[0]} labels; the first axis counts samples"
+                f"{key}: input {t['name']} has shape {list(value.shape)} but there are {labels.shape[0]} labels; "
+                "the first axis counts samples"
             )
         dtype = np.dtype(t["dtype"]) if t["dtype"] != "bfloat16" else np.dtype("float32")
         feeds[t["name"]] = np.ascontiguousarray(value.astype(dtype, copy=False))

@@ -89,7 +89,8 @@ def check_defines(ref: str, recipe_dir: Path, key: str) -> None:
         raise StepError(f"{key}: {target} is not valid Python (line {exc.lineno}: {exc.msg})") from None
     if name not in _top_level_names(tree):
         raise StepError(
-            f"{key}: {target} defines no function {name!r} at its top level; add `def {name}(...)` there or fix the name after the colon"
+            f"{key}: {target} defines no function {name!r} at its top level; "
+            f"add `def {name}(...)` there or fix the name after the colon"
         )
 
 

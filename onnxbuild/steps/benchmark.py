@@ -270,7 +270,8 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
                 status = {
                     "name": name,
                     "status": "skipped",
-                    "reason": f"ONNX Runtime fell back to {session.get_providers()[0]} (the provider is listed but not usable here)",
+                    "reason": f"ONNX Runtime fell back to {session.get_providers()[0]} "
+                    "(the provider is listed but not usable here)",
                 }
                 del session
                 break
@@ -529,7 +530,10 @@ def _finish(
     )
     summary = "no results"
     if best:
-        summary = f"best {'validated ' if validated else ''}{best['variant']} on {best['provider'].replace('ExecutionProvider', '')}: p50 {format_ms(best['p50_ms'])}"
+        summary = (
+            f"best {'validated ' if validated else ''}{best['variant']} on "
+            f"{best['provider'].replace('ExecutionProvider', '')}: p50 {format_ms(best['p50_ms'])}"
+        )
         ratios = [
             f"{x:.2f}x PyTorch {t}"
             for x, t in ((best.get("ratio_to_pytorch"), "fp32"), (best.get("ratio_to_pytorch_bf16"), "bf16"))
@@ -539,7 +543,8 @@ def _finish(
             summary += f" ({', '.join(ratios)})"
     warnings = (
         (
-            f"the machine was busy while timing (a GEMM loop got {min(load_before, load_after):.0%} of {threads} threads' CPU time): every time in benchmark.md is slow",
+            f"the machine was busy while timing (a GEMM loop got {min(load_before, load_after):.0%} of {threads} "
+            "threads' CPU time): every time in benchmark.md is slow",
         )
         if loaded
         else ()
@@ -596,7 +601,8 @@ def _attach_roofline(ctx: StepContext, rows: list[dict[str, Any]], threads: int)
             if getattr(again, k) != getattr(peaks, k)
         ]
         remeasured = (
-            f"{row_name(first)} at {shape_text(first.get('shape') or {})} reached {first['roofline']['fraction']:.0%} of {first['roofline']['limit']}: measured again, "
+            f"{row_name(first)} at {shape_text(first.get('shape') or {})} reached {first['roofline']['fraction']:.0%} "
+            f"of {first['roofline']['limit']}: measured again, "
             + (f"{', '.join(rose)} rose" if rose else "no figure rose")
         )
         peaks = again
@@ -1007,7 +1013,10 @@ def _openvino_benchmark(
     if masked:
         note += "; prefill through a one-slot masked past (it refused an empty one)"
     if stateful:
-        note += f"; KV cache held in the model (stateful) for {', '.join(stateful)}: decode steps are successive tokens after the past, set back untimed every {STATEFUL_SPAN} steps"
+        note += (
+            f"; KV cache held in the model (stateful) for {', '.join(stateful)}: decode steps are successive tokens "
+            f"after the past, set back untimed every {STATEFUL_SPAN} steps"
+        )
     return {"name": "openvino", "status": "used", "reason": note}
 
 
@@ -1370,5 +1379,6 @@ def _validate_schema(report: dict[str, Any]) -> None:
         jsonschema.validate(report, benchmark_schema())
     except jsonschema.ValidationError as exc:
         raise StepError(
-            f"benchmark.json does not match its schema at {'/'.join(map(str, exc.absolute_path))}: {exc.message} (a bug in the benchmark step)"
+            f"benchmark.json does not match its schema at {'/'.join(map(str, exc.absolute_path))}: {exc.message} "
+            "(a bug in the benchmark step)"
         ) from None

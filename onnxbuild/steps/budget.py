@@ -201,8 +201,10 @@ def search(
                 shown = ", ".join(f"{key} {value:.4g}" for key, value in seen[best].items())
                 wanted = ", ".join(f"{key} {value:g}" for key, value in budget.items())
                 raise StepError(
-                    f"{what}.budget: no plan meets {wanted}{note} on the calibration text: the best found keeps {best} of {len(order)} MatMuls "
-                    f"at the fallback precision and reaches {shown}; raise the budget, set budget.fallback: float, or use more bits"
+                    f"{what}.budget: no plan meets {wanted}{note} on the calibration text: "
+                    f"the best found keeps {best} of {len(order)} MatMuls "
+                    f"at the fallback precision and reaches {shown}; raise the budget, set budget.fallback: float, "
+                    "or use more bits"
                 )
             k = min(len(order), max(1, 2 * k))
     while high - low > 1:

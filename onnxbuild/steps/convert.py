@@ -92,14 +92,18 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
             model.convert_float_to_float16(keep_io_types=e["keep_io_types"], op_block_list=e["op_block_list"] or None)
         except Exception as exc:
             raise StepError(
-                f"convert.{e['name']}: onnxruntime's float16 converter failed on {Path(name).name}: {type(exc).__name__}: {str(exc)[:400]}"
+                f"convert.{e['name']}: onnxruntime's float16 converter failed on {Path(name).name}: "
+                f"{type(exc).__name__}: {str(exc)[:400]}"
             ) from None
         halves += sum(1 for t in model.model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT16)
         big = model.model.ByteSize() > 2**31 - 2**26  # protobuf's 2 GB limit, with room
         model.save_model_to_file(str(out), use_external_data_format=big, all_tensors_to_one_file=True)
         size_in, size_out = size_in + src.stat().st_size, size_out + out.stat().st_size
     extra = tuple(p.relative_to(ctx.output_dir).as_posix() for p in ctx.output(e["name"]).glob("*.onnx.data"))
-    summary = f"float16: {size_in / 1e6:.1f} MB -> {size_out / 1e6:.1f} MB ({size_out / size_in:.0%}), {halves} float16 initializers"
+    summary = (
+        f"float16: {size_in / 1e6:.1f} MB -> {size_out / 1e6:.1f} MB ({size_out / size_in:.0%}), "
+        f"{halves} float16 initializers"
+    )
     summary += ", float32 inputs and outputs" if e["keep_io_types"] else ", float16 inputs and outputs"
     if e["op_block_list"]:
         summary += f", kept in float32: {', '.join(e['op_block_list'])}"

@@ -74,7 +74,8 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
 
     if export["device"] == "cuda" and not torch.cuda.is_available():
         raise StepError(
-            "export.device: cuda was asked for but torch sees no CUDA device here; use device: cpu (the ONNX file is the same)"
+            "export.device: cuda was asked for but torch sees no CUDA device here; use device: cpu "
+            "(the ONNX file is the same)"
         )
     device = torch.device(export["device"])
     record = read_source_record(ctx)
@@ -121,7 +122,8 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
             raise
         except Exception as exc:
             raise StepError(
-                f"torch.onnx.export ({export['exporter']}) failed: {type(exc).__name__}: {brief(exc, lines=4, limit=600)}"
+                f"torch.onnx.export ({export['exporter']}) failed: {type(exc).__name__}: "
+                f"{brief(exc, lines=4, limit=600)}"
             ) from None
         params = sum(p.numel() * p.element_size() for p in model.parameters())
         del wrapped
@@ -166,7 +168,8 @@ def _seq2seq(
             decoder(decoder_ids, hidden, *mask, *past)
         except Exception as exc:
             raise StepError(
-                f"the model failed on the export sample ({_describe(sample)}): {type(exc).__name__}: {brief(exc, limit=400)}"
+                f"the model failed on the export sample ({_describe(sample)}): {type(exc).__name__}: "
+                f"{brief(exc, limit=400)}"
             ) from None
     # the encoder's output length: its input's sequence axis, or fixed (Whisper's 30 s of frames)
     length: int | str = "sequence" if masked else int(hidden.shape[1])
@@ -216,7 +219,10 @@ def _seq2seq(
             extra += _finalise(raw, out, export, params)
     extra += companion_files(ctx, model, source, record, export)
     sizes = ", ".join(f"{name} {ctx.output(name).stat().st_size / 1e6:.1f} MB" for name, *_ in jobs)
-    summary = f"torchscript exporter, opset {export['opset']}: {sizes}; decoder cache {layout.layers} layers x {layout.kv_heads} heads x {layout.head_dim}"
+    summary = (
+        f"torchscript exporter, opset {export['opset']}: {sizes}; decoder cache {layout.layers} layers x "
+        f"{layout.kv_heads} heads x {layout.head_dim}"
+    )
     return StepResult(summary=summary, data={"exporter": "torchscript", "opset": export["opset"]}, extra_outputs=extra)
 
 
@@ -306,7 +312,8 @@ def _finalise(raw: Path, out: Path, export: ExportSection, param_bytes: int) -> 
     )
     if export["external_data"] == "never" and param_bytes > PROTOBUF_LIMIT:
         raise StepError(
-            f"export.external_data: never, but the weights take {param_bytes / 1e9:.2f} GB and protobuf caps a file at 2 GB; use auto"
+            f"export.external_data: never, but the weights take {param_bytes / 1e9:.2f} GB "
+            "and protobuf caps a file at 2 GB; use auto"
         )
     if (
         export["exporter"] == "torchscript"

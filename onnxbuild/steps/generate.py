@@ -267,14 +267,18 @@ def _judge(
             theirs = int(reference.tokens[0, i]) if i < reference.tokens.shape[1] else "end"
             ours = greedy_cmp["tokens"][i] if i < len(greedy_cmp["tokens"]) else "end"
             problem = (
-                f"{variant['name']}: greedy tokens diverge from PyTorch's at new token {i} (ONNX Runtime {ours}, PyTorch {theirs}; "
+                f"{variant['name']}: greedy tokens diverge from PyTorch's at new token {i} "
+                f"(ONNX Runtime {ours}, PyTorch {theirs}; "
                 f"logits max abs diff up to there {greedy_cmp['logits_max_abs_diff']:.2e})"
             )
     else:
         floor = gen["agreement_min"]
         entry["passed"] = floor is None or forced >= floor
         if not entry["passed"]:
-            problem = f"{variant['name']}: teacher-forced token agreement {forced:.3f} is below generate.agreement_min {floor}"
+            problem = (
+                f"{variant['name']}: teacher-forced token agreement {forced:.3f} is below "
+                f"generate.agreement_min {floor}"
+            )
     entry["rule"] = (
         "greedy tokens identical to PyTorch"
         if exact

@@ -76,7 +76,8 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     warnings: tuple[str, ...] = ()
     if found.loaded:
         warnings = (
-            f"the machine was busy: the peaks' timed calls got {found.cpu_share:.0%} of {threads} threads' CPU time, so they are low; not cached, measured again next build",
+            f"the machine was busy: the peaks' timed calls got {found.cpu_share:.0%} of {threads} threads' CPU time, "
+            "so they are low; not cached, measured again next build",
         )
     return StepResult(
         summary=summary,

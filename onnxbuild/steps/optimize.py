@@ -27,7 +27,9 @@ OWN_KEYS = ("level", "decoder", "transformer", "float16")
 """What of ``optimize:`` this step reads: its ``validate:`` block is the validate.optimized step's;
 ``skip_layer_norm`` enters resolved against the providers, as the ``skip_layer_norm`` param."""
 
-VERSION = 10  # 5: skip_layer_norm (Sum + LayerNormalization on CPU-only recipes); 6-8: fused decoders with ONNX Attention (opset 23); 9: their masks additive (fusion/decoder.MASKED); 10: all-zero q/k/v biases left out
+# 5: skip_layer_norm (Sum + LayerNormalization on CPU-only recipes); 6-8: fused decoders with ONNX Attention
+# (opset 23); 9: their masks additive (fusion/decoder.MASKED); 10: all-zero q/k/v biases left out
+VERSION = 10
 PACKAGES = ("onnxruntime", "onnx", "torch", "transformers")
 
 FUSED_OPS = (
@@ -225,7 +227,8 @@ def _optimize(
         for key, value in t["fusion_options"].items():
             if not hasattr(options, key):
                 raise StepError(
-                    f"optimize.transformer.fusion_options.{key}: not a fusion option of onnxruntime (known: {', '.join(sorted(vars(options)))})"
+                    f"optimize.transformer.fusion_options.{key}: not a fusion option of onnxruntime (known: "
+                    f"{', '.join(sorted(vars(options)))})"
                 )
             setattr(options, key, value)
         try:
@@ -243,9 +246,13 @@ def _optimize(
             hint = ""
             if isinstance(exc, IndexError):
                 # Measured: ORT's fusions index bias inputs that onnxscript drops from dynamo graphs.
-                hint = "; this is how it fails on graphs from the dynamo exporter: use export.exporter: torchscript, or optimize.transformer: null"
+                hint = (
+                    "; this is how it fails on graphs from the dynamo exporter: use export.exporter: torchscript, "
+                    "or optimize.transformer: null"
+                )
             raise StepError(
-                f"onnxruntime's transformer optimizer failed ({model_type}, heads {heads}, hidden {hidden}): {type(exc).__name__}: {exc}{hint}"
+                f"onnxruntime's transformer optimizer failed ({model_type}, heads {heads}, hidden {hidden}): "
+                f"{type(exc).__name__}: {exc}{hint}"
             ) from None
         staged = ctx.output_dir / "stage-transformer.onnx"
         optimized.save_model_to_file(str(staged))
@@ -307,7 +314,8 @@ def _split_skip_layer_norm(ctx: StepContext, current: Path, report: dict[str, An
     if default_opset(model) < MIN_OPSET:
         report["skip_layer_norm"] = {
             "mode": "fused",
-            "why": f"opset {default_opset(model)} has no LayerNormalization (needs {MIN_OPSET}): left as SkipLayerNormalization",
+            "why": f"opset {default_opset(model)} has no LayerNormalization (needs {MIN_OPSET}): "
+            "left as SkipLayerNormalization",
         }
         return current
     count = split_skip_layer_norm(model)
@@ -316,7 +324,8 @@ def _split_skip_layer_norm(ctx: StepContext, current: Path, report: dict[str, An
     report["skip_layer_norm"] = {
         "mode": "sum",
         "split": count,
-        "why": "every provider runs on the CPU, where ONNX Runtime's SkipLayerNormalization kernel is slower than Sum + LayerNormalization",
+        "why": "every provider runs on the CPU, "
+        "where ONNX Runtime's SkipLayerNormalization kernel is slower than Sum + LayerNormalization",
     }
     return staged
 
@@ -348,7 +357,8 @@ def _finish(
     )
     if report["hardware_bound"]:
         report["note"] = (
-            f"level {opt['level']} ties the model to {spec.params['provider']} on this CPU (fingerprint {report['cpu_fingerprint']}); rebuilt elsewhere it may differ"
+            f"level {opt['level']} ties the model to {spec.params['provider']} on this CPU "
+            f"(fingerprint {report['cpu_fingerprint']}); rebuilt elsewhere it may differ"
         )
     ctx.output("reports/optimize.json").write_text(pretty_json(report), encoding="utf-8")
     fused_text = ", ".join(f"{k} {v}" for k, v in fused.items()) or "no fused ops"

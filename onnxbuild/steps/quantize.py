@@ -196,11 +196,18 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
             "QuantizeLinear",
         )
     )
-    summary = f"{q['method']}: {size_in / 1e6:.1f} MB -> {size_out / 1e6:.1f} MB ({size_out / size_in:.0%}), {quantized} quantized nodes"
+    summary = (
+        f"{q['method']}: {size_in / 1e6:.1f} MB -> {size_out / 1e6:.1f} MB ({size_out / size_in:.0%}), "
+        f"{quantized} quantized nodes"
+    )
     from onnxbuild.steps.optimize import genai_beside
 
     if q["method"] in ("int4", "weight_only"):
-        summary += f", {bits_of(q)}-bit weights ({q['algorithm']}, block {q['block_size']}, {'symmetric' if q['symmetric'] and q['algorithm'] == 'rtn' else 'asymmetric'}), accuracy_level {q['accuracy_level']}"
+        summary += (
+            f", {bits_of(q)}-bit weights ({q['algorithm']}, block {q['block_size']}, "
+            f"{'symmetric' if q['symmetric'] and q['algorithm'] == 'rtn' else 'asymmetric'}), "
+            f"accuracy_level {q['accuracy_level']}"
+        )
     kept = excluded(src, q) if q["keep"] else []
     if kept:
         summary += f", kept in full precision: {', '.join(kept)}"
@@ -208,7 +215,11 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     data: dict[str, Any] = {"bytes_in": size_in, "bytes_out": size_out, "quantized_nodes": quantized}
     if plan is not None:
         fallback = "float" if plan["kept"] and plan["kept"][0]["bits"] is None else "8 bits"
-        summary += f"; budget {', '.join(f'{k} {v:g}' for k, v in plan['budget'].items())}: {len(plan['kept'])} of {plan['matmuls']} MatMuls kept at {fallback} (calibration: ppl {plan['figures']['ppl_increase']:+.2%}, KL {plan['figures']['kld_mean']:.4f})"
+        summary += (
+            f"; budget {', '.join(f'{k} {v:g}' for k, v in plan['budget'].items())}: "
+            f"{len(plan['kept'])} of {plan['matmuls']} MatMuls kept at {fallback} "
+            f"(calibration: ppl {plan['figures']['ppl_increase']:+.2%}, KL {plan['figures']['kld_mean']:.4f})"
+        )
         # what a review should see in the lock file: which layers changed precision
         data["lock"] = {
             "kept": {k["node"]: k["bits"] or "float" for k in plan["kept"]},
@@ -242,7 +253,8 @@ def _each_file(ctx: StepContext, spec: StepSpec, q: QuantizeSection) -> StepResu
     for k in q["keep"]:
         if not any(k in node for names in kept.values() for node in names):
             raise StepError(
-                f"quantize.{q['name']}.keep: {k!r} is in no MatMul, Gemm or Gather node's name in {', '.join(Path(f).name for f in files)}; fix the name or drop it"
+                f"quantize.{q['name']}.keep: {k!r} is in no MatMul, Gemm or Gather node's name in "
+                f"{', '.join(Path(f).name for f in files)}; fix the name or drop it"
             )
     for name in files:
         src, out = ctx.input(name), ctx.output(f"{q['name']}/{Path(name).name}")
@@ -296,7 +308,8 @@ def excluded(model: Any, q: QuantizeSection, *, each_must_match: bool = True) ->
             hits = [n for n in weighted if k in n]
             if not hits and each_must_match:
                 raise StepError(
-                    f"quantize.{q['name']}.keep: {k!r} is in no MatMul, Gemm or Gather node's name (names look like {', '.join(weighted[-3:])}); fix the name or drop it"
+                    f"quantize.{q['name']}.keep: {k!r} is in no MatMul, Gemm or Gather node's name "
+                    f"(names look like {', '.join(weighted[-3:])}); fix the name or drop it"
                 )
             names += [n for n in hits if n not in names]
     return names
@@ -360,7 +373,10 @@ def _gguf(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: QuantizeSec
     ctx.output(f"reports/quantize/{q['name']}.json").write_text(pretty_json(report), encoding="utf-8")
     types = ", ".join(f"{t} {sum(1 for c in exact if c.gguf_type == t)}" for t in sorted({c.gguf_type for c in exact}))
     size_in, size_out = src.stat().st_size, out.stat().st_size
-    summary = f"gguf: {size_in / 1e6:.1f} MB -> {size_out / 1e6:.1f} MB, {len(exact)} GGUF tensors carried exactly ({types}), accuracy_level {q['accuracy_level']}"
+    summary = (
+        f"gguf: {size_in / 1e6:.1f} MB -> {size_out / 1e6:.1f} MB, {len(exact)} GGUF tensors carried exactly "
+        f"({types}), accuracy_level {q['accuracy_level']}"
+    )
     if left:
         named = [f"{c.gguf_name or c.onnx_name} ({c.gguf_type or 'no GGUF tensor'}: {c.why_not})" for c in left]
         summary += f"; not carried (float): {', '.join(named[:5])}" + (
@@ -462,7 +478,8 @@ def _calibration_windows(ctx: StepContext, spec: StepSpec, q: QuantizeSection, s
         n = min(len(ids) // window, count)
         if n == 0:
             raise StepError(
-                f"quantize.{q['name']}.calibration.text: {cal['text']} is {len(ids)} tokens long, shorter than one window of {window}; give more text or a smaller calibration.window"
+                f"quantize.{q['name']}.calibration.text: {cal['text']} is {len(ids)} tokens long, "
+                f"shorter than one window of {window}; give more text or a smaller calibration.window"
             )
         return ids[: n * window].reshape(n, window), f"{n} windows of {window} tokens from {cal['text']}"
     vocab = next((int(o.shape[-1]) for o in session.get_outputs()[:1] if isinstance(o.shape[-1], int)), 1000)
@@ -631,7 +648,8 @@ def _static(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: QuantizeS
         missing = [n for n in names if n not in data and n not in pasts]
         if missing:
             raise StepError(
-                f"quantize.{q['name']}.calibration.npz: {cal['npz']} lacks arrays for inputs {missing} (it has {sorted(data)})"
+                f"quantize.{q['name']}.calibration.npz: {cal['npz']} lacks arrays for inputs {missing} "
+                f"(it has {sorted(data)})"
             )
         given = [n for n in names if n in data]
         count = len(data[given[0]])

@@ -32,7 +32,7 @@ Example (all-MiniLM-L6-v2's int8 file, 128 tokens, on a 2-core AVX-512 VNNI mach
     >>> peaks = measure_peaks(threads=2)
     >>> roofline(work, time_ms=8.62, precision="int8", peaks=peaks, phase="prefill").describe()
     'int8 prefill: 40% of int8 GEMM'
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 
@@ -253,8 +253,9 @@ MATMULS = {
 CONV_WEIGHT = {"Conv": 1, "ConvInteger": 1, "QLinearConv": 3}
 """Where each convolution takes its weight [C_out, C_in / group, *kernel]."""
 NOT_MODELLED = frozenset({
-    "QAttention", "QOrderedAttention", "DecoderMaskedMultiHeadAttention", "DecoderMaskedSelfAttention", "DecoderAttention",
-    "PackedAttention", "PackedMultiHeadAttention", "LongformerAttention", "SparseAttention", "PagedAttention",
+    "QAttention", "QOrderedAttention", "DecoderMaskedMultiHeadAttention", "DecoderMaskedSelfAttention",
+    "DecoderAttention", "PackedAttention", "PackedMultiHeadAttention", "LongformerAttention",
+    "SparseAttention", "PagedAttention",
     "LSTM", "GRU", "RNN", "NhwcConv", "ConvTranspose", "QLinearConvTranspose", "GemmFastGelu", "QGemm",
 })  # fmt: skip
 """Ops with heavy math that are not counted: named in ``uncounted`` when the graph has them."""
@@ -292,7 +293,7 @@ def graph_work(model_or_path: onnx.ModelProto | str | os.PathLike[str], shapes: 
     Example:
         >>> graph_work("model.onnx", {"input_ids": (1, 128), "attention_mask": (1, 128), "token_type_ids": (1, 128)}).by_op
         {'MatMul': 2868903936}
-    """
+    """  # noqa: E501
     import onnx.inliner
 
     model = _load(model_or_path)
@@ -430,7 +431,8 @@ def _light_copy(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> 
     unknown = sorted(set(shapes) - inputs)
     if unknown:
         raise ValueError(
-            f"shapes: {', '.join(map(repr, unknown))} {'is' if len(unknown) == 1 else 'are'} not an input of the graph (inputs: {', '.join(sorted(inputs)) or 'none'})"
+            f"shapes: {', '.join(map(repr, unknown))} {'is' if len(unknown) == 1 else 'are'} "
+            f"not an input of the graph (inputs: {', '.join(sorted(inputs)) or 'none'})"
         )
     for vi in model.graph.input:
         if vi.name in initializers:
@@ -776,7 +778,8 @@ def _torch_gemm(dtype: Any, n: int, threads: int, budget_s: float, clock: _Clock
     name = str(dtype).removeprefix("torch.")
     return (
         2 * n**3 / seconds / 1e9,
-        f"torch.mm {n}x{n} {name}, {threads} thread(s), best of {count}: 2n^3 / time (best of sizes {', '.join(map(str, GEMM_SIZES))})",
+        f"torch.mm {n}x{n} {name}, {threads} thread(s), best of {count}: 2n^3 / time "
+        f"(best of sizes {', '.join(map(str, GEMM_SIZES))})",
     )
 
 
@@ -808,7 +811,8 @@ def _ort_gemm(n: int, threads: int, budget_s: float, clock: _Clock | None = None
     seconds, count = _best(lambda: session.run(None, feeds), budget_s, clock=clock)
     return (
         2 * n**3 / seconds / 1e9,
-        f"onnxruntime MatMul float32 {n}x{n}, {threads} intra-op thread(s), best of {count}: 2n^3 / time (best of torch and onnxruntime at sizes {', '.join(map(str, GEMM_SIZES))})",
+        f"onnxruntime MatMul float32 {n}x{n}, {threads} intra-op thread(s), best of {count}: 2n^3 / time "
+        f"(best of torch and onnxruntime at sizes {', '.join(map(str, GEMM_SIZES))})",
     )
 
 
@@ -831,7 +835,8 @@ def _ort_int8_gemm(
     seconds, count = _best(lambda: session.run(None, feeds), budget_s, clock=clock)
     return (
         2 * m * k * n / seconds / 1e9,
-        f"onnxruntime MatMulInteger uint8 {m}x{k} x int8 {k}x{n}, {threads} intra-op thread(s), best of {count}: 2mkn / time (best of {', '.join(f'{a}x{b}x{c}' for a, b, c in INT8_SHAPES)})",
+        f"onnxruntime MatMulInteger uint8 {m}x{k} x int8 {k}x{n}, {threads} intra-op thread(s), best of {count}: "
+        f"2mkn / time (best of {', '.join(f'{a}x{b}x{c}' for a, b, c in INT8_SHAPES)})",
     )
 
 
@@ -843,7 +848,8 @@ def _read_bandwidth(threads: int, budget_s: float, clock: _Clock | None = None) 
         seconds, count = _best(buffer.sum, budget_s, clock=clock)
     return (
         MEMORY_BYTES / seconds / 1e9,
-        f"torch sum of a {MEMORY_BYTES // 2**20} MiB float32 tensor, {threads} thread(s), best of {count}: bytes / time",
+        f"torch sum of a {MEMORY_BYTES // 2**20} MiB float32 tensor, {threads} thread(s), best of {count}: "
+        "bytes / time",
     )
 
 

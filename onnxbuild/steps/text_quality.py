@@ -55,7 +55,8 @@ def read_text(text: TextSection, recipe_dir: Path) -> str:
         found = package_folder(spec)
         if found is None:
             raise StepError(
-                f"validate.text.package: {spec}: the package {spec.split('/')[0]!r} is not installed; install it, or name a file beside the recipe under validate.text.file"
+                f"validate.text.package: {spec}: the package {spec.split('/')[0]!r} is not installed; install it, "
+                "or name a file beside the recipe under validate.text.file"
             )
         path, key = found, "validate.text.package"
     try:

@@ -276,7 +276,8 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         except Exception as exc:  # the source model itself refuses this shape: the recipe asks too much
             shown = ", ".join(f"{d}={v}" for d, v in sizes.items())
             raise StepError(
-                f"validate.shapes: PyTorch itself fails on the source model at {shown} ({type(exc).__name__}: {brief(exc, limit=300)}); "
+                f"validate.shapes: PyTorch itself fails on the source model at {shown} ({type(exc).__name__}: "
+                f"{brief(exc, limit=300)}); "
                 "the model does not take inputs of that size: list sizes it takes under validate.shapes"
             ) from None
         shape_result: ShapeResult = {
@@ -532,10 +533,14 @@ def _first_divergence(
         return f" (The search for the first diverging node failed: {type(exc).__name__}: {brief(exc)}.)"
     d = found.divergence
     if d is None:
-        return f" Every tensor it shares with {base['variant']} agrees within these tolerances ({found.compared} compared); the difference is in what it computes anew."
+        return (
+            f" Every tensor it shares with {base['variant']} agrees within these tolerances "
+            f"({found.compared} compared); the difference is in what it computes anew."
+        )
     module = f", from {d.module}" if d.module else ""
     return (
-        f" First node where it parts from {base['variant']}: {d.node} ({d.op_type}{module}), output {d.output}, max abs diff {d.max_abs_diff:.3g}"
+        f" First node where it parts from {base['variant']}: {d.node} ({d.op_type}{module}), output {d.output}, "
+        f"max abs diff {d.max_abs_diff:.3g}"
         f" after {d.compared - 1} agreeing tensors; that node's subgraph and inputs: {where}"
         f" (onnxbuild explain-mismatch {ctx.recipe_path} --variant {variant}{_again(validate, shape)} to search again)."
     )
@@ -748,7 +753,10 @@ def _openvino_target(
     floor = options.get("top1_min", min(floors) if floors else None)
     asked = "" if options["precision"] == "auto" else f", asked {options['precision']}"
     held = "; KV cache held in the model (stateful)" if session.keeps_past else ""
-    note = f"OpenVINO {openvino_target.version()} CPU, inference precision {used}{asked}{held}; atol {o_atol:g}, rtol {o_rtol:g}"
+    note = (
+        f"OpenVINO {openvino_target.version()} CPU, inference precision {used}{asked}{held}; atol {o_atol:g}, "
+        f"rtol {o_rtol:g}"
+    )
     return _OpenVino(session, used, o_atol, o_rtol, None if floor is None else float(floor), note)
 
 
@@ -901,7 +909,8 @@ def _embeddings(
     )
     if got.shape != ref.shape:
         raise StepError(
-            f"validate.sentences: output {first} has shape {list(got.shape)} from ONNX Runtime but {list(ref.shape)} from PyTorch"
+            f"validate.sentences: output {first} has shape {list(got.shape)} from ONNX Runtime but {list(ref.shape)} "
+            "from PyTorch"
         )
     pooling: Literal["mean", "none"]
     if ref.ndim == 3 and ref.shape[:2] == mask.shape:
@@ -910,7 +919,8 @@ def _embeddings(
         pooling, a, b = "none", ref.astype(np.float64), got.astype(np.float64)
     else:
         raise StepError(
-            f"validate.sentences: output {first} has shape {list(ref.shape)}; sentence embeddings need [batch, sequence, width] (mean-pooled) or [batch, width]"
+            f"validate.sentences: output {first} has shape {list(ref.shape)}; "
+            "sentence embeddings need [batch, sequence, width] (mean-pooled) or [batch, width]"
         )
     cos = cosine_rows(a, b)
     threshold = None if cosine_min is None else float(cosine_min)

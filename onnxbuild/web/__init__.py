@@ -79,7 +79,10 @@ def install_into(folder: Path) -> str | None:
     starting at once install it once and a killed install leaves nothing half-written.
     """
     if shutil.which("npm") is None:
-        return f"onnxruntime-web is not installed and npm is not on PATH: install Node.js with npm, or run `npm ci --prefix {HERE}`"
+        return (
+            "onnxruntime-web is not installed and npm is not on PATH: install Node.js with npm, "
+            f"or run `npm ci --prefix {HERE}`"
+        )
     import fcntl
 
     try:
@@ -109,7 +112,10 @@ def install_into(folder: Path) -> str | None:
                         timeout=NPM_TIMEOUT_S,
                     )
                 except subprocess.TimeoutExpired:
-                    return f"installing onnxruntime-web with npm ci took over {NPM_TIMEOUT_S:.0f} s (no registry?); run `npm ci --prefix {HERE}` by hand"
+                    return (
+                        f"installing onnxruntime-web with npm ci took over {NPM_TIMEOUT_S:.0f} s (no registry?); "
+                        f"run `npm ci --prefix {HERE}` by hand"
+                    )
                 if done.returncode != 0:
                     tail = " ".join((done.stderr or done.stdout).strip().splitlines()[-2:])[:300]
                     return (
@@ -121,7 +127,10 @@ def install_into(folder: Path) -> str | None:
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
     except OSError as exc:
-        return f"cannot install onnxruntime-web into {folder} ({exc.strerror or exc}); set {WEB_DIR_ENV} to a writable folder"
+        return (
+            f"cannot install onnxruntime-web into {folder} ({exc.strerror or exc}); "
+            f"set {WEB_DIR_ENV} to a writable folder"
+        )
     return None
 
 
