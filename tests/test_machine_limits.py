@@ -443,7 +443,8 @@ def test_a_row_over_its_limit_measures_the_peaks_again_and_one_still_over_is_mar
 
     from onnxbuild.report.benchmark import limit_text
     from onnxbuild.spec import StepContext
-    from onnxbuild.steps.benchmark import PEAKS, _attach_roofline, _work_of
+    from onnxbuild.steps.benchmarking.limits import _attach_roofline, _work_of
+    from onnxbuild.steps.machine import PEAKS
     from onnxbuild.steps.roofline import Peaks
 
     low = Peaks(

@@ -1,0 +1,95 @@
+"""Decode steps on ONNX Runtime: one token after a cached past, timed as a generate loop runs it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from onnxbuild.recipe.sections import (
+    BenchmarkSection,
+)
+from onnxbuild.sources.decoder import PAST_PREFIX
+from onnxbuild.steps.benchmarking.limits import WORK, _shapes
+from onnxbuild.steps.benchmarking.timing import (
+    STATEFUL_SPAN,
+    Timing,
+    _batch,
+    _decode_feeds,
+    _generation_time,
+    feeds_prompt,
+    measure,
+)
+
+
+def _decode_row(
+    sizes: dict[str, int], prefill: Timing, step: Timing, n: int, total: float, base_ms: float | None
+) -> dict[str, Any]:
+    """The decode figures both engines report; ratios against PyTorch's per-token p50 ``base_ms``."""
+    return {
+        "shape": dict(sizes),
+        "new_tokens": n,
+        "prefill_p50_ms": prefill["p50_ms"],
+        "decode_p50_ms": step["p50_ms"],
+        "decode_p90_ms": step["p90_ms"],
+        "generate_s": round(total, 4),
+        "tokens_per_s": round(n * _batch(sizes) / total, 2),
+        "decode_ratio_to_pytorch": round(step["p50_ms"] / base_ms, 3) if base_ms else None,
+        "decode_speedup_vs_pytorch": round(base_ms / step["p50_ms"], 3) if base_ms and step["p50_ms"] else None,
+    }
+
+
+def _ort_decode(
+    session: Any,
+    variant: dict[str, Any],
+    provider: str,
+    sizes: dict[str, int],
+    prefill: Timing,
+    bench: BenchmarkSection,
+    decode: list[dict[str, Any]],
+    engine: str = "onnxruntime",
+) -> dict[str, Any]:
+    """The same figures for one variant: its prefill (measured above), one decode step, a whole generation."""
+    decoder, feeds, vocab = _decode_step(session, sizes)
+    n = int(bench["decode_tokens"])
+    held: dict[str, Any] = {}
+    if engine == "openvino":
+        # outputs left in place, as its prefill rows; a stateful model's steps are successive
+        # tokens after the past, set back (untimed) every few steps so the past stays near its length
+        prepare, step = session.decode_steps(feeds, STATEFUL_SPAN)
+        timing = measure(step, _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"], before=prepare)
+        if session.keeps_past:  # the pasts its steps read, from the prompt's length on
+            held["decode_past"] = [sizes["sequence"], sizes["sequence"] + STATEFUL_SPAN - 1]
+    else:
+        timing = measure(
+            lambda: session.run(None, feeds), _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"]
+        )
+    prompt = feeds_prompt(sizes, vocab)
+    total = _generation_time(lambda: decoder.generate(prompt, n))
+    base, bf16 = (
+        {d.get("dtype", "fp32"): d for d in decode if d["engine"] == "pytorch" and d["shape"] == dict(sizes)}.get(t)
+        for t in ("fp32", "bf16")
+    )
+    row = _decode_row(sizes, prefill, timing, n, total, base["decode_p50_ms"] if base else None)
+    row["decode_ratio_to_pytorch_bf16"] = round(timing["p50_ms"] / bf16["decode_p50_ms"], 3) if bf16 else None
+    return {
+        "engine": engine,
+        "variant": variant["name"],
+        "precision": variant["precision"],
+        "provider": provider,
+        **row,
+        **held,
+        WORK: _shapes(feeds),
+    }
+
+
+def _decode_step(session: Any, sizes: dict[str, int]) -> tuple[Any, dict[str, Any], int]:
+    """The feeds of one decode step after a past as long as the prompt of ``sizes`` (the decoder
+    loop over ``session``, the feeds, the vocabulary size)."""
+    from onnxbuild.sources.decoder import OrtDecoder
+
+    decoder = OrtDecoder(session)
+    names = [i.name for i in session.get_inputs()]
+    vocab = next(
+        (int(o.shape[-1]) for o in session.get_outputs() if o.name == "logits" and isinstance(o.shape[-1], int)), 2
+    )
+    feeds = _decode_feeds(names, decoder.layout, sizes, vocab)
+    return decoder, {k: v.astype(decoder.float) if k.startswith(PAST_PREFIX) else v for k, v in feeds.items()}, vocab

@@ -1,0 +1,131 @@
+"""The roofline of each timed row: what its graph computes and reads at that shape, and the
+fraction of the machine's measured limit it reached (the limits measured again when a row
+beats them).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from onnxbuild.report.benchmark import row_name, shape_text
+from onnxbuild.steps.base import StepContext
+from onnxbuild.steps.machine import PEAKS
+
+WORK = "_work"
+"""A row's private note for the roofline pass (the graph, precision, phase and input shapes of
+one call), removed before the report is written."""
+
+
+def _work_of(path: Any, precision: str, feeds: dict[str, Any] | None = None, phase: str = "decode") -> dict[str, Any]:
+    """What the roofline pass needs to count one row's work: its graph, precision and phase;
+    ``feeds`` the call's inputs (a decode row's come from the step that timed it)."""
+    note: dict[str, Any] = {"path": str(path), "precision": precision, "phase": phase}
+    if feeds is not None:
+        note["shapes"] = _shapes(feeds)
+    return {WORK + "_of": note}
+
+
+def _shapes(feeds: dict[str, Any]) -> dict[str, list[int]]:
+    return {k: [int(d) for d in v.shape] for k, v in feeds.items()}
+
+
+def _attach_roofline(ctx: StepContext, rows: list[dict[str, Any]], threads: int) -> dict[str, Any] | None:
+    """Each row noted by ``_work_of``: the matrix-product FLOPs and weight bytes of one call,
+    and its share of the machine's limit (onnxbuild/steps/roofline.py); returns the peaks used.
+
+    PyTorch's rows count the exported graph's products (the same matrices), with weights half
+    as many bytes in bf16. Rows on a GPU, in wasm or of an encoder-decoder get none.
+
+    A row over 100% of its limit means the limit was measured low (a busy machine, a size too
+    small): the peaks are measured again here, at a longer budget, each figure the higher of
+    the two; a row still over it is marked ``over_limit``, and the report says the limit is
+    wrong rather than print "180% of bf16 GEMM" as if it were a figure."""
+    from onnxbuild.steps.roofline import Peaks, measure_peaks
+
+    notes = [(row, row.pop(WORK + "_of", None), row.pop(WORK, None)) for row in rows]
+    try:
+        peaks = Peaks.from_dict(json.loads(ctx.input(PEAKS).read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return None
+    works = _works(notes)
+    _rooflines(works, peaks)
+    over = [row for row, _ in works if row["roofline"]["fraction"] > 1.0]
+    remeasured = ""
+    if over:
+        first = over[0]
+        again = peaks.at_least(measure_peaks(threads, budget_s=REMEASURE_S))
+        rose = [
+            k
+            for k in ("fp32_gflops", "bf16_gflops", "int8_gops", "memory_gbps")
+            if getattr(again, k) != getattr(peaks, k)
+        ]
+        remeasured = (
+            f"{row_name(first)} at {shape_text(first.get('shape') or {})} reached {first['roofline']['fraction']:.0%} "
+            f"of {first['roofline']['limit']}: measured again, "
+            + (f"{', '.join(rose)} rose" if rose else "no figure rose")
+        )
+        peaks = again
+        _rooflines(works, peaks)
+        for row, _ in works:
+            if row["roofline"]["fraction"] > 1.0:
+                row["roofline"]["over_limit"] = True
+    out: dict[str, Any] = {**peaks.as_dict(), "loaded": peaks.loaded}
+    if remeasured:
+        out["remeasured"] = remeasured
+    return out
+
+
+REMEASURE_S = 0.5
+"""Seconds per figure and size when a row beat the cached peaks (the machine step uses 0.15)."""
+
+
+Counted = tuple[dict[str, Any], tuple[Any, str, Any, float]]
+"""A timed row and what the roofline reads of it: its work, precision, phase and time (ms)."""
+
+
+def _works(notes: list[tuple[dict[str, Any], Any, Any]]) -> list[Counted]:
+    """(row, (its work, precision, phase, ms)) for each row whose graph the counter can size."""
+    import dataclasses
+
+    import onnx
+
+    from onnxbuild.steps.roofline import graph_work
+
+    loaded: tuple[str, Any] | None = None
+    counted: dict[
+        str, Any
+    ] = {}  # graph and shapes -> its work (PyTorch's fp32 and bf16 rows, OpenVINO's rows share ONNX Runtime's)
+    out: list[Counted] = []
+    for row, note, decode_shapes in sorted((n for n in notes if n[1]), key=lambda n: n[1]["path"]):
+        shapes = note.get("shapes") or decode_shapes
+        if not shapes:
+            continue
+        key = json.dumps([note["path"], shapes], sort_keys=True)
+        if key not in counted:
+            if loaded is None or loaded[0] != note["path"]:  # one model in memory at a time
+                loaded = (note["path"], onnx.load_model(note["path"]))
+            try:
+                counted[key] = graph_work(loaded[1], {k: tuple(v) for k, v in shapes.items()})
+            except Exception:  # a graph the counter cannot size: the row keeps its times only
+                counted[key] = None
+        work = counted[key]
+        if work is None:
+            continue
+        if note["precision"] == "bf16":
+            work = dataclasses.replace(work, weight_bytes=work.weight_bytes // 2)
+        ms = row["decode_p50_ms"] if note["phase"] == "decode" else row["p50_ms"]
+        row["work"] = {"flops": work.flops, "weight_bytes": work.weight_bytes, "uncounted": list(work.uncounted)}
+        out.append((row, (work, note["precision"], note["phase"], ms)))
+    return out
+
+
+def _rooflines(works: list[Counted], peaks: Any) -> None:
+    from onnxbuild.steps.roofline import roofline
+
+    for row, (work, precision, phase, ms) in works:
+        row["roofline"] = {
+            **roofline(work, ms, precision, peaks, phase).as_dict(),
+            "precision": precision,
+            "phase": phase,
+        }

@@ -1,0 +1,232 @@
+"""The PyTorch baselines, timed in the same process on the same inputs and threads: prefill in
+fp32 and in bf16, decode through ``generate()``, and encoder-decoders.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+from typing import Any, cast
+
+from onnxbuild.environment import BF16_FLAGS, missing_feature
+from onnxbuild.recipe.sections import (
+    BenchmarkSection,
+    ExportSection,
+)
+from onnxbuild.steps.base import StepContext, StepSpec
+from onnxbuild.steps.benchmarking.decode import _decode_row
+from onnxbuild.steps.benchmarking.limits import WORK, _shapes, _work_of
+from onnxbuild.steps.benchmarking.timing import (
+    Timing,
+    _batch,
+    _decode_feeds,
+    _generation_time,
+    _timed_at,
+    feeds_prompt,
+    measure,
+    rss_mb,
+)
+
+
+def _seq2seq_pytorch(
+    model: Any,
+    names: list[str],
+    shapes: list[dict[str, int]],
+    feeds_by_shape: list[dict[str, Any]],
+    bench: BenchmarkSection,
+    cached: int,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """PyTorch's first token, one decoder step and whole generation (see _seq2seq_benchmark)."""
+    import torch
+
+    from onnxbuild.sources import seq2seq
+
+    layout = seq2seq.layout_of(model.config)
+    masked = "attention_mask" in names
+    encoder, decoder = seq2seq.encoder_module(model, names), seq2seq.decoder_module(model, layout, masked)
+    start = seq2seq.start_token(model.config)
+    n = int(bench["decode_tokens"])
+
+    baseline: list[dict[str, Any]] = []
+    decode: list[dict[str, Any]] = []
+    for sizes, feeds in zip(shapes, feeds_by_shape, strict=True):
+        args = tuple(torch.from_numpy(feeds[k]) for k in names)
+        mask = (torch.from_numpy(feeds["attention_mask"]),) if masked else ()
+        batch = args[0].shape[0]
+        first_ids = torch.full((batch, 1), start, dtype=torch.long)
+        with torch.inference_mode():
+            (hidden,) = encoder(*args)
+            empty = [torch.zeros((batch, layout.kv_heads, 0, layout.head_dim)) for _ in layout.past_names]
+            past = [torch.randn((batch, layout.kv_heads, cached, layout.head_dim)) for _ in layout.past_names]
+
+            def first(
+                a: tuple[Any, ...] = args, m: tuple[Any, ...] = mask, e: list[Any] = empty, ids: Any = first_ids
+            ) -> None:
+                (h,) = encoder(*a)
+                decoder(ids, h, *m, *e)
+
+            def step(h: Any = hidden, m: tuple[Any, ...] = mask, pk: list[Any] = past, ids: Any = first_ids) -> None:
+                decoder(ids, h, *m, *pk)
+
+            prefill, one = _timed_at(bench, first, sizes), _timed_at(bench, step, sizes)
+        total = _generation_time(lambda f=feeds: seq2seq.hf_generate(model, f, n, stop_at_eos=False))
+        baseline.append(
+            {
+                "engine": "pytorch",
+                "mode": "eager",
+                "attention": "sdpa",
+                "device": "cpu",
+                "shape": dict(sizes),
+                **prefill,
+                "peak_rss_mb": rss_mb(),
+            }
+        )
+        decode.append(
+            {
+                "engine": "pytorch",
+                "variant": None,
+                "provider": None,
+                **_decode_row(sizes, prefill, one, n, total, one["p50_ms"]),
+            }
+        )
+    return baseline, decode
+
+
+def _pytorch_baseline(
+    ctx: StepContext,
+    spec: StepSpec,
+    record: dict[str, Any],
+    shapes: list[dict[str, int]],
+    feeds_by_shape: list[dict[str, Any]],
+    threads: int,
+    layout: Any,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, str]]:
+    """PyTorch eager in fp32 and, where the CPU has native bf16, with bf16 weights; prefill and decode."""
+    import torch
+
+    from onnxbuild.sources.torchmodel import load_source_model, wrap
+
+    source = json.loads(json.dumps(spec.params["source"]))
+    attention = None
+    if "huggingface" in source:
+        source["huggingface"]["attn_implementation"] = "sdpa"
+        attention = "sdpa"
+    torch.set_num_threads(threads)
+    torch.set_flush_denormal(True)  # as ONNX Runtime's sessions run (onnxbuild/runtimes/sessions.py)
+    model = load_source_model(source, record, ctx.recipe_dir)
+    export = cast(ExportSection, spec.params["export"])
+    names = [t["name"] for t in export["inputs"]] + (layout.past_names if layout is not None else [])
+    wrapped = wrap(model, source, names, export["outputs"] + (layout.present_names if layout is not None else []))
+    out = []
+    decode: list[dict[str, Any]] = []
+    bench = cast(BenchmarkSection, spec.params["benchmark"])
+    for sizes, feeds in zip(shapes, feeds_by_shape):
+        args = tuple(torch.from_numpy(feeds[n]) for n in names)
+
+        def call(a: tuple[Any, ...] = args, m: Any = wrapped) -> None:
+            with torch.inference_mode():
+                m(*a)
+
+        timing = measure(call, _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
+        graph = ctx.input(spec.params["variants"][0]["path"])  # the exported model: the same products as PyTorch's
+        phase = "prefill" if layout is not None else ""
+        out.append(
+            {
+                "engine": "pytorch",
+                "mode": "eager",
+                "dtype": "fp32",
+                "attention": attention,
+                "device": "cpu",
+                "shape": dict(sizes),
+                **timing,
+                "peak_rss_mb": rss_mb(),
+            }
+            | _work_of(graph, "fp32", feeds, phase)
+        )
+        if layout is not None:
+            decode.append(
+                _pytorch_decode(model, wrapped, names, layout, sizes, timing, bench) | _work_of(graph, "fp32")
+            )
+    # The strongest local baseline: the same module with bf16 weights, where the CPU computes
+    # bf16 natively (elsewhere PyTorch emulates it, slower than fp32: no baseline a user would pick).
+    why = missing_feature(BF16_FLAGS, "bf16 arithmetic")
+    if why is None:
+        model.to(torch.bfloat16)
+        for sizes, feeds in zip(shapes, feeds_by_shape):
+            args = tuple(_bf16(torch.from_numpy(feeds[n])) for n in names)
+
+            def call16(a: tuple[Any, ...] = args, m: Any = wrapped) -> None:
+                with torch.inference_mode():
+                    m(*a)
+
+            timing = measure(call16, _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
+            out.append(
+                {
+                    "engine": "pytorch",
+                    "mode": "eager",
+                    "dtype": "bf16",
+                    "attention": attention,
+                    "device": "cpu",
+                    "shape": dict(sizes),
+                    **timing,
+                    "peak_rss_mb": rss_mb(),
+                }
+                | _work_of(graph, "bf16", feeds, phase)
+            )
+            if layout is not None:
+                row = _pytorch_decode(model, wrapped, names, layout, sizes, timing, bench, dtype="bf16")
+                fp32 = next(
+                    d for d in decode if d["engine"] == "pytorch" and d["shape"] == dict(sizes) and d["dtype"] == "fp32"
+                )
+                row["decode_ratio_to_pytorch"] = round(
+                    row["decode_p50_ms"] / fp32["decode_p50_ms"], 3
+                )  # against fp32, as every row
+                row["decode_speedup_vs_pytorch"] = round(fp32["decode_p50_ms"] / row["decode_p50_ms"], 3)
+                fp32["decode_ratio_to_pytorch_bf16"] = round(fp32["decode_p50_ms"] / row["decode_p50_ms"], 3)
+                decode.append(row | _work_of(graph, "bf16"))
+    del model, wrapped
+    gc.collect()
+    bf16 = {
+        "status": "used" if why is None else "skipped",
+        "reason": "the model's weights and activations in bf16 (model.to(torch.bfloat16))"
+        if why is None
+        else f"{why}; PyTorch would emulate bf16, slower than its fp32",
+    }
+    return out, decode, bf16
+
+
+def _bf16(t: Any) -> Any:
+    """A float input in bf16 (token ids and masks stay integers)."""
+    import torch
+
+    return t.to(torch.bfloat16) if t.is_floating_point() else t
+
+
+def _pytorch_decode(
+    model: Any,
+    wrapped: Any,
+    names: list[str],
+    layout: Any,
+    sizes: dict[str, int],
+    prefill: Timing,
+    bench: BenchmarkSection,
+    dtype: str = "fp32",
+) -> dict[str, Any]:
+    """PyTorch's prefill and per-token decode, and transformers' generate() end to end."""
+    import torch
+
+    from onnxbuild.sources.decoder import hf_generate
+
+    feeds = _decode_feeds(names, layout, sizes, getattr(model.config, "vocab_size", None))
+    args = tuple((_bf16 if dtype == "bf16" else (lambda t: t))(torch.from_numpy(feeds[n])) for n in names)
+
+    def step() -> None:
+        with torch.inference_mode():
+            wrapped(*args)
+
+    timing = measure(step, _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
+    n = int(bench["decode_tokens"])
+    prompt = feeds_prompt(sizes, getattr(model.config, "vocab_size", 2))
+    total = _generation_time(lambda: hf_generate(model, prompt, n))
+    row = _decode_row(sizes, prefill, timing, n, total, timing["p50_ms"])
+    return {"engine": "pytorch", "variant": None, "provider": None, "dtype": dtype, **row, WORK: _shapes(feeds)}

@@ -1,0 +1,234 @@
+"""Inputs and timing shared by every part of the benchmark: the feeds per shape, one timed
+loop (``measure``) and its summary, the rows, and the process's memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import Any, TypedDict, cast
+
+from onnxbuild.recipe.sections import (
+    BenchmarkSection,
+    ExportSection,
+)
+from onnxbuild.sources.decoder import PAST_PREFIX
+from onnxbuild.steps.base import StepContext, StepSpec
+
+STATEFUL_SPAN = 8
+"""A stateful OpenVINO decoder's timed decode steps run a past up to this many tokens - 1
+longer than the other rows' (GPT-2 after 128 tokens: 128-135)."""
+
+
+CACHED_TOKENS = 16
+"""An encoder-decoder's decode step is timed with this many decoder tokens already cached."""
+
+
+class Timing(TypedDict):
+    """Latency percentiles and throughput of one timed run."""
+
+    warmup: int
+    iterations: int
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    mean_ms: float
+    std_ms: float
+    throughput: float
+
+
+def measure(
+    fn: Any, batch: int, warmup: int, iterations: int, min_time_s: float, before: Callable[[], None] | None = None
+) -> Timing:
+    """Time ``fn()``: ``warmup`` untimed calls, then at least ``iterations`` timed calls and
+    ``min_time_s`` seconds; ``before()``, where given, runs untimed before every call."""
+
+    for _ in range(warmup):
+        if before is not None:
+            before()
+        fn()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < iterations or time.perf_counter() - start < min_time_s:
+        if before is not None:
+            before()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+        if len(times) >= 100_000:
+            break
+    return summarise([t * 1000.0 for t in times], batch, warmup)
+
+
+def summarise(times_ms: list[float], batch: int, warmup: int) -> Timing:
+    """Percentiles, mean and throughput of timed calls (milliseconds each)."""
+    import numpy as np
+
+    ms = np.asarray(times_ms)
+    mean = float(ms.mean())
+    return {
+        "warmup": warmup,
+        "iterations": len(times_ms),
+        "p50_ms": round(float(np.percentile(ms, 50)), 4),
+        "p90_ms": round(float(np.percentile(ms, 90)), 4),
+        "p99_ms": round(float(np.percentile(ms, 99)), 4),
+        "mean_ms": round(mean, 4),
+        "std_ms": round(float(ms.std()), 4),
+        "throughput": round(batch / (mean / 1000.0), 3) if mean > 0 else 0.0,
+    }
+
+
+def rss_mb() -> float:
+    import psutil
+
+    return round(float(psutil.Process().memory_info().rss) / (1024 * 1024), 1)
+
+
+def machine(threads: int) -> dict[str, Any]:
+    import platform
+
+    from onnxbuild.environment import cpu_info
+
+    return {"cpu": cpu_info()[0], "cores": os.cpu_count(), "threads": threads, "system": platform.system()}
+
+
+def _timed_at(bench: BenchmarkSection, fn: Any, sizes: dict[str, int]) -> Timing:
+    """``measure`` with the benchmark's settings, at one shape."""
+    return measure(fn, _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
+
+
+def _row(
+    variant: dict[str, Any],
+    provider: str,
+    sizes: dict[str, int],
+    timing: Timing,
+    baseline: list[dict[str, Any]],
+    *,
+    created: float,
+    peak_rss_mb: float,
+    io_binding: bool,
+    path: Any,
+) -> dict[str, Any]:
+    """One timed (variant, provider, shape), beside PyTorch's times (fp32 and bf16) at the same shape."""
+    base = _baseline_at(baseline, sizes, "fp32")
+    bf16 = _baseline_at(baseline, sizes, "bf16")
+    return {
+        "variant": variant["name"],
+        "precision": variant["precision"],
+        "provider": provider,
+        "shape": dict(sizes),
+        **timing,
+        "session_create_s": created,
+        "peak_rss_mb": peak_rss_mb,
+        "io_binding": io_binding,
+        "file_bytes": path.stat().st_size,
+        "speedup_vs_pytorch": round(base["p50_ms"] / timing["p50_ms"], 3) if base and timing["p50_ms"] else None,
+        "ratio_to_pytorch": round(timing["p50_ms"] / base["p50_ms"], 3) if base and base["p50_ms"] else None,
+        "ratio_to_pytorch_bf16": round(timing["p50_ms"] / bf16["p50_ms"], 3) if bf16 and bf16["p50_ms"] else None,
+    }
+
+
+def _baseline_at(baseline: list[dict[str, Any]], sizes: dict[str, int], dtype: str) -> dict[str, Any] | None:
+    return next((b for b in baseline if b["shape"] == dict(sizes) and b.get("dtype", "fp32") == dtype), None)
+
+
+def _batch(sizes: dict[str, int]) -> int:
+    return int(sizes.get("batch", 1))
+
+
+def _past_layout(ctx: StepContext) -> Any:
+    """The decoder's KV-cache layout, from the config.json the export step wrote beside the model."""
+    import transformers
+
+    from onnxbuild.sources.decoder import layout_of
+
+    config = json.loads(ctx.input("config.json").read_text(encoding="utf-8"))
+    return layout_of(transformers.AutoConfig.for_model(**config))
+
+
+def _feeds(spec: StepSpec, ctx: StepContext, sizes: dict[str, int], index: int, layout: Any = None) -> dict[str, Any]:
+    """Inputs for one benchmark shape; for a with-past decoder, a prefill (empty past)."""
+    from onnxbuild.sources.torchmodel import make_inputs
+
+    export = cast(ExportSection, spec.params["export"])
+    if export is not None:
+        specs = export["inputs"] + (layout.past_specs() if layout is not None else [])
+        return make_inputs(
+            specs, {**sizes, "past_sequence": 0} if layout is not None else sizes, seed=500 + index, vocab=_vocab(spec)
+        )
+    import onnx
+
+    model = onnx.load_model(str(ctx.input(spec.params["variants"][0]["path"])), load_external_data=False)
+    inits = {i.name for i in model.graph.initializer}
+    specs = []
+    for v in model.graph.input:
+        if v.name in inits:
+            continue
+        t = v.type.tensor_type
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name
+        shape = [d.dim_param if d.dim_param else d.dim_value for d in t.shape.dim]
+        specs.append({"name": v.name, "dtype": dtype, "shape": shape})
+    return make_inputs(specs, sizes, seed=500 + index, vocab=None)
+
+
+def _vocab(spec: StepSpec) -> int | None:
+    src = spec.params["source"].get("huggingface")
+    if not src:
+        return None
+    size = (src.get("config") or {}).get("vocab_size")
+    return int(size) if size else None
+
+
+def _bound_runner(session: Any, feeds: dict[str, Any], outputs: list[str]) -> Any:
+    """IOBinding on CUDA: inputs copied to the device once, outputs left there (no host copies per run)."""
+    import onnxruntime as ort
+
+    binding = session.io_binding()
+    for name, array in feeds.items():
+        binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array, "cuda", 0))
+    for name in outputs:
+        binding.bind_output(name, "cuda")
+
+    def go() -> None:
+        session.run_with_iobinding(binding)
+
+    return go
+
+
+def _decode_feeds(names: list[str], layout: Any, sizes: dict[str, int], vocab: int | None) -> dict[str, Any]:
+    """One decode step: a new token per sequence after a past as long as the shape's sequence."""
+    from onnxbuild.sources.torchmodel import make_inputs
+
+    specs = [
+        {"name": n, "dtype": "int64", "shape": ["batch", "total_sequence" if n == "attention_mask" else "sequence"]}
+        for n in names
+        if not n.startswith(PAST_PREFIX)
+    ]
+    return make_inputs(
+        specs + layout.past_specs(),
+        {"batch": _batch(sizes), "sequence": 1, "past_sequence": sizes["sequence"]},
+        seed=900,
+        vocab=vocab,
+    )
+
+
+def _generation_time(generate: Any, repeats: int = 3) -> float:
+    """Median wall time of a whole generation (prefill + decode steps)."""
+    import statistics
+
+    generate()  # warm-up: first-call allocations are not what a user waits for per request
+    return statistics.median(_timed(generate) for _ in range(repeats))
+
+
+def _timed(fn: Any) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def feeds_prompt(sizes: dict[str, int], vocab: int) -> Any:
+    import numpy as np
+
+    return np.random.default_rng(901).integers(0, vocab, size=(_batch(sizes), sizes["sequence"]), dtype=np.int64)
