@@ -478,7 +478,7 @@ def explain_mismatch(
     from onnxbuild.recipe.sections import ExportSection, ValidateSection
     from onnxbuild.recipe.variants import tolerances, vocab_size
     from onnxbuild.review.divergence import feeds_for, first_divergence
-    from onnxbuild.steps.validate import case_seed
+    from onnxbuild.steps.validating.cases import case_seed
 
     settings = settings or Settings()
     recipe = load_recipe(path)

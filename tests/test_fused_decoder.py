@@ -350,7 +350,7 @@ def test_the_first_divergence_search_feeds_each_case_its_validation_inputs(built
         make_inputs,
         vocab_size,
     )
-    from onnxbuild.steps.validate import case_seed, cases
+    from onnxbuild.steps.validating.cases import case_seed, cases
 
     recipe = onnxbuild.load_recipes([built.parent.parent / "recipes" / "tiny-llama.yaml"])[0]
     params = next(s for s in steps_for(recipe) if s.name == "validate.optimized").params

@@ -30,7 +30,8 @@ from onnxbuild.sources.torchmodel import (
     sentence_inputs,
 )
 from onnxbuild.sources.usercode import load_function
-from onnxbuild.steps.validate import RealTokens, cases, compare, cosine_rows, json_safe, mean_pool
+from onnxbuild.steps.validating.cases import RealTokens, cases
+from onnxbuild.steps.validating.compare import compare, cosine_rows, json_safe, mean_pool
 
 # ---------------------------------------------------------------- compare
 
