@@ -65,7 +65,7 @@ def comparisons(artifacts: Path) -> dict[str, Path]:
     """Files built here from the recipe's fused graph, as onnxbuild's methods write them."""
     import onnx
 
-    from onnxbuild.steps import quantize
+    from onnxbuild.steps.quantizing import int8, nbits
 
     OUT.mkdir(parents=True, exist_ok=True)
     src = artifacts / "optimized" / "model.onnx"
@@ -90,9 +90,9 @@ def comparisons(artifacts: Path) -> dict[str, Path]:
         out = OUT / (label.split(" (")[0].replace(" ", "-") + ".onnx")
         if not out.exists():
             if q["method"] == "dynamic":
-                quantize._dynamic(src, out, {**base, **q})  # type: ignore[arg-type]
+                int8._dynamic(src, out, {**base, **q})  # type: ignore[arg-type]
             else:
-                onnx.save_model(quantize._weight_only_proto(onnx.load_model(str(src)), {**base, **q}), str(out))  # type: ignore[arg-type]
+                onnx.save_model(nbits._weight_only_proto(onnx.load_model(str(src)), {**base, **q}), str(out))  # type: ignore[arg-type]
         made[f"onnxbuild {label}"] = out
     return made
 
