@@ -512,7 +512,7 @@ def test_the_fp32_peak_is_the_best_of_torch_and_onnxruntime_at_two_sizes() -> No
     onnxruntime's MatMul): the peak is the best of both libraries at both sizes."""
     import torch
 
-    from onnxbuild.steps.roofline import GEMM_SIZES, _ort_gemm, _torch_gemm, measure_peaks
+    from onnxbuild.steps.peaks import GEMM_SIZES, _ort_gemm, _torch_gemm, measure_peaks
 
     peaks = measure_peaks(threads=1, budget_s=0.05)
     before = torch.get_num_threads()

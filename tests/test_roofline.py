@@ -19,7 +19,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxbuild.environment import cpu_info
-from onnxbuild.steps.roofline import Peaks, Work, graph_work, measure_peaks, roofline
+from onnxbuild.steps.graphwork import graph_work
+from onnxbuild.steps.peaks import measure_peaks
+from onnxbuild.steps.roofline import Peaks, Work, roofline
 
 MS = "com.microsoft"
 RNG = np.random.default_rng(0)

@@ -133,7 +133,7 @@ def measured(params: dict[str, Any]) -> str:
 def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     import onnxruntime as ort
 
-    from onnxbuild.steps.roofline import cpu_share
+    from onnxbuild.steps.peaks import cpu_share
 
     bench = cast(BenchmarkSection, spec.params["benchmark"])
     export = cast(ExportSection, spec.params["export"])
@@ -347,10 +347,11 @@ def _finish(
 ) -> StepResult:
     """benchmark.json (checked against its schema), the Markdown and the chart.
 
-    ``load_before`` and a second look now (:func:`roofline.cpu_share`) bracket the timed calls:
+    ``load_before`` and a second look now (:func:`peaks.cpu_share`) bracket the timed calls:
     below ``LOADED_BELOW`` another job ran, and the report says every time is slow."""
     from onnxbuild.environment import versions
-    from onnxbuild.steps.roofline import LOADED_BELOW, cpu_share
+    from onnxbuild.steps.peaks import cpu_share
+    from onnxbuild.steps.roofline import LOADED_BELOW
 
     report: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,

@@ -60,7 +60,7 @@ def measured(params: dict[str, object]) -> str:
 
 def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     from onnxbuild.report.benchmark import limits_line
-    from onnxbuild.steps.roofline import measure_peaks
+    from onnxbuild.steps.peaks import measure_peaks
 
     threads = int(spec.params["benchmark"]["threads"] or (os.cpu_count() or 1))
     found = measure_peaks(threads, budget_s=BUDGET_S)

@@ -41,7 +41,8 @@ def _attach_roofline(ctx: StepContext, rows: list[dict[str, Any]], threads: int)
     small): the peaks are measured again here, at a longer budget, each figure the higher of
     the two; a row still over it is marked ``over_limit``, and the report says the limit is
     wrong rather than print "180% of bf16 GEMM" as if it were a figure."""
-    from onnxbuild.steps.roofline import Peaks, measure_peaks
+    from onnxbuild.steps.peaks import measure_peaks
+    from onnxbuild.steps.roofline import Peaks
 
     notes = [(row, row.pop(WORK + "_of", None), row.pop(WORK, None)) for row in rows]
     try:
@@ -90,7 +91,7 @@ def _works(notes: list[tuple[dict[str, Any], Any, Any]]) -> list[Counted]:
 
     import onnx
 
-    from onnxbuild.steps.roofline import graph_work
+    from onnxbuild.steps.graphwork import graph_work
 
     loaded: tuple[str, Any] | None = None
     counted: dict[
