@@ -1,4 +1,7 @@
-"""The library API the CLI is a thin layer over: load, plan, build, inspect, clean."""
+"""The library API the CLI is a thin layer over: load, plan, build, inspect, clean.
+
+One module (~560 lines): one documented function per command of the CLI, so the public API
+reads as one list; the work is in engine/, review/ and the kinds."""
 
 from __future__ import annotations
 

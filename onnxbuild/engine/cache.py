@@ -15,7 +15,7 @@ killed at any moment leaves either a whole entry or none. An entry that cannot b
 read, whose objects are missing or the wrong size, or which names an output path outside
 its artifact folder, is a miss with a warning.
 
-One module (~520 lines): the layout above, its invariants and every operation that
+One module (~580 lines): the layout above, its invariants and every operation that
 must keep them (put, get, gc, clean, verify, the hash memo) belong together; the remote
 cache is remote.py, signatures signing.py.
 """

@@ -5,7 +5,7 @@ re-derives a step's key when the step's inputs have just been rebuilt, fails a s
 whose declared outputs are missing, skips the dependents of a failure (naming it),
 and writes each recipe's artifacts and manifest under a lock.
 
-One module (~570 lines) because its parts share one state machine (``_State`` per step:
+One module (~690 lines) because its parts share one state machine (``_State`` per step:
 waiting, running, cached, failed, skipped) that splitting would turn into a protocol;
 placing files in artifact folders and their trust checks are in artifacts.py.
 """

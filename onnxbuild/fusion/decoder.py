@@ -9,6 +9,11 @@ projection, and the gate, up (activation between) and down MatMuls. The inputs a
 copied from the export, so validation and generation feed it exactly as they feed the
 export. Node names follow ``/model/layers.{i}/...`` and ``/lm_head/MatMul`` so that a
 quantize variant can keep chosen layers in higher precision by name.
+
+One module (~650 lines): one builder writes every layer and the model around it, sharing the
+names, the mask and the cache layout; what differs between the families (FAMILIES below: Qwen2's
+biases, Qwen3's q/k norms, Phi-3's packed weights, Gemma's scaled embedding, GPT-2's own layer)
+is a parameter of it.
 """
 
 from __future__ import annotations

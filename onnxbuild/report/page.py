@@ -6,6 +6,9 @@ benchmark.json and .png), as a pure function, so ``onnxbuild report`` can rewrit
 any time and a test can render a folder written by hand. No network: CSS is inline and the
 chart is the benchmark's PNG as a data URI. Every section tolerates a missing or damaged
 file (it says so and moves on), because a failed build needs its report most.
+
+One module (~560 lines): the inline CSS and one small renderer per section, in page order,
+plus the diff page that shares them.
 """
 
 from __future__ import annotations

@@ -4,6 +4,10 @@ Identity (what enters the cache key) is never just the name: a local folder is i
 files' digest, a Hub model is the commit its revision resolved to, and random-init
 weights are "random-init + seed + config digest". So a later build with real weights
 is a different artifact, and says so.
+
+One module (~580 lines): the places a model comes from (the Hub, a folder, a package, a GGUF
+file) and the source protocol's hooks all apply those identity and offline rules, which a split
+would repeat.
 """
 
 from __future__ import annotations
