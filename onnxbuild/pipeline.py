@@ -27,19 +27,17 @@ from onnxbuild.recipe.model import Recipe
 from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD, VARIANT_TOLERANCES, model_variant
 from onnxbuild.sources import recorded, source_module
 from onnxbuild.spec import STEP_KINDS, Limits, Planning, Resources, StepSpec, Variant
-from onnxbuild.steps import describe, step_module
+from onnxbuild.steps import describe, step_kind
 
 __all__ = ["MODEL", "SOURCE_RECORD", "VARIANT_TOLERANCES", "Variant", "steps_for", "variants"]
 
 
 def variants(recipe: Recipe) -> list[Variant]:
-    """The exported model, then what each kind that makes variants makes (its module's
-    ``variants(recipe)``), in the registry's order."""
+    """The exported model, then what each kind makes (its ``KIND.variants(recipe)``), in the
+    registry's order."""
     out = [model_variant(recipe)]
     for kind in STEP_KINDS:
-        made = getattr(step_module(kind), "variants", None)
-        if made is not None:
-            out += made(recipe)
+        out += step_kind(kind).variants(recipe)
     return out
 
 
@@ -48,7 +46,7 @@ def steps_for(recipe: Recipe) -> list[StepSpec]:
     if testhooks.tracing_reads():
         recipe = replace(recipe, resolved=testhooks.track(recipe.resolved))
     planning = Planning(recipe, tuple(variants(recipe)), "export" if recipe.torch_source else "source")
-    steps = [spec for kind in STEP_KINDS for spec in step_module(kind).plan(planning)]
+    steps = [spec for kind in STEP_KINDS for spec in step_kind(kind).plan(planning)]
     # What the source record carries (which weights, from where) is in the key of every step
     # that reads the record as an input, so the same recipe keys stay out of those keys.
     carried = recorded(recipe.resolved["source"])
@@ -74,15 +72,14 @@ def _limits(recipe: Recipe, spec: StepSpec) -> Limits:
 
 
 def _resources(recipe: Recipe, kind: str, weights: int) -> Resources:
-    """Where a step may run on a cluster: its kind's ``MEMORY`` (peak as a multiple of the
+    """Where a step may run on a cluster: its kind's ``memory`` (peak as a multiple of the
     model's weights plus the interpreter with torch/onnxruntime imported, measured on GPT-2
     small: export 2.8 GB, validate 2.3 GB, benchmark 2.5 GB for 0.5 GB of weights) and its
     ``placement`` (CPUs, GPUs and why) where the kind has one."""
-    module = step_module(kind)
-    factor, base = getattr(module, "MEMORY", (2, 500))
+    described = step_kind(kind)
+    factor, base = described.memory
     memory = base + factor * weights // (1024 * 1024)
-    placement = getattr(module, "placement", None)
-    cpus, gpus, why = placement(recipe) if placement is not None else (1.0, 0, "")
+    cpus, gpus, why = described.placement(recipe)
     return Resources(cpus=cpus, memory_mb=int(memory), gpus=gpus, why_gpu=why)
 
 

@@ -142,8 +142,8 @@ class StepResult:
 class Variant:
     """One ONNX model the build produces: its name, the step that writes it and its path.
 
-    A step kind that makes variants says so with a ``variants(recipe) -> list[Variant]``
-    function in its module (``pipeline.variants`` asks every kind in the registry's order);
+    A step kind that makes variants says so with ``variants=`` in its :class:`StepKind`
+    (``pipeline.variants`` asks every kind in the registry's order);
     everything after it (validate, expect, generate, benchmark, report) reads them from
     :class:`Planning` and names no kind."""
 
@@ -188,3 +188,45 @@ class Planning:
     recipe: Recipe
     variants: tuple[Variant, ...]
     model_step: str
+
+
+def _not_measured(params: dict[str, Any]) -> str:
+    return ""
+
+
+def _no_variants(recipe: Recipe) -> list[Variant]:
+    return []
+
+
+def _one_cpu(recipe: Recipe) -> tuple[float, int, str]:
+    return 1.0, 0, ""
+
+
+@dataclass(frozen=True)
+class StepKind:
+    """What a step kind says of itself. Each module under ``onnxbuild/steps/`` exports one as
+    ``KIND``; the registry (``onnxbuild.steps.step_kind``) hands it to the pipeline, which asks
+    every kind for its variants and steps, and ``describe`` copies what the engine needs into
+    each StepSpec, so the engine runs specs without reading a kind.
+
+    ``version`` is bumped whenever a change to the kind can change its outputs; it and the
+    versions of ``packages`` are in every key of the kind, and nothing else of its code is."""
+
+    name: str
+    version: int
+    packages: tuple[str, ...]
+    plan: Callable[[Planning], list[StepSpec]]
+    """Its steps for a recipe, given the variants every kind makes (empty when it has none)."""
+    run: Callable[[StepContext, StepSpec], StepResult]
+    """Runs one of its steps (the engine calls it by the module's name, in a step process)."""
+    memory: tuple[float, int] = (2, 500)
+    """Peak memory as (a multiple of the model's weights, MB more): where a cluster may place it."""
+    exclusive: bool = False
+    """Runs alone (the runner starts nothing else meanwhile): it times or measures."""
+    measured: Callable[[dict[str, Any]], str] = _not_measured
+    """Why its outputs differ by machine or run ("" when they do not): such a step's key holds
+    the machine, and a result measured under load is not kept."""
+    variants: Callable[[Recipe], list[Variant]] = _no_variants
+    """The variants it makes (``pipeline.variants`` asks every kind in the registry's order)."""
+    placement: Callable[[Recipe], tuple[float, int, str]] = _one_cpu
+    """(CPUs, GPUs, why a GPU) a step of it needs."""

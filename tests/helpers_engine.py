@@ -1,6 +1,6 @@
 """Fake steps and small helpers for the engine's tests.
 
-This module is itself a step kind (``VERSION``, ``PACKAGES``, ``run``): tests register it
+This module is itself a step kind (``KIND = StepKind(...)`` and ``run``): tests register it
 with ``onnxbuild.steps.register("fake", helpers_engine)``. Being importable by name, it
 also runs in the spawned process of a multi-process build. What a fake step does is
 set by its params:
@@ -34,11 +34,10 @@ from onnxbuild.engine.manifest import StepRecord
 from onnxbuild.engine.runner import BuildReport
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.model import Recipe
+from onnxbuild.spec import Planning, StepKind
 from onnxbuild.steps import StepContext, StepInput, StepResult, StepSpec, describe, register
 
-VERSION = 1
-PACKAGES: tuple[str, ...] = ()
-KIND = "fake"
+NAME = "fake"
 
 
 def run(ctx: StepContext, spec: StepSpec) -> StepResult:
@@ -57,15 +56,22 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     return StepResult(summary=f"wrote {spec.name}", data={"pid": os.getpid(), "start": start, "end": time.time()})
 
 
+def _no_steps(p: Planning) -> list[StepSpec]:
+    return []  # fake steps are planned by the tests themselves (fake() below)
+
+
+KIND = StepKind(name=NAME, version=1, packages=(), plan=_no_steps, run=run)
+
+
 def register_fake() -> None:
-    register(KIND, sys.modules[__name__])
+    register(NAME, sys.modules[__name__])
 
 
 def fake(name: str, *deps: str, **params: Any) -> StepSpec:
     """A fake step writing ``<name>.txt`` from the ``<dep>.txt`` of each dependency."""
     return StepSpec(
         name=name,
-        kind=KIND,
+        kind=NAME,
         params=params,
         deps=deps,
         inputs=tuple(StepInput(d, f"{d}.txt") for d in deps),

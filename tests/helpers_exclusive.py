@@ -1,16 +1,18 @@
-"""The fake step kind of helpers_engine, declared EXCLUSIVE like the benchmark step."""
+"""The fake step kind of helpers_engine, declared exclusive like the benchmark step."""
 
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
-from helpers_engine import PACKAGES, VERSION, run  # noqa: F401 - re-exported as this kind's contract
+from helpers_engine import KIND as FAKE
+from helpers_engine import run  # noqa: F401 - the entry point a step process calls
 
 from onnxbuild.steps import register
 
-EXCLUSIVE = True
-KIND = "fake-exclusive"
+NAME = "fake-exclusive"
+KIND = replace(FAKE, name=NAME, exclusive=True)
 
 
 def register_exclusive() -> None:
-    register(KIND, sys.modules[__name__])
+    register(NAME, sys.modules[__name__])

@@ -35,7 +35,7 @@ from onnxbuild.engine.locks import FileLock
 from onnxbuild.engine.runner import execute, raise_for_failures
 from onnxbuild.environment import package_version
 from onnxbuild.errors import BuildFailed
-from onnxbuild.steps import StepContext, StepResult, StepSpec, register
+from onnxbuild.steps import StepContext, StepKind, StepResult, StepSpec, register
 
 LR = "recipes/linear-regression.yaml"
 SOURCE = "linear-regression:source"
@@ -224,7 +224,7 @@ def test_an_exclusive_step_runs_alone_whatever_jobs_says(
     """Benchmarks declare EXCLUSIVE: with -j 2 nothing overlaps them, so their figures are not shared cores."""
     from dataclasses import replace
 
-    from helpers_exclusive import KIND as EXCLUSIVE_KIND
+    from helpers_exclusive import NAME as EXCLUSIVE_KIND
     from helpers_exclusive import register_exclusive
 
     register_exclusive()
@@ -361,8 +361,7 @@ def test_a_registered_module_must_be_importable_to_run_in_a_step_process(
         return StepResult()
 
     module = types.ModuleType("made_in_memory")
-    module.VERSION = 1  # type: ignore[attr-defined]
-    module.PACKAGES = ()  # type: ignore[attr-defined]
+    module.KIND = StepKind(name="in-memory", version=1, packages=(), plan=lambda p: [], run=run)  # type: ignore[attr-defined]
     module.run = run  # type: ignore[attr-defined]
     register("in-memory", module)
     spec = StepSpec(name="a", kind="in-memory", params={}, outputs=("a.txt",))

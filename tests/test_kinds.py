@@ -15,7 +15,7 @@ import yaml
 
 from onnxbuild import steps
 from onnxbuild.recipe.loader import parse_recipe
-from onnxbuild.spec import STEP_KINDS
+from onnxbuild.spec import STEP_KINDS, StepKind
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = json.loads((ROOT / "onnxbuild" / "recipe" / "schema.json").read_text(encoding="utf-8"))
@@ -32,18 +32,24 @@ RECIPES = sorted(
 
 @pytest.mark.parametrize("kind", STEP_KINDS)
 def test_each_step_kind_describes_itself(kind: str) -> None:
+    """Each module exports one typed StepKind (no attribute is looked up by name any more)."""
     module = steps.step_module(kind)
     assert module.__name__ == f"onnxbuild.steps.{kind}"
-    assert isinstance(module.VERSION, int) and module.VERSION >= 1
-    assert isinstance(module.PACKAGES, tuple) and all(isinstance(p, str) for p in module.PACKAGES)
-    assert callable(module.run)
-    assert callable(module.plan), (
-        f"{module.__name__} should say which steps a recipe gets: plan(Planning) -> list[StepSpec]"
-    )
-    factor, base = module.MEMORY
+    described = steps.step_kind(kind)
+    assert isinstance(described, StepKind) and described.name == kind
+    assert isinstance(described.version, int) and described.version >= 1
+    assert isinstance(described.packages, tuple) and all(isinstance(p, str) for p in described.packages)
+    assert described.run is module.run, "the engine calls run by the module's name: KIND.run must be that run"
+    factor, base = described.memory
     assert factor >= 0 and base > 0
-    measured = getattr(module, "measured", None)
-    assert measured is None or callable(measured)
+
+
+def test_a_module_without_a_kind_is_refused_by_the_registry() -> None:
+    import types
+
+    module = types.ModuleType("no_kind_here")
+    with pytest.raises(TypeError, match=r"no_kind_here has no KIND = StepKind\(...\) to register as 'x'"):
+        steps.register("x", module)
 
 
 def test_the_registry_is_the_kind_list() -> None:
@@ -124,12 +130,9 @@ def test_a_new_step_kind_is_one_module_one_registry_line_and_one_schema_block(
     import onnxbuild
     from onnxbuild import pipeline
     from onnxbuild.recipe import resolve as resolve_module
-    from onnxbuild.spec import Planning, StepContext, StepInput, StepResult, StepSpec
+    from onnxbuild.spec import Planning, StepContext, StepInput, StepKind, StepResult, StepSpec
 
     module = types.ModuleType("onnxbuild_test_checksums")
-    module.VERSION = 1  # type: ignore[attr-defined]
-    module.PACKAGES = ()  # type: ignore[attr-defined]
-    module.MEMORY = (0, 200)  # type: ignore[attr-defined]
 
     def plan(p: Planning) -> list[StepSpec]:
         section = p.recipe.resolved.get("checksums")
@@ -152,7 +155,8 @@ def test_a_new_step_kind_is_one_module_one_registry_line_and_one_schema_block(
         ctx.output("checksums.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
         return StepResult(summary=f"{len(lines)} {algorithm} sums")
 
-    module.plan, module.run = plan, run  # type: ignore[attr-defined]
+    module.run = run  # type: ignore[attr-defined]
+    module.KIND = StepKind(name="checksums", version=1, packages=(), plan=plan, run=run, memory=(0, 200))  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, module.__name__, module)
     monkeypatch.setitem(steps._extra, "checksums", module)  # the registry line (spec.STEP_KINDS) ...
     monkeypatch.setattr(pipeline, "STEP_KINDS", (*pipeline.STEP_KINDS, "checksums"))

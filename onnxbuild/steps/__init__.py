@@ -1,9 +1,9 @@
-"""Step kinds. Each module exposes ``VERSION``, ``PACKAGES`` and ``run(ctx, spec) -> StepResult``,
-and optionally ``EXCLUSIVE`` (runs alone) and ``measured(params) -> str`` (why its outputs
-differ by machine or run, "" when they do not).
+"""Step kinds. Each module here exports its :class:`~onnxbuild.spec.StepKind` as ``KIND``
+(name, version, packages, plan, run, and what else it says of itself) and a module-level
+``run(ctx, spec) -> StepResult``, the entry point a step process calls by the module's name.
 
-``VERSION`` is bumped whenever a change to the module can change its outputs; it is
-part of every key of that kind. ``PACKAGES`` lists the packages whose versions can
+``KIND.version`` is bumped whenever a change to the module can change its outputs; it is
+part of every key of that kind. ``KIND.packages`` lists the packages whose versions can
 change the outputs; they are part of the key too, and nothing else is. ``describe``
 copies these into a StepSpec, so the engine runs specs without importing any kind.
 """
@@ -15,7 +15,7 @@ import sys
 from dataclasses import replace
 from types import ModuleType
 
-from onnxbuild.spec import STEP_KINDS, StepContext, StepInput, StepResult, StepSpec
+from onnxbuild.spec import STEP_KINDS, StepContext, StepInput, StepKind, StepResult, StepSpec
 
 KINDS: dict[str, str] = {kind: f"onnxbuild.steps.{kind}" for kind in STEP_KINDS}
 
@@ -23,14 +23,24 @@ _extra: dict[str, ModuleType] = {}
 
 
 def step_module(kind: str) -> ModuleType:
+    """The module of a kind: its name is the entry point the engine runs a step by."""
     if kind in _extra:
         return _extra[kind]
     return importlib.import_module(KINDS[kind])
 
 
+def step_kind(kind: str) -> StepKind:
+    """What a kind says of itself: its module's ``KIND``."""
+    described: StepKind = step_module(kind).KIND
+    return described
+
+
 def register(kind: str, module: ModuleType) -> None:
-    """Add a step kind at run time (used by the engine's own tests for fake steps). Its module
-    must be importable by name for a step process to run it; in-process builds find it here."""
+    """Add a step kind at run time (used by the engine's own tests for fake steps): a module
+    with a ``KIND`` and a ``run``. It must be importable by name for a step process to run it;
+    in-process builds find it here."""
+    if not isinstance(getattr(module, "KIND", None), StepKind):
+        raise TypeError(f"{module.__name__} has no KIND = StepKind(...) to register as {kind!r}")
     _extra[kind] = module
     sys.modules.setdefault(module.__name__, module)
 
@@ -39,15 +49,26 @@ def describe(spec: StepSpec) -> StepSpec:
     """``spec`` with what its kind says of itself: version, packages, whether it runs alone,
     its entry point and whether its outputs are measured (hardware-bound)."""
     module = step_module(spec.kind)
-    why = getattr(module, "measured", None)
+    kind = step_kind(spec.kind)
     return replace(
         spec,
-        version=int(module.VERSION),
-        packages=tuple(module.PACKAGES),
-        exclusive=bool(getattr(module, "EXCLUSIVE", False)),
+        version=kind.version,
+        packages=kind.packages,
+        exclusive=kind.exclusive,
         entry=module.__name__,
-        measured=why(spec.params) if callable(why) else "",
+        measured=kind.measured(spec.params),
     )
 
 
-__all__ = ["KINDS", "StepContext", "StepInput", "StepResult", "StepSpec", "describe", "register", "step_module"]
+__all__ = [
+    "KINDS",
+    "StepContext",
+    "StepInput",
+    "StepKind",
+    "StepResult",
+    "StepSpec",
+    "describe",
+    "register",
+    "step_kind",
+    "step_module",
+]

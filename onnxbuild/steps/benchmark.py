@@ -35,7 +35,7 @@ from onnxbuild.recipe.sections import (
 from onnxbuild.recipe.variants import SOURCE_RECORD
 from onnxbuild.report.benchmark import chart, markdown, validated_on
 from onnxbuild.runtimes import sessions
-from onnxbuild.spec import Planning, StepInput
+from onnxbuild.spec import Planning, StepInput, StepKind
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 from onnxbuild.steps.benchmarking.decode import _ort_decode
 from onnxbuild.steps.benchmarking.limits import _attach_roofline, _work_of
@@ -425,3 +425,17 @@ def _validate_schema(report: dict[str, Any]) -> None:
             f"benchmark.json does not match its schema at {'/'.join(map(str, exc.absolute_path))}: {exc.message} "
             "(a bug in the benchmark step)"
         ) from None
+
+
+KIND = StepKind(
+    name="benchmark",
+    version=VERSION,
+    packages=PACKAGES,
+    plan=plan,
+    run=run,
+    memory=MEMORY,
+    exclusive=EXCLUSIVE,
+    measured=measured,
+    placement=placement,
+)
+"""What this kind says of itself (onnxbuild.spec.StepKind)."""

@@ -14,7 +14,7 @@ from onnxbuild._util import brief, pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.variants import MODEL
 from onnxbuild.report.check import CheckReport, TensorReport, markdown
-from onnxbuild.spec import Planning, StepInput
+from onnxbuild.spec import Planning, StepInput, StepKind
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
 VERSION = 1
@@ -137,3 +137,7 @@ def _all_nodes(graph: Any) -> list[Any]:
             for g in attr.graphs:
                 out.extend(_all_nodes(g))
     return out
+
+
+KIND = StepKind(name="check", version=VERSION, packages=PACKAGES, plan=plan, run=run, memory=MEMORY)
+"""What this kind says of itself (onnxbuild.spec.StepKind)."""

@@ -26,7 +26,7 @@ from typing import Any, Literal, TypedDict, cast
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.recipe.variants import variant
-from onnxbuild.spec import Planning, StepInput, Variant
+from onnxbuild.spec import Planning, StepInput, StepKind, Variant
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
 VERSION = 1
@@ -113,3 +113,9 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         data={"bytes_in": size_in, "bytes_out": size_out, "float16_initializers": halves},
         extra_outputs=(*extra, *beside),
     )
+
+
+KIND = StepKind(
+    name="convert", version=VERSION, packages=PACKAGES, plan=plan, run=run, memory=MEMORY, variants=variants
+)
+"""What this kind says of itself (onnxbuild.spec.StepKind)."""

@@ -26,7 +26,7 @@ from typing import Any, cast
 from onnxbuild._util import pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import Contract
-from onnxbuild.spec import Planning, StepInput
+from onnxbuild.spec import Planning, StepInput, StepKind
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
 VERSION = 1
@@ -205,3 +205,7 @@ def _normal(signature: str) -> str:
     """``int64[batch,sequence]`` and ``int64[ batch, sequence ]`` read alike."""
     head, _, dims = signature.partition("[")
     return f"{head.strip()}[{', '.join(d.strip() for d in dims.rstrip(']').split(',') if d.strip())}]"
+
+
+KIND = StepKind(name="expect", version=VERSION, packages=PACKAGES, plan=plan, run=run, memory=MEMORY)
+"""What this kind says of itself (onnxbuild.spec.StepKind)."""

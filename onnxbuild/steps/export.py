@@ -32,7 +32,7 @@ from onnxbuild.sources.torchmodel import (
     vocab_size,
     wrap,
 )
-from onnxbuild.spec import Planning, StepInput
+from onnxbuild.spec import Planning, StepInput, StepKind
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 
 VERSION = 4
@@ -364,3 +364,9 @@ def _strip_metadata(model: Any) -> None:
 
 def _describe(inputs: dict[str, Any]) -> str:
     return ", ".join(f"{k} {list(v.shape)} {v.dtype}" for k, v in inputs.items())
+
+
+KIND = StepKind(
+    name="export", version=VERSION, packages=PACKAGES, plan=plan, run=run, memory=MEMORY, placement=placement
+)
+"""What this kind says of itself (onnxbuild.spec.StepKind)."""

@@ -19,7 +19,7 @@ from onnxbuild.recipe.sections import GenerateSection
 from onnxbuild.recipe.variants import SOURCE_RECORD
 from onnxbuild.report.generation import markdown
 from onnxbuild.runtimes import sessions
-from onnxbuild.spec import Planning, StepInput
+from onnxbuild.spec import Planning, StepInput, StepKind
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 
 VERSION = 3
@@ -412,3 +412,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         f"{n} new tokens",
         skip_special=False,
     )
+
+
+KIND = StepKind(name="generate", version=VERSION, packages=PACKAGES, plan=plan, run=run, memory=MEMORY)
+"""What this kind says of itself (onnxbuild.spec.StepKind)."""

@@ -18,7 +18,7 @@ import os
 
 from onnxbuild import environment
 from onnxbuild._util import pick, pretty_json
-from onnxbuild.spec import Planning
+from onnxbuild.spec import Planning, StepKind
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
 VERSION = 2
@@ -85,3 +85,16 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         warnings=warnings,
         keep=not found.loaded,
     )
+
+
+KIND = StepKind(
+    name="machine",
+    version=VERSION,
+    packages=PACKAGES,
+    plan=plan,
+    run=run,
+    memory=MEMORY,
+    exclusive=EXCLUSIVE,
+    measured=measured,
+)
+"""What this kind says of itself (onnxbuild.spec.StepKind)."""

@@ -20,7 +20,7 @@ from onnxbuild.recipe.model import Recipe
 from onnxbuild.recipe.sections import TARGETS, OptimizeSection
 from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD, variant
 from onnxbuild.sources import is_decoder, section_for
-from onnxbuild.spec import Planning, StepInput, Variant
+from onnxbuild.spec import Planning, StepInput, StepKind, Variant
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 
 OWN_KEYS = ("level", "decoder", "transformer", "float16")
@@ -397,3 +397,16 @@ def _fused_decoder(ctx: StepContext, spec: StepSpec, exported: Any) -> Any:
 
 def _histogram(model: Any) -> dict[str, int]:
     return dict(Counter(n.op_type for n in model.graph.node))
+
+
+KIND = StepKind(
+    name="optimize",
+    version=VERSION,
+    packages=PACKAGES,
+    plan=plan,
+    run=run,
+    memory=MEMORY,
+    measured=measured,
+    variants=variants,
+)
+"""What this kind says of itself (onnxbuild.spec.StepKind)."""

@@ -21,7 +21,7 @@ from onnxbuild.recipe.model import Recipe
 from onnxbuild.recipe.sections import QuantizeSection
 from onnxbuild.recipe.variants import SOURCE_RECORD, TEXT_GATES, variant, vocab_size
 from onnxbuild.sources import section_for
-from onnxbuild.spec import Planning, StepInput, Variant
+from onnxbuild.spec import Planning, StepInput, StepKind, Variant
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 from onnxbuild.steps.quantizing.budgeted import _budgeted
 from onnxbuild.steps.quantizing.gguf import _gguf
@@ -278,3 +278,9 @@ def _each_file(ctx: StepContext, spec: StepSpec, q: QuantizeSection) -> StepResu
         summary=f"{q['method']}: {'; '.join(parts)} ({size_out / size_in:.0%})",
         data={"bytes_in": size_in, "bytes_out": size_out},
     )
+
+
+KIND = StepKind(
+    name="quantize", version=VERSION, packages=PACKAGES, plan=plan, run=run, memory=MEMORY, variants=variants
+)
+"""What this kind says of itself (onnxbuild.spec.StepKind)."""

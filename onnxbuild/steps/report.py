@@ -7,7 +7,7 @@ from typing import Any
 
 from onnxbuild._util import pretty_json
 from onnxbuild.report.validation import markdown
-from onnxbuild.spec import Planning, StepInput
+from onnxbuild.spec import Planning, StepInput, StepKind
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
 VERSION = 3
@@ -47,3 +47,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     ctx.output("reports/validation.md").write_text(markdown(merged, ctx.recipe_name), encoding="utf-8")
     verdicts = ", ".join(f"{name} {'ok' if v['passed'] else 'FAILED'}" for name, v in merged["variants"].items())
     return StepResult(summary=verdicts, data={"passed": merged["passed"]})
+
+
+KIND = StepKind(name="report", version=VERSION, packages=PACKAGES, plan=plan, run=run, memory=MEMORY)
+"""What this kind says of itself (onnxbuild.spec.StepKind)."""

@@ -10,7 +10,7 @@ from onnxbuild._util import pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD
 from onnxbuild.sources import section_for, source_module
-from onnxbuild.spec import Planning
+from onnxbuild.spec import Planning, StepKind
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
 VERSION = 1
@@ -109,3 +109,7 @@ def _external_tensors(model: Any) -> list[Any]:
     from onnx.external_data_helper import _get_all_tensors, uses_external_data
 
     return [t for t in _get_all_tensors(model) if uses_external_data(t)]
+
+
+KIND = StepKind(name="source", version=VERSION, packages=PACKAGES, plan=plan, run=run, memory=MEMORY)
+"""What this kind says of itself (onnxbuild.spec.StepKind)."""

@@ -57,7 +57,7 @@ from onnxbuild.sources.torchmodel import (
     vocab_size,
     wrap,
 )
-from onnxbuild.spec import Planning, StepInput
+from onnxbuild.spec import Planning, StepInput, StepKind
 from onnxbuild.steps import text_quality
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 from onnxbuild.steps.validating.cases import (
@@ -441,3 +441,7 @@ def _finish(
     if numeric and spec.params.get("base") and failing is not None:
         hint += _first_divergence(ctx, spec, results, validate, failing)
     raise StepError(f"{message}. Reports: artifacts/{ctx.recipe_name}/failed/{spec.name}/.{hint}")
+
+
+KIND = StepKind(name="validate", version=VERSION, packages=PACKAGES, plan=plan, run=run, memory=MEMORY)
+"""What this kind says of itself (onnxbuild.spec.StepKind)."""
