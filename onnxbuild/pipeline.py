@@ -25,7 +25,7 @@ from dataclasses import replace
 from onnxbuild.engine import testhooks
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD, VARIANT_TOLERANCES, model_variant
-from onnxbuild.sources import recorded, source_module
+from onnxbuild.sources import recorded, source_kind
 from onnxbuild.spec import STEP_KINDS, Limits, Planning, Resources, StepSpec, Variant
 from onnxbuild.steps import describe, step_kind
 
@@ -86,6 +86,6 @@ def _resources(recipe: Recipe, kind: str, weights: int) -> Resources:
 def _weight_bytes(recipe: Recipe) -> int:
     """A plan-time estimate of the model's fp32 weights: file sizes where local, else from the config."""
     try:
-        return int(source_module(recipe.source_kind).estimate_weights(recipe.source, recipe.directory))
+        return int(source_kind(recipe.source_kind).estimate_weights(recipe.source, recipe.directory))
     except OSError:  # a path the OS refuses; the step that reads it reports that
         return 0

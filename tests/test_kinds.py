@@ -84,15 +84,15 @@ def test_a_step_kind_that_owns_a_recipe_section_has_it_in_the_schema(kind: str) 
 
 @pytest.mark.parametrize("kind", sorted(SCHEMA["properties"]["source"]["properties"]))
 def test_each_source_kind_the_schema_accepts_is_one_module_that_describes_itself(kind: str) -> None:
-    from onnxbuild.sources import kinds, source_module
+    from onnxbuild.sources import kinds, source_kind, source_module
+    from onnxbuild.sources.kind import SourceKind
 
     assert kind in kinds()
-    module = source_module(kind)
-    assert module.__name__ == f"onnxbuild.sources.{kind}"
-    assert isinstance(module.TRACED, bool)
-    assert callable(module.identity) and callable(module.estimate_weights)
-    if module.TRACED:
-        assert callable(module.record) and callable(module.load_model)
+    assert source_module(kind).__name__ == f"onnxbuild.sources.{kind}"
+    described = source_kind(kind)
+    assert isinstance(described, SourceKind) and described.name == kind
+    if described.traced:
+        assert described.record is not None and described.load_model is not None
     assert f"{kind}_source" in SCHEMA["$defs"], f"source kind {kind!r} needs its $defs/{kind}_source block"
 
 

@@ -14,7 +14,7 @@ from onnxbuild.recipe.sections import TARGETS
 from onnxbuild.recipe.tasks import WITH_PAST_INPUTS
 from onnxbuild.recipe.variants import TEXT_GATES
 from onnxbuild.recipe.yamlpos import Path_, Positions, dotted
-from onnxbuild.sources import is_decoder, source_module, traced_kinds
+from onnxbuild.sources import is_decoder, source_kind, traced_kinds
 from onnxbuild.spec import STEP_KINDS
 
 
@@ -26,7 +26,7 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
     kind = next(iter(doc["source"]))
     src = doc["source"][kind]
     torch_source = is_torch_source(doc["source"])
-    module = source_module(kind)
+    described = source_kind(kind)
     if not torch_source:
         what = "an ONNX file, huggingface.file" if "file" in src else kind
         *others, last = traced_kinds()
@@ -38,9 +38,8 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
                     f"applies only to {traced} sources (this recipe's source is {what}); remove it",
                     key=True,
                 )
-    if hasattr(module, "check"):
-        for path, message, at_key in module.check(src, doc):
-            yield problem(path, message, key=at_key)
+    for path, message, at_key in described.check(src, doc):
+        yield problem(path, message, key=at_key)
     from onnxbuild.sources.usercode import ref_problem
 
     accuracy = (doc.get("validate") or {}).get("accuracy")
@@ -51,7 +50,7 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
 
     export = doc.get("export", {})
     with_past = bool(export.get("with_past"))
-    two_files = getattr(module, "seq2seq", lambda _: False)(src)  # its own check speaks of with_past
+    two_files = described.seq2seq(src)  # its own check speaks of with_past
     if with_past and not is_decoder(doc["source"]) and not two_files:
         what = f"task {src.get('task')}" if kind == "huggingface" else f"a {kind} source"
         yield problem(
@@ -73,9 +72,7 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
                 ("generate", "prompt_ids"), "give either prompt (text) or prompt_ids (token ids), not both", key=True
             )
     if torch_source:
-        default_inputs = (
-            WITH_PAST_INPUTS if with_past else module.default_io(src)[0] if hasattr(module, "default_io") else []
-        )
+        default_inputs = WITH_PAST_INPUTS if with_past else described.default_io(src)[0] if described.default_io else []
         inputs = export.get("inputs") or default_inputs
         export_dims = symbolic_dims(inputs)
         dims = validation_dims(kind, src, inputs)
@@ -84,7 +81,7 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
         sample = export.get("sample", {d: defaults[d] for d in export_dims if d in defaults})
         missing = [d for d in export_dims if d not in sample]
         where = ("export", "sample") if "sample" in export else ("export",) if "export" in doc else ("source", kind)
-        fixed = getattr(module, "fixed_image_size", lambda _: False)(src)  # its own check asks for config.image_size
+        fixed = described.fixed_image_size(src)  # its own check asks for config.image_size
         images = (
             {"height", "width"}
             if any(isinstance(t, dict) and t.get("name") == "pixel_values" for t in inputs)

@@ -9,7 +9,7 @@ from typing import Any
 
 def is_torch_source(source: dict[str, Any]) -> bool:
     """Whether the model is a framework model to export (the source kind says: its module's
-    ``TRACED``); a ``huggingface.file`` source is an ONNX file already, like an onnx source."""
+    ``traced``); a ``huggingface.file`` source is an ONNX file already, like an onnx source."""
     from onnxbuild.sources import traced
 
     return traced(source)

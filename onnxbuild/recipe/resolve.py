@@ -16,7 +16,7 @@ from typing import Any
 from onnxbuild.recipe.model import is_torch_source
 from onnxbuild.recipe.tasks import DERIVED_DIMS, WITH_PAST_INPUTS
 from onnxbuild.recipe.variants import TEXT_GATES, VARIANT_TOLERANCES
-from onnxbuild.sources import source_module
+from onnxbuild.sources import source_kind
 
 DEFAULT_SAMPLE = {"batch": 2, "sequence": 16, "past_sequence": 4}
 IMAGE_DIMS = frozenset({"height", "width"})
@@ -52,16 +52,14 @@ def validation_dims(kind: str, src: dict[str, Any], inputs: list[dict[str, Any]]
     declared, so an axis fixed by mistake in export.inputs is caught instead of validated
     at its one fixed size."""
     dims = symbolic_dims(inputs)
-    varied = getattr(source_module(kind), "varied_dims", None)
-    always = tuple(varied(src)) if varied is not None else ()
+    always = tuple(source_kind(kind).varied_dims(src))
     return [*always, *(d for d in dims if d not in always)]
 
 
 def default_sample(kind: str, src: dict[str, Any]) -> dict[str, int]:
     """Export sample sizes when the recipe gives none: the usual ones, and what the source
     kind knows from its config (an image model's image_size)."""
-    known = getattr(source_module(kind), "sample_defaults", None)
-    return {**DEFAULT_SAMPLE, **(known(src) if known is not None else {})}
+    return {**DEFAULT_SAMPLE, **source_kind(kind).sample_defaults(src)}
 
 
 def symbolic_dims(inputs: list[dict[str, Any]]) -> list[str]:
@@ -85,13 +83,10 @@ def resolve(doc: dict[str, Any]) -> dict[str, Any]:
         "source": {kind: _with_defaults(doc["source"][kind], deref(f"#/$defs/{kind}_source"))},
     }
     src = out["source"][kind]
-    kind_module = source_module(kind)
-    if hasattr(kind_module, "resolve"):
-        kind_module.resolve(src, lambda section, ref: _with_defaults(section, deref(ref)))
+    described = source_kind(kind)
+    described.resolve(src, lambda section, ref: _with_defaults(section, deref(ref)))
     if is_torch_source(out["source"]):
-        task_inputs, task_outputs = (
-            kind_module.default_io(src) if hasattr(kind_module, "default_io") else ([], ["output"])
-        )
+        task_inputs, task_outputs = described.default_io(src) if described.default_io else ([], ["output"])
         export = _with_defaults(doc.get("export", {}), deref("#/$defs/export"))
         default_inputs = WITH_PAST_INPUTS if export["with_past"] else task_inputs
         export.setdefault("inputs", [dict(t) for t in default_inputs])
@@ -108,13 +103,11 @@ def resolve(doc: dict[str, Any]) -> dict[str, Any]:
         out["export"] = export
         sample = {**defaults, **export["sample"]}
         validate = _with_defaults(doc.get("validate", {}), deref("#/$defs/validate"))
-        held = set(getattr(kind_module, "held_dims", lambda _: ())(src))
+        held = set(described.held_dims(src))
         validate.setdefault("shapes", _default_shapes(validation_dims(kind, src, export["inputs"]), sample, held))
         validate.setdefault("atol", DEFAULT_ATOL)
         validate.setdefault("rtol", DEFAULT_RTOL)
-        validate.setdefault(
-            "top1_min", DEFAULT_TOP1_MIN if getattr(kind_module, "top1", lambda _: False)(src) else None
-        )
+        validate.setdefault("top1_min", DEFAULT_TOP1_MIN if described.top1(src) else None)
         validate.setdefault("cosine_min", DEFAULT_COSINE_MIN if validate["sentences"] else None)
         if validate["text"] is not None:
             validate["text"] = _with_defaults(validate["text"], deref("#/$defs/validate")["properties"]["text"])
@@ -184,8 +177,8 @@ def _default_benchmark_shapes(resolved: dict[str, Any]) -> list[dict[str, int]]:
     export = resolved.get("export")
     if export is None:
         kind, src = next(iter(resolved["source"].items()))
-        module = source_module(kind)
-        dims = symbolic_dims(module.benchmark_inputs(src)) if hasattr(module, "benchmark_inputs") else []
+        inputs = source_kind(kind).benchmark_inputs
+        dims = symbolic_dims(inputs(src)) if inputs is not None else []
         return [{d: 1 for d in dims}]
     dims = symbolic_dims(export["inputs"])
     if set(dims) == {"batch", "sequence"}:

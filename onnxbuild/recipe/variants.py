@@ -61,9 +61,9 @@ TEXT_GATES = ("ppl_increase_max", "kld_max", "text_top1_min")
 
 def model_files(recipe: Recipe) -> tuple[str, ...]:
     """The ONNX files of the exported model: model.onnx, or the source kind's several files."""
-    from onnxbuild.sources import source_module
+    from onnxbuild.sources import source_kind
 
-    kind_files = getattr(source_module(recipe.source_kind), "files", None)
+    kind_files = source_kind(recipe.source_kind).files
     return tuple(kind_files(recipe.source)) if kind_files is not None and recipe.torch_source else (MODEL,)
 
 

@@ -1,46 +1,21 @@
 """Where models come from: one module per source kind, ``onnxbuild.sources.<kind>``.
 
-Every source module says, without heavy imports at plan time:
+Each module exports what its kind says of itself as ``KIND``, a typed
+:class:`onnxbuild.sources.kind.SourceKind` (``source_kind(name)`` hands it out), without heavy
+imports at plan time. Every kind gives ``identity`` (the local files whose digests identify
+the model, and facts found without a network) and ``estimate_weights``; a kind traced
+through torch (``traced=True``: huggingface, pytorch, tensorflow) also gives ``record``
+(which weights the model gets, reports/source.json) and ``load_model``; ``onnx`` and
+``graph`` sources write model.onnx in the source step instead. The optional fields (a
+recipe check, defaults the schema cannot express, default inputs and outputs, the
+dimensions validation varies or holds, an encoder-decoder's files, whether a top-1 floor
+or a KV cache applies, the keys only later steps read or the record carries) have
+defaults that mean "nothing of the kind": the field documentation is in sources/kind.py.
 
-- ``identity(src, recipe_dir) -> (files, facts)``: the local files whose digests identify
-  the model (hashed into the source step's key) and facts found without a network (a
-  Hub commit, package versions);
-- ``estimate_weights(src, recipe_dir) -> int``: bytes of fp32 weights, to place steps on
-  a cluster by memory;
-
-and, for a source traced through torch (``huggingface``, ``pytorch``, ``tensorflow``):
-
-- ``record(src, recipe_dir, digests) -> dict``: the source step's record of which weights
-  the model gets (reports/source.json);
-- ``load_model(src, record, recipe_dir)``: the model that record describes (torch,
-  transformers or TensorFlow imported here).
-
-``onnx`` and ``graph`` sources write model.onnx in the source step instead.
-
-What the recipe layer asks of a kind (the loader imports these modules, so they import
-only core modules, and heavy packages only inside functions):
-
-- ``TRACED``: whether the model is exported (it then has ``export`` and ``validate``
-  sections); ``traced(src)`` where it depends on the section (``huggingface.file``);
-- ``resolve(src, defaults)``: defaults the schema cannot express (nested lists);
-- ``check(src, doc)``: cross-field problems as ``(key path, message, at the key)``;
-- ``default_io(src)``: export inputs and outputs when the recipe gives none (a task's);
-- ``varied_dims(src)``: dimensions validation always varies; ``held_dims(src)``: those
-  its default shapes keep at the sample size; ``sample_defaults(src)``: export sample
-  sizes its config gives; ``fixed_image_size(src)``: an image model of one size (its own
-  check asks for it); ``files(src)``: the ONNX files of one variant when more than
-  model.onnx, and ``seq2seq(src)``: those are an encoder and a decoder;
-  ``top1(src)``: a top-1 floor applies; ``decoder(src)``: ``export.with_past`` applies; ``benchmark_inputs(src)``: inputs an untraced source is benchmarked by.
-
-``LATER``: keys only the steps after the source step read (how the model is loaded, its
-tokenizer): not in the source step's key.
-``RECORDED``: keys whose whole effect on later steps reaches them through the source step's
-record (which weights, from where): left out of the keys of the steps that read that record.
-
-Adding a source kind is this module and its ``$defs/<kind>_source`` block in
+Adding a source kind is its module and its ``$defs/<kind>_source`` block in
 recipe/schema.json (the kinds are the schema's ``source`` keys). A source module imports
 no other source module and no step or engine module.
-"""  # noqa: E501
+"""
 
 from __future__ import annotations
 
@@ -50,6 +25,8 @@ from functools import cache
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from onnxbuild.sources.kind import SourceKind
 
 
 @cache
@@ -65,24 +42,28 @@ def source_module(kind: str) -> ModuleType:
     return importlib.import_module(f"onnxbuild.sources.{kind}")
 
 
+def source_kind(kind: str) -> SourceKind:
+    """What a source kind says of itself: its module's ``KIND``."""
+    described: SourceKind = source_module(kind).KIND
+    return described
+
+
 def traced(source: dict[str, Any]) -> bool:
     """Whether a recipe's ``source`` section is a framework model to export."""
     ((kind, src),) = source.items()
-    module = source_module(kind)
-    check = getattr(module, "traced", None)
-    return bool(module.TRACED) and (check is None or bool(check(src)))
+    described = source_kind(kind)
+    return described.traced and described.traced_when(src)
 
 
 def traced_kinds() -> list[str]:
-    return [k for k in kinds() if source_module(k).TRACED]
+    return [k for k in kinds() if source_kind(k).traced]
 
 
 def is_decoder(source: dict[str, Any]) -> bool:
     """Whether a recipe's ``source`` is a text decoder, which ``export.with_past`` and the
-    fused decoder graphs apply to (the kind's ``decoder(src)``; none has it by default)."""
+    fused decoder graphs apply to (the kind's ``decoder``; none has it by default)."""
     ((kind, src),) = source.items()
-    check = getattr(source_module(kind), "decoder", None)
-    return bool(check(src)) if check is not None else False
+    return source_kind(kind).decoder(src)
 
 
 def recorded(section: Any) -> tuple[str, ...]:
@@ -91,7 +72,7 @@ def recorded(section: Any) -> tuple[str, ...]:
     ((kind, src),) = section.items()
     if not isinstance(src, dict):
         return ()
-    return tuple(f"source.{kind}.{k}" for k in getattr(source_module(kind), "RECORDED", ()) if k in src)
+    return tuple(f"source.{kind}.{k}" for k in source_kind(kind).recorded if k in src)
 
 
 def section_for(section: Any, *, drop: tuple[str, ...] = (), unset: tuple[str, ...] = ()) -> Any:

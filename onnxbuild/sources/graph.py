@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxbuild.errors import StepError
+from onnxbuild.sources.kind import SourceKind
 
 DTYPES = {
     "float32": "FLOAT",
@@ -92,9 +93,6 @@ def estimate_weights(src: dict[str, Any], recipe_dir: Path) -> int:
     return 64 * 1024 * 1024
 
 
-TRACED = False
-
-
 def resolve(src: dict[str, Any], defaults: Callable[[dict[str, Any], str], dict[str, Any]]) -> None:
     """Each initializer and node with its schema defaults (the schema's own defaults stop
     at the first level of a list)."""
@@ -155,3 +153,15 @@ def _count_leaves(values: Any) -> int:
     if isinstance(values, list):
         return sum(_count_leaves(v) for v in values)
     return 1
+
+
+KIND = SourceKind(
+    name="graph",
+    traced=False,
+    identity=identity,
+    estimate_weights=estimate_weights,
+    resolve=resolve,
+    check=check,
+    benchmark_inputs=benchmark_inputs,
+)
+"""What this kind says of itself (onnxbuild.sources.kind.SourceKind)."""

@@ -20,6 +20,7 @@ from typing import Any
 
 from onnxbuild._util import brief, canonical_json, sha256_text
 from onnxbuild.errors import StepError
+from onnxbuild.sources.kind import SourceKind
 
 _SHA = re.compile(r"^[0-9a-f]{40}$")
 
@@ -356,10 +357,10 @@ def load_model(src: dict[str, Any], record: dict[str, Any], recipe_dir: Path) ->
     return model
 
 
-TRACED = True
 RECORDED = ("model", "revision", "offline")
-LATER = ("dtype", "attn_implementation", "tokenizer")
 """Which weights, from where: the source record (every later step's input) carries these."""
+LATER = ("dtype", "attn_implementation", "tokenizer")
+"""How the model is loaded and tokenized: read by the steps after the source step only."""
 
 
 def varied_dims(src: dict[str, Any]) -> tuple[str, ...]:
@@ -580,3 +581,28 @@ def files(src: dict[str, Any]) -> tuple[str, ...]:
 def decoder(src: dict[str, Any]) -> bool:
     """A text-generation model: ``export.with_past`` and ``generate`` apply."""
     return src.get("task") == "text-generation"
+
+
+KIND = SourceKind(
+    name="huggingface",
+    traced=True,
+    identity=identity,
+    estimate_weights=estimate_weights,
+    record=record,
+    load_model=load_model,
+    traced_when=traced,
+    resolve=resolve,
+    check=check,
+    default_io=default_io,
+    varied_dims=varied_dims,
+    held_dims=held_dims,
+    sample_defaults=sample_defaults,
+    fixed_image_size=fixed_image_size,
+    files=files,
+    seq2seq=seq2seq,
+    top1=top1,
+    decoder=decoder,
+    later=LATER,
+    recorded=RECORDED,
+)
+"""What this kind says of itself (onnxbuild.sources.kind.SourceKind)."""

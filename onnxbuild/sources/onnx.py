@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from onnxbuild.sources.kind import SourceKind
+
 
 def identity(src: dict[str, Any], recipe_dir: Path) -> tuple[dict[str, Path], dict[str, Any]]:
     """The file itself (with its external data, read by the source step)."""
@@ -16,5 +18,5 @@ def estimate_weights(src: dict[str, Any], recipe_dir: Path) -> int:
     return path.stat().st_size if path.is_file() else 0
 
 
-TRACED = False
-"""An ONNX file already: no export, no validate section (check is its gate)."""
+KIND = SourceKind(name="onnx", traced=False, identity=identity, estimate_weights=estimate_weights)
+"""What this kind says of itself (onnxbuild.sources.kind.SourceKind)."""

@@ -12,6 +12,7 @@ from typing import Any
 
 from onnxbuild.errors import StepError
 from onnxbuild.sources import usercode
+from onnxbuild.sources.kind import SourceKind
 
 
 def factory_files(src: dict[str, Any], recipe_dir: Path) -> dict[str, Path]:
@@ -78,9 +79,6 @@ def estimate_weights(src: dict[str, Any], recipe_dir: Path) -> int:
     return 64 * 1024 * 1024  # unknown before the factory runs
 
 
-TRACED = True
-
-
 def check(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[tuple[Any, ...], str, bool]]:
     """export.inputs is required (nothing else knows the model's signature); the factory reference is well formed."""
     if "inputs" not in doc.get("export", {}):
@@ -92,3 +90,15 @@ def check(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[tuple[Any,
     wrong = usercode.ref_problem(src["factory"]) if isinstance(src.get("factory"), str) else None
     if wrong:
         yield ("source", "pytorch", "factory"), wrong, False
+
+
+KIND = SourceKind(
+    name="pytorch",
+    traced=True,
+    identity=identity,
+    estimate_weights=estimate_weights,
+    record=record,
+    load_model=load_model,
+    check=check,
+)
+"""What this kind says of itself (onnxbuild.sources.kind.SourceKind)."""

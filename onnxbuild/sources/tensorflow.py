@@ -18,6 +18,7 @@ from onnxbuild._util import brief
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import ExportSection
 from onnxbuild.sources import usercode
+from onnxbuild.sources.kind import SourceKind
 
 PACKAGES = ("tensorflow", "tensorflow-cpu", "tf2onnx", "keras")
 
@@ -149,9 +150,6 @@ def convert(model: Any, export: ExportSection, path: Path) -> None:
     path.write_bytes(proto.SerializeToString())
 
 
-TRACED = True
-
-
 def check(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[tuple[Any, ...], str, bool]]:
     """export.inputs is required (nothing else knows the model's signature); the factory reference is well formed."""
     if "inputs" not in doc.get("export", {}):
@@ -172,3 +170,15 @@ def check(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[tuple[Any,
     wrong = usercode.ref_problem(src["factory"]) if isinstance(src.get("factory"), str) else None
     if wrong:
         yield ("source", "tensorflow", "factory"), wrong, False
+
+
+KIND = SourceKind(
+    name="tensorflow",
+    traced=True,
+    identity=identity,
+    estimate_weights=estimate_weights,
+    record=record,
+    load_model=load_model,
+    check=check,
+)
+"""What this kind says of itself (onnxbuild.sources.kind.SourceKind)."""

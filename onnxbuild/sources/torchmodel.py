@@ -25,10 +25,13 @@ INT_RANGE_DEFAULT = 10
 
 def load_source_model(source: dict[str, Any], record: dict[str, Any], recipe_dir: Path) -> Any:
     """The model a torch-traced source's record describes, from that source kind's module."""
-    from onnxbuild.sources import source_module
+    from onnxbuild.sources import source_kind
 
     ((kind, src),) = source.items()
-    return source_module(kind).load_model(src, record, recipe_dir)
+    load = source_kind(kind).load_model
+    if load is None:
+        raise ValueError(f"a {kind} source is not traced: it has no model to load")
+    return load(src, record, recipe_dir)
 
 
 def full_export(export: ExportSection, model: Any) -> ExportSection:

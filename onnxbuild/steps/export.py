@@ -22,7 +22,7 @@ from onnxbuild.recipe.resolve import DEFAULT_SAMPLE
 from onnxbuild.recipe.sections import ExportSection
 from onnxbuild.recipe.tasks import DEFAULT_DECODER_SEQUENCE
 from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD, model_files
-from onnxbuild.sources import source_module
+from onnxbuild.sources import source_kind
 from onnxbuild.sources.torchmodel import (
     full_export,
     input_specs,
@@ -80,7 +80,8 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     device = torch.device(export["device"])
     record = read_source_record(ctx)
     model = load_source_model(source, record, ctx.recipe_dir).to(device)
-    if "huggingface" in source and source_module("huggingface").seq2seq(source["huggingface"]):
+    ((kind, src),) = source.items()
+    if source_kind(kind).seq2seq(src):
         return _seq2seq(ctx, model, source, record, export)
     export = full_export(export, model)
     names = [t["name"] for t in export["inputs"]]

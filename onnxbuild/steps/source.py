@@ -9,7 +9,7 @@ from typing import Any
 from onnxbuild._util import pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD
-from onnxbuild.sources import section_for, source_module
+from onnxbuild.sources import section_for, source_kind
 from onnxbuild.spec import Planning, StepKind
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
@@ -25,17 +25,14 @@ def plan(p: Planning) -> list[StepSpec]:
     """One step: a traced source's record (which weights, the digests of the files it
     names), or model.onnx for an onnx or graph source."""
     recipe = p.recipe
-    files, identity = source_module(recipe.source_kind).identity(recipe.source, recipe.directory)
+    described = source_kind(recipe.source_kind)
+    files, identity = described.identity(recipe.source, recipe.directory)
     outputs = (SOURCE_RECORD,) if recipe.torch_source else (MODEL,)
     return [
         StepSpec(
             name="source",
             kind="source",
-            params={
-                "source": section_for(
-                    recipe.resolved["source"], drop=getattr(source_module(recipe.source_kind), "LATER", ())
-                )
-            },
+            params={"source": section_for(recipe.resolved["source"], drop=described.later)},
             outputs=outputs,
             files=files,
             identity=identity,
@@ -55,7 +52,10 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         path, where = onnx_file(src, ctx.recipe_dir)  # type: ignore[arg-type]
         result = _onnx_file(ctx, {"path": str(path)}, key="source.huggingface.file", shown=str(src["file"]))
         return StepResult(summary=f"{src['file']} from {where}", extra_outputs=result.extra_outputs)
-    record = source_module(kind).record(src, ctx.recipe_dir, ctx.digests)
+    record_of = source_kind(kind).record
+    if record_of is None:
+        raise StepError(f"a {kind} source writes model.onnx, not a record (a bug: source.{kind} has no record)")
+    record = record_of(src, ctx.recipe_dir, ctx.digests)
     ctx.output("reports/source.json").write_text(pretty_json(record), encoding="utf-8")
     weights = str(record["weights"])
     note = f"weights: {weights}" + (f" ({record['why']})" if record.get("why") else "")

@@ -1,0 +1,91 @@
+"""What a source kind says of itself: :class:`SourceKind`, which each module under
+``onnxbuild/sources/`` exports as ``KIND`` (see the package's header)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+Source = dict[str, Any]
+"""A recipe's ``source.<kind>`` section as resolved (JSON from the recipe)."""
+Problem = tuple[tuple[Any, ...], str, bool]
+"""A cross-field problem: (key path, message, whether it is at the key rather than its value)."""
+
+
+def _always(src: Source) -> bool:
+    return True
+
+
+def _never(src: Source) -> bool:
+    return False
+
+
+def _no_dims(src: Source) -> tuple[str, ...]:
+    return ()
+
+
+def _no_sizes(src: Source) -> dict[str, int]:
+    return {}
+
+
+def _nothing_to_resolve(src: Source, defaults: Callable[[dict[str, Any], str], dict[str, Any]]) -> None:
+    return None
+
+
+def _no_problems(src: Source, doc: dict[str, Any]) -> Iterable[Problem]:
+    return ()
+
+
+@dataclass(frozen=True)
+class SourceKind:
+    """What a source kind says of itself. Each module under ``onnxbuild/sources/`` (one per key
+    the schema allows under ``source``) exports one as ``KIND``; ``sources.source_kind(name)``
+    hands it out. The recipe layer imports these modules, so they import only core modules,
+    and heavy packages only inside functions."""
+
+    name: str
+    traced: bool
+    """Exported through torch (the recipe then has ``export`` and ``validate`` sections)."""
+    identity: Callable[[Source, Path], tuple[dict[str, Path], dict[str, Any]]]
+    """The local files whose digests identify the model (in the source step's key) and facts
+    found without a network (a Hub commit, package versions)."""
+    estimate_weights: Callable[[Source, Path], int]
+    """Bytes of fp32 weights, to place steps on a cluster by memory."""
+    record: Callable[[Source, Path, dict[str, str]], dict[str, Any]] | None = None
+    """A traced source's record of which weights the model gets (reports/source.json)."""
+    load_model: Callable[[Source, dict[str, Any], Path], Any] | None = None
+    """The model that record describes (torch, transformers or TensorFlow imported here)."""
+    traced_when: Callable[[Source], bool] = _always
+    """Where tracing depends on the section (``huggingface.file`` is an ONNX file)."""
+    resolve: Callable[[Source, Callable[[dict[str, Any], str], dict[str, Any]]], None] = _nothing_to_resolve
+    """Defaults the schema cannot express (nested lists), given the schema's default filler."""
+    check: Callable[[Source, dict[str, Any]], Iterable[Problem]] = _no_problems
+    """Cross-field problems of the recipe as this kind sees them."""
+    default_io: Callable[[Source], tuple[list[dict[str, Any]], list[str]]] | None = None
+    """Export inputs and outputs when the recipe gives none (a task's)."""
+    varied_dims: Callable[[Source], tuple[str, ...]] = _no_dims
+    """Dimensions validation always varies, whatever the export declared."""
+    held_dims: Callable[[Source], tuple[str, ...]] = _no_dims
+    """Dimensions its default validation shapes keep at the sample size."""
+    sample_defaults: Callable[[Source], dict[str, int]] = _no_sizes
+    """Export sample sizes its config gives (an image model's image_size)."""
+    fixed_image_size: Callable[[Source], bool] = _never
+    """An image model of one size (its own check asks for config.image_size)."""
+    files: Callable[[Source], tuple[str, ...]] | None = None
+    """The ONNX files of one variant when more than model.onnx."""
+    seq2seq: Callable[[Source], bool] = _never
+    """Those files are an encoder and a decoder."""
+    top1: Callable[[Source], bool] = _never
+    """A top-1 agreement floor applies to its outputs."""
+    decoder: Callable[[Source], bool] = _never
+    """A text decoder: ``export.with_past`` and the fused decoder graphs apply."""
+    benchmark_inputs: Callable[[Source], list[dict[str, Any]]] | None = None
+    """Inputs an untraced source is benchmarked by."""
+    later: tuple[str, ...] = ()
+    """Keys only the steps after the source step read (how the model is loaded, its tokenizer):
+    not in the source step's key."""
+    recorded: tuple[str, ...] = ()
+    """Keys whose whole effect on later steps reaches them through the source step's record
+    (which weights, from where): left out of the keys of the steps that read that record."""
