@@ -883,8 +883,8 @@ def run_command(
     Example:
       onnxbuild run artifacts/gpt2 --prompt "464 2068 7586" --max-new-tokens 16
     """
+    from onnxbuild.runtimes.decoding import Sampling
     from onnxbuild.runtimes.generation import run
-    from onnxbuild.sources.decoder import Sampling
 
     result = run(
         artifact,

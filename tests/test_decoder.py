@@ -19,7 +19,7 @@ from onnxbuild.environment import BF16_FLAGS, missing_feature
 from onnxbuild.errors import RecipeError
 from onnxbuild.recipe.loader import load_recipe
 from onnxbuild.report import benchmark_schema
-from onnxbuild.sources.decoder import Generation
+from onnxbuild.runtimes.decoding import Generation
 from onnxbuild.steps.generate import compare_runs
 
 DATA = Path(__file__).resolve().parent / "data"

@@ -289,8 +289,8 @@ def _stateful_matches_explicit(path: Path, plain: Path) -> None:
     export (decomposed attention) keeps its cache as inputs."""
     import numpy as np
 
+    from onnxbuild.runtimes.decoding import OrtDecoder
     from onnxbuild.runtimes.openvino_target import load
-    from onnxbuild.sources.decoder import OrtDecoder
 
     held, explicit = load(path, precision="f32", threads=1), load(path, precision="f32", threads=1, stateful=False)
     assert held.keeps_past and not explicit.keeps_past and not load(plain, precision="f32", threads=1).keeps_past

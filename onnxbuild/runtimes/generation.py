@@ -72,7 +72,7 @@ def run(
     import numpy as np
     import onnxruntime as ort
 
-    from onnxbuild.sources.decoder import OrtDecoder, greedy
+    from onnxbuild.runtimes.decoding import OrtDecoder, greedy
 
     pair = encoder_decoder(artifact, variant)
     if pair is not None:
@@ -168,7 +168,7 @@ def _run_seq2seq(
     import numpy as np
 
     from onnxbuild.errors import StepError
-    from onnxbuild.sources.seq2seq import OrtSeq2Seq
+    from onnxbuild.runtimes.seq2seq_decoding import OrtSeq2Seq
 
     try:
         runner = OrtSeq2Seq.load(encoder, decoder)

@@ -1,11 +1,12 @@
-"""Causal LMs with a KV cache: the export wrapper, input names and the generation loops.
+"""Causal LMs with a KV cache: the export wrapper, the input names and the cache layout.
 
 One place knows how a transformers decoder takes its past: the wrapper turns the flat
 ``past_key_values.{i}.key`` / ``.value`` tensors of the ONNX signature into a
 transformers ``DynamicCache`` and the returned cache back into ``present.{i}.key`` /
 ``.value`` (transformers 5.x renamed the ``past_key_values`` argument to ``cache``;
-the wrapper passes whichever the model takes). The same loops drive ONNX Runtime and
-PyTorch, so the generate step, the benchmark and ``onnxbuild run`` decode alike.
+the wrapper passes whichever the model takes). The loops that run such a model, on ONNX
+Runtime and on PyTorch, are in runtimes/decoding.py: a source builds a model, it does not
+run one.
 
 Axes: ``input_ids`` and ``position_ids`` are [batch, sequence]; ``attention_mask`` is
 [batch, total_sequence] (past + new tokens); past tensors are [batch, kv_heads,
@@ -17,15 +18,23 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import ExportSection
 
 PAST = "past_key_values.{i}.{kv}"
+
+
 PRESENT = "present.{i}.{kv}"
+
+
 PAST_PREFIX = "past_key_values."
+
+
 PRESENT_PREFIX = "present."
+
+
 GENAI_INPUTS = ("input_ids", "attention_mask", "position_ids")
 """The token inputs onnxruntime-genai feeds a decoder by name (it has no token_type_ids)."""
 
@@ -104,187 +113,6 @@ def wrap_with_past(model: Any, token_names: list[str], outputs: list[str], layou
             return (*(out[name] for name in outputs), *flat)
 
     return WithPast().eval()
-
-
-# ---------------------------------------------------------------- choosing tokens
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """Seeded sampling that both engines share: the same uniform draw picks from each one's
-    own probabilities, so near-equal logits pick the same token."""
-
-    seed: int
-    temperature: float
-    top_k: int
-
-    def chooser(self) -> Any:
-        import numpy as np
-
-        rng = np.random.default_rng(self.seed)
-
-        def choose(logits: Any) -> Any:
-            x = logits.astype(np.float64) / max(self.temperature, 1e-6)
-            picks = []
-            for row in x:
-                order = np.argsort(-row, kind="stable")
-                if self.top_k:
-                    order = order[: self.top_k]
-                p = np.exp(row[order] - row[order].max())
-                cdf = np.cumsum(p / p.sum())
-                picks.append(order[min(int(np.searchsorted(cdf, rng.random())), len(order) - 1)])
-            return np.asarray(picks, dtype=np.int64)
-
-        return choose
-
-
-def greedy(logits: Any) -> Any:
-    import numpy as np
-
-    return np.asarray(logits.argmax(-1), dtype=np.int64)
-
-
-# ---------------------------------------------------------------- loops
-
-
-@dataclass(frozen=True)
-class Generation:
-    """Greedy (or seeded sampled) tokens and per-step logits from a decoder run."""
-
-    tokens: Any
-    """[batch, new tokens] int64."""
-    logits: list[Any]
-    """Last-position logits at each step, [batch, vocab] float32."""
-
-
-@runtime_checkable
-class HoldsCache(Protocol):
-    """A session that may keep its KV cache between calls (openvino_target.Session: a decoder
-    compiled stateful). When ``keeps_past`` is true its presents need not come out: ``kept()``
-    gives markers that stand for them as the next call's past."""
-
-    @property
-    def keeps_past(self) -> bool: ...
-
-    def kept(self) -> list[Any]: ...
-
-    def run(self, names: list[str] | None, feeds: dict[str, Any]) -> list[Any]: ...
-
-
-class OrtDecoder:
-    """Greedy or sampled decoding with a session of a with-past model: ONNX Runtime's, or any
-    with its ``get_inputs``/``get_outputs``/``run`` (OpenVINO's, which may hold the cache)."""
-
-    def __init__(self, session: Any) -> None:
-        self.session = session
-        self.layout = layout_from_session(session)
-        self.inputs = {i.name for i in session.get_inputs()}
-        self.outputs = [o.name for o in session.get_outputs()]
-        self.float = "float16" if self.layout.dtype == "float16" else "float32"
-
-    def feeds(self, ids: Any, past: list[Any], past_len: int) -> dict[str, Any]:
-        import numpy as np
-
-        batch, seq = ids.shape
-        feeds: dict[str, Any] = {"input_ids": ids}
-        if "attention_mask" in self.inputs:
-            feeds["attention_mask"] = np.ones((batch, past_len + seq), dtype=np.int64)
-        if "position_ids" in self.inputs:
-            feeds["position_ids"] = np.broadcast_to(
-                np.arange(past_len, past_len + seq, dtype=np.int64), (batch, seq)
-            ).copy()
-        feeds.update(zip(self.layout.past_names, past, strict=True))
-        return feeds
-
-    def empty_past(self, batch: int) -> list[Any]:
-        import numpy as np
-
-        shape = (batch, self.layout.kv_heads, 0, self.layout.head_dim)
-        return [np.zeros(shape, dtype=self.float) for _ in self.layout.past_names]
-
-    def forward(self, ids: Any, past: list[Any], past_len: int) -> tuple[Any, list[Any]]:
-        if isinstance(self.session, HoldsCache) and self.session.keeps_past:
-            # a stateful OpenVINO session holds the cache: reading it out to feed it back in
-            # would copy it twice a step, so only the logits come out, and markers go back in
-            (logits,) = self.session.run(["logits"], self.feeds(ids, past, past_len))
-            return logits, self.session.kept()
-        out = self.session.run(None, self.feeds(ids, past, past_len))
-        named = dict(zip(self.outputs, out, strict=True))
-        return named["logits"], [named[n] for n in self.layout.present_names]
-
-    def generate(self, prompt: Any, max_new_tokens: int, choose: Any = greedy, eos: int | None = None) -> Generation:
-        """Up to ``max_new_tokens`` tokens; with ``eos``, stop once every row has produced it."""
-        import numpy as np
-
-        past = self.empty_past(prompt.shape[0])
-        ids, past_len = prompt, 0
-        tokens, steps = [], []
-        finished = np.zeros(prompt.shape[0], dtype=bool)
-        for _ in range(max_new_tokens):
-            logits, past = self.forward(ids, past, past_len)
-            last = np.asarray(logits[:, -1, :], dtype=np.float32)
-            steps.append(last)
-            nxt = choose(last)
-            tokens.append(nxt)
-            if eos is not None:
-                finished |= nxt == eos
-                if finished.all():
-                    break
-            past_len += ids.shape[1]
-            ids = nxt[:, None]
-        return Generation(np.stack(tokens, axis=1), steps)
-
-
-def torch_generate(model: Any, prompt: Any, max_new_tokens: int, choose: Any = greedy) -> Generation:
-    """The same loop on the PyTorch model (its own DynamicCache), for sampling comparisons."""
-    import numpy as np
-    import torch
-
-    ids = torch.from_numpy(prompt)
-    cache = None
-    tokens, steps = [], []
-    total = prompt.shape[1]
-    params = set(inspect.signature(model.forward).parameters)
-    cache_arg = "cache" if "cache" in params else "past_key_values"
-    with torch.inference_mode():
-        for _ in range(max_new_tokens):
-            mask = torch.ones((ids.shape[0], total), dtype=torch.long)
-            out = model(
-                input_ids=ids,
-                attention_mask=mask,
-                use_cache=True,
-                return_dict=True,
-                **({cache_arg: cache} if cache is not None else {}),
-            )
-            cache = out.get("past_key_values") if out.get("past_key_values") is not None else out.get("cache")
-            last = out["logits"][:, -1, :].float().numpy()
-            steps.append(last)
-            nxt = choose(last)
-            tokens.append(nxt)
-            ids = torch.from_numpy(nxt[:, None])
-            total += 1
-    return Generation(np.stack(tokens, axis=1), steps)
-
-
-def hf_generate(model: Any, prompt: Any, max_new_tokens: int) -> Generation:
-    """Greedy decoding by transformers' own generate(), end-of-text ignored so lengths match."""
-    import numpy as np
-    import torch
-
-    ids = torch.from_numpy(prompt)
-    with torch.inference_mode():
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=torch.ones_like(ids),
-            do_sample=False,
-            max_new_tokens=max_new_tokens,
-            min_new_tokens=max_new_tokens,
-            output_logits=True,
-            return_dict_in_generate=True,
-            pad_token_id=0,
-        )
-    tokens = out.sequences[:, prompt.shape[1] :].numpy().astype(np.int64)
-    return Generation(tokens, [t.float().numpy() for t in out.logits])
 
 
 def genai_config(config: Any, layout: PastLayout, export: ExportSection) -> str:

@@ -95,7 +95,7 @@ def _end_tokens(model: Any) -> list[int]:
 
 def _without(ends: list[int]) -> Any:
     """Greedy choice with the end tokens ruled out."""
-    from onnxbuild.sources.decoder import greedy
+    from onnxbuild.runtimes.decoding import greedy
 
     def choose(logits: Any) -> Any:
         if not ends:
@@ -156,7 +156,7 @@ def teacher_forced(decoder: Any, prompt: Any, ref_tokens: Any) -> float:
 def _aligned(ref: Any, got: Any) -> dict[str, Any]:
     """compare_runs for generations that may stop at end-of-text at different steps: compared
     over the shorter, and a different length is a divergence where the shorter stopped."""
-    from onnxbuild.sources.decoder import Generation
+    from onnxbuild.runtimes.decoding import Generation
 
     length = min(ref.tokens.shape[1], got.tokens.shape[1])
     cut = compare_runs(
@@ -190,8 +190,9 @@ def _seq2seq(
     compared, and a teacher-forced pass over PyTorch's tokens for quantized variants."""
     import numpy as np
 
-    from onnxbuild.sources.decoder import Sampling
-    from onnxbuild.sources.seq2seq import OrtSeq2Seq, hf_generate, start_token, torch_generate
+    from onnxbuild.runtimes.decoding import Sampling
+    from onnxbuild.runtimes.seq2seq_decoding import OrtSeq2Seq, hf_generate, torch_generate
+    from onnxbuild.sources.seq2seq import start_token
 
     n = int(gen["max_new_tokens"])
     feeds = (
@@ -348,7 +349,7 @@ def _finish(
 def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     import onnxruntime as ort
 
-    from onnxbuild.sources.decoder import OrtDecoder, Sampling, hf_generate, torch_generate
+    from onnxbuild.runtimes.decoding import OrtDecoder, Sampling, hf_generate, torch_generate
     from onnxbuild.sources.torchmodel import load_source_model, vocab_size
 
     gen, source = cast(GenerateSection, spec.params["generate"]), spec.params["source"]

@@ -154,7 +154,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     record = read_source_record(ctx)
     model = load_source_model(source, record, ctx.recipe_dir)
     if spec.params.get("files"):
-        from onnxbuild.sources.seq2seq import validate_files
+        from onnxbuild.steps.validating.seq2seq import validate_files
 
         checked = validate_files(model, source, export, validate, [ctx.input(f) for f in spec.params["files"]], compare)
         shape_results = [cast(ShapeResult, c) for c in checked.results]

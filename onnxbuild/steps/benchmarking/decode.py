@@ -84,7 +84,7 @@ def _ort_decode(
 def _decode_step(session: Any, sizes: dict[str, int]) -> tuple[Any, dict[str, Any], int]:
     """The feeds of one decode step after a past as long as the prompt of ``sizes`` (the decoder
     loop over ``session``, the feeds, the vocabulary size)."""
-    from onnxbuild.sources.decoder import OrtDecoder
+    from onnxbuild.runtimes.decoding import OrtDecoder
 
     decoder = OrtDecoder(session)
     names = [i.name for i in session.get_inputs()]

@@ -39,6 +39,7 @@ def _seq2seq_pytorch(
     """PyTorch's first token, one decoder step and whole generation (see _seq2seq_benchmark)."""
     import torch
 
+    from onnxbuild.runtimes import seq2seq_decoding
     from onnxbuild.sources import seq2seq
 
     layout = seq2seq.layout_of(model.config)
@@ -69,7 +70,7 @@ def _seq2seq_pytorch(
                 decoder(ids, h, *m, *pk)
 
             prefill, one = _timed_at(bench, first, sizes), _timed_at(bench, step, sizes)
-        total = _generation_time(lambda f=feeds: seq2seq.hf_generate(model, f, n, stop_at_eos=False))
+        total = _generation_time(lambda f=feeds: seq2seq_decoding.hf_generate(model, f, n, stop_at_eos=False))
         baseline.append(
             {
                 "engine": "pytorch",
@@ -215,7 +216,7 @@ def _pytorch_decode(
     """PyTorch's prefill and per-token decode, and transformers' generate() end to end."""
     import torch
 
-    from onnxbuild.sources.decoder import hf_generate
+    from onnxbuild.runtimes.decoding import hf_generate
 
     feeds = _decode_feeds(names, layout, sizes, getattr(model.config, "vocab_size", None))
     args = tuple((_bf16 if dtype == "bf16" else (lambda t: t))(torch.from_numpy(feeds[n])) for n in names)

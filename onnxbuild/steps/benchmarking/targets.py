@@ -42,6 +42,7 @@ def _seq2seq_benchmark(
     import numpy as np
     import torch
 
+    from onnxbuild.runtimes import seq2seq_decoding
     from onnxbuild.sources import seq2seq
     from onnxbuild.sources.torchmodel import load_source_model, make_inputs
 
@@ -71,7 +72,7 @@ def _seq2seq_benchmark(
     for variant in spec.params["variants"]:
         paths = [ctx.input(f) for f in variant["files"]]
         t0 = time.perf_counter()
-        runner = seq2seq.OrtSeq2Seq.load(paths[0], paths[1], threads=threads)
+        runner = seq2seq_decoding.OrtSeq2Seq.load(paths[0], paths[1], threads=threads)
         created = time.perf_counter() - t0
         for sizes, feeds in zip(shapes, feeds_by_shape, strict=True):
             mask_np = feeds.get("attention_mask")

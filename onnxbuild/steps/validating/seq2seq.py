@@ -1,0 +1,108 @@
+"""Validating an encoder-decoder variant end to end: the encoder, the decoder's first call on each
+engine's own hidden states, and one more token through its cache, ONNX Runtime against PyTorch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from onnxbuild.errors import StepError
+from onnxbuild.recipe.tasks import DEFAULT_DECODER_SEQUENCE
+from onnxbuild.runtimes.seq2seq_decoding import OrtSeq2Seq
+from onnxbuild.sources.seq2seq import decoder_module, encoder_module, layout_of
+
+
+@dataclass(frozen=True)
+class Checked:
+    """Validation results of an encoder-decoder variant: one entry per shape, in the
+    validate step's ShapeResult form, and the top-1 counts over every decoder position."""
+
+    results: list[dict[str, Any]]
+    top1_hits: int
+    top1_total: int
+
+
+def validate_files(
+    model: Any, source: dict[str, Any], export: Any, validate: Any, paths: list[Any], compare: Any
+) -> Checked:
+    """Each shape end to end, ONNX Runtime against PyTorch: the encoder's hidden states; the
+    decoder's first call (``decoder_sequence`` tokens, empty cache) on each engine's own
+    hidden states, logits and grown cache; then one more token through that cache."""
+    import numpy as np
+    import torch
+
+    from onnxbuild.sources.torchmodel import input_specs, make_inputs
+
+    ort_model = OrtSeq2Seq.load(paths[0], paths[1])
+    layout = layout_of(model.config)
+    names = [t["name"] for t in export["inputs"]]
+    masked = "attention_mask" in names
+    encoder, decoder = encoder_module(model, names), decoder_module(model, layout, masked)
+    vocab = int(model.config.vocab_size)
+    specs = input_specs(source, export, natural=True)
+    rtol, atol = float(validate["rtol"]), float(validate["atol"])
+    results: list[dict[str, Any]] = []
+    hits = total = 0
+    for i, sizes in enumerate(validate["shapes"]):
+        feeds = make_inputs(specs, sizes, seed=int(validate["seed"]) + i, vocab=vocab)
+        batch = next(iter(feeds.values())).shape[0]
+        mask = feeds.get("attention_mask")
+        steps = int(sizes.get("decoder_sequence", DEFAULT_DECODER_SEQUENCE))
+        decoder_ids = np.random.default_rng(int(validate["seed"]) + 1000 + i).integers(
+            0, vocab, size=(batch, steps), dtype=np.int64
+        )
+        result: dict[str, Any] = {
+            "shape": dict(sizes),
+            "passed": False,
+            "error": None,
+            "outputs": {},
+            "top1_agreement": None,
+        }
+        with torch.no_grad():
+            t_mask = (torch.from_numpy(mask),) if mask is not None else ()
+            try:
+                (t_hidden,) = encoder(*(torch.from_numpy(feeds[n]) for n in names))
+                empty = [torch.zeros((batch, layout.kv_heads, 0, layout.head_dim)) for _ in layout.past_names]
+                t_first = decoder(torch.from_numpy(decoder_ids), t_hidden, *t_mask, *empty)
+                t_next_id = t_first[0][:, -1:].argmax(-1)
+                t_second = decoder(t_next_id, t_hidden, *t_mask, *t_first[1:])
+            except Exception as exc:
+                shown = ", ".join(f"{d}={v}" for d, v in sizes.items())
+                raise StepError(
+                    f"validate.shapes: PyTorch itself fails on the source model at {shown} ({type(exc).__name__}: "
+                    f"{str(exc)[:300]})"
+                ) from None
+        try:
+            hidden = ort_model.encode(feeds)
+            first_logits, first_past = ort_model.step(decoder_ids, hidden, mask, ort_model.empty_past(batch))
+            second_logits, _ = ort_model.step(t_next_id.numpy(), hidden, mask, first_past)
+        except Exception as exc:
+            result["error"] = f"ONNX Runtime refused the inputs: {str(exc)[:500]}"
+            results.append(result)
+            continue
+        pairs = [
+            ("encoder.last_hidden_state", t_hidden, hidden),
+            ("decoder.logits", t_first[0], first_logits),
+            *(
+                (f"decoder.{name}", t, o)
+                for name, t, o in zip(layout.present_names, t_first[1:], first_past, strict=True)
+            ),
+            ("decoder.next_step.logits", t_second[0], second_logits),
+        ]
+        ok = True
+        for name, ref, got in pairs:
+            cmp = compare(ref.float().numpy(), np.asarray(got), rtol, atol)
+            result["outputs"][name] = cmp
+            ok = ok and cmp["passed"]
+        same = np.concatenate(
+            [
+                (t_first[0].numpy().argmax(-1) == first_logits.argmax(-1)).ravel(),
+                (t_second[0].numpy().argmax(-1) == second_logits.argmax(-1)).ravel(),
+            ]
+        )
+        result["top1_agreement"] = float(same.mean())
+        hits, total = hits + int(same.sum()), total + int(same.size)
+        result["passed"] = ok
+        results.append(result)
+    return Checked(results, hits, total)
