@@ -11,6 +11,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from onnxbuild.runtimes.sessions import Session
 from onnxbuild.sources.decoder import layout_from_session
 
 
@@ -77,7 +78,7 @@ class OrtDecoder:
     """Greedy or sampled decoding with a session of a with-past model: ONNX Runtime's, or any
     with its ``get_inputs``/``get_outputs``/``run`` (OpenVINO's, which may hold the cache)."""
 
-    def __init__(self, session: Any) -> None:
+    def __init__(self, session: Session) -> None:
         self.session = session
         self.layout = layout_from_session(session)
         self.inputs = {i.name for i in session.get_inputs()}

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from onnxbuild._util import brief
+from onnxbuild.runtimes import sessions
 from onnxbuild.sources.decoder import PAST_PREFIX as PAST
 from onnxbuild.sources.decoder import PRESENT_PREFIX as PRESENT
 
@@ -509,3 +510,8 @@ TOLERANCES: dict[str, tuple[float, float]] = {"bf16": (0.1, 0.05), "f16": (0.05,
 TOP1_MIN = 0.9
 """Language models below f32: the least share of predictions (argmax over the vocabulary)
 that must match the source model's, unless the provider's options set ``top1_min``."""
+
+
+def _answers_as_onnx_runtime(session: Session) -> sessions.Session:
+    """Never called: mypy checks here that this Session is a runtimes.sessions.Session."""
+    return session

@@ -14,7 +14,8 @@ sides of a ratio run alike.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 SESSION_CONFIG: dict[str, str] = {"session.set_denormal_as_zero": "1"}
 """Session config entries set on every session that runs an artifact; benchmark.json lists them."""
@@ -31,3 +32,31 @@ def options(threads: int = 0) -> Any:
     for key, value in SESSION_CONFIG.items():
         so.add_session_config_entry(key, value)
     return so
+
+
+class TensorInfo(Protocol):
+    """An input or output as a session lists it (``onnxruntime.NodeArg``,
+    ``openvino_target.Port``): its name, its shape (ints and dimension names) and its type
+    (``tensor(float)``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def shape(self) -> Sequence[Any]: ...
+
+    @property
+    def type(self) -> str: ...
+
+
+class Session(Protocol):
+    """What validate, generate, benchmark and ``onnxbuild run`` ask of a session: ONNX Runtime's
+    ``InferenceSession`` has it, and so does ``openvino_target.Session`` (OpenVINO's CPU plugin
+    answering as ONNX Runtime does), so one code path checks, times and decodes both.
+    onnxruntime-web runs in Node.js, a file at a time (``onnxbuild.web.run``), not behind this."""
+
+    def get_inputs(self) -> Sequence[TensorInfo]: ...
+
+    def get_outputs(self) -> Sequence[TensorInfo]: ...
+
+    def run(self, output_names: list[str] | None, input_feed: dict[str, Any], /) -> list[Any]: ...

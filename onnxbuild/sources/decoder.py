@@ -22,6 +22,7 @@ from typing import Any
 
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import ExportSection
+from onnxbuild.runtimes.sessions import Session
 
 PAST = "past_key_values.{i}.{kv}"
 
@@ -71,7 +72,7 @@ def layout_of(config: Any) -> PastLayout:
     return PastLayout(layers=int(config.num_hidden_layers), kv_heads=kv_heads, head_dim=head_dim)
 
 
-def layout_from_session(session: Any) -> PastLayout:
+def layout_from_session(session: Session) -> PastLayout:
     """The KV-cache layout an ONNX model declares in its inputs."""
     past = [i for i in session.get_inputs() if i.name.startswith(PAST_PREFIX)]
     if not past:

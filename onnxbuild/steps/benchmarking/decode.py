@@ -7,6 +7,7 @@ from typing import Any
 from onnxbuild.recipe.sections import (
     BenchmarkSection,
 )
+from onnxbuild.runtimes.sessions import Session
 from onnxbuild.sources.decoder import PAST_PREFIX
 from onnxbuild.steps.benchmarking.limits import WORK, _shapes
 from onnxbuild.steps.benchmarking.timing import (
@@ -81,7 +82,7 @@ def _ort_decode(
     }
 
 
-def _decode_step(session: Any, sizes: dict[str, int]) -> tuple[Any, dict[str, Any], int]:
+def _decode_step(session: Session, sizes: dict[str, int]) -> tuple[Any, dict[str, Any], int]:
     """The feeds of one decode step after a past as long as the prompt of ``sizes`` (the decoder
     loop over ``session``, the feeds, the vocabulary size)."""
     from onnxbuild.runtimes.decoding import OrtDecoder

@@ -10,6 +10,7 @@ from typing import Any, cast
 from onnxbuild._util import pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import QuantizeSection
+from onnxbuild.runtimes.sessions import Session
 from onnxbuild.sources.decoder import PAST_PREFIX as PAST
 from onnxbuild.steps.base import StepContext, StepSpec
 from onnxbuild.steps.budget import PrecisionPlan
@@ -117,7 +118,7 @@ def _calibration_windows(ctx: StepContext, spec: StepSpec, q: QuantizeSection, s
     ), f"{count} windows of {window} seeded random token ids (no calibration.text)"
 
 
-def _prefill_feeds(session: Any, ids: Any) -> dict[str, Any]:
+def _prefill_feeds(session: Session, ids: Any) -> dict[str, Any]:
     """One window as a prefill: its ids, a mask of ones, positions from 0 and every past empty."""
     import numpy as np
 

@@ -11,9 +11,10 @@ from onnxbuild._util import atol_scale_of
 from onnxbuild.report.validation import (
     OutputComparison,
 )
+from onnxbuild.runtimes.sessions import Session
 
 
-def _as_declared(session: Any, feeds: dict[str, Any]) -> dict[str, Any]:
+def _as_declared(session: Session, feeds: dict[str, Any]) -> dict[str, Any]:
     """``feeds`` with float32 arrays cast to float16 where the session declares float16."""
     import numpy as np
 
