@@ -1,7 +1,9 @@
 """Whether ``report.html`` is already the page a folder's files would render, without
 importing the renderer (12 ms of a 0.15 s no-op).
 
-A page is a function of the renderer's source, the folder's path, ``manifest.json`` (which
+A page is a function of onnxbuild's code (its .py files, by path, size and mtime: any edit
+renders the page again, with no list of the renderer's imports to keep true), the folder's
+path, ``manifest.json`` (which
 holds the digest of every file a step wrote there, and so of every file the page reads)
 and ``timings.json``; a no-op rewrites neither of those byte for byte, so its page is the
 one already there. The key of those is written into the page, after its doctype, with the
@@ -11,19 +13,22 @@ digest of the rest of the page, so a page edited or cut short by hand is written
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 MARK = "<!-- onnxbuild page "
-_SHARED = ("_util.py", "review/modeldiff.py")
-"""What the renderer imports from outside report/ (whose modules are all taken)."""
+PACKAGE = Path(__file__).resolve().parent.parent
 
 
 def page_key(folder: Path) -> str:
     """sha256 of what the page of ``folder`` is rendered from."""
     digest = hashlib.sha256(str(folder).encode())
-    here = Path(__file__).parent
-    sources = sorted(here.glob("*.py")) + [here.parent / n for n in _SHARED]
-    for path in (*sources, folder / "manifest.json", folder / "timings.json"):
+    for where, folders, files in os.walk(PACKAGE):
+        folders[:] = sorted(f for f in folders if f not in ("node_modules", "__pycache__"))
+        for name in sorted(f for f in files if f.endswith(".py")):
+            st = os.stat(os.path.join(where, name))
+            digest.update(f"{where}/{name}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    for path in (folder / "manifest.json", folder / "timings.json"):
         try:
             data = path.read_bytes()
         except OSError:
