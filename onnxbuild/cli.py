@@ -903,15 +903,17 @@ def run_command(
             "chat_template": result.chat_template,
             "seconds": round(result.seconds, 4),
             "tokens_per_s": round(result.tokens_per_s, 2),
+            "prefill": str(result.prefill) if result.prefill else None,
         }
         click.echo(json.dumps(payload, indent=2))
         return
     click.echo(result.text if result.text is not None else " ".join(map(str, result.new_ids)))
     how = "sampled" if sample else "greedy"
     end = ", stopped at end-of-text" if result.stopped_at_eos else ""
+    served = f" (the prompt through {result.prefill.name})" if result.prefill else ""
     click.echo(
         f"{len(result.new_ids)} tokens ({how}) in {result.seconds:.2f} s, {result.tokens_per_s:.1f} tokens/s, "
-        f"{result.model}{end}",
+        f"{result.model}{served}{end}",
         err=True,
     )
 

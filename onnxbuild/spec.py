@@ -21,6 +21,7 @@ STEP_KINDS: tuple[str, ...] = (
     "optimize",
     "quantize",
     "convert",
+    "serve",
     "expect",
     "validate",
     "report",
@@ -160,10 +161,14 @@ class Variant:
     for the first node where the two part."""
     own: dict[str, Any] = field(default_factory=dict, hash=False)
     """Its recipe entry's own ``validate:`` tolerances, over its precision's defaults."""
+    prefill: str | None = None
+    """A decoder served by two files: the one that processes the prompt (an empty past), where
+    ``path`` then decodes each token after it (onnxbuild.steps.serve)."""
 
     @property
     def paths(self) -> tuple[str, ...]:
-        return self.files or (self.path,)
+        """Every file of it: an encoder-decoder's files, or the decoder and its prefill file."""
+        return self.files or ((self.prefill, self.path) if self.prefill else (self.path,))
 
     @property
     def validate_step(self) -> str:
@@ -177,6 +182,7 @@ class Variant:
             "path": self.path,
             "precision": self.precision,
             **({"files": list(self.files)} if self.files else {}),
+            **({"prefill": self.prefill} if self.prefill else {}),
         }
 
 

@@ -131,6 +131,7 @@ def test_benchmark_reports_prefill_and_per_token_decode_beside_pytorch_generate(
         ("onnxruntime", "model"),
         ("onnxruntime", "optimized"),
         ("onnxruntime", "int8"),
+        ("onnxruntime", "int8-served"),
     ]
     for d in decode:
         assert d["new_tokens"] == 8 and d["shape"] == {"batch": 1, "sequence": 16}
@@ -158,6 +159,56 @@ def test_the_folder_has_what_optimum_and_onnxruntime_genai_read(built: Path) -> 
         decoder["inputs"]["position_ids"],
     } <= names
     assert decoder["inputs"]["past_key_names"] % 1 in names
+
+
+def test_a_served_variant_runs_the_prompt_on_one_file_and_each_token_after_it_on_the_other(built: Path) -> None:
+    served = built / "int8-served"
+    # the two files are the paired variants' own bytes (one cache object each, hard-linked)
+    assert (served / "prefill.onnx").read_bytes() == (built / "optimized" / "model.onnx").read_bytes()
+    assert (served / "model.onnx").read_bytes() == (built / "int8" / "model.onnx").read_bytes()
+    prefill = ort.InferenceSession(str(served / "prefill.onnx"), providers=["CPUExecutionProvider"])
+    decode = ort.InferenceSession(str(served / "model.onnx"), providers=["CPUExecutionProvider"])
+    names = [i.name for i in decode.get_inputs()]
+    genai = read(served / "genai_config.json")["model"]
+    assert genai["type"] == "decoder-pipeline" and "filename" not in genai["decoder"]
+    stages = [next(iter(stage.items())) for stage in genai["decoder"]["pipeline"]]
+    assert [(n, s["filename"], s["run_on_prompt"], s["run_on_token_gen"]) for n, s in stages] == [
+        ("prefill", "prefill.onnx", True, False),
+        ("decode", "model.onnx", False, True),
+    ]
+    assert all(s["inputs"] == names and s["outputs"] == [o.name for o in decode.get_outputs()] for _, s in stages)
+
+    # by hand: the prompt through the float file, then greedy steps through the int8 file
+    prompt = read(built / "reports" / "generation.json")["prompt_ids"]
+    feeds = {
+        "input_ids": np.array([prompt]),
+        "attention_mask": np.ones((1, len(prompt)), dtype=np.int64),
+        "position_ids": np.arange(len(prompt))[None],
+    }
+    feeds |= {n: np.zeros((1, 4, 0, 16), dtype=np.float32) for n in names if n.startswith("past")}
+    outputs = [o.name for o in decode.get_outputs()]
+    first = dict(zip(outputs, prefill.run(None, feeds), strict=True))
+    assert not np.allclose(first["logits"], decode.run(["logits"], feeds)[0], atol=1e-4)  # the files differ
+    tokens, out = [], first
+    for t in range(len(prompt), len(prompt) + 12):
+        tokens.append(int(out["logits"][0, -1].argmax()))
+        step = {"input_ids": np.array([[tokens[-1]]]), "attention_mask": np.ones((1, t + 1), dtype=np.int64)}
+        step |= {"position_ids": np.array([[t]])}
+        step |= {n: out[n.replace("past_key_values", "present")] for n in names if n.startswith("past")}
+        out = dict(zip(outputs, decode.run(None, step), strict=True))
+    result = CliRunner().invoke(
+        cli, ["run", str(built), "--variant", "int8-served", "-p", " ".join(map(str, prompt)), "-n", "12", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["new_ids"] == tokens and payload["prefill"] == str(served / "prefill.onnx")
+
+    # validated, generated and timed as served: its own report, rows with both files' bytes
+    validation = read(built / "reports" / "validation.json")["variants"]["int8-served"]
+    assert validation["passed"] is True
+    row = next(r for r in read(built / "benchmark.json")["results"] if r["variant"] == "int8-served")
+    assert row["file_bytes"] == (served / "model.onnx").stat().st_size + (served / "prefill.onnx").stat().st_size
+    assert read(built / "reports" / "generation.json")["variants"]["int8-served"]["greedy"]["identical"] is True
 
 
 def test_run_generates_the_same_tokens_as_the_build(built: Path) -> None:
@@ -194,7 +245,7 @@ def test_run_generates_the_same_tokens_as_the_build(built: Path) -> None:
         (["--prompt", "hello there"], "has no tokenizer files, so --prompt must be token ids"),
         (
             ["--prompt", "1 2", "--variant", "int9"],
-            "int9/model.onnx does not exist (variants here: model, int8, optimized)",
+            "int9/model.onnx does not exist (variants here: model, int8, int8-served, optimized)",
         ),
         (["--prompt", "5000"], "token id 5000 is outside the vocabulary (size 1000)"),
         (["--prompt", "1 2", "-n", "200"], "exceeds the model's context of 128; ask for at most 126"),
@@ -268,6 +319,37 @@ export:
         ),
         ("text-generation", "true", "generate: {prompt: hi}\n", "generate: missing required key 'max_new_tokens'"),
         ("text-generation", "true", "generate: {max_new_tokens: 0}\n", "generate.max_new_tokens:"),
+        (
+            "text-generation",
+            "true",
+            "quantize: [{name: int8, method: dynamic}]\nserve: [{name: s, decode: int4, prefill: int8}]\n",
+            "serve[0].decode: no variant 'int4' to pair here (variants made before serve: model, int8)",
+        ),
+        (
+            "text-generation",
+            "true",
+            "quantize: [{name: int8, method: dynamic}]\nserve: [{name: s, decode: int8, prefill: int8}]\n",
+            "serve[0].prefill: names 'int8' as decode too; pair two variants",
+        ),
+        (
+            "text-generation",
+            "true",
+            "serve: [{name: s, decode: model, prefill: s}]\n",
+            "serve[0].prefill: no variant 's' to pair here (variants made before serve: model)",
+        ),
+        (
+            "text-generation",
+            "false",
+            "quantize: [{name: int8, method: dynamic}]\nserve: [{name: s, decode: int8, prefill: model}]\n",
+            "serve: a decoder is served by two files (one for the prompt, one per token after it) only when it "
+            "takes its KV cache: set export.with_past: true",
+        ),
+        (
+            "text-generation",
+            "true",
+            "serve: [{name: s, decode: model}]\n",
+            "serve[0]: missing required key 'prefill'",
+        ),
         (
             "text-generation",
             "true",

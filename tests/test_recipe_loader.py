@@ -52,7 +52,7 @@ ONNX = "source: {onnx: {path: m.onnx}}\n"
 
 TOP_KEYS = (
     "benchmark, convert, description, expect, export, generate, limits, name, optimize, providers, "
-    "quantize, source, validate"
+    "quantize, serve, source, validate"
 )
 NAME_RULE = "a name of letters, digits, '.', '_' or '-' (at most 64, no path separators), e.g. gpt2-small"
 SOURCES = "exactly one of: onnx, graph, huggingface, pytorch, tensorflow"

@@ -233,11 +233,14 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
                 where, f"{gate} gates quality on real text; add validate.text (the text to measure on)", key=True
             )
     entries = list(variant_entries(doc))
+    optimize = doc.get("optimize")
     variant_names: list[str] = [
         "model",
-        *(["optimized"] if doc.get("optimize") else []),
+        *(["optimized"] if optimize else []),
         *(e["name"] for _, _, e in entries),
     ]
+    built_in = variant_names[: len(variant_names) - len(entries)]
+    yield from (problem(path, message, key=at_key) for path, message, at_key in _variant_refs(doc, entries, built_in))
     for i, prov in enumerate(doc.get("providers", [])):
         unknown = _unknown_provider(prov.get("name"))
         if unknown:
@@ -282,7 +285,7 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
                 f"steps such as {', '.join(sorted(named)) or 'validate.int8'})",
                 key=True,
             )
-    decoder = (doc.get("optimize") or {}).get("decoder")
+    decoder = (optimize or {}).get("decoder")
     if decoder == "fused":
         from onnxbuild.recipe.families import FUSED_DECODERS
 
@@ -308,7 +311,7 @@ def semantic_problems(doc: dict[str, Any], positions: Positions, shown: str) -> 
             )
         if e["name"] in earlier:
             yield problem((section, i, "name"), f"variant name {e['name']!r} is used twice; names must be unique")
-        if e.get("from") == "optimized" and not doc.get("optimize"):
+        if e.get("from") == "optimized" and not optimize:
             yield problem(
                 (section, i, "from"), f"{section}s the optimized variant, but the recipe has no optimize section"
             )
@@ -324,6 +327,41 @@ def variant_entries(doc: dict[str, Any]) -> Iterable[tuple[str, int, dict[str, A
             yield from (
                 (section, i, e) for i, e in enumerate(value) if isinstance(e, dict) and isinstance(e.get("name"), str)
             )
+
+
+def _variant_refs(
+    doc: dict[str, Any], entries: list[tuple[str, int, dict[str, Any]]], built_in: list[str]
+) -> Iterable[tuple[tuple[Any, ...], str, bool]]:
+    """Keys the schema marks ``x-variant-ref`` (a variant section's entry naming other variants,
+    as serve's ``decode`` and ``prefill``) must name a variant an earlier section makes, and two
+    of them in one entry differ; a section's ``x-requires`` (a dotted key) must be set."""
+    properties = schema()["properties"]
+    defs = schema()["$defs"]
+    earlier = list(built_in)
+    for section in properties:
+        in_section = [(i, e) for s, i, e in entries if s == section]
+        ref = properties[section].get("items", {}).get("$ref", "")
+        fields = defs.get(ref.rsplit("/", 1)[-1], {}).get("properties", {}) if ref else {}
+        refs = [k for k, prop in fields.items() if prop.get("x-variant-ref")]
+        requires = properties[section].get("x-requires")
+        if in_section and requires:
+            value: Any = doc
+            for part in requires["key"].split("."):
+                value = value.get(part) if isinstance(value, dict) else None
+            if not value:
+                yield (section,), requires["message"], True
+        for i, e in in_section:
+            named = [(k, e[k]) for k in refs if isinstance(e.get(k), str)]
+            for k, v in named:
+                if v not in earlier:
+                    yield (
+                        (section, i, k),
+                        f"no variant {v!r} to pair here (variants made before {section}: {', '.join(earlier)})",
+                        False,
+                    )
+            if len(named) == 2 and named[0][1] == named[1][1]:
+                yield (section, i, named[1][0]), f"names {named[1][1]!r} as {named[0][0]} too; pair two variants", False
+        earlier += [e["name"] for _, e in in_section]
 
 
 OPENVINO_OPTIONS = {

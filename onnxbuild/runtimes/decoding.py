@@ -11,6 +11,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from onnxbuild.errors import StepError
 from onnxbuild.runtimes.sessions import Session
 from onnxbuild.sources.decoder import layout_from_session
 
@@ -78,12 +79,21 @@ class OrtDecoder:
     """Greedy or sampled decoding with a session of a with-past model: ONNX Runtime's, or any
     with its ``get_inputs``/``get_outputs``/``run`` (OpenVINO's, which may hold the cache)."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, prefill: Session | None = None) -> None:
         self.session = session
         self.layout = layout_from_session(session)
         self.inputs = {i.name for i in session.get_inputs()}
         self.outputs = [o.name for o in session.get_outputs()]
         self.float = "float16" if self.layout.dtype == "float16" else "float32"
+        self.prefill = prefill
+        """A second file for the first call (the prompt, from an empty past), as
+        onnxruntime-genai's decoder pipeline runs one (onnxbuild.steps.serve)."""
+        if prefill is not None and (
+            layout_from_session(prefill) != self.layout
+            or {i.name for i in prefill.get_inputs()} != self.inputs
+            or [o.name for o in prefill.get_outputs()] != self.outputs
+        ):
+            raise StepError("the prefill file does not take and return the same tensors as the decode file")
 
     def feeds(self, ids: Any, past: list[Any], past_len: int) -> dict[str, Any]:
         import numpy as np
@@ -111,7 +121,8 @@ class OrtDecoder:
             # would copy it twice a step, so only the logits come out, and markers go back in
             (logits,) = self.session.run(["logits"], self.feeds(ids, past, past_len))
             return logits, self.session.kept()
-        out = self.session.run(None, self.feeds(ids, past, past_len))
+        session = self.prefill if self.prefill is not None and past_len == 0 else self.session
+        out = session.run(None, self.feeds(ids, past, past_len))
         named = dict(zip(self.outputs, out, strict=True))
         return named["logits"], [named[n] for n in self.layout.present_names]
 

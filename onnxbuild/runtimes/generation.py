@@ -21,6 +21,8 @@ from onnxbuild.runtimes import sessions
 from onnxbuild.sources.decoder import PAST_PREFIX
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
+PREFILL_FILE = "prefill.onnx"
+"""Beside a variant's model.onnx: the file that runs the prompt (onnxbuild.steps.serve)."""
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,9 @@ class RunResult:
     chat_template: bool
     seconds: float
     stopped_at_eos: bool
+    prefill: Path | None = None
+    """The file that ran the prompt, where the variant is served by two files (``model``
+    then decoded each token after it)."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -89,7 +94,18 @@ def run(
             f"{path} takes no past_key_values inputs: "
             "build it with export.with_past: true in the recipe to generate from it"
         )
-    decoder = OrtDecoder(session)
+    # a variant served by two files (a recipe's serve:): the prompt through prefill.onnx beside
+    # it, each later token through model.onnx, as its genai_config.json tells onnxruntime-genai
+    prefill_path = path.parent / PREFILL_FILE if path.name == "model.onnx" else None
+    prefill = None
+    if prefill_path is not None and prefill_path.is_file():
+        try:
+            prefill = ort.InferenceSession(str(prefill_path), options, providers=["CPUExecutionProvider"])
+            decoder = OrtDecoder(session, prefill=prefill)
+        except Exception as exc:
+            raise UsageError(f"{prefill_path}: cannot serve the prompt beside {path.name}: {brief(exc)}") from None
+    else:
+        decoder = OrtDecoder(session)
     config = _json(folder / "config.json")
     generation = _json(folder / "generation_config.json")
     tokenizer = _tokenizer(folder)
@@ -140,6 +156,7 @@ def run(
         used_template,
         seconds,
         bool(isinstance(eos, int) and new and new[-1] == eos),
+        prefill_path if prefill is not None else None,
     )
 
 

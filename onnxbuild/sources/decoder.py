@@ -116,6 +116,34 @@ def wrap_with_past(model: Any, token_names: list[str], outputs: list[str], layou
     return WithPast().eval()
 
 
+def genai_pipeline(single: str, inputs: list[str], outputs: list[str], *, prefill: str, decode: str) -> dict[str, Any]:
+    """A ``genai_config()`` document turned into onnxruntime-genai's ``decoder-pipeline`` type:
+    ``prefill`` runs on the prompt (genai's first run), ``decode`` on each generated token.
+    Both take and return the same tensors, which genai manages (the ids, the mask, the
+    positions, the cache) and hands to whichever file runs. Checked with onnxruntime-genai 0.18
+    on SmolLM2-135M (int8 prefill, int4 decode): "The capital of France is Paris."."""
+    import json
+
+    doc = json.loads(single)
+    decoder = doc["model"]["decoder"]
+    del decoder["filename"]
+    stages = (("prefill", prefill, True, False), ("decode", decode, False, True))
+    decoder["pipeline"] = [
+        {
+            name: {
+                "filename": filename,
+                "inputs": list(inputs),
+                "outputs": list(outputs),
+                "run_on_prompt": on_prompt,
+                "run_on_token_gen": on_token,
+            }
+        }
+        for name, filename, on_prompt, on_token in stages
+    ]
+    doc["model"]["type"] = "decoder-pipeline"
+    return dict(doc)
+
+
 def genai_config(config: Any, layout: PastLayout, export: ExportSection) -> str:
     """genai_config.json for onnxruntime-genai: where the decoder's inputs and outputs are and
     how big its cache is (greedy search by default; the caller's generator params override).

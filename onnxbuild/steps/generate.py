@@ -148,7 +148,16 @@ def teacher_forced(decoder: Any, prompt: Any, ref_tokens: Any) -> float:
     import numpy as np
 
     sequence = np.concatenate([prompt, ref_tokens[:, :-1]], axis=1)
-    logits, _ = decoder.forward(sequence, decoder.empty_past(sequence.shape[0]), 0)
+    if getattr(decoder, "prefill", None) is None:
+        logits, _ = decoder.forward(sequence, decoder.empty_past(sequence.shape[0]), 0)
+    else:  # served by two files: the prompt by one, each later token by the other, as it serves them
+        start = prompt.shape[1]
+        first, past = decoder.forward(sequence[:, :start], decoder.empty_past(sequence.shape[0]), 0)
+        parts = [np.asarray(first)]
+        for t in range(start, sequence.shape[1]):
+            step, past = decoder.forward(sequence[:, t : t + 1], past, t)
+            parts.append(np.asarray(step))
+        logits = np.concatenate(parts, axis=1)
     predicted = np.asarray(logits)[:, prompt.shape[1] - 1 :, :].argmax(-1)
     return float((predicted == ref_tokens).mean())
 
@@ -379,11 +388,14 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     problems: list[str] = []
     options = sessions.options()
     for variant in spec.params["variants"]:
-        try:
-            session = ort.InferenceSession(str(ctx.input(variant["path"])), options, providers=["CPUExecutionProvider"])
-        except Exception as exc:
-            raise StepError(f"ONNX Runtime cannot load {variant['path']}: {brief(exc)}") from None
-        decoder = OrtDecoder(session)
+        loaded = {}
+        for path in filter(None, (variant["path"], variant.get("prefill"))):
+            try:
+                loaded[path] = ort.InferenceSession(str(ctx.input(path)), options, providers=["CPUExecutionProvider"])
+            except Exception as exc:
+                raise StepError(f"ONNX Runtime cannot load {path}: {brief(exc)}") from None
+        # the prompt on a served variant's prefill file, each later token on its decode file
+        decoder = OrtDecoder(loaded[variant["path"]], prefill=loaded.get(variant.get("prefill") or ""))
         greedy_cmp = compare_runs(reference, decoder.generate(prompt, n, choose))
         forced = teacher_forced(decoder, prompt, reference.tokens)
         entry: dict[str, Any] = {
@@ -397,7 +409,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         if problem:
             problems.append(problem)
         results[variant["name"]] = entry
-        del session
+        del loaded, decoder
 
     return _finish(
         ctx,

@@ -115,9 +115,12 @@ def _log_softmax(x: Any) -> Any:
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
-def measure(model: Any, run_onnx: Any, windows: Any, text_section: TextSection, gates: dict[str, Any]) -> TextQuality:
+def measure(
+    model: Any, run_onnx: Any, windows: Any, text_section: TextSection, gates: dict[str, Any], how: str = ""
+) -> TextQuality:
     """Run every window through the PyTorch ``model`` (a transformers causal LM) and through
-    ``run_onnx(ids) -> logits`` ([1, window] int64 -> [1, window, vocab]), and gate the figures."""
+    ``run_onnx(ids) -> logits`` ([1, window] int64 -> [1, window, vocab]), and gate the figures;
+    ``how`` says how the variant ran them when not as one prefill."""
     import math
 
     import numpy as np
@@ -134,7 +137,7 @@ def measure(model: Any, run_onnx: Any, windows: Any, text_section: TextSection, 
     ppl_ref = math.exp(tally.nll_reference / tally.count)
     ppl = math.exp(tally.nll / tally.count)
     result: TextQuality = {
-        "text": describe(text_section),
+        "text": describe(text_section) + (f"; {how}" if how else ""),
         "windows": len(windows),
         "window": int(text_section["window"]),
         "predictions": tally.count,

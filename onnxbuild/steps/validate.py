@@ -117,6 +117,8 @@ def plan(p: Planning) -> list[StepSpec]:
         }
         if v.files:
             params["files"] = list(v.files)
+        if v.prefill:
+            params["prefill_path"] = v.prefill
         if v.name in chosen.get("web", ()):
             params["web"] = True  # meant for the browser: validated in onnxruntime-web too
         if ov and v.name in chosen["openvino"]:  # served by OpenVINO too: validated there, at its precision
@@ -177,6 +179,13 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     except Exception as exc:
         raise StepError(f"ONNX Runtime cannot load model.onnx: {brief(exc, lines=None, limit=500)}") from None
 
+    # a variant served by two files (steps/serve.py) runs a prompt, from an empty past, on its
+    # prefill file and every later step on its decode file, as onnxruntime-genai and run do
+    prefill = (
+        ort.InferenceSession(str(ctx.input(spec.params["prefill_path"])), options, providers=[provider])
+        if spec.params.get("prefill_path")
+        else None
+    )
     rtol, atol = float(validate["rtol"]), float(validate["atol"])
     results: list[ShapeResult] = []
     model_file = ctx.input(spec.params.get("model_path", "model.onnx"))
@@ -226,9 +235,10 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         try:
             # a file with float16 inputs (a float16 variant without keep_io_types) takes the
             # same values rounded to float16; its float16 outputs compare as float32
+            runs = prefill if prefill is not None and not sizes.get("past_sequence") else session
             whole = [
                 np.asarray(o, np.float32) if getattr(o, "dtype", None) == np.float16 else o
-                for o in session.run(export["outputs"], _as_declared(session, feeds))
+                for o in runs.run(export["outputs"], _as_declared(runs, feeds))
             ]
             produced = [keep(n, p) for n, p in zip(export["outputs"], whole, strict=True)]
         except Exception as exc:
@@ -280,7 +290,11 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         feeds, mask = sentence_inputs(tokenizer, validate["sentences"], specs, validate["shapes"][0])
         embeddings = _embeddings(feeds, mask, validate.get("cosine_min"), wrapped, session, export)
 
-    text = _text_quality(ctx, model, session, source, record, export, specs, validate) if validate.get("text") else None
+    text = (
+        _text_quality(ctx, model, session, source, record, export, specs, validate, prefill)
+        if validate.get("text")
+        else None
+    )
     openvino = ov_target.report(results, ov_hits, ov_total) if ov_target is not None else None
     left_out = bool(export.get("with_past")) and _free_batch(export) and not validate.get("left_padding", True)
     return _finish(
@@ -312,9 +326,14 @@ def _text_quality(
     export: ExportSection,
     specs: list[dict[str, Any]],
     validate: ValidateSection,
+    prefill: Any = None,
 ) -> TextQuality:
-    """validate.text through the variant's session: each window one prefill from an empty past."""
+    """validate.text through the variant's session: each window one prefill from an empty past;
+    for a variant served by two files, the first half of each window prefilled by its prefill
+    file and the rest decoded one token at a time by its decode file, as it serves them."""
     import numpy as np
+
+    from onnxbuild.runtimes.decoding import OrtDecoder
 
     text = validate["text"]
     assert text is not None
@@ -327,7 +346,24 @@ def _text_quality(
         feeds["input_ids"] = ids.astype(feeds["input_ids"].dtype)
         return np.asarray(session.run([first], feeds)[0])
 
-    return text_quality.measure(model, run_onnx, windows, text, {g: validate.get(g) for g in TEXT_GATES})
+    def served(ids: Any) -> Any:
+        decoder = OrtDecoder(session, prefill=prefill)
+        half = ids.shape[1] // 2
+        logits, past = decoder.forward(ids[:, :half], decoder.empty_past(1), 0)
+        steps = [np.asarray(logits, np.float32)]
+        for t in range(half, ids.shape[1]):
+            logits, past = decoder.forward(ids[:, t : t + 1], past, t)
+            steps.append(np.asarray(logits, np.float32))
+        return np.concatenate(steps, axis=1)
+
+    gates = {g: validate.get(g) for g in TEXT_GATES}
+    if prefill is None:
+        return text_quality.measure(model, run_onnx, windows, text, gates)
+    how = (
+        f"served: each window's first {windows.shape[1] // 2} tokens prefilled by the prefill file, "
+        "the rest decoded one token at a time by the decode file"
+    )
+    return text_quality.measure(model, served, windows, text, gates, how)
 
 
 def _finish(

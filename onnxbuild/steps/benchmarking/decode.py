@@ -47,9 +47,11 @@ def _ort_decode(
     bench: BenchmarkSection,
     decode: list[dict[str, Any]],
     engine: str = "onnxruntime",
+    prompt_session: Any = None,
 ) -> dict[str, Any]:
-    """The same figures for one variant: its prefill (measured above), one decode step, a whole generation."""
-    decoder, feeds, vocab = _decode_step(session, sizes)
+    """The same figures for one variant: its prefill (measured above), one decode step, a whole
+    generation (its prompt on ``prompt_session`` where it is served by two files)."""
+    decoder, feeds, vocab = _decode_step(session, sizes, prompt_session)
     n = int(bench["decode_tokens"])
     held: dict[str, Any] = {}
     if engine == "openvino":
@@ -82,12 +84,14 @@ def _ort_decode(
     }
 
 
-def _decode_step(session: Session, sizes: dict[str, int]) -> tuple[Any, dict[str, Any], int]:
+def _decode_step(
+    session: Session, sizes: dict[str, int], prefill: Session | None = None
+) -> tuple[Any, dict[str, Any], int]:
     """The feeds of one decode step after a past as long as the prompt of ``sizes`` (the decoder
     loop over ``session``, the feeds, the vocabulary size)."""
     from onnxbuild.runtimes.decoding import OrtDecoder
 
-    decoder = OrtDecoder(session)
+    decoder = OrtDecoder(session, prefill=prefill)
     names = [i.name for i in session.get_inputs()]
     vocab = next(
         (int(o.shape[-1]) for o in session.get_outputs() if o.name == "logits" and isinstance(o.shape[-1], int)), 2
