@@ -202,6 +202,34 @@ class OrtFile:
         )
 
 
+class Served:
+    """A served variant's two files (recipe ``serve:``): the prompt through ``prefill.onnx``, each
+    token after it through ``model.onnx``; its text quality measured as it serves (each window's
+    first half prefilled, the rest decoded one token at a time)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.prefill, self.decode = OrtFile(folder / "prefill.onnx"), OrtFile(folder / "model.onnx")
+
+    def logits(self, ids: Any) -> Any:
+        import numpy as np
+
+        half = ids.shape[1] // 2
+        out = self.prefill.session.run(None, self.prefill.feeds(ids[:, :half], self.prefill.empty(), 0))
+        parts = [out[0]]
+        for t in range(half, ids.shape[1]):
+            past = {
+                n.replace("present", "past_key_values"): r
+                for n, r in zip(self.decode.outputs, out, strict=True)
+                if n.startswith("present")
+            }
+            out = self.decode.session.run(None, self.decode.feeds(ids[:, t : t + 1], past, t))
+            parts.append(out[0])
+        return np.concatenate(parts, axis=1)
+
+    def timers(self, ids: Any) -> tuple[Any, Any]:
+        return self.prefill.timers(ids)[0], self.decode.timers(ids)[1]
+
+
 def torch_timers(model: Any, ids: Any) -> tuple[Any, Any]:
     import torch
 
@@ -270,7 +298,12 @@ def main() -> None:
     prompt = windows[:1, :128]
 
     rows: dict[str, dict[str, Any]] = {}
-    sessions = {label: OrtFile(path) for label, path in files.items()}
+    sessions: dict[str, OrtFile | Served] = {label: OrtFile(path) for label, path in files.items()}
+    served = artifacts / "int4-served"
+    if (served / "prefill.onnx").exists():
+        label = "onnxbuild int4-served (int8 prefill, int4-budget decode)"
+        sessions[label] = Served(served)
+        files[label] = served / "model.onnx"
     for label, f in sessions.items():
         q = text_quality.measure(model, f.logits, windows, section, {})  # type: ignore[arg-type]
         rows[label] = {
@@ -279,7 +312,11 @@ def main() -> None:
             "kld": q["kld_mean"],
             "top1": q["top1_agreement"],
             "reference": q["perplexity_reference"],
-            "mb": sum(f.stat().st_size for f in files[label].parent.glob(files[label].name + "*")) / 1e6,
+            "mb": sum(
+                p.stat().st_size
+                for p in files[label].parent.glob("*.onnx*" if isinstance(f, Served) else files[label].name + "*")
+            )
+            / 1e6,
         }
     bf16 = load_model({**src, "dtype": "bfloat16"}, {"weights": "pretrained"}, ROOT)
     timers = {
