@@ -415,7 +415,7 @@ print(json.dumps({"exit": code, "modules": sorted(m for m in sys.modules if m in
     [
         pytest.param(
             ("make", LR),
-            (*HEAVY, "jsonschema", "yaml", "importlib.metadata", "onnxbuild.report.page"),
+            (*HEAVY, "jsonschema", "yaml", "importlib.metadata", "onnxbuild.report.page", "multiprocessing"),
             "linear-regression: ok (2 cached)",
             id="make",
         ),
@@ -436,7 +436,8 @@ def test_no_op_commands_import_nothing_heavy(
     the memo, so they need neither YAML nor jsonschema; show and dag parse the YAML.
     Package versions come from the cache's memo, not importlib.metadata (40 ms of a no-op:
     the manifest once read them afresh, and the memo was keyed by the first sys.path
-    folder, which differs between `onnxbuild` and `python -c`).
+    folder, which differs between `onnxbuild` and `python -c`). multiprocessing (5 ms) is
+    for starting steps, and a no-op starts none.
     """
     for _ in range(2):  # the first notes the package versions of this sys.path, as a user's first run would
         done = subprocess.run(

@@ -8,7 +8,6 @@ honest peak-RSS figure, and lets a crash or OOM kill fail that step alone.
 from __future__ import annotations
 
 import importlib
-import multiprocessing
 import os
 import sys
 import threading
@@ -17,12 +16,14 @@ import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onnxbuild.engine import testhooks
 from onnxbuild.errors import OnnxbuildError
 from onnxbuild.spec import Limits, StepContext, StepResult, StepSpec
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
 
 
 @dataclass(frozen=True)
@@ -194,10 +195,12 @@ class ChildStep:
     still stopped on time, with its whole process group.
     """
 
-    _context = multiprocessing.get_context("spawn")
     POLL_S = 0.05
 
     def __init__(self, task: Task) -> None:
+        import multiprocessing  # 5 ms, and a no-op build starts no step
+
+        self._context = multiprocessing.get_context("spawn")
         self.task = task
         self._recv, send = self._context.Pipe(duplex=False)
         ctx = StepContext(**{**task.ctx.__dict__, "log": print})
