@@ -118,57 +118,20 @@ def resolve(doc: dict[str, Any]) -> dict[str, Any]:
                 validate["accuracy"], deref("#/$defs/validate")["properties"]["accuracy"]
             )
         out["validate"] = validate
-    opt = doc.get("optimize")
-    out["optimize"] = None if opt is None else _with_defaults(opt, deref("#/$defs/optimize"))
-    if out["optimize"] is not None:
-        props = deref("#/$defs/optimize")["properties"]
-        for key in ("transformer", "float16"):
-            value = out["optimize"].get(key)
-            out["optimize"][key] = None if value is None else _with_defaults(value, props[key]["anyOf"][1])
-        out["optimize"].setdefault("validate", {})
-    out["quantize"] = [_with_defaults(q, deref("#/$defs/quantize")) for q in doc.get("quantize", [])]
-    for q in out["quantize"]:
-        q.setdefault("validate", {})
-        q.setdefault("op_types", None)
-        q["calibration"] = _with_defaults(
-            q.get("calibration", {}), deref("#/$defs/quantize")["properties"]["calibration"]
-        )
-        if q.get("budget") is not None:
-            q["budget"] = _with_defaults(q["budget"], deref("#/$defs/quantize")["properties"]["budget"])
-    limits = doc.get("limits") or {}
-    out["limits"] = {
-        "memory_mb": limits.get("memory_mb"),
-        "seconds": limits.get("seconds"),
-        "steps": dict(limits.get("steps", {})),
-    }
-    gen = doc.get("generate")
-    out["generate"] = None if gen is None else _with_defaults(gen, deref("#/$defs/generate"))
-    if out["generate"] is not None and out["generate"]["sampling"] is not None:
-        out["generate"]["sampling"] = _with_defaults(
-            out["generate"]["sampling"], deref("#/$defs/generate")["properties"]["sampling"]["anyOf"][1]
-        )
-    bench = doc.get("benchmark")
-    out["benchmark"] = None if bench is None else _with_defaults(bench, deref("#/$defs/benchmark"))
-    if out["benchmark"] is not None and "shapes" not in out["benchmark"]:
+    # Every other section from the schema alone: its defaults, and each object inside it (a
+    # variant list's entries, their calibration and budget) with its own. An absent section
+    # takes the section's own default where the schema gives one (none for the optimized
+    # variant, no quantize entries, no limits), and stays absent where it gives none: a new
+    # step kind needs its schema block and nothing here.
+    for key, prop in schema()["properties"].items():
+        if key in out:
+            continue
+        if key in doc:
+            out[key] = _fill(doc[key], prop)
+        elif "default" in prop:
+            out[key] = _fill(json.loads(json.dumps(prop["default"])), prop)
+    if out.get("benchmark") is not None and "shapes" not in out["benchmark"]:
         out["benchmark"]["shapes"] = _default_benchmark_shapes(out)
-    out["providers"] = [
-        _with_defaults(p, deref("#/$defs/provider")) for p in doc.get("providers", [{"name": "CPUExecutionProvider"}])
-    ]
-    # A section a new step kind adds (its schema block and nothing here) keeps its schema
-    # defaults and so reaches that kind's key; the sections above need more than defaults.
-    for key, value in doc.items():
-        if key not in out:
-            prop = schema()["properties"][key]
-            ref = prop.get("$ref") or next((a["$ref"] for a in prop.get("anyOf", []) if "$ref" in a), None)
-            items = (prop.get("items") or {}).get("$ref")
-            if isinstance(value, list) and items:  # a list of entries (a variant-making kind's): each with its defaults
-                entry = deref(items)
-                out[key] = [_with_defaults(e, entry) if isinstance(e, dict) else e for e in value]
-                for e in out[key]:
-                    if isinstance(e, dict) and "validate" in entry.get("properties", {}):
-                        e.setdefault("validate", {})
-            else:
-                out[key] = _with_defaults(value, deref(ref)) if isinstance(value, dict) and ref else value
     return out
 
 
@@ -204,6 +167,33 @@ def _default_shapes(
         return [{}]
     smallest = {d: sample[d] if d in IMAGE_DIMS or d in held else 1 for d in dims}
     return [smallest, {d: sample[d] for d in dims}, {d: sample[d] if d in held else sample[d] * 2 + 1 for d in dims}]
+
+
+def _object_schema(sch: dict[str, Any]) -> dict[str, Any] | None:
+    """The object schema a value is filled from: through ``$ref``, or an ``anyOf``'s object branch."""
+    if "$ref" in sch:
+        return _object_schema(deref(sch["$ref"]))
+    for branch in sch.get("anyOf", []):
+        found = _object_schema(branch)
+        if found is not None:
+            return found
+    return sch if "properties" in sch else None
+
+
+def _fill(value: Any, sch: dict[str, Any]) -> Any:
+    """``value`` with its schema's defaults: an object's missing keys take their ``default``, and
+    each object inside it, or each entry of a list of objects, takes its own."""
+    if isinstance(value, list):
+        items = sch.get("items") or (deref(sch["$ref"]).get("items") if "$ref" in sch else None)
+        return [_fill(v, items) for v in value] if isinstance(items, dict) else value
+    obj = _object_schema(sch)
+    if obj is None or not isinstance(value, dict):
+        return value
+    out = _with_defaults(value, obj)
+    for key, prop in obj.get("properties", {}).items():
+        if key in out and out[key] is not None:
+            out[key] = _fill(out[key], prop)
+    return out
 
 
 def _with_defaults(section: dict[str, Any], sch: dict[str, Any]) -> dict[str, Any]:
