@@ -40,6 +40,7 @@ EXTENSIONS: dict[str, dict[str, Any]] = {
         "validate": {"shapes": [{"batch": 1, "sequence": 8}, {"batch": 2, "sequence": 5}]},
         "optimize": {"level": "basic", "skip_layer_norm": "fused"},
         "quantize": [{"name": "int8", "method": "dynamic", "from": "optimized", "validate": {"top1_min": 0.5}}],
+        "serve": [{"name": "served", "decode": "int8", "prefill": "optimized", "validate": {"top1_min": 0.5}}],
         "generate": {"max_new_tokens": 4},
         "benchmark": {"iterations": 5, "warmup": 1, "shapes": [{"batch": 1, "sequence": 8}], "decode_tokens": 4},
         "providers": [{"name": "CPUExecutionProvider"}],
@@ -101,6 +102,7 @@ TRY_FIRST_AT: dict[str, list[Any]] = {
     "expect.optimized.ops.SkipLayerNormalization": [">= 5"],
     "expect.all.inputs.input_ids": ["int64[batch, tokens]"],
     "quantize[0].calibration.text": ["calibration.txt"],
+    "serve[0].decode": ["model"],  # the other two variants: the prefill's, or a file named twice
 }
 
 NO_OTHER_VALUE: dict[str, str] = {
