@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 import yaml
 from click.testing import CliRunner
 from helpers_tiny import TINY_GPT2_SOURCE
@@ -65,6 +66,7 @@ def test_a_planted_wrong_weight_is_named_as_the_first_divergence(project: Path) 
     assert np.isfinite(out).all() and out.size > 0
 
 
+@pytest.mark.slow  # 18 s on 2 cores; the search itself is also test_a_planted_wrong_weight_is_named_...
 def test_a_failing_validation_names_the_first_node_that_parts_from_the_base_and_keeps_its_subgraph(
     project: Path,
 ) -> None:

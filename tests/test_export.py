@@ -119,6 +119,7 @@ def test_a_fixed_sequence_axis_fails_validation_with_exit_1(project: Path) -> No
     assert (project / "artifacts" / "tiny-fixed" / "model.onnx").exists()
 
 
+@pytest.mark.slow  # 17 s on 2 cores; a failing validation that fails the build is also test_a_fixed_sequence_axis_...
 def test_impossible_tolerance_fails_unless_warn(project: Path, settings: onnxbuild.Settings) -> None:
     strict = write_variant(
         project, "tiny-strict", extra="validate:\n  atol: 0\n  rtol: 0\n  shapes: [{batch: 2, sequence: 16}]\n"
