@@ -41,11 +41,18 @@ class Settings:
         if reporter is not None:
             cache.warn = reporter.warning
         if self.cache_url:
-            from onnxbuild.engine.remote import RemoteCache, config_from_project
+            from onnxbuild.engine.remote import RemoteCache, config_from_project, options_from_config
             from onnxbuild.engine.signing import from_environment
 
-            signer, verifier = from_environment(config_from_project(Path.cwd()))
-            cache.remote = RemoteCache(self.cache_url, read_only=self.cache_read_only, signer=signer, verifier=verifier)
+            config = config_from_project(Path.cwd())
+            signer, verifier = from_environment(config)
+            cache.remote = RemoteCache(
+                self.cache_url,
+                read_only=self.cache_read_only,
+                signer=signer,
+                verifier=verifier,
+                options=options_from_config(config, "[tool.onnxbuild] in pyproject.toml or onnxbuild.toml"),
+            )
         return cache
 
 

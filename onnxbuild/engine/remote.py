@@ -3,10 +3,22 @@
 Any fsspec URL works: ``file:///shared/cache``, ``s3://bucket/onnxbuild``, ``gs://...``,
 ``memory://`` (tests). The layout mirrors the local cache (``objects/ab/<sha>``,
 ``entries/12/<key>.json``). Objects are pulled into the local cache only after their
-sha256 is checked, so a tampered remote cannot inject bytes; an entry is pushed after
-its objects, under a temporary name then moved, so readers never see half an entry.
-Concurrent pushes of one key write identical content-addressed bytes, so the race is
-harmless. ``read_only`` pulls but never pushes (for untrusted pull-request builds).
+sha256 is checked, so a tampered remote cannot inject bytes. ``read_only`` pulls but never
+pushes (for untrusted pull-request builds).
+
+Writes depend on the store. On a file system an object or entry is written under a
+temporary name and renamed, so readers never see half of one. On S3 a rename is a copy and a
+delete, so each object goes straight to its content-addressed key with ``If-None-Match: *``:
+S3 never shows a half-written object, a second writer of the same key gets 412 (counted as
+done: the bytes are the same by construction), and a server that ignores the condition
+overwrites with the same bytes. An entry is written last, the same way, so a reader who finds
+it finds its objects. A bucket is never created (a mistyped URL is an error at start, not a
+new bucket), and nothing is decided from a listing: exact-key reads only.
+
+Options for the store (``endpoint_url``, ``region_name``, ``profile``...) come from
+``[tool.onnxbuild] cache_options`` and the ``ONNXBUILD_CACHE_OPTIONS`` environment variable (a
+JSON object, over the file's). Credentials are refused in the file, which is committed: they
+come from the environment, a profile or an instance role, as boto's own chain finds them.
 """
 
 from __future__ import annotations
@@ -18,7 +30,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from onnxbuild.errors import CacheError
+from onnxbuild.errors import CacheError, UsageError
 
 
 class RemoteCache:
@@ -26,26 +38,57 @@ class RemoteCache:
     local cache, every object checked against its digest (and, with keys configured, its
     signature) before use; a corrupt remote object is replaced on the next push."""
 
-    def __init__(self, url: str, *, read_only: bool = False, signer: Any = None, verifier: Any = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        read_only: bool = False,
+        signer: Any = None,
+        verifier: Any = None,
+        options: dict[str, Any] | None = None,
+    ) -> None:
         try:
             import fsspec
         except ImportError:  # pragma: no cover - fsspec is a dependency
             raise CacheError("a remote cache needs fsspec: pip install fsspec") from None
+        merged = {**(options or {}), **options_from_environment()}
+        s3 = url.startswith(("s3://", "s3a://"))
+        if s3:
+            merged.setdefault("use_listings_cache", False)  # exact-key reads, never a stale listing
         try:
-            self.fs, self.base = fsspec.core.url_to_fs(url)
-        except (ImportError, ValueError) as exc:
+            self.fs, self.base = fsspec.core.url_to_fs(url, **merged)
+        except (ImportError, ValueError, TypeError) as exc:
             raise CacheError(
-                f"cannot use the remote cache {url!r}: {exc} (for s3:// install s3fs, for gs:// gcsfs)"
+                f"cannot use the remote cache {url!r}: {exc} (for s3:// pip install 'onnxbuild[s3]', for gs:// gcsfs)"
             ) from None
         self.url = url
         self.read_only = read_only
         self.base = self.base.rstrip("/")
+        self.object_store = s3
+        """Writes go straight to their keys, conditionally (module docstring), not through a rename."""
+        if s3:
+            self._check_bucket(merged)
         self.signer = signer
         """Signs each pushed entry (engine/signing.py); None: pushes are unsigned."""
         self.verifier = verifier
         """Refuses remote entries without a trusted signature; None: any consistent entry is taken."""
         self.damaged: set[str] = set()
         """Remote entries and objects found damaged this run: the next good build replaces them."""
+
+    def _check_bucket(self, options: dict[str, Any]) -> None:
+        bucket = self.base.split("/", 1)[0]
+        where = f" at {options['endpoint_url']}" if options.get("endpoint_url") else ""
+        try:
+            found = self.fs.exists(bucket)
+        except PermissionError:
+            found = True  # may not list or head the bucket, may still read and write keys in it
+        except OSError as exc:
+            raise CacheError(f"the remote cache {self.url}: cannot reach bucket {bucket!r}{where}: {exc}") from None
+        if not found:
+            raise UsageError(
+                f"the remote cache {self.url}: bucket {bucket!r} does not exist{where}; create it first "
+                "(onnxbuild never creates a bucket, so a mistyped URL cannot make a new one)"
+            )
 
     def _entry(self, key: str) -> str:
         return f"{self.base}/entries/{key[:2]}/{key}.json"
@@ -60,7 +103,7 @@ class RemoteCache:
         if key in self.damaged:
             return False  # said once already; the build replaces it
         try:
-            raw = self.fs.cat_file(self._entry(key))
+            raw = self._read(self._entry(key))
             text = raw.decode("utf-8")
             entry = read_json(text)
         except FileNotFoundError:
@@ -72,7 +115,7 @@ class RemoteCache:
         wrong = entry_problem(entry, key)
         if not wrong and self.verifier is not None:
             try:
-                signature = self.fs.cat_file(self._entry(key) + ".sig")
+                signature = self._read(self._entry(key) + ".sig")
             except (OSError, FileNotFoundError):
                 signature = b""
             if not self.verifier.valid(raw, signature):
@@ -120,13 +163,19 @@ class RemoteCache:
         if self.read_only:
             return
         key = entry["key"]
-        if key not in self.damaged and self.fs.exists(self._entry(key)):
+        if key not in self.damaged and self._exists(self._entry(key)):
             return
         for o in entry["outputs"]:
             target = self._object(o["sha256"])
-            if o["sha256"] in self.damaged or not self.fs.exists(target):
-                self._put_atomically(str(local.object_path(o["sha256"])), target)
+            if o["sha256"] in self.damaged or not self._exists(target):
+                self._put_atomically(str(local.object_path(o["sha256"])), target, replace=o["sha256"] in self.damaged)
         data = json.dumps(entry, sort_keys=True, indent=2).encode("utf-8")
+        if self.object_store:
+            if self.signer is not None:  # the signature first: a reader never sees a signed key without it
+                self._create(self._entry(key) + ".sig", data=self.signer.sign(data), replace=key in self.damaged)
+            if not self._create(self._entry(key), data=data, replace=key in self.damaged):
+                self._same_outputs(key, entry, local)
+            return
         self.fs.makedirs(self._entry(key).rsplit("/", 1)[0], exist_ok=True)
         if self.signer is not None:  # the signature first: a reader never sees a signed key without it
             sig_tmp = f"{self._entry(key)}.sig.{uuid.uuid4().hex}.tmp"
@@ -144,15 +193,17 @@ class RemoteCache:
         if key in self.damaged:
             return None
         try:
-            raw = self.fs.cat_file(self._entry(key))
+            raw = self._read(self._entry(key))
             entry = read_json(raw.decode("utf-8"))
         except (OSError, ValueError):
             return None
         if entry_problem(entry, key):
             return None
+        if not all(self._exists(self._object(o["sha256"])) for o in entry["outputs"]):
+            return None  # "make pulls it" only when it can: every object it names is there
         if self.verifier is not None:
             try:
-                signature = self.fs.cat_file(self._entry(key) + ".sig")
+                signature = self._read(self._entry(key) + ".sig")
             except OSError:
                 return None
             if not self.verifier.valid(raw, signature):
@@ -174,7 +225,7 @@ class RemoteCache:
         for path in paths:
             key = path.rsplit("/", 1)[1].removesuffix(".json")
             try:
-                raw = self.fs.cat_file(path)
+                raw = self._read(path)
                 entry = read_json(raw.decode("utf-8"))
                 wrong = entry_problem(entry, key)
             except (OSError, ValueError) as exc:
@@ -203,7 +254,7 @@ class RemoteCache:
                 if self.read_only:
                     done = "left as is (--cache-read-only)"
                 elif good.is_file() and _sha256(good) == o["sha256"]:
-                    self._put_atomically(str(good), self._object(o["sha256"]))
+                    self._put_atomically(str(good), self._object(o["sha256"]), replace=True)
                     done = "re-pushed from the local cache"
                 else:
                     self.fs.rm(path)
@@ -241,11 +292,69 @@ class RemoteCache:
         """Push one file as a content-addressed object; returns its sha256."""
         sha = _sha256(path)
         target = self._object(sha)
-        if not self.fs.exists(target):
+        if not self._exists(target):
             self._put_atomically(str(path), target)
         return sha
 
-    def _put_atomically(self, source: str, target: str) -> None:
+    def _read(self, path: str) -> bytes:
+        """The bytes at key ``path``: on S3 one GET (s3fs first asks for the size, a HEAD and on a
+        missing key a listing, to split a large read; entries and signatures are small)."""
+        data: bytes = self.fs.cat_file(path, max_concurrency=1) if self.object_store else self.fs.cat_file(path)
+        return data
+
+    def _exists(self, path: str) -> bool:
+        """Whether the key ``path`` exists: on S3 one HEAD of that key (s3fs's ``exists`` lists
+        the prefix too when the HEAD finds nothing, to find "directories")."""
+        if not self.object_store:
+            return bool(self.fs.exists(path))
+        bucket, key = path.split("/", 1)
+        try:
+            self.fs.call_s3("head_object", Bucket=bucket, Key=key)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def _create(self, target: str, *, source: str | None = None, data: bytes = b"", replace: bool = False) -> bool:
+        """Write ``target`` on an object store in one request, only if it does not exist (or,
+        with ``replace``, over a damaged one); False when another writer was first."""
+        try:
+            if source is not None:
+                self.fs.put_file(source, target, mode="overwrite" if replace else "create")
+            else:
+                self.fs.pipe_file(target, data, mode="overwrite" if replace else "create")
+        except FileExistsError:
+            return False
+        except OSError as exc:  # a 412 that does not say which condition failed
+            if "precondition" in str(exc).lower():
+                return False
+            raise
+        return True
+
+    def _same_outputs(self, key: str, entry: dict[str, Any], local: Any) -> None:
+        """Another runner wrote ``key`` first: the same outputs, or a step that is not deterministic."""
+        from onnxbuild.engine.cache import read_json
+
+        try:
+            theirs = read_json(self._read(self._entry(key)).decode("utf-8"))
+        except (OSError, ValueError):
+            return
+        mine = {o["path"]: o["sha256"] for o in entry["outputs"]}
+        other = {o["path"]: o["sha256"] for o in theirs.get("outputs", [])}
+        differ = sorted(p for p in mine.keys() | other.keys() if mine.get(p) != other.get(p))
+        if differ:
+            shown = "; ".join(
+                f"{p}: {str(other.get(p, 'absent'))[:12]} there, {str(mine.get(p, 'absent'))[:12]} here"
+                for p in differ[:3]
+            )
+            local.warn(
+                f"non-deterministic step: the remote cache entry {key[:12]} ({entry.get('step', '')}) holds other "
+                f"outputs than this build's ({shown}); the remote one is kept"
+            )
+
+    def _put_atomically(self, source: str, target: str, *, replace: bool = False) -> None:
+        if self.object_store:
+            self._create(target, source=source, replace=replace)
+            return
         tmp = f"{target}.{uuid.uuid4().hex}.tmp"
         self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
         self.fs.put_file(source, tmp)
@@ -279,3 +388,59 @@ def config_from_project(start: Path) -> dict[str, Any]:
         if data:
             return dict(data)
     return {}
+
+
+OPTIONS_ENV = "ONNXBUILD_CACHE_OPTIONS"
+CREDENTIALS = frozenset(
+    {
+        "key",
+        "secret",
+        "token",
+        "password",
+        "session_token",
+        "aws_access_key_id",
+        "aws_secret_access_key",
+        "aws_session_token",
+        "access_key",
+        "secret_key",
+    }
+)
+
+
+def options_from_environment() -> dict[str, Any]:
+    """``ONNXBUILD_CACHE_OPTIONS``: a JSON object of the store's options (may hold credentials:
+    the environment is where they belong)."""
+    raw = os.environ.get(OPTIONS_ENV, "").strip()
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise UsageError(
+            f'{OPTIONS_ENV}: not JSON ({exc}); give an object such as \'{{"endpoint_url": "..."}}\''
+        ) from None
+    if not isinstance(value, dict):
+        raise UsageError(f"{OPTIONS_ENV}: must be a JSON object of the store's options, got {type(value).__name__}")
+    return value
+
+
+def options_from_config(config: dict[str, Any], where: str) -> dict[str, Any]:
+    """``cache_options`` from a project's config (``where`` names the file): refused when it holds
+    credentials, which a committed file must not."""
+    options = config.get("cache_options") or {}
+    if not isinstance(options, dict):
+        raise UsageError(f'{where}: cache_options must be a table (e.g. cache_options = {{endpoint_url = "..."}})')
+
+    def walk(value: Any, path: str) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                if str(k).lower() in CREDENTIALS:
+                    raise UsageError(
+                        f"{where}: cache_options.{path}{k}: credentials are not read from a config file (it is "
+                        "committed); set them in the environment (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
+                        f"{OPTIONS_ENV}), name a profile (cache_options.profile) or use an instance role"
+                    )
+                walk(v, f"{path}{k}.")
+
+    walk(options, "")
+    return dict(options)
