@@ -15,6 +15,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,12 @@ from typing import Any
 
 import pytest
 import requests
+
+# moto's request recorder writes to ./moto_recording unless told otherwise (read when moto is
+# first imported): a test must not leave files in the project
+os.environ.setdefault(
+    "MOTO_RECORDER_FILEPATH", os.path.join(tempfile.gettempdir(), f"onnxbuild-moto-recording-{os.getpid()}")
+)
 from moto.server import ThreadedMotoServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,6 +52,7 @@ def s3() -> Iterator[str]:
     _client(endpoint).create_bucket(Bucket=BUCKET)
     yield endpoint
     server.stop()
+    Path(os.environ["MOTO_RECORDER_FILEPATH"]).unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
