@@ -126,6 +126,19 @@ class OrtDecoder:
         named = dict(zip(self.outputs, out, strict=True))
         return named["logits"], [named[n] for n in self.layout.present_names]
 
+    def logits_as_served(self, ids: Any, start: int) -> Any:
+        """Logits at every position of ``ids`` ([batch, sequence] -> [batch, sequence, vocab],
+        float32) as generation computes them: the first ``start`` tokens in one call from an empty
+        past (on the prefill file, where there is one), then one token per call."""
+        import numpy as np
+
+        logits, past = self.forward(ids[:, :start], self.empty_past(ids.shape[0]), 0)
+        parts = [np.asarray(logits, np.float32)]
+        for t in range(start, ids.shape[1]):
+            logits, past = self.forward(ids[:, t : t + 1], past, t)
+            parts.append(np.asarray(logits, np.float32))
+        return np.concatenate(parts, axis=1)
+
     def generate(self, prompt: Any, max_new_tokens: int, choose: Any = greedy, eos: int | None = None) -> Generation:
         """Up to ``max_new_tokens`` tokens; with ``eos``, stop once every row has produced it."""
         import numpy as np

@@ -148,16 +148,10 @@ def teacher_forced(decoder: Any, prompt: Any, ref_tokens: Any) -> float:
     import numpy as np
 
     sequence = np.concatenate([prompt, ref_tokens[:, :-1]], axis=1)
-    if getattr(decoder, "prefill", None) is None:
+    if decoder.prefill is None:
         logits, _ = decoder.forward(sequence, decoder.empty_past(sequence.shape[0]), 0)
     else:  # served by two files: the prompt by one, each later token by the other, as it serves them
-        start = prompt.shape[1]
-        first, past = decoder.forward(sequence[:, :start], decoder.empty_past(sequence.shape[0]), 0)
-        parts = [np.asarray(first)]
-        for t in range(start, sequence.shape[1]):
-            step, past = decoder.forward(sequence[:, t : t + 1], past, t)
-            parts.append(np.asarray(step))
-        logits = np.concatenate(parts, axis=1)
+        logits = decoder.logits_as_served(sequence, prompt.shape[1])
     predicted = np.asarray(logits)[:, prompt.shape[1] - 1 :, :].argmax(-1)
     return float((predicted == ref_tokens).mean())
 

@@ -141,12 +141,12 @@ def _signature(path: Path) -> tuple[list[tuple[str, int, tuple[Any, ...]]], list
     return inputs, [o.name for o in model.graph.output], external
 
 
-def _place(src: Path, out: Path) -> None:
+def _place(src: Path, out: Path, external: bool) -> None:
     """``src`` as ``out``: a byte copy (the cache keeps one object for both), or, for a file
-    whose weights sit in a data file beside it, re-saved with its own data file."""
+    whose weights sit in a data file beside it (``external``), re-saved with its own data file."""
     import onnx
 
-    if not _signature(src)[2]:
+    if not external:
         shutil.copyfile(src, out)
         return
     model = onnx.load_model(str(src))
@@ -162,7 +162,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
 
     e = spec.params["serve"]
     decode, prefill = ctx.input(spec.params["decode_path"]), ctx.input(spec.params["prefill_path"])
-    (d_in, d_out, _), (p_in, p_out, _) = _signature(decode), _signature(prefill)
+    (d_in, d_out, d_external), (p_in, p_out, p_external) = _signature(decode), _signature(prefill)
     if d_in != p_in or d_out != p_out:
         differ = sorted({i[:2] for i in d_in} ^ {i[:2] for i in p_in})
         shown = [f"input {n}" for n, _ in differ] + [f"output {n}" for n in sorted(set(d_out) ^ set(p_out))]
@@ -176,8 +176,8 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
             f"serve.{e['name']}: {e['decode']} takes no past_key_values inputs; "
             "a decoder is served by two files only when it is exported with export.with_past: true"
         )
-    _place(decode, ctx.output(f"{e['name']}/{DECODE_FILE}"))
-    _place(prefill, ctx.output(f"{e['name']}/{PREFILL_FILE}"))
+    _place(decode, ctx.output(f"{e['name']}/{DECODE_FILE}"), d_external)
+    _place(prefill, ctx.output(f"{e['name']}/{PREFILL_FILE}"), p_external)
     folder = ctx.output_dir / e["name"]
     layout = PastLayout(layers=len(past) // 2, kv_heads=int(past[0][1]), head_dim=int(past[0][3]))
     names = [name for name, _, _ in d_in]

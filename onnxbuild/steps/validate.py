@@ -346,19 +346,14 @@ def _text_quality(
         feeds["input_ids"] = ids.astype(feeds["input_ids"].dtype)
         return np.asarray(session.run([first], feeds)[0])
 
-    def served(ids: Any) -> Any:
-        decoder = OrtDecoder(session, prefill=prefill)
-        half = ids.shape[1] // 2
-        logits, past = decoder.forward(ids[:, :half], decoder.empty_past(1), 0)
-        steps = [np.asarray(logits, np.float32)]
-        for t in range(half, ids.shape[1]):
-            logits, past = decoder.forward(ids[:, t : t + 1], past, t)
-            steps.append(np.asarray(logits, np.float32))
-        return np.concatenate(steps, axis=1)
-
     gates = {g: validate.get(g) for g in TEXT_GATES}
     if prefill is None:
         return text_quality.measure(model, run_onnx, windows, text, gates)
+    decoder = OrtDecoder(session, prefill=prefill)
+
+    def served(ids: Any) -> Any:
+        return decoder.logits_as_served(ids, ids.shape[1] // 2)
+
     how = (
         f"served: each window's first {windows.shape[1] // 2} tokens prefilled by the prefill file, "
         "the rest decoded one token at a time by the decode file"
