@@ -12,7 +12,8 @@ set by its params:
 - ``skip_outputs``: declared outputs it does not write (a buggy step).
 
 Its ``data`` records its process id and when it started and ended, so tests can tell
-whether two steps ran at the same time.
+whether two steps ran at the same time; its parent's id, whether torch was imported before it
+ran, and ``ONNXBUILD_TEST_MARK`` from its environment tell how its process was made.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,7 @@ NAME = "fake"
 def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     p = spec.params
     start = time.time()
+    made = {"ppid": os.getppid(), "torch": "torch" in sys.modules, "mark": os.environ.get("ONNXBUILD_TEST_MARK")}
     if p.get("interrupt"):
         raise KeyboardInterrupt
     time.sleep(float(p.get("sleep", 0)))
@@ -53,7 +56,9 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     for out in spec.outputs:
         if out not in p.get("skip_outputs", ()):
             ctx.output(out).write_text("\n".join(parts) + "\n", encoding="utf-8")
-    return StepResult(summary=f"wrote {spec.name}", data={"pid": os.getpid(), "start": start, "end": time.time()})
+    return StepResult(
+        summary=f"wrote {spec.name}", data={"pid": os.getpid(), "start": start, "end": time.time(), **made}
+    )
 
 
 def _no_steps(p: Planning) -> list[StepSpec]:
@@ -67,12 +72,13 @@ def register_fake() -> None:
     register(NAME, sys.modules[__name__])
 
 
-def fake(name: str, *deps: str, **params: Any) -> StepSpec:
+def fake(name: str, *deps: str, packages: tuple[str, ...] = (), **params: Any) -> StepSpec:
     """A fake step writing ``<name>.txt`` from the ``<dep>.txt`` of each dependency."""
     return StepSpec(
         name=name,
         kind=NAME,
         params=params,
+        packages=packages,
         deps=deps,
         inputs=tuple(StepInput(d, f"{d}.txt") for d in deps),
         outputs=(f"{name}.txt",),
@@ -88,7 +94,9 @@ def plan_fakes(
 ) -> Plan:
     """Plan recipes named after the keys of ``graphs``, whose steps are its values."""
     recipes = [fake_recipe(name, cache.root.parent) for name in graphs]
-    return graph.plan(recipes, cache, lambda recipe: [describe(s) for s in graphs[recipe.name]], force=force)
+    # a fake step declares the packages it is given (fake(packages=...)); describe sets the kind's own
+    steps_of = lambda recipe: [replace(describe(s), packages=s.packages) for s in graphs[recipe.name]]  # noqa: E731
+    return graph.plan(recipes, cache, steps_of, force=force)
 
 
 class Recorder:

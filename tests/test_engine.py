@@ -8,6 +8,7 @@ scheduling, and some of them run in real spawned step processes.
 from __future__ import annotations
 
 import json
+import os
 import types
 from pathlib import Path
 
@@ -216,6 +217,26 @@ def test_jobs_2_runs_independent_steps_at_once(cache: Cache, tmp_path: Path, mon
     assert len({a["pid"], b["pid"], c["pid"]}) == 3  # a fresh process per step
     assert (tmp_path / "artifacts" / "r" / "c.txt").read_text() == "c\na\n\nb\n\n"
     assert scratch_dirs(cache.root) == []
+
+
+def test_steps_needing_torch_fork_from_one_warm_process_per_build_with_the_builds_environment(
+    cache: Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step declaring torch forks from the build's warm process (torch already imported, so it
+    starts in milliseconds rather than seconds); a light step is spawned fresh. Each sees the
+    environment of its build, and no warm process outlives the build."""
+    from multiprocessing import forkserver
+
+    graphs = {"r": [fake("a", packages=("torch",)), fake("b", "a", packages=("torch",)), fake("c", "b")]}
+    for mark in ("first", "second"):
+        monkeypatch.setenv("ONNXBUILD_TEST_MARK", mark)
+        report = execute(plan_fakes(monkeypatch, cache, graphs, force=True), cache, tmp_path / "artifacts", jobs=1)
+        assert report.ok
+        a, b, c = (step_data(report, f"r:{n}") for n in "abc")
+        assert a["torch"] and b["torch"] and a["ppid"] == b["ppid"] != os.getpid()
+        assert not c["torch"] and c["ppid"] == os.getpid()
+        assert a["mark"] == b["mark"] == c["mark"] == mark
+        assert forkserver._forkserver._forkserver_pid is None  # stopped with the build
 
 
 def test_an_exclusive_step_runs_alone_whatever_jobs_says(

@@ -1,8 +1,14 @@
 """Running one step, in a fresh process or in this one.
 
-A fresh ``spawn`` process per step keeps memory from piling up across heavy steps
-(export then validate of GPT-2 would otherwise hold two models), gives each step an
-honest peak-RSS figure, and lets a crash or OOM kill fail that step alone.
+A fresh process per step keeps memory from piling up across heavy steps (export then
+validate of GPT-2 would otherwise hold two models), gives each step an honest peak-RSS
+figure, and lets a crash or OOM kill fail that step alone.
+
+A step whose kind declares torch or transformers among its packages forks from a warm
+process that has them imported (``WarmForks``), one per build: importing
+``transformers.modeling_utils`` alone takes 5-6 s on 2 cores, and a tiny model's steps
+spent three quarters of their time importing. Other steps start as a fresh ``spawn``
+process, whose memory figure then holds only what they import themselves.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from onnxbuild.spec import Limits, StepContext, StepResult, StepSpec
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
+    from multiprocessing.context import ForkServerContext, SpawnContext
 
 
 @dataclass(frozen=True)
@@ -182,9 +189,61 @@ def _signals_deferred() -> Iterator[None]:
             signal.raise_signal(got[0])  # to the handler it was meant for
 
 
-def _entry(conn: Connection, task: Task) -> None:
+def _entry(conn: Connection, task: Task, environ: dict[str, str]) -> None:
     _own_group()
+    # A forked step inherits the warm process's environment, fixed when the build's first
+    # heavy step started it; the step gets the build's environment of now, as a spawned one does.
+    if os.environ != environ:
+        os.environ.clear()
+        os.environ.update(environ)
     _child(conn, task)
+
+
+# What a warm process imports once per build: the modules heavy steps import first (onnxscript
+# brings onnx; a missing one is skipped).
+WARM_IMPORTS = ("torch", "transformers.modeling_utils", "onnxscript", "onnxruntime")
+WARM_PACKAGES = frozenset({"torch", "transformers"})
+
+
+class WarmForks:
+    """The build's warm process (multiprocessing's fork server, with ``WARM_IMPORTS`` preloaded),
+    shared by the builds running in this process and stopped when the last of them ends, so a
+    library caller keeps no 400 MB process around between builds."""
+
+    _lock = threading.Lock()
+    _users = 0
+
+    @classmethod
+    def available(cls) -> bool:
+        import multiprocessing
+
+        return "forkserver" in multiprocessing.get_all_start_methods()
+
+    @classmethod
+    def acquire(cls) -> None:
+        import multiprocessing
+
+        with cls._lock:
+            if cls._users == 0:
+                multiprocessing.get_context("forkserver").set_forkserver_preload(list(WARM_IMPORTS))
+            cls._users += 1
+
+    @classmethod
+    def release(cls) -> None:
+        from multiprocessing import forkserver
+
+        with cls._lock:
+            cls._users -= 1
+            if cls._users == 0:
+                # multiprocessing has no public way to stop its fork server
+                stop = getattr(forkserver._forkserver, "_stop", None)
+                if stop is not None:  # else it ends with this process, as a spawned helper would
+                    stop()
+
+
+def forks_warm(spec: StepSpec) -> bool:
+    """Whether a step of this spec forks from the build's warm process."""
+    return bool(WARM_PACKAGES.intersection(spec.packages))
 
 
 class ChildStep:
@@ -197,14 +256,18 @@ class ChildStep:
 
     POLL_S = 0.05
 
-    def __init__(self, task: Task) -> None:
+    def __init__(self, task: Task, *, warm: bool = False) -> None:
         import multiprocessing  # 5 ms, and a no-op build starts no step
 
-        self._context = multiprocessing.get_context("spawn")
+        self._context: ForkServerContext | SpawnContext = (
+            multiprocessing.get_context("forkserver") if warm else multiprocessing.get_context("spawn")
+        )
         self.task = task
         self._recv, send = self._context.Pipe(duplex=False)
         ctx = StepContext(**{**task.ctx.__dict__, "log": print})
-        self.process = self._context.Process(target=_entry, args=(send, replace(task, ctx=ctx)), daemon=True)
+        self.process = self._context.Process(
+            target=_entry, args=(send, replace(task, ctx=ctx), dict(os.environ)), daemon=True
+        )
         try:
             with _signals_deferred():
                 self.process.start()

@@ -5,7 +5,8 @@ executor runs a plan; an executor only starts a prepared step and says when it i
 The runner gives every step a scratch folder with its inputs in ``in/`` and expects its
 outputs in ``out/``:
 
-- ``local`` runs the step in a fresh process on this machine (``-j N`` at once).
+- ``local`` runs the step in a fresh process on this machine (``-j N`` at once); a step
+  that needs torch or transformers forks from the build's warm process (execute.WarmForks).
 - ``ray`` runs it as a Ray task, placed by the resources the step declares (CPUs,
   memory, GPUs). On a cluster this process started (``ray.init`` with no address) the
   scratch folder is on the same disk, so the task reads and writes it directly. On a
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from onnxbuild._util import brief
-from onnxbuild.engine.execute import ChildStep, Outcome, Task, run_task
+from onnxbuild.engine.execute import ChildStep, Outcome, Task, WarmForks, forks_warm, run_task
 from onnxbuild.errors import UsageError
 from onnxbuild.spec import Resources
 
@@ -53,12 +54,19 @@ class Executor(Protocol):
 
 
 class LocalExecutor:
-    """A fresh spawned process per step on this machine."""
+    """A fresh process per step on this machine: forked from the warm process for heavy steps, else spawned."""
 
     name = "local"
 
+    def __init__(self) -> None:
+        self._warm = False
+
     def start(self, task: Task, resources: Resources, inputs: dict[str, str], outputs: Sequence[str]) -> Handle:
-        return ChildStep(task)
+        warm = forks_warm(task.spec) and WarmForks.available()
+        if warm and not self._warm:
+            WarmForks.acquire()
+            self._warm = True
+        return ChildStep(task, warm=warm)
 
     def wait(self, handles: Sequence[Handle], timeout: float | None) -> list[Handle]:
         from multiprocessing.connection import wait
@@ -70,7 +78,9 @@ class LocalExecutor:
         pass  # a local step that needs what this machine lacks says so itself (e.g. no CUDA device)
 
     def close(self) -> None:
-        pass
+        if self._warm:
+            self._warm = False
+            WarmForks.release()
 
 
 # ---------------------------------------------------------------- Ray

@@ -146,6 +146,7 @@ def execute(
     here depends on it.
     """
     reporter = reporter or NullReporter()
+    owned = executor is None
     executor = executor or LocalExecutor()
     executor.check([(s.label, s.spec.resources) for s in plan.steps if s.action == "run"])
     cache.warn = reporter.warning
@@ -172,6 +173,8 @@ def execute(
         )
     finally:
         maintenance.release()
+        if owned:
+            executor.close()
     cache.save_state()
     report.seconds = time.perf_counter() - start
     return report
