@@ -413,15 +413,21 @@ def test_readers_with_a_trusted_key_take_only_signed_remote_entries(
     # CI, holding the private key, pushes signed entries over the unsigned ones
     monkeypatch.setenv(SIGNING_ENV, str(tmp_path / "ci.key"))
     assert onnxbuild.build([LR], settings("ci"), in_process=True).ok
-    assert len(list(remote.glob("entries/*/*.json.sig"))) == 2
+    # each entry and its signature are one object, replacing the unsigned one: a reader never
+    # pairs one runner's entry with another's signature
+    envelopes = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(remote.glob("entries/*/*.json"))]
+    assert len(envelopes) == 2 and not list(remote.glob("entries/*/*.sig"))
+    assert all(e["format"] == "onnxbuild-signed-entry/1" and e["signature"] for e in envelopes)
     monkeypatch.delenv(SIGNING_ENV)
     second = onnxbuild.build([LR], settings("reader2"), in_process=True)
     assert [s["status"] for s in second.recipes[0].steps] == ["cached", "cached"]
     # a changed entry (another consistent model) no longer matches its signature
     entry = sorted(remote.glob("entries/*/*.json"))[0]
-    data = json.loads(entry.read_text(encoding="utf-8"))
+    envelope = json.loads(entry.read_text(encoding="utf-8"))
+    data = json.loads(envelope["entry"])
     data["data"]["summary"] = "tampered"
-    entry.write_text(json.dumps(data, sort_keys=True, indent=2), encoding="utf-8")
+    envelope["entry"] = json.dumps(data, sort_keys=True, indent=2)
+    entry.write_text(json.dumps(envelope, sort_keys=True, indent=2), encoding="utf-8")
     recorder = Recorder()
     third = onnxbuild.build([LR], settings("reader3"), in_process=True, reporter=recorder)
     assert third.ok and any("is not signed by a trusted key" in w for w in recorder.warnings)

@@ -227,6 +227,9 @@ def test_steps_needing_torch_fork_from_one_warm_process_per_build_with_the_build
     environment of its build, and no warm process outlives the build."""
     from multiprocessing import forkserver
 
+    from onnxbuild.engine import execute as execute_module
+
+    monkeypatch.setattr(execute_module, "WARM_IMPORTS", ("torch",))  # transformers too would take seconds more
     graphs = {"r": [fake("a", packages=("torch",)), fake("b", "a", packages=("torch",)), fake("c", "b")]}
     for mark in ("first", "second"):
         monkeypatch.setenv("ONNXBUILD_TEST_MARK", mark)

@@ -148,3 +148,45 @@ def test_plan_looks_at_the_remote_cache_without_downloading(tmp_path: Path, monk
     ]  # nothing pulled
     report = onnxbuild.build([LR], settings_for(b, url), in_process=True)
     assert [s["reason"] for s in report.recipes[0].steps] == ["pulled from the remote cache"] * 2
+
+
+def test_a_signed_entry_is_one_object_and_the_two_object_form_of_earlier_versions_is_still_trusted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#40: an entry and its signature travel as one envelope, so two runners pushing different bytes
+    for one key cannot pair one's entry with the other's signature. A plain entry with a ``.sig``
+    beside it (what earlier versions pushed) is still read, and only with its own signature."""
+    import json
+
+    from onnxbuild.engine.signing import SIGNING_ENV, TRUSTED_ENV, Signer, keygen
+
+    remote = tmp_path / "remote"
+    url = remote.as_uri()
+    public = keygen(tmp_path / "ci.key")
+    monkeypatch.setenv(TRUSTED_ENV, public)
+    monkeypatch.setenv(SIGNING_ENV, str(tmp_path / "ci.key"))
+    ci = checkout(tmp_path, "ci")
+    monkeypatch.chdir(ci)
+    assert onnxbuild.build([LR], settings_for(ci, url), in_process=True).ok
+    monkeypatch.delenv(SIGNING_ENV)
+    entries = sorted(remote.glob("entries/*/*.json"))
+    assert len(entries) == 2 and not list(remote.glob("entries/*/*.sig"))
+
+    # rewrite them as an earlier version pushed them: the plain entry, its signature beside it
+    signer = Signer(tmp_path / "ci.key")
+    plain = [json.loads(p.read_text(encoding="utf-8"))["entry"].encode("utf-8") for p in entries]
+    for path, data in zip(entries, plain, strict=True):
+        path.write_bytes(data)
+        path.with_name(path.name + ".sig").write_bytes(signer.sign(data))
+    reader = checkout(tmp_path, "reader")
+    monkeypatch.chdir(reader)
+    report = onnxbuild.build([LR], settings_for(reader, url), in_process=True)
+    assert [s["reason"] for s in report.recipes[0].steps] == ["pulled from the remote cache"] * 2
+
+    # the pairing the envelope rules out: one entry's signature beside the other entry
+    entries[0].with_name(entries[0].name + ".sig").write_bytes(signer.sign(plain[1]))
+    recorder = Recorder()
+    other = checkout(tmp_path, "other")
+    monkeypatch.chdir(other)
+    report = onnxbuild.build([LR], settings_for(other, url), in_process=True, reporter=recorder)
+    assert report.ok and sum("is not signed by a trusted key" in w for w in recorder.warnings) == 1

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -272,3 +273,96 @@ def test_a_racing_runner_with_other_outputs_is_warned_of_a_non_deterministic_ste
         _client(s3).get_object(Bucket=BUCKET, Key=f"nondeterministic/entries/ab/{key}.json")["Body"].read()
     )
     assert kept["outputs"][0]["sha256"].startswith(first)
+
+
+# What the workflow's expressions are on a pull request from a branch of the same repository
+EXPRESSIONS = {
+    "github.event.pull_request.head.repo.fork && '1' || ''": "",
+    "github.base_ref": "main",
+    "secrets.AWS_ACCESS_KEY_ID": "test",  # moto takes any
+    "secrets.AWS_SECRET_ACCESS_KEY": "test",
+}
+
+
+def _workflow() -> dict[str, Any]:
+    """The GitHub Actions workflow docs/ci.md shows (the README links it as the CI example)."""
+    import re
+
+    import yaml
+
+    text = (ROOT / "docs" / "ci.md").read_text(encoding="utf-8")
+    blocks = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "jobs:" in b]
+    assert len(blocks) == 1, "docs/ci.md shows one workflow"
+    doc: dict[str, Any] = yaml.safe_load(blocks[0])
+    return doc
+
+
+def _expand(text: str) -> str:
+    import re
+
+    def value(match: re.Match[str]) -> str:
+        expression = match.group(1).strip()
+        assert expression in EXPRESSIONS, f"docs/ci.md's workflow uses ${{{{ {expression} }}}}: give it a value here"
+        return EXPRESSIONS[expression]
+
+    return re.sub(r"\$\{\{(.*?)\}\}", value, text)
+
+
+def test_the_ci_example_works_as_written_against_an_s3_server(s3: str, tmp_path: Path) -> None:
+    """#40: the workflow in docs/ci.md, run step by step on a pull request's checkout against moto's
+    S3 server, with the bucket it names. The main branch built and locked the recipes first
+    (pushing to the remote); the pull request's `make --frozen` pulls every step from there and the
+    locks hold. Only the install line is not run: this environment is the install."""
+    workflow = _workflow()
+    job = next(iter(workflow["jobs"].values()))
+    bucket = urllib.parse.urlparse(job["env"]["ONNXBUILD_CACHE_URL"]).netloc
+    _client(s3).create_bucket(Bucket=bucket)
+    # the runner's environment; the server's address as boto reads it (real S3 needs none)
+    env = {k: v for k, v in _env(s3).items() if not k.startswith(("ONNXBUILD_CACHE_", "AWS_"))}
+    env |= {"AWS_ENDPOINT_URL_S3": s3, "AWS_DEFAULT_REGION": "us-east-1"}
+    env |= {name: _expand(str(value)) for name, value in job["env"].items()}
+
+    upstream = tmp_path / "upstream"
+    (upstream / "recipes").mkdir(parents=True)
+    shutil.copy(ROOT / LR, upstream / LR)
+    git = ["git", "-c", "user.name=ci", "-c", "user.email=ci@example.com"]
+    subprocess.run([*git, "init", "-q", "-b", "main", str(upstream)], check=True)
+    main = subprocess.run(
+        ["onnxbuild", "make", "recipes/linear-regression.yaml", "--lock"], cwd=upstream, env=env, capture_output=True
+    )
+    assert main.returncode == 0, main.stdout + main.stderr  # the main branch's build, pushed
+    subprocess.run([*git, "add", "recipes"], cwd=upstream, check=True)
+    subprocess.run([*git, "commit", "-qm", "recipes and locks"], cwd=upstream, check=True)
+    checkout = tmp_path / "pull-request"
+    subprocess.run(["git", "clone", "-q", str(upstream), str(checkout)], check=True)
+    subprocess.run(["git", "checkout", "-qb", "feature"], cwd=checkout, check=True)
+    (checkout / "NOTES.md").write_text("a change that touches no recipe\n", encoding="utf-8")
+    subprocess.run([*git, "add", "NOTES.md"], cwd=checkout, check=True)
+    subprocess.run([*git, "commit", "-qm", "notes"], cwd=checkout, check=True)
+
+    summary = tmp_path / "summary.md"
+    ran = []
+    for step in job["steps"]:
+        if "run" not in step:
+            continue
+        command = _expand(step["run"])
+        if command.startswith("python -m pip install"):
+            continue
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", command],
+            cwd=checkout,
+            env={**env, "GITHUB_STEP_SUMMARY": str(summary)},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert done.returncode == 0, f"{command}\n{done.stdout}{done.stderr}"
+        ran.append(command.split()[1])
+    assert ran == ["plan", "make", "diff"]
+    build = json.loads((checkout / "build.json").read_text(encoding="utf-8"))
+    steps = build["recipes"][0]["steps"]
+    assert build["ok"] and [s["reason"] for s in steps] == ["pulled from the remote cache"] * len(steps)
+    assert (checkout / "artifacts" / "linear-regression" / "model.onnx").read_bytes() == (
+        upstream / "artifacts" / "linear-regression" / "model.onnx"
+    ).read_bytes()
+    assert summary.read_text(encoding="utf-8").strip()

@@ -229,6 +229,13 @@ class WarmForks:
             cls._users += 1
 
     @classmethod
+    def start(cls) -> None:
+        """Start it without waiting: it imports while the build goes on, and the first fork waits for it."""
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+    @classmethod
     def release(cls) -> None:
         from multiprocessing import forkserver
 

@@ -12,7 +12,9 @@ delete, so each object goes straight to its content-addressed key with ``If-None
 S3 never shows a half-written object, a second writer of the same key gets 412 (counted as
 done: the bytes are the same by construction), and a server that ignores the condition
 overwrites with the same bytes. An entry is written last, the same way, so a reader who finds
-it finds its objects. A bucket is never created (a mistyped URL is an error at start, not a
+it finds its objects. A signed entry travels with its signature in one object (an envelope),
+so two runners pushing different bytes for one key cannot leave one's entry beside the other's
+signature. A bucket is never created (a mistyped URL is an error at start, not a
 new bucket), and nothing is decided from a listing: exact-key reads only.
 
 Options for the store (``endpoint_url``, ``region_name``, ``profile``...) come from
@@ -103,7 +105,7 @@ class RemoteCache:
         if key in self.damaged:
             return False  # said once already; the build replaces it
         try:
-            raw = self._read(self._entry(key))
+            raw, signature = _unwrap(self._read(self._entry(key)))
             text = raw.decode("utf-8")
             entry = read_json(text)
         except FileNotFoundError:
@@ -113,15 +115,13 @@ class RemoteCache:
             self.damaged.add(key)
             return False
         wrong = entry_problem(entry, key)
-        if not wrong and self.verifier is not None:
-            try:
-                signature = self._read(self._entry(key) + ".sig")
-            except (OSError, FileNotFoundError):
-                signature = b""
-            if not self.verifier.valid(raw, signature):
-                local.warn(f"remote cache entry {key[:12]} is not signed by a trusted key; building instead")
-                self.damaged.add(key)  # a signed build replaces it
-                return False
+        trusted = (
+            bool(wrong) or self.verifier is None or self.verifier.valid(raw, signature or self._legacy_signature(key))
+        )
+        if not trusted:
+            local.warn(f"remote cache entry {key[:12]} is not signed by a trusted key; building instead")
+            self.damaged.add(key)  # a signed build replaces it
+            return False
         if wrong:
             local.warn(f"remote cache entry {key[:12]} is damaged ({wrong}); building instead")
             self.damaged.add(key)
@@ -170,17 +170,13 @@ class RemoteCache:
             if o["sha256"] in self.damaged or not self._exists(target):
                 self._put_atomically(str(local.object_path(o["sha256"])), target, replace=o["sha256"] in self.damaged)
         data = json.dumps(entry, sort_keys=True, indent=2).encode("utf-8")
+        if self.signer is not None:
+            data = _envelope(data, self.signer.sign(data))
         if self.object_store:
-            if self.signer is not None:  # the signature first: a reader never sees a signed key without it
-                self._create(self._entry(key) + ".sig", data=self.signer.sign(data), replace=key in self.damaged)
             if not self._create(self._entry(key), data=data, replace=key in self.damaged):
                 self._same_outputs(key, entry, local)
             return
         self.fs.makedirs(self._entry(key).rsplit("/", 1)[0], exist_ok=True)
-        if self.signer is not None:  # the signature first: a reader never sees a signed key without it
-            sig_tmp = f"{self._entry(key)}.sig.{uuid.uuid4().hex}.tmp"
-            self.fs.pipe_file(sig_tmp, self.signer.sign(data))
-            self.fs.mv(sig_tmp, self._entry(key) + ".sig")
         tmp = f"{self._entry(key)}.{uuid.uuid4().hex}.tmp"
         self.fs.pipe_file(tmp, data)
         self.fs.mv(tmp, self._entry(key))
@@ -193,7 +189,7 @@ class RemoteCache:
         if key in self.damaged:
             return None
         try:
-            raw = self._read(self._entry(key))
+            raw, signature = _unwrap(self._read(self._entry(key)))
             entry = read_json(raw.decode("utf-8"))
         except (OSError, ValueError):
             return None
@@ -201,13 +197,8 @@ class RemoteCache:
             return None
         if not all(self._exists(self._object(o["sha256"])) for o in entry["outputs"]):
             return None  # "make pulls it" only when it can: every object it names is there
-        if self.verifier is not None:
-            try:
-                signature = self._read(self._entry(key) + ".sig")
-            except OSError:
-                return None
-            if not self.verifier.valid(raw, signature):
-                return None
+        if self.verifier is not None and not self.verifier.valid(raw, signature or self._legacy_signature(key)):
+            return None
         result: dict[str, Any] = entry
         return result
 
@@ -225,7 +216,7 @@ class RemoteCache:
         for path in paths:
             key = path.rsplit("/", 1)[1].removesuffix(".json")
             try:
-                raw = self._read(path)
+                raw, _ = _unwrap(self._read(path))
                 entry = read_json(raw.decode("utf-8"))
                 wrong = entry_problem(entry, key)
             except (OSError, ValueError) as exc:
@@ -302,6 +293,13 @@ class RemoteCache:
         data: bytes = self.fs.cat_file(path, max_concurrency=1) if self.object_store else self.fs.cat_file(path)
         return data
 
+    def _legacy_signature(self, key: str) -> bytes:
+        """The signature an earlier onnxbuild pushed beside an entry, as a second object."""
+        try:
+            return self._read(self._entry(key) + ".sig")
+        except OSError:  # FileNotFoundError included: unsigned
+            return b""
+
     def _exists(self, path: str) -> bool:
         """Whether the key ``path`` exists: on S3 one HEAD of that key (s3fs's ``exists`` lists
         the prefix too when the HEAD finds nothing, to find "directories")."""
@@ -335,7 +333,7 @@ class RemoteCache:
         from onnxbuild.engine.cache import read_json
 
         try:
-            theirs = read_json(self._read(self._entry(key)).decode("utf-8"))
+            theirs = read_json(_unwrap(self._read(self._entry(key)))[0].decode("utf-8"))
         except (OSError, ValueError):
             return
         mine = {o["path"]: o["sha256"] for o in entry["outputs"]}
@@ -359,6 +357,26 @@ class RemoteCache:
         self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
         self.fs.put_file(source, tmp)
         self.fs.mv(tmp, target)
+
+
+ENVELOPE = "onnxbuild-signed-entry/1"
+
+
+def _envelope(entry: bytes, signature: bytes) -> bytes:
+    """A signed entry as one object: the entry's exact bytes (what was signed) and the signature."""
+    doc = {"format": ENVELOPE, "entry": entry.decode("utf-8"), "signature": signature.decode("ascii")}
+    return json.dumps(doc, sort_keys=True, indent=2).encode("utf-8")
+
+
+def _unwrap(raw: bytes) -> tuple[bytes, bytes | None]:
+    """(the entry's bytes, its signature) from a remote entry object; no signature for a plain entry."""
+    doc = json.loads(raw.decode("utf-8"))  # ValueError for damaged bytes, as the entry's own parse
+    if not isinstance(doc, dict) or doc.get("format") != ENVELOPE:
+        return raw, None
+    entry, signature = doc.get("entry"), doc.get("signature")
+    if not isinstance(entry, str) or not isinstance(signature, str):
+        raise ValueError(f"a {ENVELOPE} object without its entry and signature strings")
+    return entry.encode("utf-8"), signature.encode("ascii")
 
 
 def _sha256(path: Path) -> str:

@@ -156,6 +156,8 @@ def execute(
     maintenance.timeout = LOCK_TIMEOUT_S
     maintenance.acquire()
     try:
+        if not in_process:
+            executor.prepare([s.spec for s in plan.steps if s.action == "run"])
         cache.clean_scratch()
         for recipe in plan.recipes:
             folder = artifact_folder(artifacts_root, recipe.name)

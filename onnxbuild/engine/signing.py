@@ -2,8 +2,9 @@
 
 Anyone who can write to a shared remote cache can add an entry and objects that are
 consistent with each other (the sha256 checks cannot tell). With signing, the job that
-pushes (CI on the main branch) holds an Ed25519 private key and writes
-``entries/xx/<key>.json.sig`` beside each entry it pushes; every reader configured with
+pushes (CI on the main branch) holds an Ed25519 private key and pushes each entry with its
+signature, one object (engine/remote.py's envelope; a ``<key>.json.sig`` beside a plain entry,
+as earlier versions wrote, is still read); every reader configured with
 the public key refuses a remote entry without a valid signature and builds the step
 itself. Objects need no signature: an entry names them by sha256, checked on pull.
 
