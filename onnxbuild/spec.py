@@ -108,6 +108,8 @@ class StepContext:
     output_dir: Path
     digests: dict[str, str] = field(default_factory=dict)
     """sha256 of each of the spec's ``files`` (label -> digest), as the planner saw them."""
+    versions: dict[str, str] = field(default_factory=dict)
+    """The versions of the kind's packages that the step's key holds (the planner's)."""
     log: Callable[[str], None] = print
 
     def input(self, rel: str) -> Path:

@@ -242,6 +242,41 @@ def test_steps_needing_torch_fork_from_one_warm_process_per_build_with_the_build
         assert forkserver._forkserver._forkserver_pid is None  # stopped with the build
 
 
+def test_a_ray_task_refuses_a_node_whose_packages_differ_from_the_key_and_starts_from_an_empty_out(
+    cache: Cache, tmp_path: Path
+) -> None:
+    """#40: a step on a cluster node checks the package versions its key holds against its own
+    before running, and names each mismatch; a retried attempt does not inherit what a dead one
+    left in ``out/`` (the runner would commit it as this attempt's)."""
+    from dataclasses import replace
+
+    from onnxbuild.engine.execute import Task
+    from onnxbuild.engine.executors import _run_shared
+    from onnxbuild.steps import describe
+
+    spec = describe(fake("a"))
+    out = tmp_path / "work" / "out"
+    out.mkdir(parents=True)
+    (out / "a.txt").write_text("half of what a killed attempt wrote", encoding="utf-8")
+    ctx = StepContext(
+        recipe_name="r",
+        recipe_path="recipes/r.yaml",
+        recipe_dir=tmp_path,
+        input_dir=tmp_path / "work" / "in",
+        output_dir=out,
+        versions={"numpy": "0.0.1", "onnxbuild-no-such-package": "not installed"},
+    )
+    refused = _run_shared(Task(spec, ctx, str(tmp_path / "work" / "step.log")))
+    assert not refused.ok and refused.error == (
+        f"this node's packages differ from the step's key (numpy {package_version('numpy')} here, 0.0.1 in the "
+        "key): install the planning machine's versions on every node (pip install -c constraints.txt ...)"
+    )
+    assert (out / "a.txt").read_text(encoding="utf-8").startswith("half")  # refused before touching anything
+    ctx = replace(ctx, versions={"numpy": package_version("numpy")})
+    done = _run_shared(Task(replace(spec, params={"skip_outputs": ["a.txt"]}), ctx, str(tmp_path / "step.log")))
+    assert done.ok and list(out.iterdir()) == []  # the stale a.txt is gone, not taken as this attempt's
+
+
 def test_an_exclusive_step_runs_alone_whatever_jobs_says(
     cache: Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

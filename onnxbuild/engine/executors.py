@@ -119,8 +119,39 @@ def _ray() -> Any:
 
 
 def _run_shared(task: Task) -> Outcome:
-    """A Ray task on a node that shares this machine's disk: the step's own process, as locally."""
+    """A Ray task on a node that shares this machine's disk: the step's own process, as locally.
+
+    A retried attempt (its worker died) finds what the dead one wrote in ``out/``: it starts
+    from an empty folder, so nothing half-written is committed as if this attempt wrote it."""
+    wrong = versions_differ(task)
+    if wrong is not None:
+        return wrong
+    out = task.ctx.output_dir
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
     return _logged(task)
+
+
+def versions_differ(task: Task) -> Outcome | None:
+    """A failed Outcome when a package the step's key names has another version in this process
+    (a node of a cluster installed differently from the machine that planned), else None: the
+    step would file outputs of other code under the key."""
+    from onnxbuild.environment import package_version
+
+    differ = {
+        name: (package_version(name), wanted)
+        for name, wanted in sorted(task.ctx.versions.items())
+        if package_version(name) != wanted
+    }
+    if not differ:
+        return None
+    shown = "; ".join(f"{name} {here} here, {wanted} in the key" for name, (here, wanted) in differ.items())
+    return Outcome(
+        False,
+        error=f"this node's packages differ from the step's key ({shown}): install the planning machine's "
+        "versions on every node (pip install -c constraints.txt ...)",
+    )
 
 
 def _run_remote(
@@ -129,8 +160,11 @@ def _run_remote(
     """A Ray task on any node: inputs from the remote cache by digest, outputs pushed back there."""
     from onnxbuild.engine.remote import RemoteCache
 
+    wrong = versions_differ(task)
+    if wrong is not None:
+        return wrong, {}
     remote = RemoteCache(remote_url)
-    work = Path(tempfile.mkdtemp(prefix="onnxbuild-ray-"))
+    work = Path(tempfile.mkdtemp(prefix="onnxbuild-ray-"))  # each attempt its own
     try:
         (work / "in").mkdir()
         (work / "out").mkdir()

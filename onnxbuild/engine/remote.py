@@ -370,7 +370,9 @@ def _envelope(entry: bytes, signature: bytes) -> bytes:
 
 def _unwrap(raw: bytes) -> tuple[bytes, bytes | None]:
     """(the entry's bytes, its signature) from a remote entry object; no signature for a plain entry."""
-    doc = json.loads(raw.decode("utf-8"))  # ValueError for damaged bytes, as the entry's own parse
+    from onnxbuild.engine.cache import read_json
+
+    doc = read_json(raw.decode("utf-8"))  # ValueError for damaged bytes (too deep too), as the entry's own parse
     if not isinstance(doc, dict) or doc.get("format") != ENVELOPE:
         return raw, None
     entry, signature = doc.get("entry"), doc.get("signature")

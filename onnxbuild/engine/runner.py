@@ -438,6 +438,7 @@ def _start(
         input_dir=inputs_dir,
         output_dir=workdir / "out",
         digests={label: v for label, v in ing["files"].items()},
+        versions=dict(ing["packages"]),
     )
     st.record = None
     st.planned = PlannedStep(p.recipe, p.spec, "run", (reason,), key, ing, None)
