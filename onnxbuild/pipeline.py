@@ -57,9 +57,24 @@ def steps_for(recipe: Recipe) -> list[StepSpec]:
         for s in steps
     ]
     weights = _weight_bytes(recipe)
+    model_imports = source_kind(next(iter(recipe.resolved["source"]))).imports
     return [
-        describe(replace(s, resources=_resources(recipe, s.kind, weights), limits=_limits(recipe, s))) for s in steps
+        describe(
+            replace(
+                s,
+                resources=_resources(recipe, s.kind, weights),
+                limits=_limits(recipe, s),
+                imports=_imports(s.kind, model_imports),
+            )
+        )
+        for s in steps
     ]
+
+
+def _imports(kind: str, model_imports: tuple[str, ...]) -> tuple[str, ...]:
+    """The heavy modules a step imports: its kind's, and its source's model's when it loads that model."""
+    described = step_kind(kind)
+    return tuple(dict.fromkeys((*(model_imports if described.loads_model else ()), *described.imports)))
 
 
 def _limits(recipe: Recipe, spec: StepSpec) -> Limits:

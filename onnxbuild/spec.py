@@ -88,6 +88,9 @@ class StepSpec:
     """The kind's VERSION, part of the key: bumped whenever the kind's outputs can change."""
     packages: tuple[str, ...] = ()
     """Packages whose versions are part of the key (the kind's PACKAGES), and nothing else is."""
+    imports: tuple[str, ...] = ()
+    """Heavy modules its run imports first (torch, transformers...): a step with any forks from the
+    build's warm process, which imported every planned step's once. Not part of the key."""
     exclusive: bool = False
     """Runs alone even with -j N (a benchmark must not share its cores)."""
     entry: str = ""
@@ -238,3 +241,7 @@ class StepKind:
     """The variants it makes (``pipeline.variants`` asks every kind in the registry's order)."""
     placement: Callable[[Recipe], tuple[float, int, str]] = _one_cpu
     """(CPUs, GPUs, why a GPU) a step of it needs."""
+    imports: tuple[str, ...] = ()
+    """Heavy modules its run imports whatever the source (StepSpec.imports)."""
+    loads_model: bool = False
+    """Its steps load the source's model, so they import what the source kind's ``imports`` names too."""

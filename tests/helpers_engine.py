@@ -23,7 +23,6 @@ import json
 import os
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -72,13 +71,13 @@ def register_fake() -> None:
     register(NAME, sys.modules[__name__])
 
 
-def fake(name: str, *deps: str, packages: tuple[str, ...] = (), **params: Any) -> StepSpec:
+def fake(name: str, *deps: str, imports: tuple[str, ...] = (), **params: Any) -> StepSpec:
     """A fake step writing ``<name>.txt`` from the ``<dep>.txt`` of each dependency."""
     return StepSpec(
         name=name,
         kind=NAME,
         params=params,
-        packages=packages,
+        imports=imports,
         deps=deps,
         inputs=tuple(StepInput(d, f"{d}.txt") for d in deps),
         outputs=(f"{name}.txt",),
@@ -94,9 +93,7 @@ def plan_fakes(
 ) -> Plan:
     """Plan recipes named after the keys of ``graphs``, whose steps are its values."""
     recipes = [fake_recipe(name, cache.root.parent) for name in graphs]
-    # a fake step declares the packages it is given (fake(packages=...)); describe sets the kind's own
-    steps_of = lambda recipe: [replace(describe(s), packages=s.packages) for s in graphs[recipe.name]]  # noqa: E731
-    return graph.plan(recipes, cache, steps_of, force=force)
+    return graph.plan(recipes, cache, lambda recipe: [describe(s) for s in graphs[recipe.name]], force=force)
 
 
 class Recorder:

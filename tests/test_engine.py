@@ -222,15 +222,12 @@ def test_jobs_2_runs_independent_steps_at_once(cache: Cache, tmp_path: Path, mon
 def test_steps_needing_torch_fork_from_one_warm_process_per_build_with_the_builds_environment(
     cache: Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A step declaring torch forks from the build's warm process (torch already imported, so it
-    starts in milliseconds rather than seconds); a light step is spawned fresh. Each sees the
+    """A step importing torch first forks from the build's warm process (torch already imported, so
+    it starts in milliseconds rather than seconds); a light step is spawned fresh. Each sees the
     environment of its build, and no warm process outlives the build."""
     from multiprocessing import forkserver
 
-    from onnxbuild.engine import execute as execute_module
-
-    monkeypatch.setattr(execute_module, "WARM_IMPORTS", ("torch",))  # transformers too would take seconds more
-    graphs = {"r": [fake("a", packages=("torch",)), fake("b", "a", packages=("torch",)), fake("c", "b")]}
+    graphs = {"r": [fake("a", imports=("torch",)), fake("b", "a", imports=("torch",)), fake("c", "b")]}
     for mark in ("first", "second"):
         monkeypatch.setenv("ONNXBUILD_TEST_MARK", mark)
         report = execute(plan_fakes(monkeypatch, cache, graphs, force=True), cache, tmp_path / "artifacts", jobs=1)

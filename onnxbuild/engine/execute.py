@@ -4,11 +4,11 @@ A fresh process per step keeps memory from piling up across heavy steps (export 
 validate of GPT-2 would otherwise hold two models), gives each step an honest peak-RSS
 figure, and lets a crash or OOM kill fail that step alone.
 
-A step whose kind declares torch or transformers among its packages forks from a warm
-process that has them imported (``WarmForks``), one per build: importing
-``transformers.modeling_utils`` alone takes 5-6 s on 2 cores, and a tiny model's steps
-spent three quarters of their time importing. Other steps start as a fresh ``spawn``
-process, whose memory figure then holds only what they import themselves.
+A step that imports heavy modules first (``StepSpec.imports``: torch, and transformers for a
+Hugging Face model) forks from a warm process that imported every planned step's once
+(``WarmForks``), one per build: importing ``transformers.modeling_utils`` alone takes 5-6 s
+on 2 cores, and a tiny model's steps spent three quarters of their time importing. Other
+steps start as a fresh ``spawn`` process, whose memory figure then holds only what they import.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -199,16 +199,11 @@ def _entry(conn: Connection, task: Task, environ: dict[str, str]) -> None:
     _child(conn, task)
 
 
-# What a warm process imports once per build: the modules heavy steps import first (onnxscript
-# brings onnx; a missing one is skipped).
-WARM_IMPORTS = ("torch", "transformers.modeling_utils", "onnxscript", "onnxruntime")
-WARM_PACKAGES = frozenset({"torch", "transformers"})
-
-
 class WarmForks:
-    """The build's warm process (multiprocessing's fork server, with ``WARM_IMPORTS`` preloaded),
-    shared by the builds running in this process and stopped when the last of them ends, so a
-    library caller keeps no 400 MB process around between builds."""
+    """The build's warm process (multiprocessing's fork server, with the planned steps' ``imports``
+    preloaded), shared by the builds running in this process and stopped when the last of them
+    ends, so a library caller keeps no 400 MB process around between builds. A module missing
+    here is skipped (the step that needs it says so itself)."""
 
     _lock = threading.Lock()
     _users = 0
@@ -220,12 +215,13 @@ class WarmForks:
         return "forkserver" in multiprocessing.get_all_start_methods()
 
     @classmethod
-    def acquire(cls) -> None:
+    def acquire(cls, imports: Iterable[str]) -> None:
         import multiprocessing
 
         with cls._lock:
             if cls._users == 0:
-                multiprocessing.get_context("forkserver").set_forkserver_preload(list(WARM_IMPORTS))
+                # sorted: the same plan preloads in the same order, so its steps see the same state
+                multiprocessing.get_context("forkserver").set_forkserver_preload(sorted(set(imports)))
             cls._users += 1
 
     @classmethod
@@ -250,7 +246,7 @@ class WarmForks:
 
 def forks_warm(spec: StepSpec) -> bool:
     """Whether a step of this spec forks from the build's warm process."""
-    return bool(WARM_PACKAGES.intersection(spec.packages))
+    return bool(spec.imports)
 
 
 class ChildStep:

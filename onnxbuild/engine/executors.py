@@ -6,7 +6,7 @@ The runner gives every step a scratch folder with its inputs in ``in/`` and expe
 outputs in ``out/``:
 
 - ``local`` runs the step in a fresh process on this machine (``-j N`` at once); a step
-  that needs torch or transformers forks from the build's warm process (execute.WarmForks).
+  that imports torch or transformers first forks from the build's warm process (execute.WarmForks).
 - ``ray`` runs it as a Ray task, placed by the resources the step declares (CPUs,
   memory, GPUs). On a cluster this process started (``ray.init`` with no address) the
   scratch folder is on the same disk, so the task reads and writes it directly. On a
@@ -66,18 +66,18 @@ class LocalExecutor:
         """Start the warm process now when a step to run will fork from it: its imports (seconds)
         then overlap the light steps that come first (source, check)."""
         if any(forks_warm(s) for s in specs) and WarmForks.available():
-            self._acquire()
+            self._acquire([m for s in specs for m in s.imports])
             WarmForks.start()
 
-    def _acquire(self) -> None:
+    def _acquire(self, imports: Sequence[str]) -> None:
         if not self._warm:
-            WarmForks.acquire()
+            WarmForks.acquire(imports)
             self._warm = True
 
     def start(self, task: Task, resources: Resources, inputs: dict[str, str], outputs: Sequence[str]) -> Handle:
         warm = forks_warm(task.spec) and WarmForks.available()
         if warm:
-            self._acquire()
+            self._acquire(task.spec.imports)  # prepared already, unless the caller skipped prepare
         return ChildStep(task, warm=warm)
 
     def wait(self, handles: Sequence[Handle], timeout: float | None) -> list[Handle]:

@@ -586,6 +586,7 @@ def decoder(src: dict[str, Any]) -> bool:
 KIND = SourceKind(
     name="huggingface",
     traced=True,
+    imports=("torch", "transformers.modeling_utils"),  # 5.6 s here, once per build instead of per step
     identity=identity,
     estimate_weights=estimate_weights,
     record=record,

@@ -86,6 +86,9 @@ class SourceKind:
     later: tuple[str, ...] = ()
     """Keys only the steps after the source step read (how the model is loaded, its tokenizer):
     not in the source step's key."""
+    imports: tuple[str, ...] = ()
+    """Heavy modules loading its model imports: the steps that load it fork from a warm process
+    that imported these once per build (engine/execute.py)."""
     recorded: tuple[str, ...] = ()
     """Keys whose whole effect on later steps reaches them through the source step's record
     (which weights, from where): left out of the keys of the steps that read that record."""

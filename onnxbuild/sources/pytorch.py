@@ -95,6 +95,7 @@ def check(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[tuple[Any,
 KIND = SourceKind(
     name="pytorch",
     traced=True,
+    imports=("torch",),
     identity=identity,
     estimate_weights=estimate_weights,
     record=record,

@@ -447,5 +447,7 @@ KIND = StepKind(
     exclusive=EXCLUSIVE,
     measured=measured,
     placement=placement,
+    imports=("onnxruntime",),
+    loads_model=True,
 )
 """What this kind says of itself (onnxbuild.spec.StepKind)."""

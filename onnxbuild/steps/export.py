@@ -368,6 +368,14 @@ def _describe(inputs: dict[str, Any]) -> str:
 
 
 KIND = StepKind(
-    name="export", version=VERSION, packages=PACKAGES, plan=plan, run=run, memory=MEMORY, placement=placement
+    name="export",
+    version=VERSION,
+    packages=PACKAGES,
+    plan=plan,
+    run=run,
+    memory=MEMORY,
+    placement=placement,
+    imports=("onnxscript",),
+    loads_model=True,
 )
 """What this kind says of itself (onnxbuild.spec.StepKind)."""

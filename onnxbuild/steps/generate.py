@@ -421,5 +421,14 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     )
 
 
-KIND = StepKind(name="generate", version=VERSION, packages=PACKAGES, plan=plan, run=run, memory=MEMORY)
+KIND = StepKind(
+    name="generate",
+    version=VERSION,
+    packages=PACKAGES,
+    plan=plan,
+    run=run,
+    memory=MEMORY,
+    imports=("onnxruntime",),
+    loads_model=True,
+)
 """What this kind says of itself (onnxbuild.spec.StepKind)."""

@@ -96,5 +96,6 @@ KIND = StepKind(
     memory=MEMORY,
     exclusive=EXCLUSIVE,
     measured=measured,
+    imports=("torch", "onnxruntime"),
 )
 """What this kind says of itself (onnxbuild.spec.StepKind)."""

@@ -408,5 +408,7 @@ KIND = StepKind(
     memory=MEMORY,
     measured=measured,
     variants=variants,
+    imports=("onnxruntime",),
+    loads_model=True,
 )
 """What this kind says of itself (onnxbuild.spec.StepKind)."""

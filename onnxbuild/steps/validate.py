@@ -474,5 +474,14 @@ def _finish(
     raise StepError(f"{message}. Reports: artifacts/{ctx.recipe_name}/failed/{spec.name}/.{hint}")
 
 
-KIND = StepKind(name="validate", version=VERSION, packages=PACKAGES, plan=plan, run=run, memory=MEMORY)
+KIND = StepKind(
+    name="validate",
+    version=VERSION,
+    packages=PACKAGES,
+    plan=plan,
+    run=run,
+    memory=MEMORY,
+    imports=("onnxruntime",),
+    loads_model=True,
+)
 """What this kind says of itself (onnxbuild.spec.StepKind)."""
