@@ -47,7 +47,12 @@ def test_a_step_over_its_memory_limit_fails_with_the_figure_and_the_build_exits_
     assert "Traceback" not in result.output
 
 
-def test_a_step_over_its_time_limit_fails_and_earlier_steps_stay_cached(tmp_path: Path) -> None:
+def test_a_step_over_its_time_limit_fails_and_earlier_steps_stay_cached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a tiny model's validate, forked from the build's warm process, can finish within 0.3 s:
+    # its first attempt sleeps 5 s first (the test hook), the second build's does not
+    monkeypatch.setenv("ONNXBUILD_TEST_STEP_DELAY", f"validate:5:{tmp_path / 'slept-once'}")
     settings = onnxbuild.Settings(cache_dir=tmp_path / "cache", artifacts_dir=tmp_path / "artifacts")
     recipe = write(tmp_path, "limits:\n  seconds: 600\n  steps:\n    validate: {seconds: 0.3}\n")
     report = onnxbuild.build([recipe], settings)
