@@ -112,6 +112,46 @@ def test_build_killed_mid_step_leaves_nothing_partial(project: Path, reference_m
     assert len(whole_entries(cache)) == len(entry_files(cache)) == 2
 
 
+def test_a_killed_build_takes_its_forked_steps_with_it(project: Path) -> None:
+    """A step forked from the build's warm process dies with the build, as a spawned one does:
+    SIGKILL the build alone (not its process group) while its machine step sleeps."""
+    recipe = project / "recipes" / "linear-regression.yaml"
+    recipe.write_text(recipe.read_text(encoding="utf-8") + "benchmark: {iterations: 2}\n", encoding="utf-8")
+    env = {**os.environ, "ONNXBUILD_TEST_STEP_DELAY": "machine:60"}
+    proc = subprocess.Popen(
+        MAKE, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    step = None
+    try:
+        deadline = time.monotonic() + 90
+        while step is None:
+            logs = [p.read_text() for p in (_cache(project) / "tmp").glob("*/step.log")]
+            said = [line for text in logs for line in text.splitlines() if "test hook: sleeping" in line]
+            if said:
+                step = int(said[0].rsplit("(pid ", 1)[1].rstrip(")"))
+            assert proc.poll() is None and time.monotonic() < deadline, "the machine step never started"
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)  # the build alone: its steps are in groups of their own
+        proc.communicate(timeout=30)  # the build's output closes: nothing of it lingers holding it
+        deadline = time.monotonic() + 30
+        while _alive(step):
+            assert time.monotonic() < deadline, "the forked step outlived its build"
+            time.sleep(0.1)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        if step is not None and _alive(step):
+            os.kill(step, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 HOLD = """
 import sys, time
 from pathlib import Path

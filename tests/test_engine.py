@@ -239,6 +239,23 @@ def test_steps_needing_torch_fork_from_one_warm_process_per_build_with_the_build
         assert forkserver._forkserver._forkserver_pid is None  # stopped with the build
 
 
+def test_a_warm_process_that_dies_importing_leaves_the_build_to_spawned_steps(
+    cache: Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An import that raises more than ImportError (a broken install) kills the fork server while
+    it starts; the build goes on with spawned steps instead of failing with its EOFError."""
+    from multiprocessing import forkserver
+
+    (tmp_path / "broken_install.py").write_text("raise RuntimeError('a broken install')\n", encoding="utf-8")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # the fork server starts with the environment's path
+    graphs = {"r": [fake("a", imports=("broken_install",)), fake("b", "a", imports=("broken_install",))]}
+    report = execute(plan_fakes(monkeypatch, cache, graphs), cache, tmp_path / "artifacts", jobs=1)
+    assert report.ok, report.failures()
+    a, b = (step_data(report, f"r:{n}") for n in "ab")
+    assert a["ppid"] == b["ppid"] == os.getpid()  # spawned by the build itself
+    assert forkserver._forkserver._forkserver_pid is None
+
+
 def test_a_ray_task_refuses_a_node_whose_packages_differ_from_the_key_and_starts_from_an_empty_out(
     cache: Cache, tmp_path: Path
 ) -> None:

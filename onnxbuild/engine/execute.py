@@ -190,6 +190,19 @@ def _signals_deferred() -> Iterator[None]:
 
 
 def _entry(conn: Connection, task: Task, environ: dict[str, str]) -> None:
+    from multiprocessing import forkserver
+
+    # A forked step inherits the fork server's "alive" pipe, and the server only exits (killing
+    # its steps through PR_SET_PDEATHSIG) once every holder closed it: held here, a SIGKILLed
+    # build would leave its steps running to the end, and the build's stdout open.
+    server = forkserver._forkserver
+    alive = getattr(server, "_forkserver_alive_fd", None)  # private: no public way to reach it
+    if alive is not None:
+        os.close(alive)
+        setattr(server, "_forkserver_alive_fd", None)  # noqa: B010 - typeshed does not know the attribute
+    import signal
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a forked step inherits it ignored
     _own_group()
     # A forked step inherits the warm process's environment, fixed when the build's first
     # heavy step started it; the step gets the build's environment of now, as a spawned one does.
@@ -226,10 +239,21 @@ class WarmForks:
 
     @classmethod
     def start(cls) -> None:
-        """Start it without waiting: it imports while the build goes on, and the first fork waits for it."""
+        """Start it without waiting: it imports while the build goes on, and the first fork waits for it.
+
+        It starts with Ctrl-C ignored: it sits in the build's process group, and the fork server
+        ignores SIGINT only once its imports are done, so a Ctrl-C in the first seconds printed
+        its KeyboardInterrupt traceback into the build's output (steps restore it, ``_entry``)."""
+        import signal
         from multiprocessing import forkserver
 
-        forkserver.ensure_running()
+        main = threading.current_thread() is threading.main_thread()
+        before = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+        try:
+            forkserver.ensure_running()
+        finally:
+            if main:
+                signal.signal(signal.SIGINT, signal.SIG_DFL if before is None else before)
 
     @classmethod
     def release(cls) -> None:
@@ -241,7 +265,10 @@ class WarmForks:
                 # multiprocessing has no public way to stop its fork server
                 stop = getattr(forkserver._forkserver, "_stop", None)
                 if stop is not None:  # else it ends with this process, as a spawned helper would
-                    stop()
+                    try:
+                        stop()
+                    except OSError:  # it had died already (an import raised while it started)
+                        pass
 
 
 def forks_warm(spec: StepSpec) -> bool:

@@ -61,24 +61,31 @@ class LocalExecutor:
 
     def __init__(self) -> None:
         self._warm = False
+        self._broken = False
+        """The warm process died starting (an import raised more than ImportError): steps are spawned."""
 
     def prepare(self, specs: Sequence[StepSpec]) -> None:
         """Start the warm process now when a step to run will fork from it: its imports (seconds)
         then overlap the light steps that come first (source, check)."""
         if any(forks_warm(s) for s in specs) and WarmForks.available():
             self._acquire([m for s in specs for m in s.imports])
-            WarmForks.start()
 
     def _acquire(self, imports: Sequence[str]) -> None:
         if not self._warm:
             WarmForks.acquire(imports)
             self._warm = True
+            WarmForks.start()
 
     def start(self, task: Task, resources: Resources, inputs: dict[str, str], outputs: Sequence[str]) -> Handle:
-        warm = forks_warm(task.spec) and WarmForks.available()
-        if warm:
-            self._acquire(task.spec.imports)  # prepared already, unless the caller skipped prepare
-        return ChildStep(task, warm=warm)
+        warm = forks_warm(task.spec) and WarmForks.available() and not self._broken
+        if not warm:
+            return ChildStep(task)
+        self._acquire(task.spec.imports)  # prepared already, unless the caller skipped prepare
+        try:
+            return ChildStep(task, warm=True)
+        except (EOFError, OSError):  # the server died importing: this build spawns its steps, as before
+            self._broken = True
+            return ChildStep(task)
 
     def wait(self, handles: Sequence[Handle], timeout: float | None) -> list[Handle]:
         from multiprocessing.connection import wait

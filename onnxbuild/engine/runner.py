@@ -174,9 +174,11 @@ def execute(
             expected=expected or {},
         )
     finally:
-        maintenance.release()
-        if owned:
-            executor.close()
+        try:
+            maintenance.release()
+        finally:
+            if owned:
+                executor.close()
     cache.save_state()
     report.seconds = time.perf_counter() - start
     return report
