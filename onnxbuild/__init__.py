@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from onnxbuild._version import __version__
 
 if TYPE_CHECKING:
-    from onnxbuild.api import Settings, build, clean, dag, gc, load_recipes, plan, schema_text, show
+    from onnxbuild.api import Settings, build, clean, dag, gc, load_recipe, load_recipes, plan, schema_text, show
     from onnxbuild.errors import (
         BuildFailed,
         CacheError,
@@ -23,19 +23,18 @@ if TYPE_CHECKING:
         StepError,
         UsageError,
     )
-    from onnxbuild.recipe.loader import load_recipe
 
 # Names load on first use (PEP 562): `python -m onnxbuild` and the console script must be able
 # to install their signal handlers before anything slow is imported, so a Ctrl-C or SIGTERM
 # that lands during start-up still ends with exit 130 and no traceback.
 _HOME = {
     **dict.fromkeys(
-        ("Settings", "build", "clean", "dag", "gc", "load_recipes", "plan", "schema_text", "show"), "onnxbuild.api"
+        ("Settings", "build", "clean", "dag", "gc", "load_recipe", "load_recipes", "plan", "schema_text", "show"),
+        "onnxbuild.api",
     ),
     **dict.fromkeys(
         ("BuildFailed", "CacheError", "OnnxbuildError", "RecipeError", "StepError", "UsageError"), "onnxbuild.errors"
     ),
-    "load_recipe": "onnxbuild.recipe.loader",
 }
 
 

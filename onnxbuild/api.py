@@ -17,9 +17,10 @@ from onnxbuild.engine.cache import Cache, tagged
 from onnxbuild.engine.graph import Plan
 from onnxbuild.engine.runner import BuildReport, Reporter
 from onnxbuild.errors import CacheError, OnnxbuildError, RecipeError, UsageError
-from onnxbuild.recipe.loader import load_recipe
+from onnxbuild.recipe import loader
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.report.pagekey import is_current
+from onnxbuild.steps import kinds
 
 CACHE_ENV = "ONNXBUILD_CACHE_DIR"
 RAY_JOBS = 256
@@ -54,6 +55,21 @@ class Settings:
                 options=options_from_config(config, "[tool.onnxbuild] in pyproject.toml or onnxbuild.toml"),
             )
         return cache
+
+
+def load_recipe(path: str | Path, memo_dir: Path | None = None, *, write_memo: bool = True) -> Recipe:
+    """Load, validate and resolve one recipe, checked by every step kind (see
+    ``recipe.loader.load_recipe``).
+
+    Raises:
+        RecipeError: listing every problem found, each with file, line and column.
+    """
+    return loader.load_recipe(path, kinds, memo_dir, write_memo=write_memo)
+
+
+def parse_recipe(text: str, shown: str) -> dict[str, Any]:
+    """Recipe text validated by the schema and every step kind, with every default filled in."""
+    return loader.parse_recipe(text, shown, kinds())
 
 
 def load_recipes(paths: Sequence[str | Path], settings: Settings | None = None) -> list[Recipe]:
@@ -462,7 +478,9 @@ __all__ = [
     "clean",
     "dag",
     "gc",
+    "load_recipe",
     "load_recipes",
+    "parse_recipe",
     "plan",
     "report",
     "schema_text",

@@ -6,7 +6,7 @@ kinds (onnxbuild.steps) read their params from them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -201,6 +201,53 @@ class Planning:
     model_step: str
 
 
+Found = tuple[tuple[str | int, ...], str, bool]
+"""A cross-field problem a kind finds in a recipe: (key path, message, whether it is at the key
+rather than its value). The loader turns it into an error at the key's line and column."""
+
+
+@dataclass(frozen=True)
+class Checking:
+    """What a step kind's ``check`` reads: a recipe that passed its schema (defaults not yet
+    filled in) and what the recipe layer found in it once for every kind."""
+
+    doc: dict[str, Any]
+    source: str
+    """The source kind's name (the one key under ``source``)."""
+    src: dict[str, Any]
+    """Its section, ``source.<kind>``."""
+    traced: bool
+    """Exported through torch: export and validation apply."""
+    untraced_what: str
+    """How a message names an untraced source ("an ONNX file, ...")."""
+    traced_kinds: str
+    """The traced source kinds, for messages ("huggingface, pytorch and tensorflow")."""
+    decoder: bool
+    """A text decoder (``export.with_past`` and the fused graphs apply)."""
+    with_past: bool
+    """``export.with_past`` as it takes effect (false where it does not apply)."""
+    two_files: bool
+    """Its variants are an encoder and a decoder file."""
+    inputs: tuple[dict[str, Any], ...]
+    """The export's inputs, the recipe's or its source's defaults."""
+    export_dims: tuple[str, ...]
+    """The inputs' symbolic dimensions."""
+    dims: tuple[str, ...]
+    """The dimensions validation varies (the export's and those its source always varies)."""
+    optional: frozenset[str]
+    """Dimensions a shape may give though no input names them (past_sequence with a KV cache)."""
+    max_positions: int | None
+    """How many positions the model has, where its config says."""
+    variants: tuple[str, ...]
+    """Every variant's name, the exported model's first."""
+    entries: tuple[tuple[str, int, dict[str, Any]], ...]
+    """(section, index, entry) of every entry of a variant section."""
+
+
+def _no_problems(checking: Checking) -> list[Found]:
+    return []
+
+
 def _not_measured(params: dict[str, Any]) -> str:
     return ""
 
@@ -245,3 +292,12 @@ class StepKind:
     """Heavy modules its run imports whatever the source (StepSpec.imports)."""
     loads_model: bool = False
     """Its steps load the source's model, so they import what the source kind's ``imports`` names too."""
+    check: Callable[[Checking], Iterable[Found]] = _no_problems
+    """Cross-field problems of its section (and of what it reads of others) in a recipe that passed
+    its schema: what JSON Schema cannot say. The loader asks every kind (``api.load_recipes``)."""
+    makes: tuple[str, ...] = ()
+    """Variants it makes by fixed names (``optimized``) whenever its section is given: names no
+    variant entry may take."""
+    each_variant: bool = False
+    """It has a step per variant, ``<kind>.<variant>`` (the exported model's is ``<kind>``):
+    names ``limits.steps`` may use."""

@@ -14,10 +14,10 @@ import pytest
 from click.testing import CliRunner
 
 import onnxbuild
+from onnxbuild.api import load_recipe
 from onnxbuild.cli import cli
 from onnxbuild.environment import BF16_FLAGS, missing_feature
 from onnxbuild.errors import RecipeError
-from onnxbuild.recipe.loader import load_recipe
 from onnxbuild.report import benchmark_schema
 from onnxbuild.runtimes.decoding import Generation
 from onnxbuild.steps.generate import compare_runs

@@ -25,10 +25,10 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper
 
 import onnxbuild
+from onnxbuild.api import load_recipe
 from onnxbuild.cli import cli
 from onnxbuild.errors import RecipeError, StepError
 from onnxbuild.fusion.decoder import MASKED, build
-from onnxbuild.recipe.loader import load_recipe
 
 DATA = Path(__file__).resolve().parent / "data"
 TINY = {

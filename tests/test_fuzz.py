@@ -24,9 +24,10 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from onnxbuild.api import parse_recipe
 from onnxbuild.cli import cli
 from onnxbuild.errors import RecipeError
-from onnxbuild.recipe.loader import decode_recipe, parse_recipe
+from onnxbuild.recipe.loader import decode_recipe
 
 # On a failure Hypothesis's pytest plugin imports libcst to print a patch, and libcst 1.0 trips
 # this DeprecationWarning; under filterwarnings=error that hides the failure behind an INTERNALERROR.

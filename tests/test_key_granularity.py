@@ -26,10 +26,10 @@ import pytest
 import yaml
 
 import onnxbuild
+from onnxbuild.api import load_recipe
 from onnxbuild.engine import testhooks
 from onnxbuild.engine.graph import DEPENDS
 from onnxbuild.errors import OnnxbuildError
-from onnxbuild.recipe.loader import load_recipe
 from onnxbuild.spec import StepSpec
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from onnxbuild import steps
-from onnxbuild.recipe.loader import parse_recipe
+from onnxbuild.api import parse_recipe
 from onnxbuild.spec import STEP_KINDS, StepKind
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,9 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 import onnxbuild
+from onnxbuild.api import load_recipe
 from onnxbuild.cli import cli
 from onnxbuild.errors import RecipeError
-from onnxbuild.recipe.loader import load_recipe
 
 TINY = """
 name: lim

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from onnxbuild import api
+from onnxbuild.api import load_recipe, parse_recipe
 from onnxbuild.errors import RecipeError
-from onnxbuild.recipe.loader import MAX_RECIPE_BYTES, load_recipe, parse_recipe
+from onnxbuild.recipe.loader import MAX_RECIPE_BYTES
 
 DATA = Path(__file__).resolve().parent / "data"
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
@@ -492,7 +493,7 @@ def test_deep_nesting_does_not_crash_the_process() -> None:
     """
     code = (
         "from onnxbuild.errors import RecipeError\n"
-        "from onnxbuild.recipe.loader import parse_recipe\n"
+        "from onnxbuild.api import parse_recipe\n"
         "try:\n"
         "    parse_recipe('x: ' + '[' * 100_000 + ']' * 100_000, 'r.yaml')\n"
         "except RecipeError as exc:\n"
@@ -758,8 +759,7 @@ def test_memo_follows_the_file_contents(tmp_path: Path) -> None:
 )
 def test_show_prints_a_recipe_that_loads_to_the_same_resolved_form(path: Path, tmp_path: Path) -> None:
     """`onnxbuild show` is meant to be copied: its output (nulls included) is a valid recipe (#15)."""
-    from onnxbuild.api import show
-    from onnxbuild.recipe.loader import load_recipe
+    from onnxbuild.api import load_recipe, show
 
     shown = tmp_path / path.name
     shown.write_text(show(path), encoding="utf-8")

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from onnxbuild.api import load_recipe
 from onnxbuild.errors import RecipeError
-from onnxbuild.recipe.loader import load_recipe
 
 INPUTS = "export:\n  inputs: [{name: pixels, dtype: float32, shape: [batch, 64]}]\n"
 

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from onnxbuild.api import parse_recipe
 from onnxbuild.errors import RecipeError, StepError
-from onnxbuild.recipe.loader import parse_recipe
 from onnxbuild.steps import budget, text_quality
 from onnxbuild.steps.text_quality import Tally
 

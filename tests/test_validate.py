@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from onnxbuild._util import pretty_json
+from onnxbuild.api import parse_recipe
 from onnxbuild.errors import RecipeError, StepError
-from onnxbuild.recipe.loader import parse_recipe
 from onnxbuild.report.validation import (
     AccuracyResult,
     EmbeddingResult,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +19,14 @@ from onnxbuild.recipe.checks import semantic_problems
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.recipe.resolve import deref, resolve, schema, schema_text
 from onnxbuild.recipe.yamlpos import Path_, Positions, dotted
+from onnxbuild.spec import StepKind
 
 MAX_RECIPE_BYTES = 1 << 20
 """A recipe is a page of YAML; anything over 1 MiB is a mistake (or an attack) and is refused unread."""
 
 __all__ = [
     "MAX_RECIPE_BYTES",
+    "KindsOf",
     "decode_recipe",
     "load_recipe",
     "parse_recipe",
@@ -89,8 +91,13 @@ def decode_recipe(data: bytes, shown: str) -> str:
     return text.removeprefix("\ufeff")
 
 
-def load_recipe(path: str | Path, memo_dir: Path | None = None, *, write_memo: bool = True) -> Recipe:
-    """Load, validate and resolve the recipe at ``path``.
+KindsOf = Callable[[], Sequence[StepKind]]
+"""The step kinds whose checks a recipe must pass (``onnxbuild.steps.kinds``, passed in from
+above: this layer knows no kind), asked only when a recipe is parsed rather than remembered."""
+
+
+def load_recipe(path: str | Path, kinds: KindsOf, memo_dir: Path | None = None, *, write_memo: bool = True) -> Recipe:
+    """Load, validate and resolve the recipe at ``path``, checked by every kind ``kinds`` gives.
 
     With ``memo_dir``, a recipe whose bytes were resolved before (by this version of
     onnxbuild and this schema) is read back from there instead of being parsed and
@@ -106,7 +113,7 @@ def load_recipe(path: str | Path, memo_dir: Path | None = None, *, write_memo: b
     resolved = _read_memo(memo)
     if resolved is None:
         text = decode_recipe(data, shown)
-        resolved = parse_recipe(text, shown)
+        resolved = parse_recipe(text, shown, kinds())
         if memo is not None and write_memo:
             _write_memo(memo, resolved)
     return Recipe(
@@ -157,7 +164,7 @@ def _write_memo(memo: Path, resolved: dict[str, Any]) -> None:
         pass  # only a speed-up
 
 
-def parse_recipe(text: str, shown: str) -> dict[str, Any]:
+def parse_recipe(text: str, shown: str, kinds: Sequence[StepKind]) -> dict[str, Any]:
     """Validate recipe text and return it resolved (every default explicit)."""
     from onnxbuild.recipe.yamlpos import load_yaml
 
@@ -182,7 +189,7 @@ def parse_recipe(text: str, shown: str) -> dict[str, Any]:
         )
     problems = list(_non_finite(doc, positions, shown, ())) + list(_schema_problems(doc, positions, shown))
     if not problems:
-        problems = list(semantic_problems(doc, positions, shown))
+        problems = list(semantic_problems(doc, positions, shown, kinds))
     if problems:
         problems.sort(key=lambda p: (p.line or 0, p.column or 0, p.path))
         raise RecipeError(problems)

@@ -71,8 +71,8 @@ def changed_recipes(base: str, cwd: Path) -> list[str]:
         for n in _git("diff", "--name-only", base, cwd=cwd).splitlines()
         if not n.endswith((".yaml", ".yml", ".lock.json"))
     }
+    from onnxbuild.api import load_recipe
     from onnxbuild.pipeline import steps_for
-    from onnxbuild.recipe.loader import load_recipe
 
     root = Path(_git("rev-parse", "--show-toplevel", cwd=cwd).strip())
     for path in sorted((cwd / "recipes").glob("*.y*ml")):
@@ -94,7 +94,7 @@ def changed_recipes(base: str, cwd: Path) -> list[str]:
 
 def _load(text: str | None, path: str, cwd: Path) -> Recipe | None:
     from onnxbuild._util import sha256_text
-    from onnxbuild.recipe.loader import parse_recipe
+    from onnxbuild.api import parse_recipe
 
     if text is None:
         return None

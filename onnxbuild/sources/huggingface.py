@@ -603,6 +603,8 @@ KIND = SourceKind(
     seq2seq=seq2seq,
     top1=top1,
     decoder=decoder,
+    gguf=is_gguf,
+    tokenizer=True,
     later=LATER,
     recorded=RECORDED,
 )

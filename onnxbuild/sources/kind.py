@@ -80,6 +80,10 @@ class SourceKind:
     top1: Callable[[Source], bool] = _never
     """A top-1 agreement floor applies to its outputs."""
     decoder: Callable[[Source], bool] = _never
+    gguf: Callable[[Source], bool] = _never
+    """Its weights are a GGUF file (quantize's gguf method writes that file's own blocks)."""
+    tokenizer: bool = False
+    """It has a tokenizer that turns text into the model's inputs (validate.sentences)."""
     """A text decoder: ``export.with_past`` and the fused decoder graphs apply."""
     benchmark_inputs: Callable[[Source], list[dict[str, Any]]] | None = None
     """Inputs an untraced source is benchmarked by."""

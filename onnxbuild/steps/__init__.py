@@ -35,6 +35,12 @@ def step_kind(kind: str) -> StepKind:
     return described
 
 
+def kinds() -> tuple[StepKind, ...]:
+    """Every kind in the registry, in pipeline order (and any registered at run time after
+    them): what the recipe loader asks for its checks."""
+    return tuple(step_kind(k) for k in (*STEP_KINDS, *(k for k in _extra if k not in STEP_KINDS)))
+
+
 def register(kind: str, module: ModuleType) -> None:
     """Add a step kind at run time (used by the engine's own tests for fake steps): a module
     with a ``KIND`` and a ``run``. It must be importable by name for a step process to run it;

@@ -20,11 +20,13 @@ import gc
 import json
 import os
 import time
+from collections.abc import Iterable
 from typing import Any, cast
 
 from onnxbuild import environment
 from onnxbuild._util import format_ms, pick, pretty_json
 from onnxbuild.errors import StepError
+from onnxbuild.recipe.checks import shape_problems
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.recipe.sections import (
     SIGNATURE_KEYS,
@@ -35,7 +37,7 @@ from onnxbuild.recipe.sections import (
 from onnxbuild.recipe.variants import SOURCE_RECORD
 from onnxbuild.report.benchmark import chart, markdown, validated_on
 from onnxbuild.runtimes import sessions
-from onnxbuild.spec import Planning, StepInput, StepKind
+from onnxbuild.spec import Checking, Found, Planning, StepInput, StepKind
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 from onnxbuild.steps.benchmarking.decode import _ort_decode
 from onnxbuild.steps.benchmarking.limits import _attach_roofline, _work_of
@@ -437,6 +439,12 @@ def _validate_schema(report: dict[str, Any]) -> None:
         ) from None
 
 
+def check(c: Checking) -> Iterable[Found]:
+    """Its shapes size what the inputs vary (validation's extra dimensions are no input)."""
+    if c.traced:
+        yield from shape_problems(c, "benchmark", c.export_dims, optional_needed=False)
+
+
 KIND = StepKind(
     name="benchmark",
     version=VERSION,
@@ -449,5 +457,6 @@ KIND = StepKind(
     placement=placement,
     imports=("onnxruntime",),
     loads_model=True,
+    check=check,
 )
 """What this kind says of itself (onnxbuild.spec.StepKind)."""

@@ -19,14 +19,14 @@ from __future__ import annotations
 import operator
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, cast
 
 from onnxbuild._util import pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import Contract
-from onnxbuild.spec import Planning, StepInput, StepKind
+from onnxbuild.spec import Checking, Found, Planning, StepInput, StepKind
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
 VERSION = 1
@@ -207,5 +207,24 @@ def _normal(signature: str) -> str:
     return f"{head.strip()}[{', '.join(d.strip() for d in dims.rstrip(']').split(',') if d.strip())}]"
 
 
-KIND = StepKind(name="expect", version=VERSION, packages=PACKAGES, plan=plan, run=run, memory=MEMORY)
+def check(c: Checking) -> Iterable[Found]:
+    for variant in c.doc.get("expect") or {}:
+        if variant != "all" and variant not in c.variants:
+            yield (
+                ("expect", variant),
+                f"no variant {variant!r} (this recipe has: {', '.join(c.variants)}; `all` for every one)",
+                True,
+            )
+
+
+KIND = StepKind(
+    name="expect",
+    version=VERSION,
+    packages=PACKAGES,
+    plan=plan,
+    run=run,
+    memory=MEMORY,
+    check=check,
+    each_variant=True,
+)
 """What this kind says of itself (onnxbuild.spec.StepKind)."""

@@ -12,13 +12,15 @@ exporter the node metadata it writes (stack traces with absolute paths) removed.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, cast
 
 from onnxbuild._util import brief
 from onnxbuild.errors import StepError
+from onnxbuild.recipe.checks import traced_only
 from onnxbuild.recipe.model import Recipe
-from onnxbuild.recipe.resolve import DEFAULT_SAMPLE
+from onnxbuild.recipe.resolve import DEFAULT_SAMPLE, default_sample
 from onnxbuild.recipe.sections import ExportSection
 from onnxbuild.recipe.tasks import DEFAULT_DECODER_SEQUENCE
 from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD, model_files
@@ -32,7 +34,7 @@ from onnxbuild.sources.torchmodel import (
     vocab_size,
     wrap,
 )
-from onnxbuild.spec import Planning, StepInput, StepKind
+from onnxbuild.spec import Checking, Found, Planning, StepInput, StepKind
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 
 VERSION = 4
@@ -367,6 +369,45 @@ def _describe(inputs: dict[str, Any]) -> str:
     return ", ".join(f"{k} {list(v.shape)} {v.dtype}" for k, v in inputs.items())
 
 
+def check(c: Checking) -> Iterable[Found]:
+    """Sample sizes for every dimension the inputs vary, inputs named once, a KV cache only for
+    a text decoder."""
+    yield from traced_only(c, "export")
+    export = c.doc.get("export", {})
+    if export.get("with_past") and not c.decoder and not c.two_files:  # two files: their own check speaks
+        what = f"task {c.src['task']}" if c.src.get("task") else f"a {c.source} source"
+        yield (
+            ("export", "with_past"),
+            f"applies to huggingface text-generation models (this recipe has {what}); remove it",
+            False,
+        )
+    if not c.traced:
+        return
+    defaults = default_sample(c.source, c.src)
+    sample = export.get("sample", {d: defaults[d] for d in c.export_dims if d in defaults})
+    missing = [d for d in c.export_dims if d not in sample]
+    where = ("export", "sample") if "sample" in export else ("export",) if "export" in c.doc else ("source", c.source)
+    images = {"height", "width"} if any(t.get("name") == "pixel_values" for t in c.inputs) else set()
+    if images & set(missing) and not source_kind(c.source).fixed_image_size(c.src):
+        yield (
+            where,
+            "an image model is exported at one sample size: "
+            "give export.sample: {batch: 2, height: 224, width: 224} (or config.image_size)",
+            True,
+        )
+    for d in missing:
+        if d not in images:
+            yield where, f"give a sample size for dimension {d!r} (e.g. sample: {{{d}: 2}})", True
+    names = [t["name"] for t in c.inputs]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            yield (
+                ("export", "inputs", i, "name"),
+                f"input {name!r} is listed twice (first as export.inputs[{names.index(name)}])",
+                False,
+            )
+
+
 KIND = StepKind(
     name="export",
     version=VERSION,
@@ -377,5 +418,6 @@ KIND = StepKind(
     placement=placement,
     imports=("onnxscript",),
     loads_model=True,
+    check=check,
 )
 """What this kind says of itself (onnxbuild.spec.StepKind)."""

@@ -11,6 +11,7 @@ comparison in which both engines draw with the same random numbers.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, cast
 
 from onnxbuild._util import brief, pretty_json
@@ -19,7 +20,7 @@ from onnxbuild.recipe.sections import GenerateSection
 from onnxbuild.recipe.variants import SOURCE_RECORD
 from onnxbuild.report.generation import markdown
 from onnxbuild.runtimes import sessions
-from onnxbuild.spec import Planning, StepInput, StepKind
+from onnxbuild.spec import Checking, Found, Planning, StepInput, StepKind
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 
 VERSION = 3
@@ -421,6 +422,20 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     )
 
 
+def check(c: Checking) -> Iterable[Found]:
+    gen = c.doc.get("generate")
+    if gen is None:
+        return
+    if not c.with_past and not c.two_files:
+        yield (
+            ("generate",),
+            "generates through the KV cache; add export.with_past: true (a huggingface text-generation model)",
+            True,
+        )
+    if gen.get("prompt") is not None and gen.get("prompt_ids") is not None:
+        yield ("generate", "prompt_ids"), "give either prompt (text) or prompt_ids (token ids), not both", True
+
+
 KIND = StepKind(
     name="generate",
     version=VERSION,
@@ -430,5 +445,6 @@ KIND = StepKind(
     memory=MEMORY,
     imports=("onnxruntime",),
     loads_model=True,
+    check=check,
 )
 """What this kind says of itself (onnxbuild.spec.StepKind)."""

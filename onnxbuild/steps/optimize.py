@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, cast
 
 from onnxbuild import environment
 from onnxbuild._util import pick, pretty_json
 from onnxbuild.errors import StepError
+from onnxbuild.recipe.families import FUSED_DECODERS
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.recipe.sections import TARGETS, OptimizeSection
 from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD, variant
 from onnxbuild.sources import is_decoder, section_for
-from onnxbuild.spec import Planning, StepInput, StepKind, Variant
+from onnxbuild.spec import Checking, Found, Planning, StepInput, StepKind, Variant
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 
 OWN_KEYS = ("level", "decoder", "transformer", "float16")
@@ -399,6 +401,28 @@ def _histogram(model: Any) -> dict[str, int]:
     return dict(Counter(n.op_type for n in model.graph.node))
 
 
+def check(c: Checking) -> Iterable[Found]:
+    """A fused decoder graph exists for the model's architecture and needs its KV cache."""
+    if ((c.doc.get("optimize") or {}).get("decoder")) != "fused":
+        return
+    config = c.src.get("config")
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if not c.with_past:
+        yield (
+            ("optimize", "decoder"),
+            "fused graphs are for text-generation models exported with export.with_past: true; "
+            "use decoder: auto or export",
+            False,
+        )
+    elif model_type is not None and model_type not in FUSED_DECODERS:
+        yield (
+            ("optimize", "decoder"),
+            f"no fused graph for model_type {model_type!r} (there is one for {', '.join(FUSED_DECODERS)}); "
+            "use decoder: auto or export",
+            False,
+        )
+
+
 KIND = StepKind(
     name="optimize",
     version=VERSION,
@@ -410,5 +434,7 @@ KIND = StepKind(
     variants=variants,
     imports=("onnxruntime",),
     loads_model=True,
+    check=check,
+    makes=("optimized",),
 )
 """What this kind says of itself (onnxbuild.spec.StepKind)."""

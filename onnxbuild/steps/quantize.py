@@ -12,6 +12,7 @@ steps/quantizing/: ``int8`` (dynamic, static), ``nbits`` (weight-only MatMulNBit
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, cast
 
@@ -20,8 +21,8 @@ from onnxbuild.errors import StepError
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.recipe.sections import QuantizeSection
 from onnxbuild.recipe.variants import SOURCE_RECORD, TEXT_GATES, variant, vocab_size
-from onnxbuild.sources import section_for
-from onnxbuild.spec import Planning, StepInput, StepKind, Variant
+from onnxbuild.sources import section_for, source_kind
+from onnxbuild.spec import Checking, Found, Planning, StepInput, StepKind, Variant
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 from onnxbuild.steps.quantizing.budgeted import _budgeted
 from onnxbuild.steps.quantizing.gguf import _gguf
@@ -280,7 +281,54 @@ def _each_file(ctx: StepContext, spec: StepSpec, q: QuantizeSection) -> StepResu
     )
 
 
+def check(c: Checking) -> Iterable[Found]:
+    """gguf needs a GGUF source and the fused graph; a budget needs its figures and text."""
+    if not c.traced:
+        return
+    for i, q in enumerate(c.doc.get("quantize") or []):
+        if not isinstance(q, dict):
+            continue
+        if q.get("method") == "gguf" and not source_kind(c.source).gguf(c.src):
+            yield (
+                ("quantize", i, "method"),
+                "gguf carries a GGUF file's own blocks: the source must name a .gguf file "
+                "(source.huggingface.model or package)",
+                False,
+            )
+        elif q.get("method") == "gguf" and q.get("from", "model") != "optimized":
+            yield (
+                ("quantize", i, "method"),
+                "gguf writes the blocks into the fused decoder graph: add from: optimized "
+                "(with optimize.decoder: fused)",
+                False,
+            )
+        plan = q.get("budget")
+        if isinstance(plan, dict) and plan.get("ppl_increase_max") is None and plan.get("kld_max") is None:
+            yield (
+                ("quantize", i, "budget"),
+                "give ppl_increase_max and/or kld_max: "
+                "the figures the plan keeps the file within (e.g. {ppl_increase_max: 0.05})",
+                True,
+            )
+        elif isinstance(plan, dict) and q.get("method") not in ("int4", "weight_only"):
+            yield (
+                ("quantize", i, "budget"),
+                "plans weight-only precision per layer: method int4 or weight_only "
+                f"(this entry's is {q.get('method')})",
+                True,
+            )
+        elif isinstance(plan, dict) and not c.decoder:
+            yield ("quantize", i, "budget"), "measures perplexity on text: it applies to text-generation models", True
+
+
 KIND = StepKind(
-    name="quantize", version=VERSION, packages=PACKAGES, plan=plan, run=run, memory=MEMORY, variants=variants
+    name="quantize",
+    version=VERSION,
+    packages=PACKAGES,
+    plan=plan,
+    run=run,
+    memory=MEMORY,
+    variants=variants,
+    check=check,
 )
 """What this kind says of itself (onnxbuild.spec.StepKind)."""

@@ -60,6 +60,7 @@ from onnxbuild.sources.torchmodel import (
 from onnxbuild.spec import Planning, StepInput, StepKind
 from onnxbuild.steps import text_quality
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
+from onnxbuild.steps.validating import rules
 from onnxbuild.steps.validating.cases import (
     LEFT_OUT,
     RealTokens,
@@ -483,5 +484,7 @@ KIND = StepKind(
     memory=MEMORY,
     imports=("onnxruntime",),
     loads_model=True,
+    check=rules.check,
+    each_variant=True,
 )
 """What this kind says of itself (onnxbuild.spec.StepKind)."""

@@ -1,0 +1,74 @@
+"""What validate checks of a recipe before any step runs (its part of ``StepKind.check``):
+shapes that size what the inputs vary, sentences only where a tokenizer reads them, the
+text a perplexity gate measures on."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from onnxbuild.recipe.checks import shape_problems, traced_only
+from onnxbuild.recipe.variants import TEXT_GATES
+from onnxbuild.sources import source_kind
+from onnxbuild.sources.usercode import ref_problem
+from onnxbuild.spec import Checking, Found
+
+
+def check(c: Checking) -> Iterable[Found]:
+    yield from traced_only(c, "validate")
+    validate = c.doc.get("validate") or {}
+    accuracy = validate.get("accuracy")
+    if isinstance(accuracy, dict) and isinstance(accuracy.get("dataset"), str):
+        wrong = ref_problem(accuracy["dataset"])
+        if wrong:
+            yield ("validate", "accuracy", "dataset"), wrong, False
+    if not c.traced:
+        return
+    yield from shape_problems(c, "validate", c.dims)
+    if validate.get("sentences") is not None and not source_kind(c.source).tokenizer:
+        yield (
+            ("validate", "sentences"),
+            "needs a huggingface source, whose tokenizer turns the sentences into inputs "
+            f"(this recipe's source is {c.source})",
+            True,
+        )
+    if validate.get("cosine_min") is not None and validate.get("sentences") is None:
+        yield (
+            ("validate", "cosine_min"),
+            "compares sentence embeddings; add validate.sentences (the text to embed)",
+            True,
+        )
+    text = validate.get("text")
+    if isinstance(text, dict):
+        given = [k for k in ("file", "package", "inline") if text.get(k) is not None]
+        if not c.decoder:
+            yield (
+                ("validate", "text"),
+                "measures perplexity of a text-generation model (task: text-generation); "
+                "for an encoder use validate.sentences",
+                True,
+            )
+        elif len(given) != 1:
+            got = f"it has {' and '.join(given)}" if given else "it has none"
+            yield (
+                ("validate", "text"),
+                "give exactly one of file (beside the recipe), package (pkg/file.txt) and inline "
+                f"(the text itself); {got}",
+                True,
+            )
+    gates = [g for g in TEXT_GATES if validate.get(g) is not None]
+    own = [(path, g) for path, section in _variant_validates(c) for g in TEXT_GATES if g in section]
+    if text is None and (gates or own):
+        where, gate = (("validate", gates[0]), gates[0]) if gates else ((*own[0][0], own[0][1]), own[0][1])
+        yield where, f"{gate} gates quality on real text; add validate.text (the text to measure on)", True
+
+
+def _variant_validates(c: Checking) -> Iterable[tuple[tuple[str | int, ...], dict[str, Any]]]:
+    """Each variant's own ``validate:`` block (the optimized variant's section, a variant
+    entry's), with where it is."""
+    for section, value in c.doc.items():
+        if isinstance(value, dict) and isinstance(value.get("validate"), dict):
+            yield (section, "validate"), value["validate"]
+    for section, i, e in c.entries:
+        if isinstance(e.get("validate"), dict):
+            yield (section, i, "validate"), e["validate"]
