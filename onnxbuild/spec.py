@@ -248,6 +248,10 @@ def _no_problems(checking: Checking) -> list[Found]:
     return []
 
 
+def _nothing_to_resolve(doc: dict[str, Any], resolved: dict[str, Any]) -> None:
+    return None
+
+
 def _not_measured(params: dict[str, Any]) -> str:
     return ""
 
@@ -295,6 +299,9 @@ class StepKind:
     check: Callable[[Checking], Iterable[Found]] = _no_problems
     """Cross-field problems of its section (and of what it reads of others) in a recipe that passed
     its schema: what JSON Schema cannot say. The loader asks every kind (``api.load_recipes``)."""
+    resolve: Callable[[dict[str, Any], dict[str, Any]], None] = _nothing_to_resolve
+    """Fills the defaults of its section that the schema cannot give because they depend on other
+    keys (``resolve(doc, resolved)``, in the registry's order, after the schema's defaults)."""
     makes: tuple[str, ...] = ()
     """Variants it makes by fixed names (``optimized``) whenever its section is given: names no
     variant entry may take."""

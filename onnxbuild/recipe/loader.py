@@ -193,7 +193,7 @@ def parse_recipe(text: str, shown: str, kinds: Sequence[StepKind]) -> dict[str, 
     if problems:
         problems.sort(key=lambda p: (p.line or 0, p.column or 0, p.path))
         raise RecipeError(problems)
-    return resolve(doc)
+    return resolve(doc, kinds)
 
 
 def _non_finite(value: Any, positions: Positions, shown: str, path: Path_) -> Iterable[Problem]:

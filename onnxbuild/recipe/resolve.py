@@ -2,21 +2,24 @@
 
 Defaults come from the schema (``default`` on each property) and, where they depend on
 other keys (validation shapes from the export's sample sizes, a language model's top-1
-floor), from here. Every section the schema accepts must come out of ``resolve``:
+floor), from the kind that owns the section (``StepKind.resolve``, passed in: this layer
+names no step kind). Every section the schema accepts must come out of ``resolve``:
 tests/test_kinds.py fails for one that is dropped (it would never reach a key).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from onnxbuild.recipe.model import is_torch_source
-from onnxbuild.recipe.tasks import DERIVED_DIMS, WITH_PAST_INPUTS
-from onnxbuild.recipe.variants import TEXT_GATES, VARIANT_TOLERANCES
+from onnxbuild.recipe.tasks import DERIVED_DIMS
 from onnxbuild.sources import source_kind
+
+if TYPE_CHECKING:
+    from onnxbuild.spec import StepKind
 
 DEFAULT_SAMPLE = {"batch": 2, "sequence": 16, "past_sequence": 4}
 IMAGE_DIMS = frozenset({"height", "width"})
@@ -74,55 +77,22 @@ def symbolic_dims(inputs: list[dict[str, Any]]) -> list[str]:
 # ---------------------------------------------------------------- defaults
 
 
-def resolve(doc: dict[str, Any]) -> dict[str, Any]:
-    """Fill every default so the result says everything the build depends on."""
+def resolve(doc: dict[str, Any], kinds: Sequence[StepKind]) -> dict[str, Any]:
+    """Fill every default so the result says everything the build depends on: the source's,
+    each section's from the schema, then what each kind derives from other keys (``StepKind.resolve``,
+    in the registry's order: validation shapes from the export's sample sizes)."""
     kind = next(iter(doc["source"]))
     out: dict[str, Any] = {
         "name": doc["name"],
         "description": doc.get("description", ""),
-        "source": {kind: _with_defaults(doc["source"][kind], deref(f"#/$defs/{kind}_source"))},
+        "source": {kind: with_defaults(doc["source"][kind], deref(f"#/$defs/{kind}_source"))},
     }
-    src = out["source"][kind]
-    described = source_kind(kind)
-    described.resolve(src, lambda section, ref: _with_defaults(section, deref(ref)))
-    if is_torch_source(out["source"]):
-        task_inputs, task_outputs = described.default_io(src) if described.default_io else ([], ["output"])
-        export = _with_defaults(doc.get("export", {}), deref("#/$defs/export"))
-        default_inputs = WITH_PAST_INPUTS if export["with_past"] else task_inputs
-        export.setdefault("inputs", [dict(t) for t in default_inputs])
-        export["inputs"] = [{"dtype": "float32", "shape": [], **t} for t in export["inputs"]]
-        export.setdefault("outputs", list(task_outputs))
-        defaults = default_sample(kind, src)
-        if "sample" not in export:  # not setdefault: its default names only the usual dimensions
-            export["sample"] = {d: defaults[d] for d in symbolic_dims(export["inputs"])}
-        if export["with_past"]:
-            export["sample"] = {
-                **export["sample"],
-                "past_sequence": export["sample"].get("past_sequence", DEFAULT_SAMPLE["past_sequence"]),
-            }
-        out["export"] = export
-        sample = {**defaults, **export["sample"]}
-        validate = _with_defaults(doc.get("validate", {}), deref("#/$defs/validate"))
-        held = set(described.held_dims(src))
-        validate.setdefault("shapes", _default_shapes(validation_dims(kind, src, export["inputs"]), sample, held))
-        validate.setdefault("atol", DEFAULT_ATOL)
-        validate.setdefault("rtol", DEFAULT_RTOL)
-        validate.setdefault("top1_min", DEFAULT_TOP1_MIN if described.top1(src) else None)
-        validate.setdefault("cosine_min", DEFAULT_COSINE_MIN if validate["sentences"] else None)
-        if validate["text"] is not None:
-            validate["text"] = _with_defaults(validate["text"], deref("#/$defs/validate")["properties"]["text"])
-        for gate in TEXT_GATES:  # the exported model's (fp32); a variant's own come from its precision
-            validate.setdefault(gate, VARIANT_TOLERANCES["fp32"][gate] if validate["text"] is not None else None)
-        if validate["accuracy"] is not None:
-            validate["accuracy"] = _with_defaults(
-                validate["accuracy"], deref("#/$defs/validate")["properties"]["accuracy"]
-            )
-        out["validate"] = validate
-    # Every other section from the schema alone: its defaults, and each object inside it (a
-    # variant list's entries, their calibration and budget) with its own. An absent section
-    # takes the section's own default where the schema gives one (none for the optimized
-    # variant, no quantize entries, no limits), and stays absent where it gives none: a new
-    # step kind needs its schema block and nothing here.
+    source_kind(kind).resolve(out["source"][kind], lambda section, ref: with_defaults(section, deref(ref)))
+    # Every section from the schema alone: its defaults, and each object inside it (a variant
+    # list's entries, their calibration and budget) with its own. An absent section takes the
+    # section's own default where the schema gives one (none for the optimized variant, no
+    # quantize entries, no limits), and stays absent where it gives none: a new step kind
+    # needs its schema block and nothing here.
     for key, prop in schema()["properties"].items():
         if key in out:
             continue
@@ -130,30 +100,12 @@ def resolve(doc: dict[str, Any]) -> dict[str, Any]:
             out[key] = _fill(doc[key], prop)
         elif "default" in prop:
             out[key] = _fill(json.loads(json.dumps(prop["default"])), prop)
-    if out.get("benchmark") is not None and "shapes" not in out["benchmark"]:
-        out["benchmark"]["shapes"] = _default_benchmark_shapes(out)
-    return out
+    for step_kind in kinds:
+        step_kind.resolve(doc, out)
+    return {key: out[key] for key in schema()["properties"] if key in out}  # as `show` prints it
 
 
-def _default_benchmark_shapes(resolved: dict[str, Any]) -> list[dict[str, int]]:
-    """Batch 1 at sequence 128 for token models (the figure people quote), else the export sample."""
-    export = resolved.get("export")
-    if export is None:
-        kind, src = next(iter(resolved["source"].items()))
-        inputs = source_kind(kind).benchmark_inputs
-        dims = symbolic_dims(inputs(src)) if inputs is not None else []
-        return [{d: 1 for d in dims}]
-    dims = symbolic_dims(export["inputs"])
-    if set(dims) == {"batch", "sequence"}:
-        return [{"batch": 1, "sequence": 128}]
-    if any(
-        t["name"] in ("pixel_values", "input_features") for t in export["inputs"]
-    ):  # one image or clip at the sample's size
-        return [{d: 1 if d == "batch" else export["sample"][d] for d in dims}]
-    return [{d: export["sample"][d] for d in dims}]
-
-
-def _default_shapes(
+def default_shapes(
     dims: list[str], sample: dict[str, int], held: frozenset[str] | set[str] = frozenset()
 ) -> list[dict[str, int]]:
     """Three shapes: all ones, the export sample, and one larger than the sample in every dimension.
@@ -189,14 +141,14 @@ def _fill(value: Any, sch: dict[str, Any]) -> Any:
     obj = _object_schema(sch)
     if obj is None or not isinstance(value, dict):
         return value
-    out = _with_defaults(value, obj)
+    out = with_defaults(value, obj)
     for key, prop in obj.get("properties", {}).items():
         if key in out and out[key] is not None:
             out[key] = _fill(out[key], prop)
     return out
 
 
-def _with_defaults(section: dict[str, Any], sch: dict[str, Any]) -> dict[str, Any]:
+def with_defaults(section: dict[str, Any], sch: dict[str, Any]) -> dict[str, Any]:
     out = dict(section)
     for key, prop in sch.get("properties", {}).items():
         if key not in out and "default" in prop:

@@ -28,6 +28,7 @@ from onnxbuild._util import format_ms, pick, pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.checks import shape_problems
 from onnxbuild.recipe.model import Recipe
+from onnxbuild.recipe.resolve import symbolic_dims
 from onnxbuild.recipe.sections import (
     SIGNATURE_KEYS,
     BenchmarkSection,
@@ -37,7 +38,9 @@ from onnxbuild.recipe.sections import (
 from onnxbuild.recipe.variants import SOURCE_RECORD
 from onnxbuild.report.benchmark import chart, markdown, validated_on
 from onnxbuild.runtimes import sessions
+from onnxbuild.sources import source_kind
 from onnxbuild.spec import Checking, Found, Planning, StepInput, StepKind
+from onnxbuild.steps import export
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 from onnxbuild.steps.benchmarking.decode import _ort_decode
 from onnxbuild.steps.benchmarking.limits import _attach_roofline, _work_of
@@ -439,6 +442,29 @@ def _validate_schema(report: dict[str, Any]) -> None:
         ) from None
 
 
+def resolve(doc: dict[str, Any], out: dict[str, Any]) -> None:
+    """Shapes when the recipe gives none: batch 1 at sequence 128 for token models (the figure
+    people quote), one image or clip at the sample's size, else the export sample."""
+    section = out.get("benchmark")
+    if section is None or "shapes" in section:
+        return
+    traced = export.section(out)
+    if traced is None:
+        ((kind, src),) = out["source"].items()
+        inputs = source_kind(kind).benchmark_inputs
+        dims = symbolic_dims(inputs(src)) if inputs is not None else []
+        section["shapes"] = [{d: 1 for d in dims}]
+        return
+    dims = symbolic_dims(list(traced["inputs"]))
+    sample = traced["sample"]
+    if set(dims) == {"batch", "sequence"}:
+        section["shapes"] = [{"batch": 1, "sequence": 128}]
+    elif any(t["name"] in ("pixel_values", "input_features") for t in traced["inputs"]):
+        section["shapes"] = [{d: 1 if d == "batch" else sample[d] for d in dims}]
+    else:
+        section["shapes"] = [{d: sample[d] for d in dims}]
+
+
 def check(c: Checking) -> Iterable[Found]:
     """Its shapes size what the inputs vary (validation's extra dimensions are no input)."""
     if c.traced:
@@ -458,5 +484,6 @@ KIND = StepKind(
     imports=("onnxruntime",),
     loads_model=True,
     check=check,
+    resolve=resolve,
 )
 """What this kind says of itself (onnxbuild.spec.StepKind)."""

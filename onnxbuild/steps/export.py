@@ -19,10 +19,10 @@ from typing import Any, cast
 from onnxbuild._util import brief
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.checks import traced_only
-from onnxbuild.recipe.model import Recipe
-from onnxbuild.recipe.resolve import DEFAULT_SAMPLE, default_sample
+from onnxbuild.recipe.model import Recipe, is_torch_source
+from onnxbuild.recipe.resolve import DEFAULT_SAMPLE, default_sample, deref, symbolic_dims, with_defaults
 from onnxbuild.recipe.sections import ExportSection
-from onnxbuild.recipe.tasks import DEFAULT_DECODER_SEQUENCE
+from onnxbuild.recipe.tasks import DEFAULT_DECODER_SEQUENCE, WITH_PAST_INPUTS
 from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD, model_files
 from onnxbuild.sources import source_kind
 from onnxbuild.sources.torchmodel import (
@@ -369,6 +369,36 @@ def _describe(inputs: dict[str, Any]) -> str:
     return ", ".join(f"{k} {list(v.shape)} {v.dtype}" for k, v in inputs.items())
 
 
+def resolve(doc: dict[str, Any], out: dict[str, Any]) -> None:
+    """Inputs and outputs from the task when the recipe gives none, a sample size for every
+    dimension they vary (and the past's length with a KV cache)."""
+    ((kind, src),) = out["source"].items()
+    if not is_torch_source(out["source"]):
+        return
+    described = source_kind(kind)
+    task_inputs, task_outputs = described.default_io(src) if described.default_io else ([], ["output"])
+    export = with_defaults(doc.get("export", {}), deref("#/$defs/export"))
+    default_inputs = WITH_PAST_INPUTS if export["with_past"] else task_inputs
+    export.setdefault("inputs", [dict(t) for t in default_inputs])
+    export["inputs"] = [{"dtype": "float32", "shape": [], **t} for t in export["inputs"]]
+    export.setdefault("outputs", list(task_outputs))
+    defaults = default_sample(kind, src)
+    if "sample" not in export:  # not setdefault: its default names only the usual dimensions
+        export["sample"] = {d: defaults[d] for d in symbolic_dims(export["inputs"])}
+    if export["with_past"]:
+        export["sample"] = {
+            **export["sample"],
+            "past_sequence": export["sample"].get("past_sequence", DEFAULT_SAMPLE["past_sequence"]),
+        }
+    out["export"] = export
+
+
+def section(resolved: dict[str, Any]) -> ExportSection | None:
+    """A resolved recipe's export section (None for a source that is not traced): what later
+    kinds read of it (inputs, sample sizes) without naming it."""
+    return cast("ExportSection | None", resolved.get("export"))
+
+
 def check(c: Checking) -> Iterable[Found]:
     """Sample sizes for every dimension the inputs vary, inputs named once, a KV cache only for
     a text decoder."""
@@ -419,5 +449,6 @@ KIND = StepKind(
     imports=("onnxscript",),
     loads_model=True,
     check=check,
+    resolve=resolve,
 )
 """What this kind says of itself (onnxbuild.spec.StepKind)."""

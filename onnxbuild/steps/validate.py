@@ -485,6 +485,7 @@ KIND = StepKind(
     imports=("onnxruntime",),
     loads_model=True,
     check=rules.check,
+    resolve=rules.resolve,
     each_variant=True,
 )
 """What this kind says of itself (onnxbuild.spec.StepKind)."""

@@ -8,10 +8,49 @@ from collections.abc import Iterable
 from typing import Any
 
 from onnxbuild.recipe.checks import shape_problems, traced_only
-from onnxbuild.recipe.variants import TEXT_GATES
+from onnxbuild.recipe.resolve import (
+    DEFAULT_ATOL,
+    DEFAULT_COSINE_MIN,
+    DEFAULT_RTOL,
+    DEFAULT_TOP1_MIN,
+    default_sample,
+    default_shapes,
+    deref,
+    validation_dims,
+    with_defaults,
+)
+from onnxbuild.recipe.variants import TEXT_GATES, VARIANT_TOLERANCES
 from onnxbuild.sources import source_kind
 from onnxbuild.sources.usercode import ref_problem
 from onnxbuild.spec import Checking, Found
+from onnxbuild.steps import export
+
+
+def resolve(doc: dict[str, Any], out: dict[str, Any]) -> None:
+    """Three shapes around the export's sample, tolerances, and the gates that apply: top-1
+    agreement for a model whose outputs are scores over a vocabulary, cosine with sentences,
+    perplexity and KL divergence with text."""
+    traced = export.section(out)
+    if traced is None:
+        return
+    ((kind, src),) = out["source"].items()
+    described = source_kind(kind)
+    sample = {**default_sample(kind, src), **traced["sample"]}
+    validate = with_defaults(doc.get("validate", {}), deref("#/$defs/validate"))
+    held = set(described.held_dims(src))
+    validate.setdefault("shapes", default_shapes(validation_dims(kind, src, list(traced["inputs"])), sample, held))
+    validate.setdefault("atol", DEFAULT_ATOL)
+    validate.setdefault("rtol", DEFAULT_RTOL)
+    validate.setdefault("top1_min", DEFAULT_TOP1_MIN if described.top1(src) else None)
+    validate.setdefault("cosine_min", DEFAULT_COSINE_MIN if validate["sentences"] else None)
+    properties = deref("#/$defs/validate")["properties"]
+    if validate["text"] is not None:
+        validate["text"] = with_defaults(validate["text"], properties["text"])
+    for gate in TEXT_GATES:  # the exported model's (fp32); a variant's own come from its precision
+        validate.setdefault(gate, VARIANT_TOLERANCES["fp32"][gate] if validate["text"] is not None else None)
+    if validate["accuracy"] is not None:
+        validate["accuracy"] = with_defaults(validate["accuracy"], properties["accuracy"])
+    out["validate"] = validate
 
 
 def check(c: Checking) -> Iterable[Found]:
