@@ -216,6 +216,8 @@ class Checking:
     """The source kind's name (the one key under ``source``)."""
     src: dict[str, Any]
     """Its section, ``source.<kind>``."""
+    task: str | None
+    """The source's task, where it names one (``text-generation``)."""
     traced: bool
     """Exported through torch: export and validation apply."""
     untraced_what: str

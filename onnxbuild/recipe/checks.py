@@ -38,6 +38,7 @@ def checking(doc: dict[str, Any], kinds: Sequence[StepKind]) -> Checking:
         doc=doc,
         source=kind,
         src=src,
+        task=src.get("task") if isinstance(src.get("task"), str) else None,
         traced=traced,
         untraced_what=f"an ONNX file, {kind}.file" if "file" in src else kind,
         traced_kinds=f"{', '.join(others)} and {last}" if others else last,

@@ -464,75 +464,17 @@ def check(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[tuple[Any,
             ),
             False,
         )
-    if (doc.get("validate") or {}).get("sentences") is not None:
-        yield (
-            ("validate", "sentences"),
-            f"task {src['task']} takes images (pixel_values), not text; remove validate.sentences",
-            True,
-        )
 
 
 def _check_seq2seq(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[tuple[Any, ...], str, bool]]:
-    """What an encoder-decoder's two files do not support (yet), said at the recipe."""
-    export = doc.get("export") or {}
-    inputs = export.get("inputs")
-    if src.get("task") == "text2text-generation" and isinstance(inputs, list):
-        names = sorted(str(t.get("name")) for t in inputs if isinstance(t, dict))
-        if names != ["attention_mask", "input_ids"]:
-            yield (
-                ("export", "inputs"),
-                "an encoder-decoder's encoder takes input_ids and attention_mask, both [batch, sequence] "
-                f"(got {', '.join(names) or 'none'}); remove export.inputs for the defaults",
-                False,
-            )
+    """What an encoder-decoder's two files do not support (yet), said at the recipe (each step
+    kind says what it cannot do with them, ``Checking.two_files``)."""
     if src.get("dtype", "float32") != "float32":
         yield (
             ("source", "huggingface", "dtype"),
             "encoder-decoder models export in float32 (their decoder cache is float32); remove dtype",
             False,
         )
-    gen = doc.get("generate")
-    if src.get("task") == "automatic-speech-recognition" and isinstance(gen, dict):
-        for key in ("prompt", "prompt_ids"):
-            if gen.get(key) is not None:
-                yield (
-                    ("generate", key),
-                    "a speech model's prompt is audio: "
-                    "generation starts from seeded features of the export's shape; remove it",
-                    True,
-                )
-    if export.get("with_past"):
-        yield (
-            ("export", "with_past"),
-            (
-                "an encoder-decoder's decoder_model.onnx always takes its cache (past_key_values.*) "
-                "and the encoder has none; remove with_past"
-            ),
-            True,
-        )
-    if export.get("exporter") == "dynamo":
-        yield (
-            ("export", "exporter"),
-            "an encoder-decoder exports with torchscript (the decoder's cache is traced from flat tensors); "
-            "remove exporter: dynamo",
-            False,
-        )
-    for i, q in enumerate(doc.get("quantize") or []):
-        if isinstance(q, dict) and q.get("method") == "static":
-            yield (
-                ("quantize", i, "method"),
-                "static calibration of an encoder-decoder is not supported; use method: dynamic (or int4)",
-                False,
-            )
-    validate = doc.get("validate") or {}
-    for key in ("sentences", "accuracy"):
-        if validate.get(key) is not None:
-            yield (
-                ("validate", key),
-                "not available for an encoder-decoder (validation compares encoder states and decoder logits); "
-                f"remove validate.{key}",
-                True,
-            )
 
 
 def default_io(src: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
@@ -604,7 +546,7 @@ KIND = SourceKind(
     top1=top1,
     decoder=decoder,
     gguf=is_gguf,
-    tokenizer=True,
+    transformers=True,
     later=LATER,
     recorded=RECORDED,
 )

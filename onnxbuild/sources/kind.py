@@ -82,8 +82,18 @@ class SourceKind:
     decoder: Callable[[Source], bool] = _never
     gguf: Callable[[Source], bool] = _never
     """Its weights are a GGUF file (quantize's gguf method writes that file's own blocks)."""
-    tokenizer: bool = False
-    """It has a tokenizer that turns text into the model's inputs (validate.sentences)."""
+    transformers: bool = False
+    """A transformers model: called with keyword inputs, its task decides its inputs' natural
+    shapes, which outputs are per token and whether top-1 applies, and its tokenizer turns text
+    into inputs (validate.sentences)."""
+    adapter: Callable[[Any, list[str]], Any] | None = None
+    """Wraps a model that is no torch module (Keras) so export and validation call it as one:
+    positional tensors in, a tuple out."""
+    needs_inputs: str = ""
+    """What ``export.inputs`` must describe when nothing else knows the model's signature (the
+    recipe must then give it); empty when the task gives the inputs."""
+    converter: str = ""
+    """Its own converter to ONNX (tf2onnx), where torch's exporters do not apply."""
     """A text decoder: ``export.with_past`` and the fused decoder graphs apply."""
     benchmark_inputs: Callable[[Source], list[dict[str, Any]]] | None = None
     """Inputs an untraced source is benchmarked by."""

@@ -80,13 +80,7 @@ def estimate_weights(src: dict[str, Any], recipe_dir: Path) -> int:
 
 
 def check(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[tuple[Any, ...], str, bool]]:
-    """export.inputs is required (nothing else knows the model's signature); the factory reference is well formed."""
-    if "inputs" not in doc.get("export", {}):
-        yield (
-            ("export",) if "export" in doc else ("source", "pytorch"),
-            "a pytorch source needs export.inputs (name, dtype and shape of each model input)",
-            True,
-        )
+    """The factory reference is well formed."""
     wrong = usercode.ref_problem(src["factory"]) if isinstance(src.get("factory"), str) else None
     if wrong:
         yield ("source", "pytorch", "factory"), wrong, False
@@ -101,5 +95,6 @@ KIND = SourceKind(
     record=record,
     load_model=load_model,
     check=check,
+    needs_inputs="name, dtype and shape of each model input",
 )
 """What this kind says of itself (onnxbuild.sources.kind.SourceKind)."""

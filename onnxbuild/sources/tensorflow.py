@@ -151,13 +151,7 @@ def convert(model: Any, export: ExportSection, path: Path) -> None:
 
 
 def check(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[tuple[Any, ...], str, bool]]:
-    """export.inputs is required (nothing else knows the model's signature); the factory reference is well formed."""
-    if "inputs" not in doc.get("export", {}):
-        yield (
-            ("export",) if "export" in doc else ("source", "tensorflow"),
-            "a tensorflow source needs export.inputs (its input signature: name, dtype and shape of each model input)",
-            True,
-        )
+    """Exactly one of factory and keras; the factory reference is well formed."""
     if ("factory" in src) == ("keras" in src):
         got = "it has both" if "factory" in src else "it has neither"
         yield (
@@ -165,8 +159,6 @@ def check(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[tuple[Any,
             f"give exactly one of `factory` (file.py:function) and `keras` (a .keras file); {got}",
             True,
         )
-    if doc.get("export", {}).get("exporter", "torchscript") != "torchscript":
-        yield ("export", "exporter"), "a tensorflow source is converted with tf2onnx; remove export.exporter", False
     wrong = usercode.ref_problem(src["factory"]) if isinstance(src.get("factory"), str) else None
     if wrong:
         yield ("source", "tensorflow", "factory"), wrong, False
@@ -180,5 +172,8 @@ KIND = SourceKind(
     record=record,
     load_model=load_model,
     check=check,
+    adapter=KerasAdapter,
+    needs_inputs="its input signature: name, dtype and shape of each model input",
+    converter="tf2onnx",
 )
 """What this kind says of itself (onnxbuild.sources.kind.SourceKind)."""

@@ -14,6 +14,7 @@ from typing import Any
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import ExportSection
 from onnxbuild.recipe.tasks import TASKS, TOKEN_INPUTS
+from onnxbuild.sources import source_kind
 from onnxbuild.sources.decoder import PAST_PREFIX, PRESENT_PREFIX
 
 POOLED_OUTPUTS = frozenset({"pooler_output", "text_embeds", "image_embeds"})
@@ -59,11 +60,10 @@ def wrap(model: Any, source: dict[str, Any], input_names: list[str], output_name
     import torch
 
     ((kind, _),) = source.items()
-    if kind == "tensorflow":
-        from onnxbuild.sources.tensorflow import KerasAdapter
-
-        return KerasAdapter(model, input_names)
-    hf = kind == "huggingface"
+    described = source_kind(kind)
+    if described.adapter is not None:
+        return described.adapter(model, input_names)
+    hf = described.transformers
     if hf and any(n.startswith(PAST_PREFIX) for n in input_names):
         from onnxbuild.sources.decoder import layout_of, wrap_with_past
 
@@ -95,6 +95,7 @@ def wrap(model: Any, source: dict[str, Any], input_names: list[str], output_name
 def output_axes(source: dict[str, Any], export: ExportSection) -> dict[str, dict[int, str]]:
     """Symbolic axes of the outputs, so they read batch/sequence instead of generated names."""
     ((kind, src),) = source.items()
+    transformers = source_kind(kind).transformers
     first = export["inputs"][0]["shape"] if export["inputs"] else []
     batch = first[0] if first and isinstance(first[0], str) else None
     seq = first[1] if len(first) > 1 and isinstance(first[1], str) else None
@@ -106,7 +107,7 @@ def output_axes(source: dict[str, Any], export: ExportSection) -> dict[str, dict
         if name.startswith(PRESENT_PREFIX):
             axes[name] = {**ax, 2: "total_sequence"}
             continue
-        per_token = kind == "huggingface" and TASKS[src["task"]]["per_token"] and name not in POOLED_OUTPUTS
+        per_token = transformers and TASKS[src["task"]]["per_token"] and name not in POOLED_OUTPUTS
         if per_token and seq:
             ax[1] = seq
         axes[name] = ax
@@ -124,7 +125,7 @@ def input_specs(source: dict[str, Any], export: ExportSection, *, natural: bool)
     (batch, sequence) even where the export fixed an axis, so validation sees the mistake."""
     ((kind, _),) = source.items()
     specs = [dict(t) for t in export["inputs"]]
-    if natural and kind == "huggingface":
+    if natural and source_kind(kind).transformers:
         for t in specs:
             if t["name"] in TOKEN_INPUTS:
                 # a decoder's mask spans past + new tokens; the rest follow the new tokens
@@ -218,7 +219,7 @@ def pad_left(feeds: dict[str, Any], pad: int) -> None:
 def gates_top1(source: dict[str, Any]) -> bool:
     """Whether the first output scores tokens or classes (top-1 agreement is measured)."""
     ((kind, src),) = source.items()
-    return kind == "huggingface" and TASKS[src["task"]]["top1"]
+    return source_kind(kind).top1(src)
 
 
 def labelled_inputs(got: Any, specs: list[dict[str, Any]], key: str) -> tuple[dict[str, Any], Any]:
@@ -276,7 +277,7 @@ def load_tokenizer(
     from onnxbuild.sources.huggingface import gguf_where, is_gguf, local_folder
 
     ((kind, src),) = source.items()
-    if kind != "huggingface":
+    if not source_kind(kind).transformers:
         raise StepError(f"{key}: needs a huggingface source (this recipe's source is {kind})")
     extra: dict[str, Any] = {}
     where: str | Path

@@ -411,14 +411,29 @@ def check(c: Checking) -> Iterable[Found]:
             f"applies to huggingface text-generation models (this recipe has {what}); remove it",
             False,
         )
+    if c.two_files:
+        yield from _check_two_files(c, export)
     if not c.traced:
         return
+    described = source_kind(c.source)
+    if described.needs_inputs and "inputs" not in export:
+        yield (
+            ("export",) if "export" in c.doc else ("source", c.source),
+            f"a {c.source} source needs export.inputs ({described.needs_inputs})",
+            True,
+        )
+    if described.converter and export.get("exporter", "torchscript") != "torchscript":
+        yield (
+            ("export", "exporter"),
+            f"a {c.source} source is converted with {described.converter}; remove export.exporter",
+            False,
+        )
     defaults = default_sample(c.source, c.src)
     sample = export.get("sample", {d: defaults[d] for d in c.export_dims if d in defaults})
     missing = [d for d in c.export_dims if d not in sample]
     where = ("export", "sample") if "sample" in export else ("export",) if "export" in c.doc else ("source", c.source)
     images = {"height", "width"} if any(t.get("name") == "pixel_values" for t in c.inputs) else set()
-    if images & set(missing) and not source_kind(c.source).fixed_image_size(c.src):
+    if images & set(missing) and not described.fixed_image_size(c.src):
         yield (
             where,
             "an image model is exported at one sample size: "
@@ -436,6 +451,34 @@ def check(c: Checking) -> Iterable[Found]:
                 f"input {name!r} is listed twice (first as export.inputs[{names.index(name)}])",
                 False,
             )
+
+
+def _check_two_files(c: Checking, export: dict[str, Any]) -> Iterable[Found]:
+    """An encoder-decoder's encoder takes its task's inputs, its decoder file always its cache."""
+    inputs = export.get("inputs")
+    if c.task == "text2text-generation" and isinstance(inputs, list):
+        names = sorted(str(t.get("name")) for t in inputs if isinstance(t, dict))
+        if names != ["attention_mask", "input_ids"]:
+            yield (
+                ("export", "inputs"),
+                "an encoder-decoder's encoder takes input_ids and attention_mask, both [batch, sequence] "
+                f"(got {', '.join(names) or 'none'}); remove export.inputs for the defaults",
+                False,
+            )
+    if export.get("with_past"):
+        yield (
+            ("export", "with_past"),
+            "an encoder-decoder's decoder_model.onnx always takes its cache (past_key_values.*) "
+            "and the encoder has none; remove with_past",
+            True,
+        )
+    if export.get("exporter") == "dynamo":
+        yield (
+            ("export", "exporter"),
+            "an encoder-decoder exports with torchscript (the decoder's cache is traced from flat tensors); "
+            "remove exporter: dynamo",
+            False,
+        )
 
 
 KIND = StepKind(

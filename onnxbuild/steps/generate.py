@@ -432,6 +432,15 @@ def check(c: Checking) -> Iterable[Found]:
             "generates through the KV cache; add export.with_past: true (a huggingface text-generation model)",
             True,
         )
+    if c.two_files and c.task == "automatic-speech-recognition" and isinstance(gen, dict):
+        for key in ("prompt", "prompt_ids"):
+            if gen.get(key) is not None:
+                yield (
+                    ("generate", key),
+                    "a speech model's prompt is audio: "
+                    "generation starts from seeded features of the export's shape; remove it",
+                    True,
+                )
     if gen.get("prompt") is not None and gen.get("prompt_ids") is not None:
         yield ("generate", "prompt_ids"), "give either prompt (text) or prompt_ids (token ids), not both", True
 

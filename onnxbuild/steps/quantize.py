@@ -283,11 +283,15 @@ def _each_file(ctx: StepContext, spec: StepSpec, q: QuantizeSection) -> StepResu
 
 def check(c: Checking) -> Iterable[Found]:
     """gguf needs a GGUF source and the fused graph; a budget needs its figures and text."""
-    if not c.traced:
-        return
-    for i, q in enumerate(c.doc.get("quantize") or []):
-        if not isinstance(q, dict):
-            continue
+    entries = [(i, q) for i, q in enumerate(c.doc.get("quantize") or []) if isinstance(q, dict)]
+    for i, q in entries:
+        if c.two_files and q.get("method") == "static":
+            yield (
+                ("quantize", i, "method"),
+                "static calibration of an encoder-decoder is not supported; use method: dynamic (or int4)",
+                False,
+            )
+    for i, q in entries if c.traced else ():
         if q.get("method") == "gguf" and not source_kind(c.source).gguf(c.src):
             yield (
                 ("quantize", i, "method"),

@@ -19,6 +19,7 @@ from onnxbuild.recipe.resolve import (
     validation_dims,
     with_defaults,
 )
+from onnxbuild.recipe.tasks import IMAGE_TASKS
 from onnxbuild.recipe.variants import TEXT_GATES, VARIANT_TOLERANCES
 from onnxbuild.sources import source_kind
 from onnxbuild.sources.usercode import ref_problem
@@ -63,8 +64,22 @@ def check(c: Checking) -> Iterable[Found]:
             yield ("validate", "accuracy", "dataset"), wrong, False
     if not c.traced:
         return
+    if c.task in IMAGE_TASKS and validate.get("sentences") is not None:
+        yield (
+            ("validate", "sentences"),
+            f"task {c.task} takes images (pixel_values), not text; remove validate.sentences",
+            True,
+        )
+    for key in ("sentences", "accuracy") if c.two_files else ():
+        if validate.get(key) is not None:
+            yield (
+                ("validate", key),
+                "not available for an encoder-decoder (validation compares encoder states and decoder logits); "
+                f"remove validate.{key}",
+                True,
+            )
     yield from shape_problems(c, "validate", c.dims)
-    if validate.get("sentences") is not None and not source_kind(c.source).tokenizer:
+    if validate.get("sentences") is not None and not source_kind(c.source).transformers:
         yield (
             ("validate", "sentences"),
             "needs a huggingface source, whose tokenizer turns the sentences into inputs "
