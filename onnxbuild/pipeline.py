@@ -24,10 +24,10 @@ from dataclasses import replace
 
 from onnxbuild.engine import testhooks
 from onnxbuild.recipe.model import Recipe
-from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD, VARIANT_TOLERANCES, model_variant
+from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD, VARIANT_TOLERANCES, variant
 from onnxbuild.sources import recorded, source_kind
 from onnxbuild.spec import STEP_KINDS, Limits, Planning, Resources, StepSpec, Variant
-from onnxbuild.steps import describe, step_kind
+from onnxbuild.steps import describe, kinds, step_kind
 
 __all__ = ["MODEL", "SOURCE_RECORD", "VARIANT_TOLERANCES", "Variant", "steps_for", "variants"]
 
@@ -35,9 +35,10 @@ __all__ = ["MODEL", "SOURCE_RECORD", "VARIANT_TOLERANCES", "Variant", "steps_for
 def variants(recipe: Recipe) -> list[Variant]:
     """The exported model, then what each kind makes (its ``KIND.variants(recipe)``), in the
     registry's order."""
-    out = [model_variant(recipe)]
-    for kind in STEP_KINDS:
-        out += step_kind(kind).variants(recipe)
+    model_step = next(k.name for k in kinds() if k.writes_model(recipe))
+    out = [variant(recipe, "model", model_step, "", "fp32")]
+    for kind in kinds():
+        out += kind.variants(recipe, tuple(out))
     return out
 
 
@@ -45,7 +46,8 @@ def steps_for(recipe: Recipe) -> list[StepSpec]:
     """The recipe's steps in dependency order."""
     if testhooks.tracing_reads():
         recipe = replace(recipe, resolved=testhooks.track(recipe.resolved))
-    planning = Planning(recipe, tuple(variants(recipe)), "export" if recipe.torch_source else "source")
+    made = tuple(variants(recipe))
+    planning = Planning(recipe, made, made[0].step)
     steps = [spec for kind in STEP_KINDS for spec in step_kind(kind).plan(planning)]
     # What the source record carries (which weights, from where) is in the key of every step
     # that reads the record as an input, so the same recipe keys stay out of those keys.

@@ -258,8 +258,12 @@ def _not_measured(params: dict[str, Any]) -> str:
     return ""
 
 
-def _no_variants(recipe: Recipe) -> list[Variant]:
+def _no_variants(recipe: Recipe, earlier: tuple[Variant, ...]) -> list[Variant]:
     return []
+
+
+def _not_the_model(recipe: Recipe) -> bool:
+    return False
 
 
 def _one_cpu(recipe: Recipe) -> tuple[float, int, str]:
@@ -290,8 +294,12 @@ class StepKind:
     measured: Callable[[dict[str, Any]], str] = _not_measured
     """Why its outputs differ by machine or run ("" when they do not): such a step's key holds
     the machine, and a result measured under load is not kept."""
-    variants: Callable[[Recipe], list[Variant]] = _no_variants
-    """The variants it makes (``pipeline.variants`` asks every kind in the registry's order)."""
+    variants: Callable[[Recipe, tuple[Variant, ...]], list[Variant]] = _no_variants
+    """The variants it makes, given those made before it (``pipeline.variants`` asks every kind
+    in the registry's order, the exported model first)."""
+    writes_model: Callable[[Recipe], bool] = _not_the_model
+    """Its step writes the recipe's model.onnx, the ``model`` variant (one kind does per recipe:
+    export for a traced source, source for an ONNX file or graph)."""
     placement: Callable[[Recipe], tuple[float, int, str]] = _one_cpu
     """(CPUs, GPUs, why a GPU) a step of it needs."""
     imports: tuple[str, ...] = ()

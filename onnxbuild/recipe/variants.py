@@ -67,11 +67,6 @@ def model_files(recipe: Recipe) -> tuple[str, ...]:
     return tuple(kind_files(recipe.source)) if kind_files is not None and recipe.torch_source else (MODEL,)
 
 
-def model_variant(recipe: Recipe) -> Variant:
-    """The exported model (``export``'s for a traced source, else ``source``'s), held to fp32."""
-    return variant(recipe, "model", "export" if recipe.torch_source else "source", "", "fp32")
-
-
 def variant(
     recipe: Recipe,
     name: str,

@@ -163,5 +163,6 @@ KIND = SourceKind(
     resolve=resolve,
     check=check,
     benchmark_inputs=benchmark_inputs,
+    build_onnx=build_graph_model,
 )
 """What this kind says of itself (onnxbuild.sources.kind.SourceKind)."""

@@ -12,6 +12,7 @@ would repeat.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Callable, Iterable
@@ -20,7 +21,7 @@ from typing import Any
 
 from onnxbuild._util import brief, canonical_json, sha256_text
 from onnxbuild.errors import StepError
-from onnxbuild.sources.kind import SourceKind
+from onnxbuild.sources.kind import OnnxFile, SourceKind
 
 _SHA = re.compile(r"^[0-9a-f]{40}$")
 
@@ -525,6 +526,24 @@ def decoder(src: dict[str, Any]) -> bool:
     return src.get("task") == "text-generation"
 
 
+def config(src: dict[str, Any], recipe_dir: Path) -> dict[str, Any]:
+    """The recipe's config, else the local folder's config.json."""
+    given: dict[str, Any] = src.get("config") or {}
+    folder = None if given else local_folder(src, recipe_dir)
+    if folder is not None and (folder / "config.json").is_file():
+        found: dict[str, Any] = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        return found
+    return given
+
+
+def named_file(src: dict[str, Any], recipe_dir: Path) -> OnnxFile | None:
+    """``huggingface.file``, found locally or downloaded (onnx_file)."""
+    if not src.get("file"):
+        return None
+    path, where = onnx_file(src, recipe_dir)
+    return OnnxFile(path, "source.huggingface.file", str(src["file"]), where)
+
+
 KIND = SourceKind(
     name="huggingface",
     traced=True,
@@ -547,6 +566,8 @@ KIND = SourceKind(
     decoder=decoder,
     gguf=is_gguf,
     transformers=True,
+    onnx_file=named_file,
+    config=config,
     later=LATER,
     recorded=RECORDED,
 )

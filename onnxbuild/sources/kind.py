@@ -34,8 +34,25 @@ def _nothing_to_resolve(src: Source, defaults: Callable[[dict[str, Any], str], d
     return None
 
 
+def _no_config(src: Source, recipe_dir: Path) -> dict[str, Any]:
+    return {}
+
+
 def _no_problems(src: Source, doc: dict[str, Any]) -> Iterable[Problem]:
     return ()
+
+
+@dataclass(frozen=True)
+class OnnxFile:
+    """An ONNX file a source names, which the source step copies as model.onnx."""
+
+    path: Path
+    key: str
+    """The recipe key that names it, for messages (``source.onnx.path``)."""
+    shown: str
+    """How messages name it (as the recipe wrote it)."""
+    where: str = ""
+    """Where it came from, when not from the recipe's folder ("local folder", the Hub)."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +99,13 @@ class SourceKind:
     decoder: Callable[[Source], bool] = _never
     gguf: Callable[[Source], bool] = _never
     """Its weights are a GGUF file (quantize's gguf method writes that file's own blocks)."""
+    onnx_file: Callable[[Source, Path], OnnxFile | None] | None = None
+    """The ONNX file it names (None when the section names none): the source step copies it."""
+    build_onnx: Callable[[Source], Any] | None = None
+    """Builds its ONNX model (an onnx.ModelProto) from the section itself (a graph in YAML)."""
+    config: Callable[[Source, Path], dict[str, Any]] = _no_config
+    """The model's transformers config: the recipe's ``config``, else its local folder's
+    config.json ({} when there is none to read without a network)."""
     transformers: bool = False
     """A transformers model: called with keyword inputs, its task decides its inputs' natural
     shapes, which outputs are per token and whether top-1 applies, and its tokenizer turns text

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from onnxbuild.sources.kind import SourceKind
+from onnxbuild.sources.kind import OnnxFile, SourceKind
 
 
 def identity(src: dict[str, Any], recipe_dir: Path) -> tuple[dict[str, Path], dict[str, Any]]:
@@ -18,5 +18,9 @@ def estimate_weights(src: dict[str, Any], recipe_dir: Path) -> int:
     return path.stat().st_size if path.is_file() else 0
 
 
-KIND = SourceKind(name="onnx", traced=False, identity=identity, estimate_weights=estimate_weights)
+def onnx_file(src: dict[str, Any], recipe_dir: Path) -> OnnxFile:
+    return OnnxFile(recipe_dir / str(src["path"]), "source.onnx.path", str(src["path"]))
+
+
+KIND = SourceKind(name="onnx", traced=False, identity=identity, estimate_weights=estimate_weights, onnx_file=onnx_file)
 """What this kind says of itself (onnxbuild.sources.kind.SourceKind)."""

@@ -50,7 +50,7 @@ KEYED = ("name", "dtype", "keep_io_types", "op_block_list")
 (the file it names is an input, in the key already)."""
 
 
-def variants(recipe: Recipe) -> list[Variant]:
+def variants(recipe: Recipe, earlier: tuple[Variant, ...]) -> list[Variant]:
     """One per entry, from the variant its ``from`` names, held to fp16's tolerances."""
     entries = cast(list[ConvertEntry], recipe.resolved.get("convert") or [])
     return [

@@ -493,5 +493,6 @@ KIND = StepKind(
     loads_model=True,
     check=check,
     resolve=resolve,
+    writes_model=lambda recipe: recipe.torch_source,
 )
 """What this kind says of itself (onnxbuild.spec.StepKind)."""

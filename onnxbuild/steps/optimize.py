@@ -8,7 +8,6 @@ a fingerprint of the CPU's features, and the report says so.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -21,8 +20,9 @@ from onnxbuild.recipe.families import FUSED_DECODERS
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.recipe.sections import TARGETS, OptimizeSection
 from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD, variant
-from onnxbuild.sources import is_decoder, section_for
+from onnxbuild.sources import is_decoder, section_for, source_kind
 from onnxbuild.spec import Checking, Found, Planning, StepInput, StepKind, Variant
+from onnxbuild.steps import export
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 
 OWN_KEYS = ("level", "decoder", "transformer", "float16")
@@ -64,7 +64,7 @@ HARDWARE_BOUND = frozenset({"extended", "layout", "all"})
 MEMORY = (4, 400)
 
 
-def variants(recipe: Recipe) -> list[Variant]:
+def variants(recipe: Recipe, earlier: tuple[Variant, ...]) -> list[Variant]:
     """``optimized``, from the exported model, where the recipe has an optimize section."""
     opt = recipe.resolved.get("optimize")
     if not opt:
@@ -93,8 +93,8 @@ def plan(p: Planning) -> list[StepSpec]:
     hardware = r["optimize"]["level"] in HARDWARE_BOUND
     # A decoder with a KV cache may get its graph written from the weights (fusion/decoder.py):
     # then the step reads the model as the source step recorded it.
-    kind = p.recipe.source_kind
-    fuse = is_decoder(r["source"]) and bool(r["export"].get("with_past")) and r["optimize"]["decoder"] != "export"
+    traced = export.section(r)
+    fuse = is_decoder(r["source"]) and bool(traced and traced["with_past"]) and r["optimize"]["decoder"] != "export"
     model_step = p.model_step
     files = p.variants[0].files  # an encoder-decoder's two files, each optimized alike
     return [
@@ -104,7 +104,7 @@ def plan(p: Planning) -> list[StepSpec]:
             params={
                 "optimize": pick(r["optimize"], OWN_KEYS if fuse else set(OWN_KEYS) - {"decoder"}),
                 "source": section_for(r["source"], drop=("tokenizer",), unset=("package",))
-                if kind == "huggingface"
+                if source_kind(p.recipe.source_kind).transformers
                 else None,
                 "input": MODEL,
                 "provider": provider if hardware else None,
@@ -143,16 +143,10 @@ def measured(params: dict[str, Any]) -> str:
 
 def model_dims(source: dict[str, Any] | None, recipe_dir: Path) -> tuple[int, int]:
     """(num_heads, hidden_size) from the transformers config, when the source has one."""
-    if not source or "huggingface" not in source:
+    if not source:
         return 0, 0
-    src = source["huggingface"]
-    config = src.get("config") or {}
-    if not config:
-        from onnxbuild.sources.huggingface import local_folder
-
-        folder = local_folder(src, recipe_dir)
-        if folder is not None and (folder / "config.json").is_file():
-            config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    ((kind, src),) = source.items()
+    config = source_kind(kind).config(src, recipe_dir)
     heads = next(
         (config[k] for k in ("num_attention_heads", "n_head", "num_heads", "encoder_attention_heads") if k in config), 0
     )  # T5, BART/Whisper
@@ -161,15 +155,18 @@ def model_dims(source: dict[str, Any] | None, recipe_dir: Path) -> tuple[int, in
 
 
 def model_type_for(source: dict[str, Any] | None) -> str:
-    if not source or "huggingface" not in source:
+    """onnxruntime's transformer optimizer's model type for a transformers source's config."""
+    if not source:
         return "bert"
-    config = source["huggingface"].get("config") or {}
-    kind = str(config.get("model_type", ""))
-    if kind in ("gpt2", "bert", "bart", "t5", "gpt_neox", "phi", "clip", "vit", "swin"):
-        return kind
-    if kind in ("whisper", "marian", "mbart"):
+    ((kind, src),) = source.items()
+    if not source_kind(kind).transformers:
+        return "bert"
+    model_type = str((src.get("config") or {}).get("model_type", ""))
+    if model_type in ("gpt2", "bert", "bart", "t5", "gpt_neox", "phi", "clip", "vit", "swin"):
+        return model_type
+    if model_type in ("whisper", "marian", "mbart"):
         return "bart"  # the same attention blocks; ONNX Runtime optimizes Whisper as bart
-    return "gpt2" if source["huggingface"]["task"] == "text-generation" else "bert"
+    return "gpt2" if src["task"] == "text-generation" else "bert"
 
 
 def run(ctx: StepContext, spec: StepSpec) -> StepResult:

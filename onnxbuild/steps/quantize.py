@@ -88,7 +88,7 @@ BUDGETED = ("int4", "weight_only")
 MEMORY = (3, 400)
 
 
-def variants(recipe: Recipe) -> list[Variant]:
+def variants(recipe: Recipe, earlier: tuple[Variant, ...]) -> list[Variant]:
     """One per entry, made from the variant its ``from`` names. A budgeted entry is held, on
     the validation text, to the figures it was planned for (its own ``validate:`` over those)."""
     out = []

@@ -34,9 +34,8 @@ from typing import Any, TypedDict, cast
 from onnxbuild._util import pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.model import Recipe
-from onnxbuild.recipe.variants import model_variant
 from onnxbuild.runtimes.generation import PREFILL_FILE
-from onnxbuild.spec import STEP_KINDS, Planning, StepInput, StepKind, Variant
+from onnxbuild.spec import Planning, StepInput, StepKind, Variant
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
 VERSION = 1
@@ -59,23 +58,13 @@ def _entries(recipe: Recipe) -> list[ServeEntry]:
     return cast(list[ServeEntry], recipe.resolved.get("serve") or [])
 
 
-def _built(recipe: Recipe) -> dict[str, Variant]:
-    """The variants the kinds before this one make, by name: what a serve entry can pair."""
-    from onnxbuild.steps import step_kind
-
-    made = [model_variant(recipe)]
-    for kind in STEP_KINDS[: STEP_KINDS.index("serve")]:
-        made += step_kind(kind).variants(recipe)
-    return {v.name: v for v in made}
-
-
-def variants(recipe: Recipe) -> list[Variant]:
-    """One per entry, held to the lower precision of its two files (the entry's own
-    ``validate:`` over the decode variant's)."""
+def variants(recipe: Recipe, earlier: tuple[Variant, ...]) -> list[Variant]:
+    """One per entry, pairing variants the kinds before this one made, held to the lower
+    precision of its two files (the entry's own ``validate:`` over the decode variant's)."""
     entries = _entries(recipe)
     if not entries:
         return []
-    built = _built(recipe)
+    built = {v.name: v for v in earlier}
     out = []
     for e in entries:
         decode, prefill = built[e["decode"]], built[e["prefill"]]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -42,17 +43,14 @@ def plan(p: Planning) -> list[StepSpec]:
 
 def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     ((kind, src),) = spec.params["source"].items()
-    if kind == "graph":
-        return _graph(ctx, src)
-    if kind == "onnx":
-        return _onnx_file(ctx, src)
-    if kind == "huggingface" and src.get("file"):
-        from onnxbuild.sources.huggingface import onnx_file
-
-        path, where = onnx_file(src, ctx.recipe_dir)  # type: ignore[arg-type]
-        result = _onnx_file(ctx, {"path": str(path)}, key="source.huggingface.file", shown=str(src["file"]))
-        return StepResult(summary=f"{src['file']} from {where}", extra_outputs=result.extra_outputs)
-    record_of = source_kind(kind).record
+    described = source_kind(kind)
+    if described.build_onnx is not None:
+        return _built(ctx, described.build_onnx(src))
+    named = described.onnx_file(src, ctx.recipe_dir) if described.onnx_file is not None else None
+    if named is not None:
+        result = _onnx_file(ctx, named.path, named.key, named.shown)
+        return replace(result, summary=f"{named.shown} from {named.where}") if named.where else result
+    record_of = described.record
     if record_of is None:
         raise StepError(f"a {kind} source writes model.onnx, not a record (a bug: source.{kind} has no record)")
     record = record_of(src, ctx.recipe_dir, ctx.digests)
@@ -62,21 +60,16 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     return StepResult(summary=note, data={"weights": weights, "why": record.get("why", "")})
 
 
-def _graph(ctx: StepContext, src: dict[str, object]) -> StepResult:
+def _built(ctx: StepContext, model: Any) -> StepResult:
     import onnx
 
-    from onnxbuild.sources.graph import build_graph_model
-
-    model = build_graph_model(src)  # type: ignore[arg-type]
     onnx.save_model(model, str(ctx.output("model.onnx")))
     return StepResult(summary=f"graph with {len(model.graph.node)} nodes")
 
 
-def _onnx_file(ctx: StepContext, src: dict[str, object], key: str = "source.onnx.path", shown: str = "") -> StepResult:
+def _onnx_file(ctx: StepContext, path: Path, key: str, shown: str) -> StepResult:
     import onnx
 
-    path = ctx.recipe_dir / str(src["path"])
-    shown = shown or str(src["path"])
     try:
         found = path.is_file()
     except OSError as exc:  # e.g. a name longer than the file system allows
@@ -111,5 +104,13 @@ def _external_tensors(model: Any) -> list[Any]:
     return [t for t in _get_all_tensors(model) if uses_external_data(t)]
 
 
-KIND = StepKind(name="source", version=VERSION, packages=PACKAGES, plan=plan, run=run, memory=MEMORY)
+KIND = StepKind(
+    name="source",
+    version=VERSION,
+    packages=PACKAGES,
+    plan=plan,
+    run=run,
+    memory=MEMORY,
+    writes_model=lambda recipe: not recipe.torch_source,
+)
 """What this kind says of itself (onnxbuild.spec.StepKind)."""
