@@ -27,10 +27,10 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, TypedDict
+from typing import Any, TypeAlias, TypedDict, cast
 
 from onnxbuild._util import (
     atomic_write_text,
@@ -44,6 +44,9 @@ from onnxbuild.engine.locks import FileLock
 from onnxbuild.engine.testhooks import pause_for_tests
 from onnxbuild.environment import Versions
 from onnxbuild.errors import CacheError
+
+JsonValue: TypeAlias = bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"] | None
+"""What ``json.loads`` can return: the type of a cache, lock or report file before it is checked."""
 
 
 class OutputRecord(TypedDict):
@@ -60,16 +63,16 @@ class EntryRecord(TypedDict):
     key: str
     step: str
     kind: str
-    ingredients: dict[str, Any]
+    ingredients: Mapping[str, object]
     outputs: list[OutputRecord]
-    data: dict[str, Any]
+    data: dict[str, object]
 
 
 class TamperedError(ValueError):
     """An object's bytes no longer match the digest it is stored under."""
 
 
-def entry_problem(entry: Any, key: str) -> str | None:
+def entry_problem(entry: object, key: str) -> str | None:
     """What makes ``entry`` (parsed JSON from a file, local or remote) unusable, or None.
 
     Entries are files anyone with write access to a cache can edit: every field a reader
@@ -101,12 +104,21 @@ def entry_problem(entry: Any, key: str) -> str | None:
     return None
 
 
-def read_json(text: str | bytes) -> Any:
+def checked_entry(entry: JsonValue, key: str) -> EntryRecord:
+    """``entry`` as an EntryRecord once ``entry_problem`` finds nothing wrong; else a ValueError naming it."""
+    wrong = entry_problem(entry, key)
+    if wrong:
+        raise ValueError(wrong)
+    return cast(EntryRecord, entry)  # entry_problem checked the type of every field EntryRecord names
+
+
+def read_json(text: str | bytes) -> JsonValue:
     """JSON from a cache file; a file nested too deep to parse is a ValueError like any other damage."""
     try:
-        return json.loads(text)
+        value: JsonValue = json.loads(text)
     except RecursionError:
         raise ValueError("nested too deeply") from None
+    return value
 
 
 TAG_NAME = "CACHEDIR.TAG"
@@ -124,7 +136,7 @@ def tagged(root: Path) -> bool:
     return (root / TAG_NAME).is_file()
 
 
-def step_key(ingredients: dict[str, Any]) -> str:
+def step_key(ingredients: Mapping[str, object]) -> str:
     """The cache key: sha256 of the canonical JSON of everything that can change a step's output."""
     return sha256_text(canonical_json(ingredients))
 
@@ -153,7 +165,7 @@ class Cache:
 
     def __post_init__(self) -> None:
         self.root = Path(self.root)
-        self._hashes: dict[str, list[Any]] | None = None
+        self._hashes: dict[str, list[JsonValue]] | None = None
         self._hashes_dirty = False
         self.versions = Versions(self.root / "state" / "versions.json")
         """Package versions for keys, remembered in state/versions.json (saved by save_state)."""
@@ -257,10 +269,7 @@ class Cache:
                 _remove(path)  # even a folder: it sits where this cache's own file belongs
             return None
         try:
-            entry: EntryRecord = read_json(text)
-            wrong = entry_problem(entry, key)
-            if wrong:
-                raise ValueError(wrong)
+            entry = checked_entry(read_json(text), key)
             for out in entry["outputs"]:
                 st = os.stat(self.object_path(out["sha256"]))
                 if st.st_size != out["bytes"]:
@@ -301,10 +310,10 @@ class Cache:
         key: str,
         step: str,
         kind: str,
-        ingredients: dict[str, Any],
+        ingredients: Mapping[str, object],
         workdir: Path,
         files: Iterable[str],
-        data: dict[str, Any],
+        data: dict[str, object],
         *,
         keep: bool = True,
     ) -> EntryRecord:
@@ -341,7 +350,7 @@ class Cache:
         atomic_write_text(self.entry_path(key), pretty_json(entry))
         if self.remote is not None:
             try:
-                self.remote.push(dict(entry), self)
+                self.remote.push(entry.copy(), self)
             except OSError as exc:
                 self.warn(
                     f"could not push {step} to the remote cache {self.remote.url} ({exc}); "
@@ -351,7 +360,7 @@ class Cache:
 
     # ------------------------------------------------------------ last builds (plan's memory)
 
-    def last_build(self, recipe: str) -> dict[str, Any]:
+    def last_build(self, recipe: str) -> dict[str, Mapping[str, object]]:
         """The recipe's last build, step by step; anything damaged is forgotten (only reasons suffer)."""
         try:
             data = read_json((self.root / "last" / f"{recipe}.json").read_text(encoding="utf-8"))
@@ -361,7 +370,7 @@ class Cache:
             return {}
         return {k: v for k, v in data.items() if isinstance(v, dict)}
 
-    def record_last_build(self, recipe: str, steps: dict[str, Any]) -> None:
+    def record_last_build(self, recipe: str, steps: Mapping[str, object]) -> None:
         path = self.root / "last" / f"{recipe}.json"
         text = pretty_json(steps)
         try:
@@ -434,7 +443,7 @@ class Cache:
                 listing[rel.as_posix()] = self.file_digest(p)
         return sha256_text(canonical_json(listing))
 
-    def _load_hashes(self) -> dict[str, list[Any]]:
+    def _load_hashes(self) -> dict[str, list[JsonValue]]:
         if self._hashes is None:
             try:
                 data = read_json((self.root / "state" / "hashes.json").read_text(encoding="utf-8"))
@@ -468,10 +477,7 @@ class Cache:
         for path in self._entry_files():
             checked += 1
             try:
-                entry: EntryRecord = read_json(path.read_text(encoding="utf-8"))
-                wrong = entry_problem(entry, path.stem)
-                if wrong:
-                    raise ValueError(wrong)
+                entry = checked_entry(read_json(path.read_text(encoding="utf-8")), path.stem)
                 bad = [
                     o
                     for o in entry["outputs"]

@@ -22,7 +22,7 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from onnxbuild.engine import testhooks
 from onnxbuild.errors import OnnxbuildError
@@ -347,7 +347,7 @@ class ChildStep:
                 return
 
     @property
-    def sentinel(self) -> Any:
+    def sentinel(self) -> int:
         return self.process.sentinel
 
     def outcome(self) -> Outcome:

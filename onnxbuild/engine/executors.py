@@ -27,12 +27,16 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from types import ModuleType
+from typing import TYPE_CHECKING, Protocol
 
 from onnxbuild._util import brief
 from onnxbuild.engine.execute import ChildStep, Outcome, Task, WarmForks, forks_warm, run_task
 from onnxbuild.errors import UsageError
 from onnxbuild.spec import Resources, StepSpec
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
 
 
 class Handle(Protocol):
@@ -117,7 +121,7 @@ class RaySettings:
     """For a local instance: CPUs to give it (default: this machine's)."""
 
 
-def _ray() -> Any:
+def _ray() -> ModuleType:
     try:
         import ray
     except ImportError:
@@ -228,7 +232,7 @@ def _discard(message: str) -> None:
 class RayHandle:
     """A step submitted to Ray as a task."""
 
-    def __init__(self, executor: RayExecutor, ref: Any, task: Task) -> None:
+    def __init__(self, executor: RayExecutor, ref: ObjectRef[Outcome], task: Task) -> None:
         self.executor = executor
         self.ref = ref
         self.task = task
@@ -274,7 +278,7 @@ class RayExecutor:
             )
         self._started = False
         if not ray.is_initialized():
-            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+            kwargs: dict[str, object] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
             if self.local:
                 kwargs["num_cpus"] = settings.num_cpus or os.cpu_count() or 1
             else:

@@ -7,9 +7,10 @@ step whose inputs are rebuilt identical is still a cache hit (like Bazel, unlike
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal, TypedDict
 
 from onnxbuild._util import MISSING, json_changes
 from onnxbuild.engine.cache import Cache, EntryRecord, step_key
@@ -20,6 +21,24 @@ from onnxbuild.spec import StepSpec
 Action = Literal["run", "cached", "outside"]
 """``outside``: a step beyond ``--target`` whose inputs are still to be rebuilt: taken from the
 cache if they come out identical, else left out of this build (never run)."""
+
+
+class Ingredients(TypedDict):
+    """What goes into a step's key (``ingredients``); the cache entry and the lock keep it as JSON."""
+
+    kind: str
+    version: int
+    params: dict[str, object]
+    outputs: list[str]
+    inputs: dict[str, str]
+    files: dict[str, str]
+    identity: dict[str, object]
+    packages: dict[str, str]
+
+
+LastBuild = Mapping[str, object]
+"""A step's record in the cache's last/<recipe>.json (its key, ingredients, seconds) or in a lock:
+JSON read back, every field checked before use."""
 
 FORCED = "forced (--force)"
 OUTSIDE = "outside --target: kept if its inputs are rebuilt identical, else left out"
@@ -37,7 +56,7 @@ class PlannedStep:
     reasons: tuple[str, ...]
     key: str | None
     """None while an input is still to be built: the key is known only after it is."""
-    ingredients: dict[str, Any] | None
+    ingredients: Ingredients | None
     entry: EntryRecord | None
 
     @property
@@ -74,7 +93,7 @@ class Plan:
     """Seconds the steps that would run took when last built here (None: some never were)."""
 
 
-def ingredients(spec: StepSpec, input_digests: dict[str, str], cache: Cache) -> dict[str, Any]:
+def ingredients(spec: StepSpec, input_digests: dict[str, str], cache: Cache) -> Ingredients:
     """Everything that can change a step's outputs, and nothing that cannot (no paths, no times)."""
     return {
         "kind": spec.kind,
@@ -90,22 +109,21 @@ def ingredients(spec: StepSpec, input_digests: dict[str, str], cache: Cache) -> 
     }
 
 
-def _without(params: dict[str, Any], paths: tuple[str, ...]) -> dict[str, Any]:
+def _without(params: dict[str, object], paths: tuple[str, ...]) -> dict[str, object]:
     """``params`` less the dotted ``paths`` (a copy: the spec's own params stay whole)."""
     if not paths:
         return params
     drop = {tuple(p.split(".")) for p in paths}
 
-    def walk(node: Any, at: tuple[str, ...]) -> Any:
+    def walk(node: object, at: tuple[str, ...]) -> object:
         if isinstance(node, dict):
             return {k: walk(v, (*at, k)) for k, v in node.items() if (*at, k) not in drop}
         return node
 
-    out: dict[str, Any] = walk(params, ())
-    return out
+    return {k: walk(v, (k,)) for k, v in params.items() if (k,) not in drop}
 
 
-def file_identity(path: Any, cache: Cache) -> str:
+def file_identity(path: str | os.PathLike[str], cache: Cache) -> str:
     from pathlib import Path
 
     p = Path(path)
@@ -201,7 +219,7 @@ def plan(
 def _estimate(planned: list[PlannedStep], cache: Cache) -> float | None:
     """The last build's seconds of every step that would run, summed; None when one has none."""
     total = 0.0
-    lasts: dict[str, dict[str, Any]] = {}
+    lasts: dict[str, dict[str, LastBuild]] = {}
     for step in planned:
         if step.action != "run":
             continue
@@ -218,7 +236,7 @@ def plan_step(
     spec: StepSpec,
     done: dict[str, PlannedStep],
     cache: Cache,
-    last: dict[str, Any] | None,
+    last: LastBuild | None,
     *,
     force: bool,
 ) -> PlannedStep:
@@ -267,24 +285,25 @@ def input_digests(
     return out
 
 
-def own_changes(last: dict[str, Any] | None, spec: StepSpec, cache: Cache) -> list[str]:
+def own_changes(last: LastBuild | None, spec: StepSpec, cache: Cache) -> list[str]:
     """What changed in a step's own ingredients (its inputs aside) since its last build."""
-    if not last or not isinstance(last.get("ingredients"), dict):
+    then = last.get("ingredients") if last else None
+    if not last or not isinstance(then, dict):
         return []
     now = ingredients(spec, {}, cache)
-    before = {**last["ingredients"], "inputs": {}}
+    before = {**then, "inputs": {}}
     return [r for r in explain({**last, "ingredients": before, "key": None}, now, "") if r != "no entry in cache"]
 
 
-def explain(last: dict[str, Any] | None, now: dict[str, Any], key: str) -> list[str]:
+def explain(last: LastBuild | None, now: Ingredients, key: str) -> list[str]:
     """Why a step must run, in words, by comparing its ingredients with its last build's."""
-    if not last or not isinstance(last.get("ingredients"), dict):
+    before = last.get("ingredients") if last else None
+    if not last or not isinstance(before, dict):
         return (
             ["no entry in cache (never built)"]
             if not last or last.get("key") is None
             else ["its key differs from the lock's (no ingredients recorded)"]
         )
-    before = last["ingredients"]
     if last.get("key") == key:
         return ["no entry in cache (removed by gc, or damaged)"]
     reasons: list[str] = []
@@ -319,7 +338,7 @@ def explain(last: dict[str, Any] | None, now: dict[str, Any], key: str) -> list[
     return reasons or ["no entry in cache"]
 
 
-def _change_words(old: Any, new: Any) -> str:
+def _change_words(old: object, new: object) -> str:
     if old is MISSING:
         return f"added ({_short(new)})"
     if new is MISSING:
@@ -327,7 +346,7 @@ def _change_words(old: Any, new: Any) -> str:
     return f"changed {_short(old)} -> {_short(new)}"
 
 
-def _short(value: Any) -> str:
+def _short(value: object) -> str:
     import json
 
     text = json.dumps(value, sort_keys=True)

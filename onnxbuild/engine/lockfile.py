@@ -38,12 +38,12 @@ def write_lock(recipe: Recipe, steps: list[StepRecord], cache: Cache, specs: lis
     """Write the lock of a successful build (only if its content changed). ``specs`` are the
     recipe's steps: those whose outputs are measured (hardware-bound) are locked without digests."""
     measured = {s.name for s in specs if s.measured}
-    entries: dict[str, Any] = {}
+    entries: dict[str, dict[str, object]] = {}
     for s in steps:
         if s["status"] not in ("built", "cached") or s["key"] is None:
             continue
         entry = cache.get(s["key"])
-        step: dict[str, Any] = {"key": s["key"], "ingredients": entry["ingredients"] if entry else None}
+        step: dict[str, object] = {"key": s["key"], "ingredients": entry["ingredients"] if entry else None}
         if s["name"] in measured:
             step["measured"] = True
             step["outputs"] = sorted(o["path"] for o in s["outputs"])

@@ -9,7 +9,7 @@ a step was built, taken from the cache or resumed after a kill. What varies run 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal, TypedDict
+from typing import Literal, TypedDict
 
 from onnxbuild.engine.cache import OutputRecord
 from onnxbuild.environment import package_version, platform_info, versions
@@ -29,7 +29,7 @@ class StepRecord(TypedDict):
     status: Status
     reason: str
     outputs: list[OutputRecord]
-    data: dict[str, Any]
+    data: dict[str, object]
 
 
 class ManifestStep(TypedDict):
@@ -39,7 +39,7 @@ class ManifestStep(TypedDict):
     kind: str
     key: str | None
     outputs: list[OutputRecord]
-    data: dict[str, Any]
+    data: dict[str, object]
 
 
 def manifest_step(record: StepRecord) -> ManifestStep:
@@ -57,7 +57,7 @@ class RecipeRecord(TypedDict):
 
     path: str
     digest: str
-    resolved: dict[str, Any]
+    resolved: dict[str, object]
 
 
 class Manifest(TypedDict):
@@ -69,6 +69,23 @@ class Manifest(TypedDict):
     steps: list[ManifestStep]
     versions: dict[str, str]
     platform: dict[str, str]
+
+
+class StepTiming(TypedDict):
+    """One step in ``timings.json``: how this run got it, and what it cost."""
+
+    status: Status | None
+    reason: str | None
+    seconds: float
+    build_seconds: float | None
+    """What building it cost when its output was made (this run, or the build it was cached from)."""
+    peak_rss_mb: float | None
+
+
+class Timings(TypedDict):
+    """``timings.json`` beside the manifest: what varies run to run."""
+
+    steps: dict[str, StepTiming]
 
 
 def make_manifest(

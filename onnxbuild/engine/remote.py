@@ -29,10 +29,43 @@ import hashlib
 import json
 import os
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from onnxbuild.errors import CacheError, UsageError
+
+if TYPE_CHECKING:
+    from onnxbuild.engine.cache import Cache, EntryRecord
+
+
+class FileSystem(Protocol):
+    """The few methods of an fsspec filesystem this module calls."""
+
+    def exists(self, path: str) -> bool: ...
+    def glob(self, path: str) -> list[str]: ...
+    def cat_file(self, path: str, **kwargs: object) -> bytes: ...
+    def get_file(self, rpath: str, lpath: str) -> None: ...
+    def put_file(self, lpath: str, rpath: str, **kwargs: object) -> None: ...
+    def pipe_file(self, path: str, value: bytes, **kwargs: object) -> None: ...
+    def makedirs(self, path: str, exist_ok: bool = False) -> None: ...
+    def mv(self, path1: str, path2: str) -> None: ...
+    def rm(self, path: str) -> None: ...
+
+    # s3fs only: called only where RemoteCache.object_store is set
+    def call_s3(self, method: str, **kwargs: object) -> object: ...
+
+
+class EntrySigner(Protocol):
+    """Signs an entry's bytes (signing.Signer)."""
+
+    def sign(self, data: bytes) -> bytes: ...
+
+
+class EntryVerifier(Protocol):
+    """Whether a signature over an entry's bytes is a trusted key's (signing.Verifier)."""
+
+    def valid(self, data: bytes, signature: bytes) -> bool: ...
 
 
 class RemoteCache:
@@ -45,18 +78,20 @@ class RemoteCache:
         url: str,
         *,
         read_only: bool = False,
-        signer: Any = None,
-        verifier: Any = None,
-        options: dict[str, Any] | None = None,
+        signer: EntrySigner | None = None,
+        verifier: EntryVerifier | None = None,
+        options: Mapping[str, object] | None = None,
     ) -> None:
         try:
             import fsspec
         except ImportError:  # pragma: no cover - fsspec is a dependency
             raise CacheError("a remote cache needs fsspec: pip install fsspec") from None
-        merged = {**(options or {}), **options_from_environment()}
+        merged: dict[str, object] = {**(options or {}), **options_from_environment()}
         s3 = url.startswith(("s3://", "s3a://"))
         if s3:
             merged.setdefault("use_listings_cache", False)  # exact-key reads, never a stale listing
+        self.fs: FileSystem
+        self.base: str
         try:
             self.fs, self.base = fsspec.core.url_to_fs(url, **merged)
         except (ImportError, ValueError, TypeError) as exc:
@@ -77,7 +112,7 @@ class RemoteCache:
         self.damaged: set[str] = set()
         """Remote entries and objects found damaged this run: the next good build replaces them."""
 
-    def _check_bucket(self, options: dict[str, Any]) -> None:
+    def _check_bucket(self, options: Mapping[str, object]) -> None:
         bucket = self.base.split("/", 1)[0]
         where = f" at {options['endpoint_url']}" if options.get("endpoint_url") else ""
         try:
@@ -98,9 +133,9 @@ class RemoteCache:
     def _object(self, sha: str) -> str:
         return f"{self.base}/objects/{sha[:2]}/{sha}"
 
-    def pull(self, key: str, local: Any) -> bool:
+    def pull(self, key: str, local: Cache) -> bool:
         """Copy entry ``key`` and its objects into ``local`` (a Cache); False if the remote lacks it."""
-        from onnxbuild.engine.cache import entry_problem, read_json
+        from onnxbuild.engine.cache import checked_entry, entry_problem, read_json
 
         if key in self.damaged:
             return False  # said once already; the build replaces it
@@ -126,7 +161,7 @@ class RemoteCache:
             local.warn(f"remote cache entry {key[:12]} is damaged ({wrong}); building instead")
             self.damaged.add(key)
             return False
-        outputs = entry["outputs"]
+        outputs = checked_entry(entry, key)["outputs"]
         for o in outputs:
             dest = local.object_path(o["sha256"])
             if dest.is_file() and dest.stat().st_size == o["bytes"]:
@@ -159,7 +194,7 @@ class RemoteCache:
         atomic_write_text(local.entry_path(key), text)
         return True
 
-    def push(self, entry: dict[str, Any], local: Any) -> None:
+    def push(self, entry: EntryRecord, local: Cache) -> None:
         if self.read_only:
             return
         key = entry["key"]
@@ -181,35 +216,32 @@ class RemoteCache:
         self.fs.pipe_file(tmp, data)
         self.fs.mv(tmp, self._entry(key))
 
-    def peek(self, key: str) -> dict[str, Any] | None:
+    def peek(self, key: str) -> EntryRecord | None:
         """The remote entry for ``key`` if it is whole and (when signing is on) trusted; no
         object is downloaded, so ``plan`` can say "make pulls it" without pulling."""
-        from onnxbuild.engine.cache import entry_problem, read_json
+        from onnxbuild.engine.cache import checked_entry, read_json
 
         if key in self.damaged:
             return None
         try:
             raw, signature = _unwrap(self._read(self._entry(key)))
-            entry = read_json(raw.decode("utf-8"))
-        except (OSError, ValueError):
-            return None
-        if entry_problem(entry, key):
+            entry = checked_entry(read_json(raw.decode("utf-8")), key)
+        except (OSError, ValueError):  # entry_problem's findings included
             return None
         if not all(self._exists(self._object(o["sha256"])) for o in entry["outputs"]):
             return None  # "make pulls it" only when it can: every object it names is there
         if self.verifier is not None and not self.verifier.valid(raw, signature or self._legacy_signature(key)):
             return None
-        result: dict[str, Any] = entry
-        return result
+        return entry
 
-    def verify(self, local: Any) -> tuple[int, list[str]]:
+    def verify(self, local: Cache) -> tuple[int, list[str]]:
         """Re-read every remote entry and the objects it names; repair what the local cache
         holds good copies of (objects re-pushed, entries re-pushed), drop what it cannot.
 
         Returns (entries checked, one line per problem found and what was done). Read-only
         remotes are only checked.
         """
-        from onnxbuild.engine.cache import entry_problem, read_json
+        from onnxbuild.engine.cache import checked_entry, entry_problem, read_json
 
         problems: list[str] = []
         paths = sorted(self.fs.glob(f"{self.base}/entries/*/*.json"))
@@ -227,7 +259,7 @@ class RemoteCache:
                 done = self._repair_entry(key, mine, local)
                 problems.append(f"entry {key[:12]}: {wrong}; {done}")
                 continue
-            for o in entry["outputs"]:
+            for o in checked_entry(entry, key)["outputs"]:
                 tmp = local.root / "tmp" / f"verify-{os.getpid()}-{uuid.uuid4().hex}"
                 tmp.parent.mkdir(parents=True, exist_ok=True)
                 try:
@@ -254,12 +286,12 @@ class RemoteCache:
                 break
         return len(paths), problems
 
-    def _repair_entry(self, key: str, mine: Any, local: Any) -> str:
+    def _repair_entry(self, key: str, mine: EntryRecord | None, local: Cache) -> str:
         if self.read_only:
             return "left as is (--cache-read-only)"
         if mine is not None:
             self.damaged.add(key)
-            self.push(dict(mine), local)
+            self.push(mine.copy(), local)
             return "re-pushed from the local cache"
         self.fs.rm(self._entry(key))
         return "removed (no good copy here; the next build pushes it again)"
@@ -328,12 +360,13 @@ class RemoteCache:
             raise
         return True
 
-    def _same_outputs(self, key: str, entry: dict[str, Any], local: Any) -> None:
+    def _same_outputs(self, key: str, entry: EntryRecord, local: Cache) -> None:
         """Another runner wrote ``key`` first: the same outputs, or a step that is not deterministic."""
         from onnxbuild.engine.cache import read_json
 
         try:
-            theirs = read_json(_unwrap(self._read(self._entry(key)))[0].decode("utf-8"))
+            # not checked: only its outputs are compared, as far as they can be read
+            theirs: Any = read_json(_unwrap(self._read(self._entry(key)))[0].decode("utf-8"))
         except (OSError, ValueError):
             return
         mine = {o["path"]: o["sha256"] for o in entry["outputs"]}
@@ -427,7 +460,7 @@ CREDENTIALS = frozenset(
 )
 
 
-def options_from_environment() -> dict[str, Any]:
+def options_from_environment() -> dict[str, object]:
     """``ONNXBUILD_CACHE_OPTIONS``: a JSON object of the store's options (may hold credentials:
     the environment is where they belong)."""
     raw = os.environ.get(OPTIONS_ENV, "").strip()
@@ -444,14 +477,14 @@ def options_from_environment() -> dict[str, Any]:
     return value
 
 
-def options_from_config(config: dict[str, Any], where: str) -> dict[str, Any]:
+def options_from_config(config: Mapping[str, object], where: str) -> dict[str, object]:
     """``cache_options`` from a project's config (``where`` names the file): refused when it holds
     credentials, which a committed file must not."""
     options = config.get("cache_options") or {}
     if not isinstance(options, dict):
         raise UsageError(f'{where}: cache_options must be a table (e.g. cache_options = {{endpoint_url = "..."}})')
 
-    def walk(value: Any, path: str) -> None:
+    def walk(value: object, path: str) -> None:
         if isinstance(value, dict):
             for k, v in value.items():
                 if str(k).lower() in CREDENTIALS:

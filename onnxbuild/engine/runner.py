@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from onnxbuild._util import (
     atomic_write_text,
@@ -45,9 +45,9 @@ from onnxbuild.engine.cache import (
 )
 from onnxbuild.engine.execute import Outcome, Task, run_task
 from onnxbuild.engine.executors import Executor, Handle, LocalExecutor
-from onnxbuild.engine.graph import FORCED, Plan, PlannedStep, explain, ingredients, input_digests
+from onnxbuild.engine.graph import FORCED, Ingredients, Plan, PlannedStep, explain, ingredients, input_digests
 from onnxbuild.engine.locks import FileLock
-from onnxbuild.engine.manifest import StepRecord, make_manifest
+from onnxbuild.engine.manifest import Status, StepRecord, Timings, make_manifest
 from onnxbuild.engine.testhooks import pause_for_tests
 from onnxbuild.errors import BuildFailed
 from onnxbuild.recipe.model import Recipe
@@ -86,7 +86,7 @@ class RecipeOutcome:
     recipe: Recipe
     steps: list[StepRecord]
     artifacts: Path
-    timings: dict[str, Any]
+    timings: Timings
 
     @property
     def ok(self) -> bool:
@@ -351,7 +351,7 @@ def _skip(st: _State, reason: str, reporter: Reporter) -> None:
     reporter.step_finished(st.planned, st.record, 0.0)
 
 
-def _record(p: PlannedStep, key: str | None, status: Any, reason: str, entry: EntryRecord | None) -> StepRecord:
+def _record(p: PlannedStep, key: str | None, status: Status, reason: str, entry: EntryRecord | None) -> StepRecord:
     return {
         "name": p.spec.name,
         "kind": p.spec.kind,
@@ -463,7 +463,7 @@ def _cached(
     st: _State,
     states: dict[str, _State],
     key: str,
-    ing: dict[str, Any],
+    ing: Ingredients,
     entry: EntryRecord,
     reporter: Reporter,
     cache: Cache,
@@ -649,7 +649,7 @@ def _finish_recipe(recipe: Recipe, states: list[_State], cache: Cache, artifacts
         known = before.get("seconds") if st.record and before.get("key") == st.record["key"] else None
         return known if isinstance(known, (int, float)) else None
 
-    timings = {
+    timings: Timings = {
         "steps": {
             st.planned.spec.name: {
                 "status": st.record["status"] if st.record else None,

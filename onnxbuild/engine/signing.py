@@ -20,15 +20,19 @@ from __future__ import annotations
 import base64
 import os
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from onnxbuild.errors import CacheError
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 SIGNING_ENV = "ONNXBUILD_CACHE_SIGNING_KEY"
 TRUSTED_ENV = "ONNXBUILD_CACHE_TRUSTED_KEYS"
 
 
-def _ed25519() -> Any:
+def _ed25519() -> ModuleType:
     try:
         from cryptography.hazmat.primitives.asymmetric import ed25519
     except ImportError:
@@ -53,7 +57,7 @@ def keygen(path: Path) -> str:
     return public_text(key)
 
 
-def public_text(key: Any) -> str:
+def public_text(key: Ed25519PrivateKey) -> str:
     from cryptography.hazmat.primitives import serialization
 
     raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onnxbuild._util import MISSING, format_duration, format_ms
 from onnxbuild.review.modeldiff import ModelDiff, ModelRow
+
+if TYPE_CHECKING:
+    from onnxbuild.engine.cache import Cache
+    from onnxbuild.engine.graph import Plan
 
 
 @dataclass
@@ -17,7 +21,7 @@ class RecipeDiff:
 
     path: str
     status: str  # added | deleted | changed | unchanged
-    changes: list[tuple[str, Any, Any]] = field(default_factory=list)
+    changes: list[tuple[str, object, object]] = field(default_factory=list)
     invalidated: list[str] = field(default_factory=list)
     metrics: list[Metric] = field(default_factory=list)
     error: str = ""
@@ -39,7 +43,7 @@ class Cost:
     estimate_s: float | None
 
     @staticmethod
-    def of(planned: Any, cache: Any) -> Cost:
+    def of(planned: Plan, cache: Cache) -> Cost:
         remote = sum(
             1 for s in planned.steps if s.action == "cached" and (s.key in cache.pulled or s.key in cache.remote_only)
         )
@@ -204,7 +208,7 @@ def model_lines(m: ModelDiff) -> list[ModelRow]:
     return rows
 
 
-def _json_change(key: str, old: Any, new: Any) -> dict[str, Any]:
+def _json_change(key: str, old: object, new: object) -> dict[str, object]:
     """A change as JSON: absent sides are null, and ``change`` says which kind it is."""
     kind = "added" if old is MISSING else "removed" if new is MISSING else "changed"
     return {"key": key, "change": kind, "base": None if old is MISSING else old, "now": None if new is MISSING else new}
@@ -215,7 +219,7 @@ def cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def show(value: Any) -> str:
+def show(value: object) -> str:
     if value is MISSING:
         return "(absent)"
     text = json.dumps(value, sort_keys=True)

@@ -19,12 +19,14 @@ import re
 from collections.abc import Callable
 from html import escape
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from onnxbuild._util import atomic_write_text, format_ms
 from onnxbuild.report.benchmark import limit_text
 from onnxbuild.report.diffview import RecipeDiff, model_lines, show, summary_line
 from onnxbuild.report.pagekey import page_key, with_marker
+
+V = TypeVar("V")
 
 CSS = """
 :root { --ok: #1a7f37; --bad: #cf222e; --warn: #9a6700; --muted: #57606a; --line: #d0d7de; --bg: #f6f8fa; }
@@ -523,11 +525,11 @@ def _read(path: Path) -> Any:
         return None
 
 
-def _variant_order(variants: dict[str, Any]) -> list[tuple[str, Any]]:
+def _variant_order(variants: dict[str, V]) -> list[tuple[str, V]]:
     return sorted(variants.items(), key=lambda kv: {"model": 0, "optimized": 1}.get(kv[0], 2))
 
 
-def _natural(name: str) -> list[Any]:
+def _natural(name: str) -> list[int | str]:
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
 
 
@@ -547,19 +549,19 @@ def _mark(ok: bool) -> str:
     return '<span class="pass">pass</span>' if ok else '<span class="fail">FAIL</span>'
 
 
-def _sci(x: Any) -> str:
+def _sci(x: object) -> str:
     return f"{x:.2e}" if isinstance(x, (int, float)) else "-"
 
 
-def _shape(shape: Any) -> str:
+def _shape(shape: object) -> str:
     return ", ".join(f"{k}={v}" for k, v in shape.items()) if isinstance(shape, dict) else "-"
 
 
-def _size(n: Any) -> str:
+def _size(n: object) -> str:
     if not isinstance(n, int):
         return "-"
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1024 or unit == "GB":
             return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
+        n /= 1024
     return "-"

@@ -426,7 +426,7 @@ def _worst(outputs: dict[str, Any]) -> str | None:
     return max(diffs)[1] if diffs else None
 
 
-def natural_key(name: str) -> list[Any]:
+def natural_key(name: str) -> list[int | str]:
     """Sort present.2 before present.10."""
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from onnxbuild.recipe.sections import (
     BenchmarkSection,
@@ -19,6 +20,10 @@ from onnxbuild.steps.benchmarking.timing import (
     feeds_prompt,
     measure,
 )
+
+if TYPE_CHECKING:
+    from onnxbuild.runtimes.decoding import OrtDecoder
+    from onnxbuild.steps.benchmarking.timing import Feeds
 
 
 def _decode_row(
@@ -40,7 +45,7 @@ def _decode_row(
 
 def _ort_decode(
     session: Any,
-    variant: dict[str, Any],
+    variant: Mapping[str, object],
     provider: str,
     sizes: dict[str, int],
     prefill: Timing,
@@ -86,7 +91,7 @@ def _ort_decode(
 
 def _decode_step(
     session: Session, sizes: dict[str, int], prefill: Session | None = None
-) -> tuple[Any, dict[str, Any], int]:
+) -> tuple[OrtDecoder, Feeds, int]:
     """The feeds of one decode step after a past as long as the prompt of ``sizes`` (the decoder
     loop over ``session``, the feeds, the vocabulary size)."""
     from onnxbuild.runtimes.decoding import OrtDecoder

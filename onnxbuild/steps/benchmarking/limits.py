@@ -6,27 +6,34 @@ beats them).
 from __future__ import annotations
 
 import json
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from onnxbuild.report.benchmark import row_name, shape_text
 from onnxbuild.steps.base import StepContext
 from onnxbuild.steps.machine import PEAKS
+
+if TYPE_CHECKING:
+    import onnx
+
+    from onnxbuild.steps.benchmarking.timing import Feeds
+    from onnxbuild.steps.roofline import Peaks, Phase, Work
 
 WORK = "_work"
 """A row's private note for the roofline pass (the graph, precision, phase and input shapes of
 one call), removed before the report is written."""
 
 
-def _work_of(path: Any, precision: str, feeds: dict[str, Any] | None = None, phase: str = "decode") -> dict[str, Any]:
+def _work_of(path: str | Path, precision: str, feeds: Feeds | None = None, phase: str = "decode") -> dict[str, object]:
     """What the roofline pass needs to count one row's work: its graph, precision and phase;
     ``feeds`` the call's inputs (a decode row's come from the step that timed it)."""
-    note: dict[str, Any] = {"path": str(path), "precision": precision, "phase": phase}
+    note: dict[str, object] = {"path": str(path), "precision": precision, "phase": phase}
     if feeds is not None:
         note["shapes"] = _shapes(feeds)
     return {WORK + "_of": note}
 
 
-def _shapes(feeds: dict[str, Any]) -> dict[str, list[int]]:
+def _shapes(feeds: Feeds) -> dict[str, list[int]]:
     return {k: [int(d) for d in v.shape] for k, v in feeds.items()}
 
 
@@ -81,7 +88,7 @@ REMEASURE_S = 0.5
 """Seconds per figure and size when a row beat the cached peaks (the machine step uses 0.15)."""
 
 
-Counted = tuple[dict[str, Any], tuple[Any, str, Any, float]]
+Counted = tuple[dict[str, Any], tuple["Work", str, "Phase", float]]
 """A timed row and what the roofline reads of it: its work, precision, phase and time (ms)."""
 
 
@@ -93,9 +100,9 @@ def _works(notes: list[tuple[dict[str, Any], Any, Any]]) -> list[Counted]:
 
     from onnxbuild.steps.graphwork import graph_work
 
-    loaded: tuple[str, Any] | None = None
+    loaded: tuple[str, onnx.ModelProto] | None = None
     counted: dict[
-        str, Any
+        str, Work | None
     ] = {}  # graph and shapes -> its work (PyTorch's fp32 and bf16 rows, OpenVINO's rows share ONNX Runtime's)
     out: list[Counted] = []
     for row, note, decode_shapes in sorted((n for n in notes if n[1]), key=lambda n: n[1]["path"]):
@@ -121,7 +128,7 @@ def _works(notes: list[tuple[dict[str, Any], Any, Any]]) -> list[Counted]:
     return out
 
 
-def _rooflines(works: list[Counted], peaks: Any) -> None:
+def _rooflines(works: list[Counted], peaks: Peaks) -> None:
     from onnxbuild.steps.roofline import roofline
 
     for row, (work, precision, phase, ms) in works:

@@ -6,16 +6,22 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onnxbuild.runtimes import sessions
 from onnxbuild.steps.base import StepContext
 from onnxbuild.steps.benchmarking.decode import _decode_step
 
+if TYPE_CHECKING:
+    from onnxbuild.runtimes.openvino_target import Precision
+    from onnxbuild.runtimes.openvino_target import Session as OpenVinoSession
+    from onnxbuild.sources.decoder import PastLayout
+    from onnxbuild.steps.benchmarking.timing import Feeds
+
 KERNELS_SHOWN = 6
 
 
-def _kernels(ctx: StepContext, path: Any, sizes: dict[str, int], feeds: dict[str, Any], threads: int) -> dict[str, Any]:
+def _kernels(ctx: StepContext, path: Path, sizes: dict[str, int], feeds: Feeds, threads: int) -> dict[str, Any]:
     """Where one call's time goes, as ONNX Runtime's profiler tells it: the CPU provider's time
     per op type (kernel) at the largest shape, from a separately profiled session (the timed
     rows run unprofiled). ORT names the op type and the provider that ran each node, not the
@@ -59,7 +65,7 @@ def _kernels(ctx: StepContext, path: Any, sizes: dict[str, int], feeds: dict[str
 
 
 def _openvino_kernels(
-    path: Any, precision: Any, threads: int, sizes: dict[str, int], feeds: dict[str, Any], layout: Any
+    path: Path, precision: Precision, threads: int, sizes: dict[str, int], feeds: Feeds, layout: PastLayout | None
 ) -> list[dict[str, Any]]:
     """Where one call's time goes in OpenVINO's CPU plugin, from its own per-node counters in a
     separately compiled, profiled model (the timed rows run without them): per node type and
@@ -84,7 +90,7 @@ def _openvino_kernels(
     return out
 
 
-def _openvino_profile(session: Any, call: str, feeds: dict[str, Any], sizes: dict[str, int]) -> dict[str, Any]:
+def _openvino_profile(session: OpenVinoSession, call: str, feeds: Feeds, sizes: dict[str, int]) -> dict[str, Any]:
     """One entry of ``openvino_kernels``: the call's wall time and its top node types."""
     wall, per = session.kernels(feeds)
     total = sum(per.values()) or 1.0

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import gc
 import json
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from onnxbuild.environment import BF16_FLAGS, missing_feature
 from onnxbuild.recipe.sections import (
@@ -27,12 +27,18 @@ from onnxbuild.steps.benchmarking.timing import (
     rss_mb,
 )
 
+if TYPE_CHECKING:
+    import torch
+
+    from onnxbuild.sources.decoder import PastLayout
+    from onnxbuild.steps.benchmarking.timing import Feeds
+
 
 def _seq2seq_pytorch(
-    model: Any,
+    model: torch.nn.Module,
     names: list[str],
     shapes: list[dict[str, int]],
-    feeds_by_shape: list[dict[str, Any]],
+    feeds_by_shape: list[Feeds],
     bench: BenchmarkSection,
     cached: int,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -61,12 +67,20 @@ def _seq2seq_pytorch(
             past = [torch.randn((batch, layout.kv_heads, cached, layout.head_dim)) for _ in layout.past_names]
 
             def first(
-                a: tuple[Any, ...] = args, m: tuple[Any, ...] = mask, e: list[Any] = empty, ids: Any = first_ids
+                a: tuple[torch.Tensor, ...] = args,
+                m: tuple[torch.Tensor, ...] = mask,
+                e: list[torch.Tensor] = empty,
+                ids: torch.Tensor = first_ids,
             ) -> None:
                 (h,) = encoder(*a)
                 decoder(ids, h, *m, *e)
 
-            def step(h: Any = hidden, m: tuple[Any, ...] = mask, pk: list[Any] = past, ids: Any = first_ids) -> None:
+            def step(
+                h: torch.Tensor = hidden,
+                m: tuple[torch.Tensor, ...] = mask,
+                pk: list[torch.Tensor] = past,
+                ids: torch.Tensor = first_ids,
+            ) -> None:
                 decoder(ids, h, *m, *pk)
 
             prefill, one = _timed_at(bench, first, sizes), _timed_at(bench, step, sizes)
@@ -98,9 +112,9 @@ def _pytorch_baseline(
     spec: StepSpec,
     record: dict[str, Any],
     shapes: list[dict[str, int]],
-    feeds_by_shape: list[dict[str, Any]],
+    feeds_by_shape: list[Feeds],
     threads: int,
-    layout: Any,
+    layout: PastLayout | None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, str]]:
     """PyTorch eager in fp32 and, where the CPU has native bf16, with bf16 weights; prefill and decode."""
     import torch
@@ -124,7 +138,7 @@ def _pytorch_baseline(
     for sizes, feeds in zip(shapes, feeds_by_shape):
         args = tuple(torch.from_numpy(feeds[n]) for n in names)
 
-        def call(a: tuple[Any, ...] = args, m: Any = wrapped) -> None:
+        def call(a: tuple[torch.Tensor, ...] = args, m: torch.nn.Module = wrapped) -> None:
             with torch.inference_mode():
                 m(*a)
 
@@ -156,7 +170,7 @@ def _pytorch_baseline(
         for sizes, feeds in zip(shapes, feeds_by_shape):
             args = tuple(_bf16(torch.from_numpy(feeds[n])) for n in names)
 
-            def call16(a: tuple[Any, ...] = args, m: Any = wrapped) -> None:
+            def call16(a: tuple[torch.Tensor, ...] = args, m: torch.nn.Module = wrapped) -> None:
                 with torch.inference_mode():
                     m(*a)
 
@@ -196,7 +210,7 @@ def _pytorch_baseline(
     return out, decode, bf16
 
 
-def _bf16(t: Any) -> Any:
+def _bf16(t: torch.Tensor) -> torch.Tensor:
     """A float input in bf16 (token ids and masks stay integers)."""
     import torch
 
@@ -204,10 +218,10 @@ def _bf16(t: Any) -> Any:
 
 
 def _pytorch_decode(
-    model: Any,
-    wrapped: Any,
+    model: torch.nn.Module,
+    wrapped: torch.nn.Module,
     names: list[str],
-    layout: Any,
+    layout: PastLayout,
     sizes: dict[str, int],
     prefill: Timing,
     bench: BenchmarkSection,

@@ -7,15 +7,24 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
-from typing import Any, TypedDict, cast
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict, cast
 
 from onnxbuild.recipe.sections import (
     BenchmarkSection,
     ExportSection,
 )
-from onnxbuild.sources.decoder import PAST_PREFIX
+from onnxbuild.sources.decoder import PAST_PREFIX, PastLayout
 from onnxbuild.steps.base import StepContext, StepSpec
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnxruntime
+    from numpy.typing import NDArray
+
+Feeds: TypeAlias = "dict[str, NDArray[np.generic]]"
+"""A session's inputs by name: token ids and masks (int64), pasts and features (float16/32)."""
 
 STATEFUL_SPAN = 8
 """A stateful OpenVINO decoder's timed decode steps run a past up to this many tokens - 1
@@ -24,6 +33,15 @@ longer than the other rows' (GPT-2 after 128 tokens: 128-135)."""
 
 CACHED_TOKENS = 16
 """An encoder-decoder's decode step is timed with this many decoder tokens already cached."""
+
+
+class MachineInfo(TypedDict):
+    """benchmark.json's ``machine``: where the figures were measured."""
+
+    cpu: str
+    cores: int | None
+    threads: int
+    system: str
 
 
 class Timing(TypedDict):
@@ -40,7 +58,12 @@ class Timing(TypedDict):
 
 
 def measure(
-    fn: Any, batch: int, warmup: int, iterations: int, min_time_s: float, before: Callable[[], None] | None = None
+    fn: Callable[..., object],
+    batch: int,
+    warmup: int,
+    iterations: int,
+    min_time_s: float,
+    before: Callable[[], None] | None = None,
 ) -> Timing:
     """Time ``fn()``: ``warmup`` untimed calls, then at least ``iterations`` timed calls and
     ``min_time_s`` seconds; ``before()``, where given, runs untimed before every call."""
@@ -86,7 +109,7 @@ def rss_mb() -> float:
     return round(float(psutil.Process().memory_info().rss) / (1024 * 1024), 1)
 
 
-def machine(threads: int) -> dict[str, Any]:
+def machine(threads: int) -> MachineInfo:
     import platform
 
     from onnxbuild.environment import cpu_info
@@ -94,13 +117,13 @@ def machine(threads: int) -> dict[str, Any]:
     return {"cpu": cpu_info()[0], "cores": os.cpu_count(), "threads": threads, "system": platform.system()}
 
 
-def _timed_at(bench: BenchmarkSection, fn: Any, sizes: dict[str, int]) -> Timing:
+def _timed_at(bench: BenchmarkSection, fn: Callable[..., object], sizes: dict[str, int]) -> Timing:
     """``measure`` with the benchmark's settings, at one shape."""
     return measure(fn, _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
 
 
 def _row(
-    variant: dict[str, Any],
+    variant: Mapping[str, object],
     provider: str,
     sizes: dict[str, int],
     timing: Timing,
@@ -109,7 +132,7 @@ def _row(
     created: float,
     peak_rss_mb: float,
     io_binding: bool,
-    path: Any,
+    path: Path,
 ) -> dict[str, Any]:
     """One timed (variant, provider, shape), beside PyTorch's times (fp32 and bf16) at the same shape."""
     base = _baseline_at(baseline, sizes, "fp32")
@@ -138,7 +161,7 @@ def _batch(sizes: dict[str, int]) -> int:
     return int(sizes.get("batch", 1))
 
 
-def _past_layout(ctx: StepContext) -> Any:
+def _past_layout(ctx: StepContext) -> PastLayout:
     """The decoder's KV-cache layout, from the config.json the export step wrote beside the model."""
     import transformers
 
@@ -148,7 +171,9 @@ def _past_layout(ctx: StepContext) -> Any:
     return layout_of(transformers.AutoConfig.for_model(**config))
 
 
-def _feeds(spec: StepSpec, ctx: StepContext, sizes: dict[str, int], index: int, layout: Any = None) -> dict[str, Any]:
+def _feeds(
+    spec: StepSpec, ctx: StepContext, sizes: dict[str, int], index: int, layout: PastLayout | None = None
+) -> Feeds:
     """Inputs for one benchmark shape; for a with-past decoder, a prefill (empty past)."""
     from onnxbuild.sources.torchmodel import make_inputs
 
@@ -181,7 +206,7 @@ def _vocab(spec: StepSpec) -> int | None:
     return int(size) if size else None
 
 
-def _bound_runner(session: Any, feeds: dict[str, Any], outputs: list[str]) -> Any:
+def _bound_runner(session: onnxruntime.InferenceSession, feeds: Feeds, outputs: list[str]) -> Callable[[], None]:
     """IOBinding on CUDA: inputs copied to the device once, outputs left there (no host copies per run)."""
     import onnxruntime as ort
 
@@ -197,7 +222,7 @@ def _bound_runner(session: Any, feeds: dict[str, Any], outputs: list[str]) -> An
     return go
 
 
-def _decode_feeds(names: list[str], layout: Any, sizes: dict[str, int], vocab: int | None) -> dict[str, Any]:
+def _decode_feeds(names: list[str], layout: PastLayout, sizes: dict[str, int], vocab: int | None) -> Feeds:
     """One decode step: a new token per sequence after a past as long as the shape's sequence."""
     from onnxbuild.sources.torchmodel import make_inputs
 
@@ -214,7 +239,7 @@ def _decode_feeds(names: list[str], layout: Any, sizes: dict[str, int], vocab: i
     )
 
 
-def _generation_time(generate: Any, repeats: int = 3) -> float:
+def _generation_time(generate: Callable[..., object], repeats: int = 3) -> float:
     """Median wall time of a whole generation (prefill + decode steps)."""
     import statistics
 
@@ -222,13 +247,13 @@ def _generation_time(generate: Any, repeats: int = 3) -> float:
     return statistics.median(_timed(generate) for _ in range(repeats))
 
 
-def _timed(fn: Any) -> float:
+def _timed(fn: Callable[..., object]) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
 
 
-def feeds_prompt(sizes: dict[str, int], vocab: int) -> Any:
+def feeds_prompt(sizes: dict[str, int], vocab: int) -> NDArray[np.int64]:
     import numpy as np
 
     return np.random.default_rng(901).integers(0, vocab, size=(_batch(sizes), sizes["sequence"]), dtype=np.int64)
