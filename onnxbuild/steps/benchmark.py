@@ -30,9 +30,7 @@ from onnxbuild.recipe.checks import shape_problems
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.recipe.resolve import symbolic_dims
 from onnxbuild.recipe.sections import (
-    SIGNATURE_KEYS,
     BenchmarkSection,
-    ExportSection,
     target_variants,
 )
 from onnxbuild.recipe.variants import SOURCE_RECORD
@@ -40,7 +38,7 @@ from onnxbuild.report.benchmark import chart, markdown, validated_on
 from onnxbuild.runtimes import sessions
 from onnxbuild.sources import source_kind
 from onnxbuild.spec import Checking, Found, Planning, StepInput, StepKind
-from onnxbuild.steps import export
+from onnxbuild.steps import export as export_kind
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 from onnxbuild.steps.benchmarking.decode import _ort_decode
 from onnxbuild.steps.benchmarking.limits import _attach_roofline, _work_of
@@ -58,7 +56,7 @@ from onnxbuild.steps.benchmarking.timing import (
     measure,
     rss_mb,
 )
-from onnxbuild.steps.machine import PEAKS
+from onnxbuild.steps.machine import PEAKS_INPUT
 
 VERSION = 12
 
@@ -82,12 +80,13 @@ def plan(p: Planning) -> list[StepSpec]:
     if not r.get("benchmark"):
         return []
     inputs = [StepInput(v.step, f) for v in p.variants for f in v.paths]
-    inputs.append(StepInput("machine", PEAKS))  # the machine's limits: each row's share of them
+    inputs.append(PEAKS_INPUT)  # the machine's limits: each row's share of them
     if p.recipe.torch_source:
         inputs.insert(0, StepInput("source", SOURCE_RECORD))
-    with_past = bool(r.get("export") and r["export"]["with_past"])
+    traced = export_kind.section(r)
+    with_past = bool(traced and traced["with_past"])
     if with_past:
-        inputs.append(StepInput("export", "config.json"))
+        inputs.append(export_kind.CONFIG_INPUT)
     if p.recipe.torch_source and (r.get("validate") or {}).get("text"):
         # quality on text beside speed in the lead: each variant's validation report
         inputs += [StepInput(v.validate_step, f"reports/validation/{v.name}.json") for v in p.variants]
@@ -102,7 +101,7 @@ def plan(p: Planning) -> list[StepSpec]:
                 "benchmark": pick(r["benchmark"], set(r["benchmark"]) - unread),
                 "providers": r["providers"],
                 "source": r["source"] if p.recipe.torch_source else None,
-                "export": pick(r["export"], SIGNATURE_KEYS) if r.get("export") else None,
+                **export_kind.signature(r),
                 "variants": [v.as_param() for v in p.variants],
             },
             deps=tuple(dict.fromkeys(i.step for i in inputs)),
@@ -141,7 +140,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     from onnxbuild.steps.peaks import cpu_share
 
     bench = cast(BenchmarkSection, spec.params["benchmark"])
-    export = cast(ExportSection, spec.params["export"])
+    export = export_kind.of(spec.params)
     threads = bench["threads"] or (os.cpu_count() or 1)
     load_before = cpu_share(threads)  # a busy machine makes every time below slow: see _finish
     torch_source = export is not None
@@ -448,7 +447,7 @@ def resolve(doc: dict[str, Any], out: dict[str, Any]) -> None:
     section = out.get("benchmark")
     if section is None or "shapes" in section:
         return
-    traced = export.section(out)
+    traced = export_kind.section(out)
     if traced is None:
         ((kind, src),) = out["source"].items()
         inputs = source_kind(kind).benchmark_inputs

@@ -16,12 +16,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, cast
 
-from onnxbuild._util import brief
+from onnxbuild._util import brief, pick
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.checks import traced_only
 from onnxbuild.recipe.model import Recipe, is_torch_source
 from onnxbuild.recipe.resolve import DEFAULT_SAMPLE, default_sample, deref, symbolic_dims, with_defaults
-from onnxbuild.recipe.sections import ExportSection
+from onnxbuild.recipe.sections import SIGNATURE_KEYS, ExportSection
 from onnxbuild.recipe.tasks import DEFAULT_DECODER_SEQUENCE, WITH_PAST_INPUTS
 from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD, model_files
 from onnxbuild.sources import source_kind
@@ -397,6 +397,35 @@ def section(resolved: dict[str, Any]) -> ExportSection | None:
     """A resolved recipe's export section (None for a source that is not traced): what later
     kinds read of it (inputs, sample sizes) without naming it."""
     return cast("ExportSection | None", resolved.get("export"))
+
+
+def signature(resolved: dict[str, Any]) -> dict[str, Any]:
+    """The export's inputs, outputs and with_past under the section's name, for a later step's
+    params (in its key: a new input reruns it); None for a source that is not traced."""
+    found = section(resolved)
+    return {"export": pick(found, SIGNATURE_KEYS) if found else None}
+
+
+def whole(resolved: dict[str, Any]) -> dict[str, Any]:
+    """The whole export section under its name, for a step that reads its sample sizes too."""
+    return {"export": section(resolved)}
+
+
+def of(params: dict[str, Any]) -> ExportSection | None:
+    """What :func:`signature` or :func:`whole` put in a step's params."""
+    return cast("ExportSection | None", params.get("export"))
+
+
+def required(params: dict[str, Any]) -> ExportSection:
+    """:func:`of` for a step that runs only for a traced source (validate)."""
+    found = of(params)
+    if found is None:
+        raise StepError("this step validates a traced model, and its params hold no export section (a bug)")
+    return found
+
+
+CONFIG_INPUT = StepInput("export", "config.json")
+"""The model's config.json, which export writes beside a transformers model."""
 
 
 def check(c: Checking) -> Iterable[Found]:

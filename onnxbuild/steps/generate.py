@@ -21,6 +21,7 @@ from onnxbuild.recipe.variants import SOURCE_RECORD
 from onnxbuild.report.generation import markdown
 from onnxbuild.runtimes import sessions
 from onnxbuild.spec import Checking, Found, Planning, StepInput, StepKind
+from onnxbuild.steps import export as export_kind
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 
 VERSION = 3
@@ -44,7 +45,7 @@ def plan(p: Planning) -> list[StepSpec]:
                 "source": r["source"],
                 "variants": [v.as_param() for v in p.variants],
                 # speech in: the prompt is seeded features of the export's shape
-                **({"audio": True, "export": r["export"]} if _audio(r["source"]) else {}),
+                **({"audio": True, **export_kind.whole(r)} if _audio(r["source"]) else {}),
             },
             deps=tuple(dict.fromkeys(["source", *(v.step for v in p.variants)])),
             inputs=(StepInput("source", SOURCE_RECORD), *(StepInput(v.step, f) for v in p.variants for f in v.paths)),
@@ -54,7 +55,8 @@ def plan(p: Planning) -> list[StepSpec]:
 
 
 def _audio(source: dict[str, Any]) -> bool:
-    return (source.get("huggingface") or {}).get("task") == "automatic-speech-recognition"
+    ((_, src),) = source.items()
+    return bool(src.get("task") == "automatic-speech-recognition")
 
 
 def prompt_ids(
@@ -175,7 +177,7 @@ def encoder_feeds(spec: StepSpec, model: Any) -> dict[str, Any]:
     """One seeded input (Whisper's audio features) at the export's sample size, batch 1."""
     from onnxbuild.sources.torchmodel import make_inputs
 
-    export = spec.params["export"]
+    export = export_kind.required(spec.params)
     sizes = {**export["sample"], "batch": 1}
     return make_inputs(export["inputs"], sizes, seed=int(spec.params["generate"]["seed"]), vocab=None)
 

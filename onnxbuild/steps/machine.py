@@ -17,9 +17,11 @@ from __future__ import annotations
 import os
 
 from onnxbuild import environment
-from onnxbuild._util import pick, pretty_json
-from onnxbuild.spec import Planning, StepKind
+from onnxbuild._util import pretty_json
+from onnxbuild.spec import Planning, StepInput, StepKind
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
+from onnxbuild.steps.benchmarking.section import section as benchmark_section
+from onnxbuild.steps.benchmarking.section import threads_of, threads_params
 
 VERSION = 2
 PACKAGES = ("torch", "onnxruntime", "numpy")
@@ -31,17 +33,19 @@ BUDGET_S = 0.15
 """Seconds spent repeating each figure (at least 3 calls each, after 2 warm-ups; a peak is the
 best call): about 2 s for the four with the imports, paid once per machine."""
 PEAKS = "reports/machine.json"
+PEAKS_INPUT = StepInput("machine", PEAKS)
+"""The machine's limits, as a step that divides its figures by them reads them."""
 
 
 def plan(p: Planning) -> list[StepSpec]:
-    bench = p.recipe.resolved.get("benchmark")
+    bench = benchmark_section(p.recipe.resolved)
     if not bench:
         return []
     return [
         StepSpec(
             name="machine",
             kind="machine",
-            params={"benchmark": pick(bench, {"threads"})},
+            params=threads_params(bench),
             outputs=(PEAKS,),
             identity={
                 "machine": {
@@ -62,7 +66,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     from onnxbuild.report.benchmark import limits_line
     from onnxbuild.steps.peaks import measure_peaks
 
-    threads = int(spec.params["benchmark"]["threads"] or (os.cpu_count() or 1))
+    threads = threads_of(spec.params) or (os.cpu_count() or 1)
     found = measure_peaks(threads, budget_s=BUDGET_S)
     peaks = found.as_dict()
     report = {

@@ -22,7 +22,7 @@ from onnxbuild.recipe.sections import TARGETS, OptimizeSection
 from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD, variant
 from onnxbuild.sources import is_decoder, section_for, source_kind
 from onnxbuild.spec import Checking, Found, Planning, StepInput, StepKind, Variant
-from onnxbuild.steps import export
+from onnxbuild.steps import export as export_kind
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 
 OWN_KEYS = ("level", "decoder", "transformer", "float16")
@@ -93,7 +93,7 @@ def plan(p: Planning) -> list[StepSpec]:
     hardware = r["optimize"]["level"] in HARDWARE_BOUND
     # A decoder with a KV cache may get its graph written from the weights (fusion/decoder.py):
     # then the step reads the model as the source step recorded it.
-    traced = export.section(r)
+    traced = export_kind.section(r)
     fuse = is_decoder(r["source"]) and bool(traced and traced["with_past"]) and r["optimize"]["decoder"] != "export"
     model_step = p.model_step
     files = p.variants[0].files  # an encoder-decoder's two files, each optimized alike

@@ -30,7 +30,6 @@ from typing import Any, cast
 from onnxbuild._util import brief, pick, pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import (
-    SIGNATURE_KEYS,
     ExportSection,
     ValidateSection,
     target_variants,
@@ -58,6 +57,7 @@ from onnxbuild.sources.torchmodel import (
     wrap,
 )
 from onnxbuild.spec import Planning, StepInput, StepKind
+from onnxbuild.steps import export as export_kind
 from onnxbuild.steps import text_quality
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 from onnxbuild.steps.validating import rules
@@ -106,12 +106,13 @@ def plan(p: Planning) -> list[StepSpec]:
             validate = pick(validate, set(validate) - {"cosine_min"})
         if not validate.get("text"):  # and the text gates to text: out of the key without it
             validate = pick(validate, set(validate) - {"text", *TEXT_GATES})
-        if validate.get("left_padding", True) or not r["export"].get("with_past"):
+        traced = export_kind.section(r)
+        if validate.get("left_padding", True) or not (traced and traced["with_past"]):
             # in the key only where it leaves the case out: the default reruns nothing built before it
             validate = pick(validate, set(validate) - {"left_padding"})
         params = {
             "source": source,
-            "export": pick(r["export"], SIGNATURE_KEYS),
+            **export_kind.signature(r),
             "validate": validate,
             "variant": v.name,
             "model_path": v.path,
@@ -152,7 +153,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     import onnxruntime as ort
     import torch
 
-    source, export = spec.params["source"], cast(ExportSection, spec.params["export"])
+    source, export = spec.params["source"], export_kind.required(spec.params)
     validate = cast(ValidateSection, spec.params["validate"])
     record = read_source_record(ctx)
     model = load_source_model(source, record, ctx.recipe_dir)

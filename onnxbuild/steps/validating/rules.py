@@ -24,14 +24,14 @@ from onnxbuild.recipe.variants import TEXT_GATES, VARIANT_TOLERANCES
 from onnxbuild.sources import source_kind
 from onnxbuild.sources.usercode import ref_problem
 from onnxbuild.spec import Checking, Found
-from onnxbuild.steps import export
+from onnxbuild.steps import export as export_kind
 
 
 def resolve(doc: dict[str, Any], out: dict[str, Any]) -> None:
     """Three shapes around the export's sample, tolerances, and the gates that apply: top-1
     agreement for a model whose outputs are scores over a vocabulary, cosine with sentences,
     perplexity and KL divergence with text."""
-    traced = export.section(out)
+    traced = export_kind.section(out)
     if traced is None:
         return
     ((kind, src),) = out["source"].items()
