@@ -19,7 +19,15 @@ is a parameter of it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    import numpy as np
+    import onnx
+    import torch
+    from numpy.typing import NDArray
 
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.families import FUSED_DECODERS
@@ -52,7 +60,7 @@ above it to reach fp32's resolution (1e-7)."""
 class Built:
     """A fused decoder graph and what went into it (fused-op counts for optimize.json)."""
 
-    model: Any
+    model: onnx.ModelProto
     fused_ops: dict[str, int]
     family: str
 
@@ -61,9 +69,11 @@ def supported(model_type: str) -> bool:
     return model_type in FAMILIES
 
 
-def build(model: Any, exported: Any) -> Built:
+def build(model: Any, exported: onnx.ModelProto) -> Built:
     """The fused graph of ``model`` (a transformers causal LM in float32) with the signature of
     ``exported`` (the export's ModelProto, read without its weights)."""
+    # model stays Any: its layers are reached by attribute (model.model.layers[i].self_attn...),
+    # which torch types as Tensor | Module, and its config's fields vary by family
     import numpy as np
     import torch
 
@@ -102,11 +112,11 @@ def build(model: Any, exported: Any) -> Built:
         return _gpt2(model, exported, g, heads, head_dim)
     inner = model.model
 
-    def norm_weight(module: Any) -> Any:
+    def norm_weight(module: _Weighted) -> NDArray[np.generic]:
         w = module.weight.detach().float().numpy()
         return w + 1.0 if family.get("gemma") else w
 
-    def eps(module: Any) -> float:
+    def eps(module: object) -> float:
         return float(getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6)))
 
     # embeddings; Gemma scales them by sqrt(hidden) (applied after the lookup, since lm_head may share the table)
@@ -328,14 +338,39 @@ def build(model: Any, exported: Any) -> Built:
     return Built(g.model(exported, opset=23), {k: v for k, v in fused.items() if v}, kind)
 
 
+class _Weighted(Protocol):
+    """A torch module with a weight (``nn.Linear``, an RMSNorm), as far as the graph reads it."""
+
+    @property
+    def weight(self) -> torch.Tensor: ...
+
+
+class _LayerNorm(_Weighted, Protocol):
+    @property
+    def bias(self) -> torch.Tensor: ...
+
+    @property
+    def eps(self) -> float: ...
+
+
+class _NodeFn(Protocol):
+    def __call__(
+        self, op: str, ins: list[str], outs: list[str], name: str, domain: str = "", **attrs: Any
+    ) -> list[str]: ...
+
+
+class _WeightFn(Protocol):
+    def __call__(self, name: str, array: NDArray[np.generic]) -> str: ...
+
+
 class Graph:
     """Nodes and initializers of the graph being written."""
 
     def __init__(self) -> None:
-        self.nodes: list[Any] = []
-        self.inits: list[Any] = []
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
 
-    def weight(self, name: str, array: Any) -> str:
+    def weight(self, name: str, array: NDArray[np.generic]) -> str:
         import numpy as np
         from onnx import numpy_helper
 
@@ -348,7 +383,7 @@ class Graph:
         self.nodes.append(helper.make_node(op, ins, outs, name=name, domain=domain, **attrs))
         return outs
 
-    def model(self, exported: Any, opset: int = 20) -> Any:
+    def model(self, exported: onnx.ModelProto, opset: int = 20) -> onnx.ModelProto:
         """The graph as a model with the export's inputs and outputs, at ``opset`` or the export's."""
         from onnx import helper
 
@@ -364,8 +399,9 @@ class Graph:
         return out
 
 
-def _linear_t(module: Any) -> Any:
-    return module.weight.detach().float().numpy().T
+def _linear_t(module: _Weighted) -> NDArray[np.generic]:
+    out: NDArray[np.generic] = module.weight.detach().float().numpy().T  # numpy's stubs give .T no type on 3.10
+    return out
 
 
 def _visible(g: Graph) -> str:
@@ -433,7 +469,7 @@ def _windowed(g: Graph, visible: str, window: int) -> str:
     return str(out)
 
 
-def _gpt2(model: Any, exported: Any, g: Graph, heads: int, head_dim: int) -> Built:
+def _gpt2(model: Any, exported: onnx.ModelProto, g: Graph, heads: int, head_dim: int) -> Built:
     """GPT-2: learned positions, LayerNorm with bias, biased projections, tanh GELU. Attention
     is ONNX's own Attention (opset 23) with an explicit mask, not GroupQueryAttention: its
     ``seqlens_k`` reads each row's tokens as a prefix, so a left-padded row came out 2.2 off the
@@ -447,7 +483,7 @@ def _gpt2(model: Any, exported: Any, g: Graph, heads: int, head_dim: int) -> Bui
         )
     fused = {"Attention": 0, "SkipLayerNormalization": 0, "LayerNormalization": 0, "Gelu": 0}
 
-    def arr(p: Any) -> Any:
+    def arr(p: torch.Tensor) -> NDArray[np.generic]:
         return p.detach().float().numpy()
 
     (tok,) = g.node(
@@ -467,7 +503,7 @@ def _gpt2(model: Any, exported: Any, g: Graph, heads: int, head_dim: int) -> Bui
     residual: str | None = None
     pending_bias: str | None = None
 
-    def norm(prefix: str, x: str, ln: Any, wname: str) -> str:
+    def norm(prefix: str, x: str, ln: _LayerNorm, wname: str) -> str:
         nonlocal residual, pending_bias
         gamma, beta = g.weight(f"{wname}.weight", arr(ln.weight)), g.weight(f"{wname}.bias", arr(ln.bias))
         if residual is None:
@@ -561,7 +597,7 @@ def _gpt2(model: Any, exported: Any, g: Graph, heads: int, head_dim: int) -> Bui
     return Built(g.model(exported, opset=23), {k: v for k, v in fused.items() if v}, "gpt2")
 
 
-def constant(inits: list[Any], name: str, value: Any, dtype: str = "int64") -> str:
+def constant(inits: list[onnx.TensorProto], name: str, value: float | Sequence[int], dtype: str = "int64") -> str:
     """A small initializer shared by name: written the first time it is asked for."""
     import numpy as np
     from onnx import numpy_helper
@@ -572,13 +608,13 @@ def constant(inits: list[Any], name: str, value: Any, dtype: str = "int64") -> s
 
 
 def _norm(
-    node: Any,
-    weight: Any,
+    node: _NodeFn,
+    weight: _WeightFn,
     fused: dict[str, int],
     prefix: str,
     x: str,
     residual: str | None,
-    gamma: Any,
+    gamma: NDArray[np.generic],
     epsilon: float,
     wname: str,
 ) -> tuple[str, str]:
@@ -608,14 +644,14 @@ def _norm(
 
 
 def _head_norm(
-    node: Any,
-    weight: Any,
-    inits: list[Any],
+    node: _NodeFn,
+    weight: _WeightFn,
+    inits: list[onnx.TensorProto],
     prefix: str,
     x: str,
     n: int,
     head_dim: int,
-    gamma: Any,
+    gamma: NDArray[np.generic],
     epsilon: float,
     wname: str,
 ) -> str:
@@ -644,7 +680,7 @@ def _head_norm(
     return str(flat)
 
 
-def _window(config: Any, layer: int) -> int:
+def _window(config: object, layer: int) -> int:
     """One layer's sliding window (query i sees key j when i - j < window), -1 for full attention."""
     window = getattr(config, "sliding_window", None)
     types = getattr(config, "layer_types", None)

@@ -13,17 +13,20 @@ matches Add + LayerNormalization and would fuse the pair straight back into the 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import onnx
 
 MIN_OPSET = 17
 """LayerNormalization entered the ONNX domain at opset 17."""
 
 
-def default_opset(model: Any) -> int:
+def default_opset(model: onnx.ModelProto) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
-def split_skip_layer_norm(model: Any) -> int:
+def split_skip_layer_norm(model: onnx.ModelProto) -> int:
     """Rewrite every SkipLayerNormalization of ``model`` in place; returns how many.
 
     Inputs (x, skip, gamma, beta?, bias?) become Sum(x [+ bias], skip) -> LayerNormalization

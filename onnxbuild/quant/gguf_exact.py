@@ -52,10 +52,16 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol, SupportsIndex, SupportsInt
 
 if TYPE_CHECKING:
+    import numpy as np
     import onnx
+    from gguf import GGUFReader, ReaderTensor, TensorNameMap
+    from numpy.typing import NDArray
+
+    U8 = NDArray[np.uint8]
+    F32 = NDArray[np.float32]
 
 MS = "com.microsoft"
 BLOCK = 32
@@ -119,11 +125,11 @@ class Blocks:
     sources: tuple[tuple[str, str], ...]
     """(GGUF name, ggml type) of each tensor in it, in output order."""
     bits: int
-    codes: Any
-    scales: Any
-    zero_points: Any
-    offsets: Any
-    raw: tuple[tuple[str, Any], ...] = field(repr=False)
+    codes: U8
+    scales: F32
+    zero_points: U8 | F32 | None
+    offsets: F32 | None
+    raw: tuple[tuple[str, U8], ...] = field(repr=False)
 
     @property
     def n(self) -> int:
@@ -141,7 +147,7 @@ class Blocks:
             return "default"
         return "float" if self.zero_points.dtype.kind == "f" else "uint8"
 
-    def packed(self) -> Any:
+    def packed(self) -> U8:
         """``MatMulNBits``'s B, uint8 [N, k_blocks, 32 * bits / 8]: value 2i in the low nibble
         of byte i, 2i + 1 in the high one (4-bit); one byte a value (8-bit)."""
         import numpy as np
@@ -150,7 +156,7 @@ class Blocks:
             return np.ascontiguousarray(self.codes)
         return np.ascontiguousarray(self.codes[..., 0::2] | (self.codes[..., 1::2] << 4)).astype(np.uint8)
 
-    def packed_zero_points(self) -> Any:
+    def packed_zero_points(self) -> U8 | F32 | None:
         """Zero points as ``MatMulNBits`` takes them: uint8 [N, ceil(k_blocks * bits / 8)]
         packed like B, or float32 [N, k_blocks]; None for the default."""
         z = self.zero_points
@@ -158,7 +164,7 @@ class Blocks:
             return z
         return pack_zero_points(z, self.bits)
 
-    def dequantize(self) -> Any:
+    def dequantize(self) -> F32:
         """The weight the ops stand for, float32 [K, N]: ``(q - zp) * scale (+ offset)``, each
         step rounded to float32 as ONNX Runtime (and, for Q4_1's ``d * q + m``, ggml) rounds."""
         import numpy as np
@@ -168,12 +174,13 @@ class Blocks:
             if self.zero_points is None
             else self.zero_points.astype(np.float32)[..., None]
         )
-        w = (self.codes.astype(np.float32) - zp) * self.scales[..., None]
+        w: F32 = (self.codes.astype(np.float32) - zp) * self.scales[..., None]
         if self.offsets is not None:
             w = w + self.offsets[..., None]
-        return w.reshape(self.n, self.k).T
+        out: F32 = w.reshape(self.n, self.k).T  # numpy's stubs give .T no type on Python 3.10
+        return out
 
-    def reference(self) -> Any:
+    def reference(self) -> NDArray[np.generic]:
         """The weight as ggml (and transformers' loader) dequantizes the same GGUF rows, float32
         [K, N]: what :meth:`dequantize` must reproduce."""
         import numpy as np
@@ -181,7 +188,8 @@ class Blocks:
         from gguf.quants import dequantize
 
         rows = [dequantize(r, GGMLQuantizationType[kind]) for kind, r in self.raw]
-        return np.concatenate(rows, axis=0).T
+        out: NDArray[np.generic] = np.concatenate(rows, axis=0).T
+        return out
 
     def with_float_zero_points(self) -> Blocks:
         """The same weight with the offsets folded into float zero points, ``zp - m / d`` (a
@@ -280,7 +288,7 @@ def carry(
         t = inits.get(name)
         return t is not None and len(t.dims) == 2 and t.data_type == 1  # FLOAT
 
-    targets: list[tuple[int, Any, str]] = []  # (position, node, its float weight)
+    targets: list[tuple[int, onnx.NodeProto, str]] = []  # (position, node, its float weight)
     for i, node in enumerate(graph.node):
         if node.domain not in ("", "ai.onnx"):
             continue
@@ -293,7 +301,7 @@ def carry(
 
     made: dict[tuple[str, str], list[str]] = {}  # (weight, op) -> its new initializers
     sums: BlockSums = {}
-    rewritten: dict[int, list[Any]] = {}  # position -> the nodes in its place
+    rewritten: dict[int, list[onnx.NodeProto]] = {}  # position -> the nodes in its place
     carried: list[Carried] = []
     replaced: set[str] = set()
     for position, node, weight in targets:
@@ -345,6 +353,7 @@ def carry(
         data, scales, *rest = made[key]
         prefix = node.name or node.output[0]
         if op == "GatherBlockQuantized":
+            # make_node's own **kwargs: Any (an attribute may be any of ONNX's attribute types)
             attrs: dict[str, Any] = {"bits": b.bits, "block_size": BLOCK, "gather_axis": 0, "quantize_axis": 1}
             rewritten[position] = [
                 helper.make_node(
@@ -392,21 +401,21 @@ def carry(
     return model, carried
 
 
-def _copy(node: Any) -> Any:
+def _copy(node: onnx.NodeProto) -> onnx.NodeProto:
     """A detached copy of ``node``, to outlive its removal from the graph's node list."""
     out = type(node)()
     out.CopyFrom(node)
     return out
 
 
-def _attr(node: Any, name: str, default: int) -> int:
+def _attr(node: onnx.NodeProto, name: str, default: int) -> int:
     for a in node.attribute:
         if a.name == name:
             return int(a.i)
     return default
 
 
-def _initializers(graph: Any, weight: str, b: Blocks, op: str) -> list[str]:
+def _initializers(graph: onnx.GraphProto, weight: str, b: Blocks, op: str) -> list[str]:
     """The new initializers for ``weight``'s blocks as ``op`` takes them, added to ``graph``:
     their names, data (B), scales, then zero points and offsets ([k_blocks, N], for the float
     MatMul on the block sums) where there are any; named as ONNX Runtime's quantizer names them."""
@@ -433,7 +442,7 @@ every split ``MatMulNBits`` on one activation shares one block-sum MatMul."""
 
 
 def split_matmul_nbits(
-    graph: Any,
+    graph: onnx.GraphProto,
     sums: BlockSums,
     *,
     activation: str,
@@ -443,7 +452,7 @@ def split_matmul_nbits(
     weights: Sequence[str],
     offsets: str | None,
     attributes: Mapping[str, Any],
-) -> list[Any]:
+) -> list[onnx.NodeProto]:
     """The nodes computing ``output`` as ``MatMulNBits(activation, *weights)`` (``weights``: B,
     scales, then optional uint8 zero points, g_idx, bias, as the op numbers its inputs from 1)
     plus, where ``offsets`` names a float [k_blocks, N] initializer, ``block_sums(activation) @
@@ -465,7 +474,7 @@ def split_matmul_nbits(
         inputs.pop()
     if offsets is None:
         return [helper.make_node("MatMulNBits", inputs, [output], name=name, domain=MS, **attributes)]
-    k, block = int(attributes["K"]), int(attributes["block_size"])
+    k, block = as_int(attributes["K"]), as_int(attributes["block_size"])
     nodes = []
     key = (activation, block)
     if key not in sums:  # sum_k over each block, once per activation
@@ -483,7 +492,7 @@ def split_matmul_nbits(
     return nodes
 
 
-def block_sum_matrix(graph: Any, k: int, block: int = BLOCK) -> str:
+def block_sum_matrix(graph: onnx.GraphProto, k: int, block: int = BLOCK) -> str:
     """A [K, ceil(K / block)] float initializer of ones on each block's rows (the last block's
     K % block where K is not a multiple): ``a @ it`` sums each block of the activation; added to
     ``graph`` once per (K, block), shared by every weight of that K."""
@@ -498,26 +507,26 @@ def block_sum_matrix(graph: Any, k: int, block: int = BLOCK) -> str:
     return name
 
 
-def pack_zero_points(z: Any, bits: int) -> Any:
+def pack_zero_points(z: NDArray[np.generic], bits: int) -> U8:
     """uint8 zero points [N, k_blocks] as ``MatMulNBits`` takes them: 4-bit packed like B, two to
     a byte (block 2i in the low nibble, 2i + 1 in the high one, a row's last high nibble unused
     where k_blocks is odd), uint8 [N, ceil(k_blocks / 2)]; 8-bit as they are."""
     import numpy as np
 
-    z = np.asarray(z, np.uint8)
+    u8 = np.asarray(z, np.uint8)
     if bits == 8:
-        return np.ascontiguousarray(z)
-    if z.shape[1] % 2:
-        z = np.concatenate([z, np.zeros((z.shape[0], 1), np.uint8)], axis=1)
-    return np.ascontiguousarray(z[:, 0::2] | (z[:, 1::2] << 4)).astype(np.uint8)
+        return np.ascontiguousarray(u8)
+    if u8.shape[1] % 2:
+        u8 = np.concatenate([u8, np.zeros((u8.shape[0], 1), np.uint8)], axis=1)
+    return np.ascontiguousarray(u8[:, 0::2] | (u8[:, 1::2] << 4)).astype(np.uint8)
 
 
-def _drop_unused(graph: Any, names: set[str]) -> None:
+def _drop_unused(graph: onnx.GraphProto, names: set[str]) -> None:
     """Removes the initializers in ``names`` that no node (subgraphs included) or graph output
     reads any more, with their graph inputs and value infos."""
     used = {o.name for o in graph.output}
 
-    def walk(g: Any) -> None:
+    def walk(g: onnx.GraphProto) -> None:
         for n in g.node:
             used.update(n.input)
             for a in n.attribute:
@@ -534,17 +543,17 @@ def _drop_unused(graph: Any, names: set[str]) -> None:
 # --------------------------------------------------------------------------- reading the GGUF
 
 
-def _read(reader: Any, onnx_names: Sequence[str], outputs: Mapping[str, int]) -> dict[str, Mapped]:
+def _read(reader: GGUFReader, onnx_names: Sequence[str], outputs: Mapping[str, int]) -> dict[str, Mapped]:
     arch = str(_field(reader, "general.architecture") or "")
     tensors = {t.name: t for t in reader.tensors}
-    layers = int(_field(reader, f"{arch}.block_count") or 0)
+    layers = _int_field(reader, f"{arch}.block_count")
     name_map = _name_map(arch, layers)
     processor = _processor(reader, arch)
     heads = (
-        int(_field(reader, f"{arch}.attention.head_count") or 0),
-        int(_field(reader, f"{arch}.attention.head_count_kv") or 0),
+        _int_field(reader, f"{arch}.attention.head_count"),
+        _int_field(reader, f"{arch}.attention.head_count_kv"),
     )
-    cache: dict[tuple[str, str], Any] = {}  # (gguf name, rows) -> one part
+    cache: dict[tuple[str, str], _Part] = {}  # (gguf name, rows) -> one part
     out: dict[str, Mapped] = {}
     for onnx_name in onnx_names:
         parts = _sources(onnx_name, tensors, name_map, outputs.get(onnx_name))
@@ -565,12 +574,25 @@ def _read(reader: Any, onnx_names: Sequence[str], outputs: Mapping[str, int]) ->
     return out
 
 
-def _field(reader: Any, key: str) -> Any:
+def _field(reader: GGUFReader, key: str) -> object:
     f = reader.get_field(key)
     return None if f is None else f.contents()
 
 
-def _name_map(arch: str, layers: int) -> Any:
+def _int_field(reader: GGUFReader, key: str) -> int:
+    """A count from the GGUF's metadata, 0 where it has none."""
+    return as_int(_field(reader, key) or 0)
+
+
+def as_int(value: object) -> int:
+    """``int(value)`` for a value read from a file or an ONNX attribute, whose type only that
+    file vouches for: a TypeError, as ``int()`` raises, for what is no number."""
+    if isinstance(value, (str, bytes, SupportsInt, SupportsIndex)):
+        return int(value)
+    raise TypeError(f"int() argument must be a string or a number, not {type(value).__name__!r}")
+
+
+def _name_map(arch: str, layers: int) -> TensorNameMap | None:
     """gguf's Hugging Face -> GGUF tensor name map for ``arch`` (what transformers' loader
     uses), or None where gguf does not know the architecture."""
     import gguf
@@ -581,7 +603,7 @@ def _name_map(arch: str, layers: int) -> Any:
     return None
 
 
-def _gguf_name(hf_module: str, name_map: Any) -> str | None:
+def _gguf_name(hf_module: str, name_map: TensorNameMap | None) -> str | None:
     if name_map is not None:
         found = name_map.get_name(hf_module)
         if found is not None:
@@ -594,7 +616,9 @@ def _gguf_name(hf_module: str, name_map: Any) -> str | None:
     return None
 
 
-def _sources(onnx_name: str, tensors: dict[str, Any], name_map: Any, n_out: int | None) -> list[tuple[str, str]] | str:
+def _sources(
+    onnx_name: str, tensors: dict[str, ReaderTensor], name_map: TensorNameMap | None, n_out: int | None
+) -> list[tuple[str, str]] | str:
     """The GGUF tensors whose rows make ``onnx_name``, in output order, each with which rows:
     ``all``, or ``first``/``second`` half (Phi-3 packs gate and up in one ``ffn_up``: taken so
     only without an ``ffn_gate`` and where ``ffn_up`` has twice ``n_out`` rows). A string says
@@ -637,7 +661,31 @@ def _sources(onnx_name: str, tensors: dict[str, Any], name_map: Any, n_out: int 
     return [(got, "all")] if got else f"no GGUF tensor maps to {module}"
 
 
-def _processor(reader: Any, arch: str) -> Any:
+class _RowProcessor(Protocol):
+    """What is used here of a transformers ``TensorProcessor`` (unannotated there)."""
+
+    config: dict[str, object]
+
+    def process(
+        self,
+        *,
+        weights: NDArray[np.int64],
+        name: str,
+        tensor_key_mapping: dict[str, str],
+        parsed_parameters: dict[str, object],
+    ) -> _Processed: ...
+
+
+class _Processed(Protocol):
+    @property
+    def weights(self) -> NDArray[np.generic]: ...
+
+
+class _ProcessorClass(Protocol):
+    def __call__(self, *, config: dict[str, object]) -> _RowProcessor: ...
+
+
+def _processor(reader: GGUFReader, arch: str) -> _RowProcessor | None:
     """transformers' tensor processor for ``arch``, configured from the GGUF's metadata as
     transformers' loader configures it; None without transformers."""
     try:
@@ -645,18 +693,19 @@ def _processor(reader: Any, arch: str) -> Any:
         from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
     except ImportError:
         return None
-    table: Any = ggml.GGUF_CONFIG_MAPPING
-    mapping: dict[str, Any] = table.get(arch, {})
-    config: dict[str, Any] = {}
-    for key, hf_key in mapping.items():
+    mapping = ggml.GGUF_CONFIG_MAPPING.get(arch, {})  # GGUF key -> config attribute, or None
+    config: dict[str, object] = {}
+    for key, hf_key in mapping.items() if isinstance(mapping, dict) else ():
         value = _field(reader, f"{arch}.{key}")
         if hf_key is not None and value is not None:
             config[hf_key] = value
-    processor: Any = TENSOR_PROCESSORS.get(arch, TensorProcessor)
+    processor: _ProcessorClass = TENSOR_PROCESSORS.get(arch, TensorProcessor)
     return processor(config=config)
 
 
-def _row_order(gguf_name: str, n: int, processor: Any, arch: str, heads: tuple[int, int]) -> Any:
+def _row_order(
+    gguf_name: str, n: int, processor: _RowProcessor | None, arch: str, heads: tuple[int, int]
+) -> NDArray[np.int64]:
     """The GGUF row behind each row transformers loads for ``gguf_name``: its tensor processor
     run on the row numbers (a processor that does more than reorder rows is refused). Without
     transformers, llama.cpp's Llama permutation undone as transformers undoes it, from the
@@ -687,11 +736,11 @@ def _row_order(gguf_name: str, n: int, processor: Any, arch: str, heads: tuple[i
     return order[:, 0]
 
 
-_Part = tuple[int, Any, Any, Any, Any, str, Any]
+_Part = tuple[int, "U8", "F32", "U8 | None", "F32 | None", str, "U8"]
 """(bits, codes, scales, zero points, offsets, ggml type, raw rows): one GGUF tensor's rows."""
 
 
-def _part(tensor: Any, half: str, processor: Any, arch: str, heads: tuple[int, int]) -> _Part:
+def _part(tensor: ReaderTensor, half: str, processor: _RowProcessor | None, arch: str, heads: tuple[int, int]) -> _Part:
     """One GGUF tensor's rows as blocks, in the order transformers loads them."""
     import numpy as np
     from gguf import GGML_QUANT_SIZES
@@ -718,7 +767,7 @@ def _part(tensor: Any, half: str, processor: Any, arch: str, heads: tuple[int, i
     return bits, codes, scales, zp, offsets, kind, raw
 
 
-def ggml_blocks(raw: Any, kind: str) -> tuple[int, Any, Any, Any, Any]:
+def ggml_blocks(raw: NDArray[np.generic], kind: str) -> tuple[int, U8, F32, U8 | None, F32 | None]:
     """ggml rows (uint8 [N, k_blocks * type_size]) of ``kind`` as (bits, codes uint8
     [N, k_blocks, 32], scales float32 [N, k_blocks], zero points: None for 2^(bits-1), else
     uint8 [N, k_blocks], offsets: None or float32 [N, k_blocks]) such that
@@ -729,10 +778,10 @@ def ggml_blocks(raw: Any, kind: str) -> tuple[int, Any, Any, Any, Any]:
     _, size = GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
     blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(raw.shape[0], -1, size)
 
-    def half(offset: int) -> Any:
+    def half(offset: int) -> F32:
         return np.ascontiguousarray(blocks[..., offset : offset + 2]).view(np.float16)[..., 0].astype(np.float32)
 
-    def nibbles(qs: Any) -> Any:  # ggml: value j in the low nibble of byte j, j + 16 in its high one
+    def nibbles(qs: U8) -> U8:  # ggml: value j in the low nibble of byte j, j + 16 in its high one
         return np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.uint8)
 
     d = half(0)

@@ -25,7 +25,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import numpy as np
     import onnx
+    from numpy.typing import NDArray
 
 MS = "com.microsoft"
 _FLOAT = 1  # onnx.TensorProto.FLOAT
@@ -47,7 +49,7 @@ def split_float_zero_points(model: onnx.ModelProto) -> int:
     return _rewrite_graph(model.graph, {}, set())
 
 
-def _rewrite_graph(graph: Any, outer: Mapping[str, Any], replaced: set[str]) -> int:
+def _rewrite_graph(graph: onnx.GraphProto, outer: Mapping[str, onnx.TensorProto], replaced: set[str]) -> int:
     """:func:`split_float_zero_points` on one graph and its subgraphs; ``outer`` holds the
     enclosing graphs' initializers, which a subgraph's nodes may read; ``replaced`` collects the
     float zero points rewritten, to drop from whichever graph holds them."""
@@ -71,7 +73,7 @@ def _rewrite_graph(graph: Any, outer: Mapping[str, Any], replaced: set[str]) -> 
     sums: BlockSums = {}
     names = {t.name for t in graph.initializer}
     made: dict[tuple[str, str, int, int, int], tuple[str, str | None]] = {}
-    rewritten: dict[int, list[Any]] = {}
+    rewritten: dict[int, list[onnx.NodeProto]] = {}
     for position, node in enumerate(graph.node):
         plan = _plan(node, inits)
         if plan is None:
@@ -112,7 +114,9 @@ def _rewrite_graph(graph: Any, outer: Mapping[str, Any], replaced: set[str]) -> 
     return count
 
 
-def _plan(node: Any, inits: Mapping[str, Any]) -> tuple[dict[str, Any], Any, Any] | None:
+def _plan(
+    node: onnx.NodeProto, inits: Mapping[str, onnx.TensorProto]
+) -> tuple[dict[str, Any], NDArray[np.uint8], NDArray[np.float32] | None] | None:
     """For a node to rewrite: its attributes, the whole zero points z (uint8 [N, k_blocks]) and
     the offsets r (float32 [N, k_blocks], None where every zp is whole); None for any other
     node (see :func:`split_float_zero_points` for which are left)."""
@@ -149,7 +153,9 @@ def _plan(node: Any, inits: Mapping[str, Any]) -> tuple[dict[str, Any], Any, Any
     return attrs, z.astype(np.uint8), (r if r.any() else None)
 
 
-def _initializers(graph: Any, names: set[str], zp_name: str, z: Any, r: Any) -> tuple[str, str | None]:
+def _initializers(
+    graph: onnx.GraphProto, names: set[str], zp_name: str, z: NDArray[np.uint8], r: NDArray[np.float32] | None
+) -> tuple[str, str | None]:
     """The packed uint8 zero points and (where any) the [k_blocks, N] offsets, added to
     ``graph`` under names free in ``names`` (which they join), after the float zero points'."""
     from onnx import numpy_helper
@@ -174,7 +180,7 @@ def _initializers(graph: Any, names: set[str], zp_name: str, z: Any, r: Any) -> 
     return zp_u8, offsets
 
 
-def _existing_block_sums(graph: Any) -> dict[tuple[str, int], tuple[int, str]]:
+def _existing_block_sums(graph: onnx.GraphProto) -> dict[tuple[str, int], tuple[int, str]]:
     """Block sums ``graph`` already computes (``MatMul(a, gguf.block_sums.K[.block])``, from
     :mod:`.gguf_exact` or an earlier call): (activation, block size) -> (the first such node's
     position, its output), for new split nodes on the same activation to reuse."""

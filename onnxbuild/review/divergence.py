@@ -14,7 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
+    from numpy.typing import NDArray
+
+    Values = dict[str, NDArray[np.generic]]
 
 from onnxbuild._util import atol_scale_of
 from onnxbuild.errors import StepError
@@ -52,7 +59,7 @@ class Search:
     outputs_max_abs_diff: float
 
 
-def feeds_for(model_path: Path, sizes: dict[str, int], seed: int = 0, vocab: int | None = None) -> dict[str, Any]:
+def feeds_for(model_path: Path, sizes: dict[str, int], seed: int = 0, vocab: int | None = None) -> Values:
     """Inputs for every input of the file as validation makes them (``make_inputs``: the
     same seed and sizes give the same values, so a search reproduces a validation case):
     symbolic dimensions from ``sizes`` (an unknown one is 1, a past is empty), token ids
@@ -68,7 +75,7 @@ def feeds_for(model_path: Path, sizes: dict[str, int], seed: int = 0, vocab: int
 
 
 def first_divergence(
-    reference: Path, candidate: Path, feeds: dict[str, Any], rtol: float, atol: float, out_dir: Path
+    reference: Path, candidate: Path, feeds: Values, rtol: float, atol: float, out_dir: Path
 ) -> Search:
     """Compare every tensor ``candidate`` and ``reference`` both name, in candidate order."""
 
@@ -130,12 +137,12 @@ def first_divergence(
     return Search(None, compared, outputs_diff)
 
 
-def _all_tensors(model: Any) -> set[str]:
+def _all_tensors(model: onnx.ModelProto) -> set[str]:
     inits = {t.name for t in model.graph.initializer}
     return {i for n in model.graph.node for i in n.input if i and i not in inits} | {i.name for i in model.graph.input}
 
 
-def _float_tensors(model: Any) -> set[str]:
+def _float_tensors(model: onnx.ModelProto) -> set[str]:
     import onnx
 
     try:
@@ -147,7 +154,7 @@ def _float_tensors(model: Any) -> set[str]:
     return {v.name for v in known if v.type.tensor_type.elem_type in floats}
 
 
-def _run_exposed(model: Any, names: list[str], feeds: dict[str, Any]) -> dict[str, Any]:
+def _run_exposed(model: onnx.ModelProto, names: list[str], feeds: Values) -> Values:
     """Every named tensor's value, the model changed only by listing them as outputs."""
     import onnx
     import onnxruntime as ort
@@ -171,7 +178,7 @@ def _run_exposed(model: Any, names: list[str], feeds: dict[str, Any]) -> dict[st
     return dict(zip(outs, values, strict=True)) | {k: v for k, v in feeds.items() if k in accepted}
 
 
-def _module(node: Any) -> str:
+def _module(node: onnx.NodeProto) -> str:
     """The source module path: the exporter's metadata where present, else the scope in the
     node's name (``/transformer/h.1/mlp/c_fc/MatMul`` -> ``transformer.h.1.mlp.c_fc``)."""
     for prop in node.metadata_props:
@@ -181,7 +188,7 @@ def _module(node: Any) -> str:
     return ".".join(parts[:-1])
 
 
-def _cut(model: Any, node: Any, agreed: set[str]) -> list[str]:
+def _cut(model: onnx.ModelProto, node: onnx.NodeProto, agreed: set[str]) -> list[str]:
     """Where the subgraph starts: walking back from ``node``, the nearest tensors that were
     compared and agreed (or are model inputs); so a wrong weight inside a quantized MatMul's
     chain of nodes is in the subgraph, not cut off."""
@@ -203,7 +210,7 @@ def _cut(model: Any, node: Any, agreed: set[str]) -> list[str]:
 
 
 def _extract(
-    path: Path, model: Any, node: Any, inputs: list[str], values: dict[str, Any], out_dir: Path
+    path: Path, model: onnx.ModelProto, node: onnx.NodeProto, inputs: list[str], values: Values, out_dir: Path
 ) -> tuple[Path | None, Path | None]:
     """The nodes between ``inputs`` and ``node``'s outputs as a model, and an .npz of those
     inputs' values in the failing run."""
@@ -228,11 +235,13 @@ def _extract(
             f"first divergence at {node.name} ({node.op_type}), but its subgraph could not be extracted: "
             f"{type(exc).__name__}: {exc}"
         ) from None
-    np.savez(str(data), **{i: values[i] for i in inputs if i in values})
+    # Any: savez's **kwds share their names with its allow_pickle: bool
+    arrays: dict[str, Any] = {i: values[i] for i in inputs if i in values}
+    np.savez(str(data), **arrays)
     return sub, data
 
 
-def _typed(model: Any, names: list[str], values: dict[str, Any]) -> Any:
+def _typed(model: onnx.ModelProto, names: list[str], values: Values) -> onnx.ModelProto:
     """``model`` with a value_info for each of ``names`` that has a value and none declared."""
     import onnx
     from onnx import helper

@@ -12,7 +12,14 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import onnx
+    import onnxruntime
+
+    from onnxbuild.engine.cache import Cache, EntryRecord
+    from onnxbuild.engine.graph import Plan
 
 from onnxbuild._util import brief
 
@@ -38,11 +45,11 @@ class ModelRow:
     """One line of a model file's diff: what, base value, working-tree value, unit."""
 
     what: str
-    base: Any
-    now: Any
+    base: int | str | None
+    now: int | str | None
     unit: str = ""  # "bytes" | "" (a count or a text)
 
-    def shown(self, value: Any) -> str:
+    def shown(self, value: int | str | None) -> str:
         if value is None:
             return "-"
         if self.unit == "bytes":
@@ -163,7 +170,7 @@ def drift(old: Path, new: Path, sizes: dict[str, int], seed: int) -> tuple[dict[
     return out, ""
 
 
-def model_diffs(old_plan: Any, new_plan: Any, cache: Any, resolved: dict[str, Any]) -> list[ModelDiff]:
+def model_diffs(old_plan: Plan, new_plan: Plan, cache: Cache, resolved: dict[str, Any]) -> list[ModelDiff]:
     """Every ONNX file both sides built whose bytes differ, with what changed inside it."""
     old = {s.spec.name: s for s in old_plan.steps}
     out: list[ModelDiff] = []
@@ -198,7 +205,7 @@ def model_diffs(old_plan: Any, new_plan: Any, cache: Any, resolved: dict[str, An
     return out
 
 
-def _materialise(cache: Any, entry: Any, rel: str, folder: Path) -> Path | None:
+def _materialise(cache: Cache, entry: EntryRecord, rel: str, folder: Path) -> Path | None:
     """The entry's file and its companions (external data) under their own names in a
     scratch folder; links, since the cache's objects are never written through."""
     folder.mkdir(parents=True)
@@ -219,7 +226,7 @@ def _materialise(cache: Any, entry: Any, rel: str, folder: Path) -> Path | None:
     return target
 
 
-def _vocab(session: Any) -> int | None:
+def _vocab(session: onnxruntime.InferenceSession) -> int | None:
     """The vocabulary size when the first output is a language model's logits (a fixed last axis)."""
     if not any(i.name == "input_ids" for i in session.get_inputs()):
         return None
@@ -227,7 +234,7 @@ def _vocab(session: Any) -> int | None:
     return last if isinstance(last, int) else None
 
 
-def _signature(value: Any) -> str:
+def _signature(value: onnx.ValueInfoProto) -> str:
     import onnx
 
     t = value.type.tensor_type
@@ -238,7 +245,7 @@ def _signature(value: Any) -> str:
     return f"{value.name}: {dtype} [{dims}]"
 
 
-def _nodes(graph: Any) -> list[Any]:
+def _nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     out = []
     for node in graph.node:
         out.append(node)

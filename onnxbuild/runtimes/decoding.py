@@ -8,12 +8,23 @@ sources/decoder.py.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from onnxbuild.errors import StepError
 from onnxbuild.runtimes.sessions import Session
 from onnxbuild.sources.decoder import layout_from_session
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+    from numpy.typing import NDArray
+
+    from onnxbuild.runtimes.sessions import Feed
+
+    Chooser = Callable[[NDArray[np.float32]], NDArray[np.int64]]
+    """The next token of each row from its last-position logits, [batch, vocab] -> [batch]."""
 
 
 @dataclass(frozen=True)
@@ -25,12 +36,12 @@ class Sampling:
     temperature: float
     top_k: int
 
-    def chooser(self) -> Any:
+    def chooser(self) -> Chooser:
         import numpy as np
 
         rng = np.random.default_rng(self.seed)
 
-        def choose(logits: Any) -> Any:
+        def choose(logits: NDArray[np.float32]) -> NDArray[np.int64]:
             x = logits.astype(np.float64) / max(self.temperature, 1e-6)
             picks = []
             for row in x:
@@ -45,7 +56,7 @@ class Sampling:
         return choose
 
 
-def greedy(logits: Any) -> Any:
+def greedy(logits: NDArray[np.generic]) -> NDArray[np.int64]:
     import numpy as np
 
     return np.asarray(logits.argmax(-1), dtype=np.int64)
@@ -55,9 +66,9 @@ def greedy(logits: Any) -> Any:
 class Generation:
     """Greedy (or seeded sampled) tokens and per-step logits from a decoder run."""
 
-    tokens: Any
+    tokens: NDArray[np.int64]
     """[batch, new tokens] int64."""
-    logits: list[Any]
+    logits: list[NDArray[np.float32]]
     """Last-position logits at each step, [batch, vocab] float32."""
 
 
@@ -70,9 +81,9 @@ class HoldsCache(Protocol):
     @property
     def keeps_past(self) -> bool: ...
 
-    def kept(self) -> list[Any]: ...
+    def kept(self) -> Sequence[Feed]: ...
 
-    def run(self, names: list[str] | None, feeds: dict[str, Any]) -> list[Any]: ...
+    def run(self, names: list[str] | None, feeds: Mapping[str, Feed], /) -> list[NDArray[np.generic]]: ...
 
 
 class OrtDecoder:
@@ -95,11 +106,11 @@ class OrtDecoder:
         ):
             raise StepError("the prefill file does not take and return the same tensors as the decode file")
 
-    def feeds(self, ids: Any, past: list[Any], past_len: int) -> dict[str, Any]:
+    def feeds(self, ids: NDArray[np.int64], past: Sequence[Feed], past_len: int) -> dict[str, Feed]:
         import numpy as np
 
         batch, seq = ids.shape
-        feeds: dict[str, Any] = {"input_ids": ids}
+        feeds: dict[str, Feed] = {"input_ids": ids}
         if "attention_mask" in self.inputs:
             feeds["attention_mask"] = np.ones((batch, past_len + seq), dtype=np.int64)
         if "position_ids" in self.inputs:
@@ -109,13 +120,15 @@ class OrtDecoder:
         feeds.update(zip(self.layout.past_names, past, strict=True))
         return feeds
 
-    def empty_past(self, batch: int) -> list[Any]:
+    def empty_past(self, batch: int) -> list[NDArray[np.generic]]:
         import numpy as np
 
         shape = (batch, self.layout.kv_heads, 0, self.layout.head_dim)
         return [np.zeros(shape, dtype=self.float) for _ in self.layout.past_names]
 
-    def forward(self, ids: Any, past: list[Any], past_len: int) -> tuple[Any, list[Any]]:
+    def forward(
+        self, ids: NDArray[np.int64], past: Sequence[Feed], past_len: int
+    ) -> tuple[NDArray[np.generic], Sequence[Feed]]:
         if isinstance(self.session, HoldsCache) and self.session.keeps_past:
             # a stateful OpenVINO session holds the cache: reading it out to feed it back in
             # would copy it twice a step, so only the logits come out, and markers go back in
@@ -126,12 +139,13 @@ class OrtDecoder:
         named = dict(zip(self.outputs, out, strict=True))
         return named["logits"], [named[n] for n in self.layout.present_names]
 
-    def logits_as_served(self, ids: Any, start: int) -> Any:
+    def logits_as_served(self, ids: NDArray[np.int64], start: int) -> NDArray[np.float32]:
         """Logits at every position of ``ids`` ([batch, sequence] -> [batch, sequence, vocab],
         float32) as generation computes them: the first ``start`` tokens in one call from an empty
         past (on the prefill file, where there is one), then one token per call."""
         import numpy as np
 
+        past: Sequence[Feed]
         logits, past = self.forward(ids[:, :start], self.empty_past(ids.shape[0]), 0)
         parts = [np.asarray(logits, np.float32)]
         for t in range(start, ids.shape[1]):
@@ -139,11 +153,13 @@ class OrtDecoder:
             parts.append(np.asarray(logits, np.float32))
         return np.concatenate(parts, axis=1)
 
-    def generate(self, prompt: Any, max_new_tokens: int, choose: Any = greedy, eos: int | None = None) -> Generation:
+    def generate(
+        self, prompt: NDArray[np.int64], max_new_tokens: int, choose: Chooser = greedy, eos: int | None = None
+    ) -> Generation:
         """Up to ``max_new_tokens`` tokens; with ``eos``, stop once every row has produced it."""
         import numpy as np
 
-        past = self.empty_past(prompt.shape[0])
+        past: Sequence[Feed] = self.empty_past(prompt.shape[0])
         ids, past_len = prompt, 0
         tokens, steps = [], []
         finished = np.zeros(prompt.shape[0], dtype=bool)
@@ -162,7 +178,9 @@ class OrtDecoder:
         return Generation(np.stack(tokens, axis=1), steps)
 
 
-def torch_generate(model: Any, prompt: Any, max_new_tokens: int, choose: Any = greedy) -> Generation:
+def torch_generate(
+    model: torch.nn.Module, prompt: NDArray[np.int64], max_new_tokens: int, choose: Chooser = greedy
+) -> Generation:
     """The same loop on the PyTorch model (its own DynamicCache), for sampling comparisons."""
     import numpy as np
     import torch
@@ -193,7 +211,8 @@ def torch_generate(model: Any, prompt: Any, max_new_tokens: int, choose: Any = g
     return Generation(np.stack(tokens, axis=1), steps)
 
 
-def hf_generate(model: Any, prompt: Any, max_new_tokens: int) -> Generation:
+def hf_generate(model: Any, prompt: NDArray[np.int64], max_new_tokens: int) -> Generation:
+    # model left untyped: transformers types generate()'s result as a tensor or one of several outputs
     """Greedy decoding by transformers' own generate(), end-of-text ignored so lengths match."""
     import numpy as np
     import torch

@@ -13,12 +13,15 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onnxbuild._util import brief
 from onnxbuild.errors import UsageError
 from onnxbuild.runtimes import sessions
 from onnxbuild.sources.decoder import PAST_PREFIX
+
+if TYPE_CHECKING:
+    from onnxbuild.runtimes.decoding import Sampling
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
 PREFILL_FILE = "prefill.onnx"
@@ -72,7 +75,7 @@ def run(
     max_new_tokens: int = 32,
     variant: str = "model",
     chat: bool = True,
-    sampling: Any = None,
+    sampling: Sampling | None = None,
 ) -> RunResult:
     import numpy as np
     import onnxruntime as ort
@@ -179,7 +182,7 @@ def encoder_decoder(artifact: str | Path, variant: str) -> tuple[Path, Path, Pat
 
 
 def _run_seq2seq(
-    encoder: Path, decoder: Path, folder: Path, prompt: str, max_new_tokens: int, sampling: Any
+    encoder: Path, decoder: Path, folder: Path, prompt: str, max_new_tokens: int, sampling: Sampling | None
 ) -> RunResult:
     """Text (or token ids) in for T5/BART/Marian; a .npy file of log-mel features for Whisper."""
     import numpy as np
@@ -258,6 +261,7 @@ def _json(path: Path) -> dict[str, Any]:
 
 
 def _tokenizer(folder: Path) -> Any:
+    # untyped: transformers types apply_chat_template/decode's results as unions of str and token lists
     if not any((folder / f).is_file() for f in TOKENIZER_FILES):
         return None
     import transformers

@@ -35,10 +35,21 @@ one Session that makes OpenVINO answer as ONNX Runtime does; each needs the othe
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal, Protocol, TypeAlias
+
+if TYPE_CHECKING:
+    import numpy as np
+    import openvino as ov
+    from numpy.typing import NDArray
+
+    from onnxbuild.runtimes.sessions import Feed
+
+    Feeds = Mapping[str, Feed]
+    Arrays = dict[str, NDArray[np.generic]]
+    OvPort: TypeAlias = "ov.Output | ov.ConstOutput"
 
 from onnxbuild._util import brief
 from onnxbuild.runtimes import sessions
@@ -81,7 +92,7 @@ class Port:
     """One input or output as ``onnxruntime.NodeArg`` describes it."""
 
     name: str
-    shape: list[Any]
+    shape: list[int | None]
     type: str
 
 
@@ -97,6 +108,12 @@ class Kept:
     batch: int
 
 
+class _Variable(Protocol):
+    """One of a stateful compiled model's variables (``openvino.VariableState``)."""
+
+    state: ov.Tensor
+
+
 @dataclass
 class Session:
     """A model compiled by OpenVINO's CPU plugin, called like an ONNX Runtime session.
@@ -108,17 +125,19 @@ class Session:
     past and present ports are then ``None`` in ``inputs`` and ``outputs``.
     """
 
-    compiled: Any
-    request: Any
+    compiled: ov.CompiledModel
+    request: ov.InferRequest
     precision: str
-    inputs: list[tuple[Any, Port]]
-    outputs: list[tuple[Any, Port]]
+    inputs: list[tuple[OvPort | None, Port]]
+    outputs: list[tuple[OvPort | None, Port]]
     masked_prefill: bool = field(default=False)
     calls: int = field(default=0)  # completed inference requests, for ``kernels``
     generation: int = field(default=0)  # changes of a stateful model's variables, for ``Kept``
     batch: int = field(default=0)  # the rows its cache holds
-    states: dict[str, Any] = field(default_factory=dict)
-    beam: Any = field(default=None)  # a stateful model's ``beam_idx`` port (which cache row each batch row reads)
+    states: dict[str, _Variable] = field(default_factory=dict)
+    beam: OvPort | None = field(
+        default=None
+    )  # a stateful model's ``beam_idx`` port (which cache row each batch row reads)
 
     @property
     def keeps_past(self) -> bool:
@@ -139,19 +158,19 @@ class Session:
     def get_outputs(self) -> list[Port]:
         return [p for _, p in self.outputs]
 
-    def run(self, names: list[str] | None, feeds: dict[str, Any]) -> list[Any]:
+    def run(self, names: list[str] | None, feeds: Feeds, /) -> list[NDArray[np.generic]]:
         wanted = names or [p.name for _, p in self.outputs]
         got = self._call(feeds, copy=True, wanted=wanted)
         return [got[n] for n in wanted]
 
-    def infer(self, feeds: dict[str, Any]) -> None:
+    def infer(self, feeds: Feeds) -> None:
         """One call whose outputs stay in the request's buffers (the next call reuses them): what
         the benchmark times. ONNX Runtime's ``run()`` hands over its own output buffers without
         a copy; ``run()`` here copies every output out, which for GPT-2's 128-token prefill (35 MB
         of logits and presents) was 5.5 ms of 31."""
         self._call(feeds, copy=False, wanted=[])
 
-    def decode_steps(self, feeds: dict[str, Any], span: int) -> tuple[Callable[[], None], Callable[[], None]]:
+    def decode_steps(self, feeds: Feeds, span: int) -> tuple[Callable[[], None], Callable[[], None]]:
         """``(prepare, step)`` to time decode steps after the past in ``feeds`` the way this
         session runs them: ``step()`` is one timed call, ``prepare()`` the untimed work before it.
 
@@ -162,7 +181,7 @@ class Session:
         ``span`` - 1 steps beyond it."""
         if not self.keeps_past or _empty_past(feeds):
             return (lambda: None), (lambda: self.infer(feeds))
-        new = int(feeds["input_ids"].shape[1])
+        new = int(_array(feeds, "input_ids").shape[1])
         steps = [_moved_on(feeds, k * new) for k in range(span)]
         done = span
 
@@ -179,7 +198,7 @@ class Session:
 
         return prepare, step
 
-    def kernels(self, feeds: dict[str, Any], *, warmup: int = 3, repeat: int = 10) -> tuple[float, dict[str, float]]:
+    def kernels(self, feeds: Feeds, *, warmup: int = 3, repeat: int = 10) -> tuple[float, dict[str, float]]:
         """Where one call's time goes: the mean wall time in ms of ``repeat`` calls after
         ``warmup``, and the ms per call per (node type, implementation) from OpenVINO's own
         counters, e.g. ``FullyConnectedQuantizedLegacy (brgemm_avx512_amx_i8)``. Needs a session
@@ -215,7 +234,7 @@ class Session:
             for n in self.request.profiling_info
         }
 
-    def _call(self, feeds: dict[str, Any], *, copy: bool, wanted: list[str]) -> dict[str, Any]:
+    def _call(self, feeds: Feeds, *, copy: bool, wanted: list[str]) -> Arrays:
         missing = [p.name for _, p in self.inputs if p.name not in feeds]
         if missing:
             raise ValueError(f"missing inputs: {', '.join(missing)}")
@@ -235,7 +254,7 @@ class Session:
             self.masked_prefill = True
             return got
 
-    def _run_stateful(self, feeds: dict[str, Any], *, copy: bool, wanted: list[str]) -> dict[str, Any]:
+    def _run_stateful(self, feeds: Feeds, *, copy: bool, wanted: list[str]) -> Arrays:
         import numpy as np
 
         self._take_past(feeds)
@@ -251,7 +270,7 @@ class Session:
                 got[_present_of(past)] = np.array(state.state.data)
         return got
 
-    def _take_past(self, feeds: dict[str, Any]) -> None:
+    def _take_past(self, feeds: Feeds) -> None:
         """Bring the variables to the past in ``feeds``: markers of the cache held are kept,
         an empty past resets, arrays are written in."""
         import numpy as np
@@ -259,26 +278,27 @@ class Session:
 
         given = [feeds[name] for name in self.states]
         held = [v for v in given if isinstance(v, Kept)]
+        arrays = [v for v in given if not isinstance(v, Kept)]
         if held:
             if len(held) != len(given):
                 raise ValueError(
                     "a past is either kept() markers for every cache tensor or arrays for every one, not a mix"
                 )
-            if any(k != self._marker() for k in held) or int(feeds["input_ids"].shape[0]) != self.batch:
+            if any(k != self._marker() for k in held) or int(_array(feeds, "input_ids").shape[0]) != self.batch:
                 raise ValueError(
                     "a stateful OpenVINO session holds only the cache of its latest call: feed its kept() "
                     "back after each call, or the past as arrays"
                 )
             return
         self.generation += 1
-        self.batch = int(feeds["input_ids"].shape[0])  # the graph sizes a new cache from input_ids
+        self.batch = int(_array(feeds, "input_ids").shape[0])  # the graph sizes a new cache from input_ids
         if _empty_past(feeds):
             self.request.reset_state()
             return
-        for state, value in zip(self.states.values(), given, strict=True):
+        for state, value in zip(self.states.values(), arrays, strict=True):  # no markers: arrays is given
             state.state = ov.Tensor(np.ascontiguousarray(value))
 
-    def _infer(self, feeds: dict[str, Any], *, copy: bool) -> dict[str, Any]:
+    def _infer(self, feeds: Feeds, *, copy: bool) -> Arrays:
         import numpy as np
 
         # share_outputs: the request's own buffers, copied at most once here. infer()'s default
@@ -291,7 +311,7 @@ class Session:
         self.calls += 1
         return {p.name: np.array(result[port]) if copy else result[port] for port, p in self.outputs}
 
-    def _masked_prefill(self, feeds: dict[str, Any], *, copy: bool) -> dict[str, Any]:
+    def _masked_prefill(self, feeds: Feeds, *, copy: bool) -> Arrays:
         import numpy as np
 
         if "attention_mask" not in feeds:
@@ -301,38 +321,50 @@ class Session:
         padded = dict(feeds)
         for name, value in feeds.items():
             if name.startswith(PAST):
+                if isinstance(value, Kept):
+                    raise ValueError(f"{name}: a kept() marker is a past only for the stateful session that made it")
                 shape = list(value.shape)
                 shape[2] = 1
                 padded[name] = np.zeros(shape, dtype=value.dtype)
-        mask = feeds["attention_mask"]
+        mask = _array(feeds, "attention_mask")
         padded["attention_mask"] = np.concatenate([np.zeros((mask.shape[0], 1), dtype=mask.dtype), mask], axis=1)
         got = self._infer(padded, copy=copy)
         return {n: (v[:, :, 1:] if n.startswith(PRESENT) else v) for n, v in got.items()}
 
 
-def _empty_past(feeds: dict[str, Any]) -> bool:
-    return any(n.startswith(PAST) and getattr(v, "ndim", 0) == 4 and v.shape[2] == 0 for n, v in feeds.items())
+def _empty_past(feeds: Feeds) -> bool:
+    return any(
+        n.startswith(PAST) and not isinstance(v, Kept) and getattr(v, "ndim", 0) == 4 and v.shape[2] == 0
+        for n, v in feeds.items()
+    )
+
+
+def _array(feeds: Feeds, name: str) -> NDArray[np.generic]:
+    value = feeds[name]
+    if isinstance(value, Kept):
+        raise ValueError(f"{name}: a kept() marker stands only for a past")
+    return value
 
 
 def _present_of(past: str) -> str:
     return PRESENT + past[len(PAST) :]
 
 
-def _moved_on(feeds: dict[str, Any], tokens: int) -> dict[str, Any]:
+def _moved_on(feeds: Feeds, tokens: int) -> dict[str, Feed]:
     """The non-past inputs of the step ``tokens`` tokens after ``feeds``' step: the same new
     tokens, the mask ``tokens`` longer, the positions ``tokens`` further."""
     import numpy as np
 
     out = {n: v for n, v in feeds.items() if not n.startswith(PAST)}
     if "attention_mask" in out:
-        mask = out["attention_mask"]
+        mask = _array(out, "attention_mask")
         out["attention_mask"] = np.concatenate([mask, np.ones((mask.shape[0], tokens), dtype=mask.dtype)], axis=1)
     if "position_ids" in out:
-        out["position_ids"] = out["position_ids"] + tokens
+        out["position_ids"] = _array(out, "position_ids") + tokens
     return out
 
 
-def _stateful(model: Any, pasts: list[str], outputs: list[str]) -> Any | None:
+def _stateful(model: ov.Model, pasts: list[str], outputs: list[str]) -> ov.Model | None:
     """``model`` with each past/present pair made a variable, or None where that would not help.
 
     Only where OpenVINO reads one ``ScaledDotProductAttention`` per layer: the CPU plugin then
@@ -375,7 +407,7 @@ def _stateful(model: Any, pasts: list[str], outputs: list[str]) -> Any | None:
     )
     for op in model.get_ops():
         if op.get_type_name() == "ReadValue":
-            dims: list[Any] = [d.get_min_length() for d in op.get_output_partial_shape(0)]
+            dims: list[int | ov.Node] = [d.get_min_length() for d in op.get_output_partial_shape(0)]
             dims[0] = batch
             shape = ops.concat(
                 [d if not isinstance(d, int) else ops.constant(np.array([d], dtype=np.int64)) for d in dims], axis=0
@@ -389,8 +421,14 @@ def _stateful(model: Any, pasts: list[str], outputs: list[str]) -> Any | None:
 
 
 def _compile(
-    core: Any, path: Path, model: Any, pasts: list[str], outputs: list[str], config: dict[str, Any], precision: str
-) -> tuple[Any, bool]:
+    core: ov.Core,
+    path: Path,
+    model: ov.Model,
+    pasts: list[str],
+    outputs: list[str],
+    config: dict[str, object],
+    precision: str,
+) -> tuple[ov.CompiledModel, bool]:
     """The compiled model, and whether it holds its KV cache (``_stateful``), which is a speed-up
     and never a reason to fail: where making it stateful or compiling that fails, the file is
     compiled with its cache as inputs and outputs."""
@@ -421,7 +459,7 @@ def load(
     import openvino as ov
 
     core = ov.Core()
-    config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY"}
+    config: dict[str, object] = {"PERFORMANCE_HINT": "LATENCY"}
     if threads:
         config["INFERENCE_NUM_THREADS"] = int(threads)
     if precision != "auto":
@@ -434,8 +472,8 @@ def load(
     onnx_out = [o.name for o in graph.output]
     model = core.read_model(str(path))
 
-    def ports(found: Any, wanted: list[str], what: str) -> list[tuple[Any, Port]]:
-        out = []
+    def ports(found: Iterable[OvPort], wanted: list[str], what: str) -> list[tuple[OvPort | None, Port]]:
+        out: list[tuple[OvPort | None, Port]] = []
         for port in found:
             names = port.get_names()
             name = next((n for n in wanted if n in names), None)
@@ -462,7 +500,7 @@ def load(
     )
     request = compiled.create_infer_request()
 
-    def merged(found: Any, wanted: list[str], what: str) -> list[tuple[Any, Port]]:
+    def merged(found: Iterable[OvPort], wanted: list[str], what: str) -> list[tuple[OvPort | None, Port]]:
         """The compiled model's ports, and the cache's ports it no longer has (held, ``None``)."""
         live = ports([p for p in found if "beam_idx" not in p.get_names()], wanted, what)
         return sorted(live + [c for c in cache if held and c[1].name in wanted], key=lambda p: wanted.index(p[1].name))
@@ -481,7 +519,7 @@ def load(
     )
 
 
-def _numpy_type(element_type: Any) -> str:
+def _numpy_type(element_type: ov.Type) -> str:
     name = str(element_type.get_type_name())
     return {
         "f32": "float",
@@ -495,7 +533,7 @@ def _numpy_type(element_type: Any) -> str:
     }.get(name, name)
 
 
-def _precision_name(element_type: Any) -> str:
+def _precision_name(element_type: object) -> str:
     """``bf16``/``f32``/``f16`` from OpenVINO's element type."""
     name = str(element_type.get_type_name()) if hasattr(element_type, "get_type_name") else str(element_type)
     return {"bf16": "bf16", "f32": "f32", "f16": "f16"}.get(name, name)

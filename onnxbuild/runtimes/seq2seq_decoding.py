@@ -6,7 +6,8 @@ loops on the PyTorch model, for the generate step's comparisons.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from onnxbuild.errors import StepError
 from onnxbuild.runtimes import sessions
@@ -14,17 +15,25 @@ from onnxbuild.runtimes.decoding import Generation
 from onnxbuild.sources.decoder import PastLayout
 from onnxbuild.sources.seq2seq import ENCODER_OUTPUT, decoder_module, encoder_module, layout_of, start_token
 
+if TYPE_CHECKING:
+    import numpy as np
+    import onnxruntime
+    import torch
+    from numpy.typing import NDArray
+
+    from onnxbuild.runtimes.decoding import Chooser
+
 
 @dataclass(frozen=True)
 class OrtSeq2Seq:
     """An encoder and a decoder session, run as transformers runs the model."""
 
-    encoder: Any
-    decoder: Any
+    encoder: onnxruntime.InferenceSession
+    decoder: onnxruntime.InferenceSession
     layout: PastLayout
 
     @classmethod
-    def load(cls, encoder_path: Any, decoder_path: Any, threads: int = 0) -> OrtSeq2Seq:
+    def load(cls, encoder_path: str | Path, decoder_path: str | Path, threads: int = 0) -> OrtSeq2Seq:
         import onnxruntime as ort
 
         from onnxbuild.sources.decoder import layout_from_session
@@ -41,14 +50,15 @@ class OrtSeq2Seq:
                 ) from None
         return cls(loaded[0], loaded[1], layout_from_session(loaded[1]))
 
-    def encode(self, feeds: dict[str, Any]) -> Any:
-        return self.encoder.run([ENCODER_OUTPUT], feeds)[0]
+    def encode(self, feeds: dict[str, NDArray[np.generic]]) -> NDArray[np.generic]:
+        hidden: NDArray[np.generic] = self.encoder.run([ENCODER_OUTPUT], feeds)[0]
+        return hidden
 
     @property
     def masked(self) -> bool:
         return any(i.name == "encoder_attention_mask" for i in self.decoder.get_inputs())
 
-    def empty_past(self, batch: int) -> list[Any]:
+    def empty_past(self, batch: int) -> list[NDArray[np.generic]]:
         import numpy as np
 
         return [
@@ -56,7 +66,13 @@ class OrtSeq2Seq:
             for _ in self.layout.past_names
         ]
 
-    def step(self, ids: Any, hidden: Any, mask: Any, past: list[Any]) -> tuple[Any, list[Any]]:
+    def step(
+        self,
+        ids: NDArray[np.int64],
+        hidden: NDArray[np.generic],
+        mask: NDArray[np.generic] | None,
+        past: list[NDArray[np.generic]],
+    ) -> tuple[NDArray[np.generic], list[NDArray[np.generic]]]:
         feeds = {
             "input_ids": ids,
             "encoder_hidden_states": hidden,
@@ -67,7 +83,12 @@ class OrtSeq2Seq:
         return out[0], list(out[1:])
 
     def generate(
-        self, feeds: dict[str, Any], start: int, max_new_tokens: int, eos: int | None, choose: Any = None
+        self,
+        feeds: dict[str, NDArray[np.generic]],
+        start: int,
+        max_new_tokens: int,
+        eos: int | None,
+        choose: Chooser | None = None,
     ) -> Generation:
         """Greedy (or ``choose``'s) decoding from the start token, stopping once every row
         has produced ``eos``."""
@@ -98,7 +119,9 @@ class OrtSeq2Seq:
         return Generation(np.stack(tokens, axis=1), steps)
 
 
-def torch_generate(model: Any, feeds: dict[str, Any], max_new_tokens: int, choose: Any) -> Generation:
+def torch_generate(
+    model: Any, feeds: dict[str, NDArray[np.generic]], max_new_tokens: int, choose: Chooser
+) -> Generation:
     """The same loop on the PyTorch model through the export's own wrappers, for the seeded
     sampling comparison (no end-of-text stop, so both make as many tokens)."""
     import numpy as np
@@ -113,7 +136,9 @@ def torch_generate(model: Any, feeds: dict[str, Any], max_new_tokens: int, choos
     with torch.inference_mode():
         (hidden,) = encoder(*(torch.from_numpy(feeds[n]) for n in names))
         batch = hidden.shape[0]
-        past: list[Any] = [torch.zeros((batch, layout.kv_heads, 0, layout.head_dim)) for _ in layout.past_names]
+        past: list[torch.Tensor] = [
+            torch.zeros((batch, layout.kv_heads, 0, layout.head_dim)) for _ in layout.past_names
+        ]
         cur = torch.full((batch, 1), start_token(model.config), dtype=torch.long)
         for _ in range(max_new_tokens):
             logits, *past = decoder(cur, hidden, *mask, *past)
@@ -125,7 +150,9 @@ def torch_generate(model: Any, feeds: dict[str, Any], max_new_tokens: int, choos
     return Generation(np.stack(tokens, axis=1), steps)
 
 
-def hf_generate(model: Any, feeds: dict[str, Any], max_new_tokens: int, stop_at_eos: bool = True) -> Generation:
+def hf_generate(
+    model: Any, feeds: dict[str, NDArray[np.generic]], max_new_tokens: int, stop_at_eos: bool = True
+) -> Generation:
     """transformers' own greedy generate(), with none of the generation config's extra rules
     (forced first or last tokens, minimum lengths, n-gram bans): what a greedy decoder over
     the exported files computes, stopping at end-of-text as they do."""

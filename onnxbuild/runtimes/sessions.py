@@ -14,14 +14,24 @@ sides of a ratio run alike.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Union
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnxruntime
+    from numpy.typing import NDArray
+
+    from onnxbuild.runtimes.openvino_target import Kept
+
+Feed = Union["NDArray[np.generic]", "Kept"]
+"""A session input: an array, or (a stateful OpenVINO session's past) a marker for the cache it holds."""
 
 SESSION_CONFIG: dict[str, str] = {"session.set_denormal_as_zero": "1"}
 """Session config entries set on every session that runs an artifact; benchmark.json lists them."""
 
 
-def options(threads: int = 0) -> Any:
+def options(threads: int = 0) -> onnxruntime.SessionOptions:
     """``onnxruntime.SessionOptions`` with SESSION_CONFIG, warnings off and ``threads`` intra-op
     threads (0: ONNX Runtime's default)."""
     import onnxruntime as ort
@@ -43,7 +53,7 @@ class TensorInfo(Protocol):
     def name(self) -> str: ...
 
     @property
-    def shape(self) -> Sequence[Any]: ...
+    def shape(self) -> Sequence[Any]: ...  # int | str | None, but sources/decoder.py reads int(shape[3])
 
     @property
     def type(self) -> str: ...
@@ -59,4 +69,4 @@ class Session(Protocol):
 
     def get_outputs(self) -> Sequence[TensorInfo]: ...
 
-    def run(self, output_names: list[str] | None, input_feed: dict[str, Any], /) -> list[Any]: ...
+    def run(self, output_names: list[str] | None, input_feed: Mapping[str, Feed], /) -> list[NDArray[np.generic]]: ...

@@ -28,9 +28,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from onnxbuild.errors import StepError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
+    from numpy.typing import NDArray
 
 METRICS = ("ppl_increase_max", "kld_max")
 
@@ -54,7 +59,7 @@ class PrecisionPlan(TypedDict):
     kept: list[KeptLayer]
     figures: dict[str, float]
     """The chosen file's ppl_increase and kld_mean on the calibration windows."""
-    tried: list[dict[str, Any]]
+    tried: list[dict[str, float]]
     """Each k tried and its figures, in order: how the plan was found."""
 
 
@@ -66,7 +71,7 @@ class Candidate:
     extra_bytes: int
 
 
-def quantized_copy(weight: Any, bits: int, block: int, symmetric: bool) -> Any:
+def quantized_copy(weight: NDArray[np.float32], bits: int, block: int, symmetric: bool) -> NDArray[np.float32]:
     """``weight`` ([K, N], blocks along K) rounded to a ``bits``-bit grid per block, as the
     round-to-nearest quantizer rounds it (min/max, or max |w| when symmetric)."""
     import numpy as np
@@ -87,12 +92,13 @@ def quantized_copy(weight: Any, bits: int, block: int, symmetric: bool) -> Any:
         scale[scale == 0] = 1.0
         zero = np.round(-lo / scale)
         out = (np.clip(np.round(blocks / scale) + zero, 0, levels) - zero) * scale
-    return out.reshape(-1, n)[:k].astype(weight.dtype)
+    rounded: NDArray[np.float32] = out.reshape(-1, n)[:k].astype(weight.dtype)
+    return rounded
 
 
 def candidates(
-    model: Any,
-    feeds: list[dict[str, Any]],
+    model: onnx.ModelProto,
+    feeds: list[dict[str, NDArray[np.generic]]],
     names: list[str],
     bits: int,
     block: int,
@@ -143,7 +149,7 @@ def candidates(
     return sorted(out, key=lambda c: (-c.sensitivity / max(c.extra_bytes, 1), c.node))
 
 
-def _kl(reference: Any, logits: Any) -> float:
+def _kl(reference: NDArray[np.generic], logits: NDArray[np.generic]) -> float:
     from onnxbuild.steps.text_quality import Tally
 
     tally = Tally()
@@ -151,7 +157,9 @@ def _kl(reference: Any, logits: Any) -> float:
     return max(0.0, tally.kl / tally.count)
 
 
-def figures(reference: list[Any], logits: list[Any], targets: list[Any]) -> dict[str, float]:
+def figures(
+    reference: list[NDArray[np.generic]], logits: list[NDArray[np.generic]], targets: list[NDArray[np.generic]]
+) -> dict[str, float]:
     """ppl_increase and kld_mean of ``logits`` against the float file's ``reference`` (both
     lists of [positions, vocab]), predicting ``targets``."""
     from onnxbuild.steps.text_quality import Tally
@@ -177,10 +185,10 @@ def search(
     budget: dict[str, float],
     what: str,
     note: str = "",
-) -> tuple[int, dict[str, float], list[dict[str, Any]]]:
+) -> tuple[int, dict[str, float], list[dict[str, float]]]:
     """The least k (keeping ``order[:k]``) whose figures meet ``budget``: 0, 1, 2, 4, ... then
     bisection. Raises a StepError naming the best plan when even every MatMul kept fails."""
-    tried: list[dict[str, Any]] = []
+    tried: list[dict[str, float]] = []
     seen: dict[int, dict[str, float]] = {}
 
     def at(k: int) -> dict[str, float]:

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 if TYPE_CHECKING:
     pass
@@ -156,7 +156,7 @@ class Peaks:
         return Peaks(fp32, bf16, int8, memory, self.threads, how, min(shares) if shares else None)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Peaks:
+    def from_dict(cls, data: Mapping[str, object]) -> Peaks:
         """The inverse of ``as_dict``; raises ValueError naming the first bad key."""
 
         def number(key: str, optional: bool = False) -> float | None:
