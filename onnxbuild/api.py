@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -19,7 +19,9 @@ from onnxbuild.engine.runner import BuildReport, Reporter
 from onnxbuild.errors import CacheError, OnnxbuildError, RecipeError, UsageError
 from onnxbuild.recipe import loader
 from onnxbuild.recipe.model import Recipe
+from onnxbuild.recipe.resolve import DEFAULT_ATOL, DEFAULT_RTOL
 from onnxbuild.report.pagekey import is_current
+from onnxbuild.steps import export as export_kind
 from onnxbuild.steps import kinds
 
 CACHE_ENV = "ONNXBUILD_CACHE_DIR"
@@ -503,10 +505,11 @@ def explain_mismatch(
     was made from, at one of the recipe's validation shapes, with the variant's tolerances:
     (``divergence.Search``, what was compared with what)."""
     from onnxbuild.pipeline import variants
-    from onnxbuild.recipe.sections import ExportSection, ValidateSection
-    from onnxbuild.recipe.variants import tolerances, vocab_size
+    from onnxbuild.recipe.sections import ValidateSection
+    from onnxbuild.recipe.variants import vocab_size
     from onnxbuild.review.divergence import feeds_for, first_divergence
     from onnxbuild.steps.validating.cases import case_seed
+    from onnxbuild.steps.validating.rules import section, tolerances
 
     settings = settings or Settings()
     recipe = load_recipe(path)
@@ -532,7 +535,7 @@ def explain_mismatch(
     for what, p in (("the base file", reference), ("the variant", candidate)):
         if not p.is_file():
             raise UsageError(f"{what} {p} does not exist: build it first (onnxbuild make {path})")
-    validate = r.get("validate") or {}
+    validate: Mapping[str, Any] = section(r) or {}
     limits = {**validate, **tolerances(recipe, v)}
     shapes = validate.get("shapes") or [{}]
     if not 0 <= shape < len(shapes):
@@ -546,13 +549,9 @@ def explain_mismatch(
                 f"between 1 and {length - 1} for validate.shapes[{shape}] (sequence {length})"
             )
         sizes = {**sizes, "batch": max(2, int(sizes.get("batch", 1))), "left_padding": left_padding}
-    rtol, atol = float(limits.get("rtol", 1e-3)), float(limits.get("atol", 1e-4))
+    rtol, atol = float(limits.get("rtol", DEFAULT_RTOL)), float(limits.get("atol", DEFAULT_ATOL))
     out_dir = Path(out) if out is not None else Path("divergence") / f"{recipe.name}-{variant}"
-    seed = (
-        case_seed(cast(ValidateSection, validate), cast(ExportSection, r["export"]), sizes)
-        if recipe.torch_source
-        else None
-    )
+    seed = case_seed(cast(ValidateSection, validate), export_kind.required(r), sizes) if recipe.torch_source else None
     # validation's own inputs for that case where it runs one, else seeded alike
     feeds = feeds_for(
         candidate, sizes, seed=int(validate.get("seed", 0)) if seed is None else seed, vocab=vocab_size(recipe)

@@ -226,28 +226,32 @@ class Checking:
     """The traced source kinds, for messages ("huggingface, pytorch and tensorflow")."""
     decoder: bool
     """A text decoder (``export.with_past`` and the fused graphs apply)."""
-    with_past: bool
-    """``export.with_past`` as it takes effect (false where it does not apply)."""
     two_files: bool
     """Its variants are an encoder and a decoder file."""
-    inputs: tuple[dict[str, Any], ...]
-    """The export's inputs, the recipe's or its source's defaults."""
-    export_dims: tuple[str, ...]
-    """The inputs' symbolic dimensions."""
-    dims: tuple[str, ...]
-    """The dimensions validation varies (the export's and those its source always varies)."""
-    optional: frozenset[str]
-    """Dimensions a shape may give though no input names them (past_sequence with a KV cache)."""
     max_positions: int | None
     """How many positions the model has, where its config says."""
     variants: tuple[str, ...]
     """Every variant's name, the exported model's first."""
     entries: tuple[tuple[str, int, dict[str, Any]], ...]
     """(section, index, entry) of every entry of a variant section."""
+    with_past: bool = False
+    """Whether the model takes a KV cache (``export.with_past`` where it applies)."""
+    inputs: tuple[dict[str, Any], ...] = ()
+    """The model's inputs, the recipe's or its source's defaults."""
+    export_dims: tuple[str, ...] = ()
+    """The inputs' symbolic dimensions."""
+    dims: tuple[str, ...] = ()
+    """The dimensions validation varies (the inputs' and those its source always varies)."""
+    optional: frozenset[str] = frozenset()
+    """Dimensions a shape may give though no input names them (past_sequence with a KV cache)."""
 
 
 def _no_problems(checking: Checking) -> list[Found]:
     return []
+
+
+def _finds_nothing(checking: Checking) -> Checking:
+    return checking
 
 
 def _nothing_to_resolve(doc: dict[str, Any], resolved: dict[str, Any]) -> None:
@@ -306,6 +310,9 @@ class StepKind:
     """Heavy modules its run imports whatever the source (StepSpec.imports)."""
     loads_model: bool = False
     """Its steps load the source's model, so they import what the source kind's ``imports`` names too."""
+    finds: Callable[[Checking], Checking] = _finds_nothing
+    """Adds what its section says of the model to what every kind's check reads (export: the
+    inputs, their dimensions, whether there is a KV cache), in the registry's order."""
     check: Callable[[Checking], Iterable[Found]] = _no_problems
     """Cross-field problems of its section (and of what it reads of others) in a recipe that passed
     its schema: what JSON Schema cannot say. The loader asks every kind (``api.load_recipes``)."""

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import re
+import typing
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -96,13 +98,24 @@ def test_each_source_kind_the_schema_accepts_is_one_module_that_describes_itself
     assert f"{kind}_source" in SCHEMA["$defs"], f"source kind {kind!r} needs its $defs/{kind}_source block"
 
 
+def _section_type(section: str) -> Any:
+    """The TypedDict ``Resolved`` (recipe/sections.py) gives a section, less None and list[]."""
+    from onnxbuild.recipe.sections import Resolved
+
+    typed = typing.get_type_hints(Resolved)[section]
+    for arg in (*typing.get_args(typed), typed):
+        if typing.get_origin(arg) is list:
+            arg = typing.get_args(arg)[0]
+        if typing.is_typeddict(arg):
+            return arg
+    raise AssertionError(f"Resolved.{section} names no TypedDict: {typed}")
+
+
 @pytest.mark.parametrize(
     "section", ["export", "validate", "optimize", "quantize", "benchmark", "generate", "limits", "providers"]
 )
 def test_each_section_type_names_exactly_the_schema_keys_and_what_resolve_writes(section: str) -> None:
-    from onnxbuild.recipe.sections import SECTIONS
-
-    typed = SECTIONS[section]
+    typed = _section_type(section)
     keys = set(typed.__required_keys__) | set(typed.__optional_keys__)
     refs = re.findall(r'"\$ref": "#/\$defs/([A-Za-z0-9_]+)"', json.dumps(SCHEMA["properties"][section]))
     schema_keys = set(SCHEMA["$defs"][refs[0]]["properties"])

@@ -9,9 +9,8 @@ from typing import Any
 
 from onnxbuild.errors import Problem
 from onnxbuild.recipe.model import is_torch_source
-from onnxbuild.recipe.resolve import schema, symbolic_dims, validation_dims
+from onnxbuild.recipe.resolve import schema
 from onnxbuild.recipe.sections import TARGETS
-from onnxbuild.recipe.tasks import WITH_PAST_INPUTS
 from onnxbuild.recipe.yamlpos import Path_, Positions, dotted
 from onnxbuild.sources import is_decoder, source_kind, traced_kinds
 from onnxbuild.spec import STEP_KINDS, Checking, Found, StepKind
@@ -24,17 +23,9 @@ def checking(doc: dict[str, Any], kinds: Sequence[StepKind]) -> Checking:
     traced = is_torch_source(doc["source"])
     described = source_kind(kind)
     *others, last = traced_kinds()
-    export = doc.get("export", {})
-    two_files = described.seq2seq(src)
-    decoder = is_decoder(doc["source"])
-    with_past = bool(export.get("with_past")) and decoder
-    inputs: list[dict[str, Any]] = []
-    if traced:
-        default_inputs = WITH_PAST_INPUTS if with_past else described.default_io(src)[0] if described.default_io else []
-        inputs = export.get("inputs") or default_inputs
     config = src.get("config") if isinstance(src.get("config"), dict) else {}
     entries = tuple(variant_entries(doc))
-    return Checking(
+    found = Checking(
         doc=doc,
         source=kind,
         src=src,
@@ -42,19 +33,17 @@ def checking(doc: dict[str, Any], kinds: Sequence[StepKind]) -> Checking:
         traced=traced,
         untraced_what=f"an ONNX file, {kind}.file" if "file" in src else kind,
         traced_kinds=f"{', '.join(others)} and {last}" if others else last,
-        decoder=decoder,
-        with_past=with_past,
-        two_files=two_files,
-        inputs=tuple(inputs),
-        export_dims=tuple(symbolic_dims(inputs)),
-        dims=tuple(validation_dims(kind, src, inputs)) if traced else (),
-        optional=frozenset({"past_sequence"} if with_past else ()),
+        decoder=is_decoder(doc["source"]),
+        two_files=described.seq2seq(src),
         max_positions=next(
             (config[k] for k in ("n_positions", "max_position_embeddings") if isinstance(config.get(k), int)), None
         ),
         variants=("model", *_built_in(doc, kinds), *(e["name"] for _, _, e in entries)),
         entries=entries,
     )
+    for kind_of_step in kinds:
+        found = kind_of_step.finds(found)
+    return found
 
 
 def _built_in(doc: dict[str, Any], kinds: Sequence[StepKind]) -> list[str]:

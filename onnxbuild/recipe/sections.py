@@ -233,16 +233,3 @@ TARGETS = ("web", "openvino")
 def target_variants(providers: list[Any]) -> dict[str, set[str]]:
     """target (web, openvino) -> the variants validated there: its ``options.variants``, default model."""
     return {p["name"]: set(p["options"].get("variants") or ["model"]) for p in providers if p["name"] in TARGETS}
-
-
-SECTIONS: dict[str, Any] = {
-    "export": ExportSection,
-    "validate": ValidateSection,
-    "optimize": OptimizeSection,
-    "quantize": QuantizeSection,
-    "benchmark": BenchmarkSection,
-    "generate": GenerateSection,
-    "limits": LimitsSection,
-    "providers": Provider,
-}
-"""Each recipe section's type, by its key (checked against the schema by tests/test_kinds.py)."""

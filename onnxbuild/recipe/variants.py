@@ -81,34 +81,11 @@ def variant(
     return Variant(name, step, files[-1], precision, files if len(files) > 1 else (), base, dict(own or {}))
 
 
-def tolerances(recipe: Recipe, v: Variant) -> dict[str, Any]:
-    """The base validate section's tolerances for the exported model; the variant's own
-    (``v.own``, its entry's ``validate:``) over its precision's defaults otherwise."""
-    r = recipe.resolved
-    if v.name == "model":
-        return {}
-    defaults: dict[str, float | None] = dict(VARIANT_TOLERANCES[v.precision])
-    base = r.get("validate") or {}  # absent for onnx and graph sources: validation needs a torch model
-    if base.get("top1_min") is None:
-        defaults.pop("top1_min")
-    if base.get("cosine_min") is None:
-        defaults.pop("cosine_min")
-    if base.get("text") is None:  # the text gates apply where there is text
-        for gate in TEXT_GATES:
-            defaults.pop(gate)
-    elif v.precision in ("int8", "int4"):
-        # where there is text, a quantized variant's top-1 is gated on it, and on random token
-        # ids only reported: there a trained model's next-token distribution is near-flat and
-        # 4- or 8-bit noise flips many argmaxes (SmolLM2's 8-bit weights: +0.50% perplexity and
-        # top-1 0.955 on text, 0.858 on random ids; its GGUF blocks at int8 compute: +0.38%,
-        # 0.965 on text, 0.902 on random ids)
-        defaults["top1_min"] = None
-    return {**defaults, **v.own}
-
-
 def vocab_size(recipe: Recipe) -> int | None:
     """The config's vocabulary size, when the recipe gives one (int8 calibration inputs need it)."""
-    if recipe.source_kind != "huggingface":
+    from onnxbuild.sources import source_kind
+
+    if not source_kind(recipe.source_kind).transformers:
         return None
     config = recipe.source.get("config") or {}
     size = config.get("vocab_size")

@@ -20,6 +20,7 @@ from onnxbuild.recipe.model import Recipe
 from onnxbuild.report import diffview
 from onnxbuild.report.diffview import Cost, Metric, RecipeDiff
 from onnxbuild.review.modeldiff import model_diffs
+from onnxbuild.steps.benchmarking import section as benchmarks
 from onnxbuild.steps.quantize import METHOD_KEYS
 
 __all__ = ["Cost", "Metric", "RecipeDiff", "diff", "render"]
@@ -342,10 +343,11 @@ def _metrics(old_plan: Any, new_plan: Any, cache: Any) -> list[Metric]:
             ):
                 if key in t_new and t_old.get(key) != t_new[key]:
                     rows.append(Metric(f"validation {variant} {label}", t_old.get(key), t_new[key], ""))
-    b_old = _read_output(cache, old.get("benchmark"), "benchmark.json")
-    b_new = _read_output(cache, new.get("benchmark"), "benchmark.json")
+    b_old = _read_output(cache, old.get(benchmarks.STEP), benchmarks.REPORT)
+    b_new = _read_output(cache, new.get(benchmarks.STEP), benchmarks.REPORT)
     # the same cached entry on both sides has the same figures; a rerun may time alike
-    rerun = bool(old.get("benchmark")) and bool(new.get("benchmark")) and old["benchmark"].key != new["benchmark"].key
+    before, after = old.get(benchmarks.STEP), new.get(benchmarks.STEP)
+    rerun = before is not None and after is not None and before.key != after.key
     if b_old and b_new and rerun:
         before_p50 = {
             (r["variant"], r["provider"], json.dumps(r.get("shape"), sort_keys=True)): r.get("p50_ms")

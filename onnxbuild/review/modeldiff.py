@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
     from onnxbuild.engine.graph import Plan
 
 from onnxbuild._util import brief
+from onnxbuild.steps import export as export_kind
+from onnxbuild.steps.validating import rules
 
 # Operators that only exist as fusions (ONNX Runtime's contrib domain): the counts a
 # transformers or onnxruntime bump silently changes.
@@ -174,8 +177,9 @@ def model_diffs(old_plan: Plan, new_plan: Plan, cache: Cache, resolved: dict[str
     """Every ONNX file both sides built whose bytes differ, with what changed inside it."""
     old = {s.spec.name: s for s in old_plan.steps}
     out: list[ModelDiff] = []
-    validate = resolved.get("validate") or {}
-    shapes = validate.get("shapes") or [resolved.get("export", {}).get("sample") or {}]
+    validate: Mapping[str, Any] = rules.section(resolved) or {}
+    traced = export_kind.section(resolved)
+    shapes = validate.get("shapes") or [dict(traced["sample"]) if traced else {}]
     sizes = {**shapes[0], "past_sequence": 0}
     seed = int(validate.get("seed", 0))
     for step in new_plan.steps:

@@ -567,6 +567,7 @@ KIND = SourceKind(
     gguf=is_gguf,
     transformers=True,
     onnx_file=named_file,
+    sdpa=lambda src: {**src, "attn_implementation": "sdpa"},
     config=config,
     later=LATER,
     recorded=RECORDED,

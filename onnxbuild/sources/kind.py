@@ -118,6 +118,13 @@ class SourceKind:
     recipe must then give it); empty when the task gives the inputs."""
     converter: str = ""
     """Its own converter to ONNX (tf2onnx), where torch's exporters do not apply."""
+    convert: Callable[[Any, Any, Path], None] | None = None
+    """Converts its loaded model to ONNX at the path, given the export section (the converter's)."""
+    framework: str = "PyTorch"
+    """The framework its model runs in, which validation compares ONNX Runtime against."""
+    sdpa: Callable[[Source], Source] | None = None
+    """The section set to load the model with PyTorch's fused attention (sdpa), so a baseline is
+    not timed with a slower attention than the export may use; None where the kind has no choice."""
     """A text decoder: ``export.with_past`` and the fused decoder graphs apply."""
     benchmark_inputs: Callable[[Source], list[dict[str, Any]]] | None = None
     """Inputs an untraced source is benchmarked by."""

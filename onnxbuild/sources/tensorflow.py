@@ -175,5 +175,7 @@ KIND = SourceKind(
     adapter=KerasAdapter,
     needs_inputs="its input signature: name, dtype and shape of each model input",
     converter="tf2onnx",
+    convert=convert,
+    framework="TensorFlow",
 )
 """What this kind says of itself (onnxbuild.sources.kind.SourceKind)."""

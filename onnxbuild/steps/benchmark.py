@@ -57,6 +57,7 @@ from onnxbuild.steps.benchmarking.timing import (
     rss_mb,
 )
 from onnxbuild.steps.machine import PEAKS_INPUT
+from onnxbuild.steps.validating import rules
 
 VERSION = 12
 
@@ -87,7 +88,8 @@ def plan(p: Planning) -> list[StepSpec]:
     with_past = bool(traced and traced["with_past"])
     if with_past:
         inputs.append(export_kind.CONFIG_INPUT)
-    if p.recipe.torch_source and (r.get("validate") or {}).get("text"):
+    validated = rules.section(r)
+    if p.recipe.torch_source and validated and validated["text"]:
         # quality on text beside speed in the lead: each variant's validation report
         inputs += [StepInput(v.validate_step, f"reports/validation/{v.name}.json") for v in p.variants]
     # PyTorch is timed beside a traced source only; decode steps with a past or a decoder file

@@ -21,13 +21,14 @@ and runtimes with float16 units, and is validated here on the CPU like every oth
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, TypedDict, cast
+from typing import Literal, TypedDict, cast
 
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.recipe.variants import variant
 from onnxbuild.spec import Planning, StepInput, StepKind, Variant
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
+from onnxbuild.steps.validating import rules
 
 VERSION = 1
 PACKAGES = ("onnxruntime", "onnx", "numpy")
@@ -42,8 +43,7 @@ ConvertEntry = TypedDict(
         "dtype": Literal["fp16"],
         "keep_io_types": bool,
         "op_block_list": list[str],
-        "validate": dict[str, Any],
-    },
+    },  # and its own tolerances, validate's to read (rules.own)
 )
 KEYED = ("name", "dtype", "keep_io_types", "op_block_list")
 """What enters a convert step's key: not ``validate:`` (its validate step reads it) nor ``from``
@@ -54,7 +54,7 @@ def variants(recipe: Recipe, earlier: tuple[Variant, ...]) -> list[Variant]:
     """One per entry, from the variant its ``from`` names, held to fp16's tolerances."""
     entries = cast(list[ConvertEntry], recipe.resolved.get("convert") or [])
     return [
-        variant(recipe, e["name"], f"convert.{e['name']}", f"{e['name']}/", "fp16", e["from"], e["validate"])
+        variant(recipe, e["name"], f"convert.{e['name']}", f"{e['name']}/", "fp16", e["from"], rules.own(e))
         for e in entries
     ]
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -20,11 +21,19 @@ from onnxbuild._util import brief, pick
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.checks import traced_only
 from onnxbuild.recipe.model import Recipe, is_torch_source
-from onnxbuild.recipe.resolve import DEFAULT_SAMPLE, default_sample, deref, symbolic_dims, with_defaults
+from onnxbuild.recipe.resolve import (
+    DEFAULT_SAMPLE,
+    default_sample,
+    deref,
+    symbolic_dims,
+    validation_dims,
+    with_defaults,
+)
 from onnxbuild.recipe.sections import SIGNATURE_KEYS, ExportSection
 from onnxbuild.recipe.tasks import DEFAULT_DECODER_SEQUENCE, WITH_PAST_INPUTS
 from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD, model_files
 from onnxbuild.sources import source_kind
+from onnxbuild.sources.kind import SourceKind
 from onnxbuild.sources.torchmodel import (
     full_export,
     input_specs,
@@ -58,7 +67,9 @@ def plan(p: Planning) -> list[StepSpec]:
             params={"source": r["source"], "export": r["export"]},
             deps=("source",),
             inputs=(StepInput("source", SOURCE_RECORD),),
-            outputs=(*model_files(p.recipe), "config.json") if p.recipe.source_kind == "huggingface" else (MODEL,),
+            outputs=(*model_files(p.recipe), "config.json")
+            if source_kind(p.recipe.source_kind).transformers
+            else (MODEL,),
         )
     ]
 
@@ -70,8 +81,10 @@ def placement(recipe: Recipe) -> tuple[float, int, str]:
 
 def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     source, export = spec.params["source"], cast(ExportSection, spec.params["export"])
-    if "tensorflow" in source:
-        return _tensorflow(ctx, source, export)
+    ((kind, src),) = source.items()
+    described = source_kind(kind)
+    if described.convert is not None:
+        return _converted(ctx, described, src, export)
     import torch
 
     if export["device"] == "cuda" and not torch.cuda.is_available():
@@ -131,7 +144,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         params = sum(p.numel() * p.element_size() for p in model.parameters())
         del wrapped
         extra = _finalise(raw, out, export, params)
-    if "huggingface" in source:
+    if described.transformers:
         extra += companion_files(ctx, model, source, record, export)
     summary = f"{export['exporter']} exporter, opset {export['opset']}, {out.stat().st_size / 1e6:.1f} MB"
     return StepResult(
@@ -229,17 +242,18 @@ def _seq2seq(
     return StepResult(summary=summary, data={"exporter": "torchscript", "opset": export["opset"]}, extra_outputs=extra)
 
 
-def _tensorflow(ctx: StepContext, source: dict[str, Any], export: ExportSection) -> StepResult:
-    """tf2onnx instead of torch.onnx: the recipe's inputs are the model's input signature."""
-    from onnxbuild.sources.tensorflow import convert, load_model
-
+def _converted(ctx: StepContext, described: SourceKind, src: dict[str, Any], export: ExportSection) -> StepResult:
+    """The source's own converter (tf2onnx) instead of torch.onnx: the recipe's inputs are the
+    model's input signature."""
+    if described.convert is None or described.load_model is None:
+        raise StepError(f"a {described.name} source has no converter to ONNX (a bug)")
     record = read_source_record(ctx)
-    model = load_model(source["tensorflow"], record, ctx.recipe_dir)
+    model = described.load_model(src, record, ctx.recipe_dir)
     out = ctx.output("model.onnx")
-    convert(model, export, out)
+    described.convert(model, export, out)
     return StepResult(
-        summary=f"tf2onnx, opset {export['opset']}, {out.stat().st_size / 1e6:.1f} MB",
-        data={"exporter": "tf2onnx", "opset": export["opset"]},
+        summary=f"{described.converter}, opset {export['opset']}, {out.stat().st_size / 1e6:.1f} MB",
+        data={"exporter": described.converter, "opset": export["opset"]},
     )
 
 
@@ -482,6 +496,28 @@ def check(c: Checking) -> Iterable[Found]:
             )
 
 
+def finds(c: Checking) -> Checking:
+    """The model's inputs (the recipe's, else its task's), their dimensions and whether it
+    takes a KV cache, for every kind's check."""
+    export = c.doc.get("export", {})
+    with_past = bool(export.get("with_past")) and c.decoder
+    inputs: list[dict[str, Any]] = []
+    if c.traced:
+        described = source_kind(c.source)
+        default_inputs = (
+            WITH_PAST_INPUTS if with_past else described.default_io(c.src)[0] if described.default_io else []
+        )
+        inputs = export.get("inputs") or default_inputs
+    return replace(
+        c,
+        with_past=with_past,
+        inputs=tuple(inputs),
+        export_dims=tuple(symbolic_dims(inputs)),
+        dims=tuple(validation_dims(c.source, c.src, inputs)) if c.traced else (),
+        optional=frozenset({"past_sequence"} if with_past else ()),
+    )
+
+
 def _check_two_files(c: Checking, export: dict[str, Any]) -> Iterable[Found]:
     """An encoder-decoder's encoder takes its task's inputs, its decoder file always its cache."""
     inputs = export.get("inputs")
@@ -521,6 +557,7 @@ KIND = StepKind(
     imports=("onnxscript",),
     loads_model=True,
     check=check,
+    finds=finds,
     resolve=resolve,
     writes_model=lambda recipe: recipe.torch_source,
 )

@@ -24,6 +24,7 @@ from onnxbuild.sources import is_decoder, section_for, source_kind
 from onnxbuild.spec import Checking, Found, Planning, StepInput, StepKind, Variant
 from onnxbuild.steps import export as export_kind
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
+from onnxbuild.steps.validating import rules
 
 OWN_KEYS = ("level", "decoder", "transformer", "float16")
 """What of ``optimize:`` this step reads: its ``validate:`` block is the validate.optimized step's;
@@ -77,7 +78,7 @@ def variants(recipe: Recipe, earlier: tuple[Variant, ...]) -> list[Variant]:
             "optimized/",
             "fp16" if opt["float16"] else "fp32",
             "model",
-            opt.get("validate") or {},
+            rules.own(opt),
         )
     ]
 

@@ -23,11 +23,13 @@ from onnxbuild.recipe.sections import QuantizeSection
 from onnxbuild.recipe.variants import SOURCE_RECORD, TEXT_GATES, variant, vocab_size
 from onnxbuild.sources import section_for, source_kind
 from onnxbuild.spec import Checking, Found, Planning, StepInput, StepKind, Variant
+from onnxbuild.steps import export as export_kind
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 from onnxbuild.steps.quantizing.budgeted import _budgeted
 from onnxbuild.steps.quantizing.gguf import _gguf
 from onnxbuild.steps.quantizing.int8 import _dynamic, _static, excluded
 from onnxbuild.steps.quantizing.nbits import _weight_only, bits_of
+from onnxbuild.steps.validating import rules
 
 VERSION = 5
 
@@ -37,7 +39,7 @@ PACKAGES = ("onnxruntime", "onnx", "numpy")
 
 # The recipe keys each method reads; the others keep their defaults but do nothing, so a
 # review of a new variant shows only these.
-COMMON_KEYS = ("name", "method", "from", "exclude_nodes", "keep", "validate")
+COMMON_KEYS = ("name", "method", "from", "exclude_nodes", "keep", rules.OWN)
 
 
 METHOD_KEYS = {
@@ -76,7 +78,7 @@ METHOD_KEYS = {
 }
 
 
-KEYED = {method: tuple(k for k in keys if k not in ("validate", "from")) for method, keys in METHOD_KEYS.items()}
+KEYED = {method: tuple(k for k in keys if k not in (rules.OWN, "from")) for method, keys in METHOD_KEYS.items()}
 """What enters a quantize step's key: its method's keys, less ``validate:`` (the variant's
 validate step reads it) and ``from`` (the input file it names is in the key already)."""
 
@@ -94,7 +96,7 @@ def variants(recipe: Recipe, earlier: tuple[Variant, ...]) -> list[Variant]:
     out = []
     for q in recipe.resolved.get("quantize", []):
         budget = q.get("budget") or {}
-        own = {**{k: budget[k] for k in TEXT_GATES if k in budget}, **q["validate"]}
+        own = {**{k: budget[k] for k in TEXT_GATES if k in budget}, **rules.own(q)}
         out.append(
             variant(
                 recipe,
@@ -145,8 +147,8 @@ def plan(p: Planning) -> list[StepSpec]:
                     **({"files": list(base.files)} if base.files else {}),
                     **(
                         {
-                            "inputs": r["export"]["inputs"],
-                            "shapes": r["validate"]["shapes"],
+                            "inputs": export_kind.required(r)["inputs"],
+                            "shapes": rules.shapes(r),
                             "vocab_size": vocab_size(p.recipe),
                         }
                         if seeded

@@ -37,6 +37,7 @@ from onnxbuild.recipe.model import Recipe
 from onnxbuild.runtimes.generation import PREFILL_FILE
 from onnxbuild.spec import Planning, StepInput, StepKind, Variant
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
+from onnxbuild.steps.validating import rules
 
 VERSION = 1
 PACKAGES = ("onnx", "transformers")
@@ -75,7 +76,7 @@ def variants(recipe: Recipe, earlier: tuple[Variant, ...]) -> list[Variant]:
                 f"serve.{e['name']}",
                 f"{e['name']}/{DECODE_FILE}",
                 precision,
-                own={**decode.own, **(e.get("validate") or {})},
+                own={**decode.own, **rules.own(e)},
                 prefill=f"{e['name']}/{PREFILL_FILE}",
             )
         )

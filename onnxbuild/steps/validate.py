@@ -34,7 +34,7 @@ from onnxbuild.recipe.sections import (
     ValidateSection,
     target_variants,
 )
-from onnxbuild.recipe.variants import SOURCE_RECORD, TEXT_GATES, tolerances
+from onnxbuild.recipe.variants import SOURCE_RECORD, TEXT_GATES
 from onnxbuild.report.validation import (
     OpenVinoVerdict,
     ShapeResult,
@@ -44,7 +44,7 @@ from onnxbuild.report.validation import (
     text_summary,
 )
 from onnxbuild.runtimes import openvino_target, sessions
-from onnxbuild.sources import section_for
+from onnxbuild.sources import section_for, source_kind
 from onnxbuild.sources.torchmodel import (
     full_export,
     gates_top1,
@@ -101,7 +101,7 @@ def plan(p: Planning) -> list[StepSpec]:
             drop=() if r["validate"].get("sentences") or r["validate"].get("text") else ("tokenizer",),
             unset=("package",),
         )
-        validate = r["validate"] | tolerances(p.recipe, v)
+        validate = r["validate"] | rules.tolerances(p.recipe, v)
         if not validate.get("sentences"):  # the embedding floor applies to sentences only
             validate = pick(validate, set(validate) - {"cosine_min"})
         if not validate.get("text"):  # and the text gates to text: out of the key without it
@@ -385,6 +385,7 @@ def _finish(
     the left-padded case off, which the report and summary say; ``failing``: the inputs of
     the first case that failed numerically, which the first-divergence search reruns)."""
     variant = spec.params.get("variant", "model")
+    framework = source_kind(next(iter(source))).framework  # what ONNX Runtime is compared against
     warn_only = validate["on_fail"] == "warn"  # part of every verdict: whether a failure ends the step
     rtol, atol = float(validate["rtol"]), float(validate["atol"])
     top1_min = validate.get("top1_min")
@@ -407,7 +408,7 @@ def _finish(
         "passed": passed,
         "weights": record.get("weights"),
         "weights_note": record.get("why", ""),
-        "reference": "tensorflow" if "tensorflow" in source else "pytorch",
+        "reference": framework.lower(),
         "variants": {
             variant: {
                 "passed": passed,
@@ -446,8 +447,7 @@ def _finish(
             "max_abs_diff": openvino["max_abs_diff"],
         }
     if accuracy is not None:
-        engine = "TensorFlow" if "tensorflow" in source else "PyTorch"
-        summary += f", accuracy {accuracy['onnxruntime']:.4f} ({engine} {accuracy['pytorch']:.4f})"
+        summary += f", accuracy {accuracy['onnxruntime']:.4f} ({framework} {accuracy['pytorch']:.4f})"
         data["accuracy"] = {"pytorch": accuracy["pytorch"], "onnxruntime": accuracy["onnxruntime"]}
     if embeddings is not None:
         summary += f", embedding cosine min {embeddings['min']:.6f}"

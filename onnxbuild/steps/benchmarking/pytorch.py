@@ -5,14 +5,13 @@ fp32 and in bf16, decode through ``generate()``, and encoder-decoders.
 from __future__ import annotations
 
 import gc
-import json
 from typing import TYPE_CHECKING, Any, cast
 
 from onnxbuild.environment import BF16_FLAGS, missing_feature
 from onnxbuild.recipe.sections import (
     BenchmarkSection,
-    ExportSection,
 )
+from onnxbuild.steps import export as export_kind
 from onnxbuild.steps.base import StepContext, StepSpec
 from onnxbuild.steps.benchmarking.decode import _decode_row
 from onnxbuild.steps.benchmarking.limits import WORK, _shapes, _work_of
@@ -25,6 +24,7 @@ from onnxbuild.steps.benchmarking.timing import (
     feeds_prompt,
     measure,
     rss_mb,
+    with_sdpa,
 )
 
 if TYPE_CHECKING:
@@ -121,15 +121,11 @@ def _pytorch_baseline(
 
     from onnxbuild.sources.torchmodel import load_source_model, wrap
 
-    source = json.loads(json.dumps(spec.params["source"]))
-    attention = None
-    if "huggingface" in source:
-        source["huggingface"]["attn_implementation"] = "sdpa"
-        attention = "sdpa"
+    source, attention = with_sdpa(spec.params["source"])
     torch.set_num_threads(threads)
     torch.set_flush_denormal(True)  # as ONNX Runtime's sessions run (onnxbuild/runtimes/sessions.py)
     model = load_source_model(source, record, ctx.recipe_dir)
-    export = cast(ExportSection, spec.params["export"])
+    export = export_kind.required(spec.params)
     names = [t["name"] for t in export["inputs"]] + (layout.past_names if layout is not None else [])
     wrapped = wrap(model, source, names, export["outputs"] + (layout.present_names if layout is not None else []))
     out = []

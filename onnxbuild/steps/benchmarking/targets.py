@@ -5,15 +5,14 @@ Node.js, and OpenVINO's CPU plugin.
 from __future__ import annotations
 
 import gc
-import json
 import time
 from typing import Any, cast
 
 from onnxbuild.recipe.sections import (
     BenchmarkSection,
-    ExportSection,
     target_variants,
 )
+from onnxbuild.steps import export as export_kind
 from onnxbuild.steps.base import StepContext, StepSpec
 from onnxbuild.steps.benchmarking.decode import _decode_row, _ort_decode
 from onnxbuild.steps.benchmarking.limits import _work_of
@@ -29,6 +28,7 @@ from onnxbuild.steps.benchmarking.timing import (
     measure,
     rss_mb,
     summarise,
+    with_sdpa,
 )
 
 
@@ -47,10 +47,9 @@ def _seq2seq_benchmark(
     from onnxbuild.sources.torchmodel import load_source_model, make_inputs
 
     bench = cast(BenchmarkSection, spec.params["benchmark"])
-    export = cast(ExportSection, spec.params["export"])
+    export = export_kind.required(spec.params)
     n = int(bench["decode_tokens"])
-    source = json.loads(json.dumps(spec.params["source"]))
-    source["huggingface"]["attn_implementation"] = "sdpa"
+    source, _ = with_sdpa(spec.params["source"])
     torch.set_num_threads(threads)
     torch.set_flush_denormal(True)  # as ONNX Runtime's sessions run (onnxbuild/runtimes/sessions.py)
     model = load_source_model(source, record, ctx.recipe_dir)

@@ -9,13 +9,14 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict, cast
+from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict
 
 from onnxbuild.recipe.sections import (
     BenchmarkSection,
-    ExportSection,
 )
+from onnxbuild.sources import source_kind
 from onnxbuild.sources.decoder import PAST_PREFIX, PastLayout
+from onnxbuild.steps import export as export_kind
 from onnxbuild.steps.base import StepContext, StepSpec
 
 if TYPE_CHECKING:
@@ -177,7 +178,7 @@ def _feeds(
     """Inputs for one benchmark shape; for a with-past decoder, a prefill (empty past)."""
     from onnxbuild.sources.torchmodel import make_inputs
 
-    export = cast(ExportSection, spec.params["export"])
+    export = export_kind.required(spec.params)
     if export is not None:
         specs = export["inputs"] + (layout.past_specs() if layout is not None else [])
         return make_inputs(
@@ -199,11 +200,20 @@ def _feeds(
 
 
 def _vocab(spec: StepSpec) -> int | None:
-    src = spec.params["source"].get("huggingface")
-    if not src:
+    source = spec.params["source"]
+    if not source:
         return None
-    size = (src.get("config") or {}).get("vocab_size")
+    ((_, src),) = source.items()
+    size = (src.get("config") or {}).get("vocab_size")  # a transformers config's, where the recipe gives one
     return int(size) if size else None
+
+
+def with_sdpa(source: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """A copy of the source section that loads the model with PyTorch's fused attention where
+    its kind can choose (a baseline is not timed slower than the export may run), and which."""
+    ((kind, src),) = source.items()
+    sdpa = source_kind(kind).sdpa
+    return ({kind: sdpa(dict(src))}, "sdpa") if sdpa is not None else ({kind: dict(src)}, None)
 
 
 def _bound_runner(session: onnxruntime.InferenceSession, feeds: Feeds, outputs: list[str]) -> Callable[[], None]:
