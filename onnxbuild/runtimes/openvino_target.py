@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 
 from onnxbuild._util import brief
 from onnxbuild.runtimes import sessions
+from onnxbuild.runtimes.sessions import Kept
 from onnxbuild.sources.decoder import PAST_PREFIX as PAST
 from onnxbuild.sources.decoder import PRESENT_PREFIX as PRESENT
 
@@ -94,18 +95,6 @@ class Port:
     name: str
     shape: list[int | None]
     type: str
-
-
-@dataclass(frozen=True)
-class Kept:
-    """A past that a stateful session already holds: what ``Session.kept()`` hands a decode
-    loop in place of the presents, valid as that session's next past only: ``owner`` is the
-    session's ``id``, ``generation`` counts every change of its variables (a call, a past
-    written in, a reset), ``batch`` the rows the cache holds."""
-
-    owner: int
-    generation: int
-    batch: int
 
 
 class _Variable(Protocol):

@@ -15,6 +15,7 @@ sides of a ratio run alike.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, Union
 
 if TYPE_CHECKING:
@@ -22,9 +23,20 @@ if TYPE_CHECKING:
     import onnxruntime
     from numpy.typing import NDArray
 
-    from onnxbuild.runtimes.openvino_target import Kept
 
-Feed = Union["NDArray[np.generic]", "Kept"]
+@dataclass(frozen=True)
+class Kept:
+    """A past that a stateful session already holds: what ``Session.kept()`` hands a decode
+    loop in place of the presents, valid as that session's next past only: ``owner`` is the
+    session's ``id``, ``generation`` counts every change of its variables (a call, a past
+    written in, a reset), ``batch`` the rows the cache holds."""
+
+    owner: int
+    generation: int
+    batch: int
+
+
+Feed = Union["NDArray[np.generic]", Kept]
 """A session input: an array, or (a stateful OpenVINO session's past) a marker for the cache it holds."""
 
 SESSION_CONFIG: dict[str, str] = {"session.set_denormal_as_zero": "1"}

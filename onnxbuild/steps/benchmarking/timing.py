@@ -178,7 +178,7 @@ def _feeds(
     """Inputs for one benchmark shape; for a with-past decoder, a prefill (empty past)."""
     from onnxbuild.sources.torchmodel import make_inputs
 
-    export = export_kind.required(spec.params)
+    export = export_kind.of(spec.params)
     if export is not None:
         specs = export["inputs"] + (layout.past_specs() if layout is not None else [])
         return make_inputs(
