@@ -20,6 +20,7 @@ from onnxbuild.errors import CacheError, OnnxbuildError, RecipeError, UsageError
 from onnxbuild.recipe import loader
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.recipe.resolve import DEFAULT_ATOL, DEFAULT_RTOL
+from onnxbuild.recipe.sections import Resolved
 from onnxbuild.report.pagekey import is_current
 from onnxbuild.steps import export as export_kind
 from onnxbuild.steps import kinds
@@ -69,7 +70,7 @@ def load_recipe(path: str | Path, memo_dir: Path | None = None, *, write_memo: b
     return loader.load_recipe(path, kinds, memo_dir, write_memo=write_memo)
 
 
-def parse_recipe(text: str, shown: str) -> dict[str, Any]:
+def parse_recipe(text: str, shown: str) -> Resolved:
     """Recipe text validated by the schema and every step kind, with every default filled in."""
     return loader.parse_recipe(text, shown, kinds())
 

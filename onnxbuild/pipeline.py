@@ -81,8 +81,13 @@ def _imports(kind: str, model_imports: tuple[str, ...]) -> tuple[str, ...]:
 
 def _limits(recipe: Recipe, spec: StepSpec) -> Limits:
     """The recipe's ``limits``: a step's own entry, else its kind's, else the recipe-wide ones."""
-    limits = recipe.resolved.get("limits") or {}
-    own = limits.get("steps", {}).get(spec.name) or limits.get("steps", {}).get(spec.kind) or {}
+    limits = recipe.resolved.get("limits")
+    if not limits:
+        return Limits()
+    steps = limits.get("steps", {})
+    own = steps.get(spec.name) or steps.get(spec.kind)
+    if not own:
+        return Limits(memory_mb=limits.get("memory_mb"), seconds=limits.get("seconds"))
     return Limits(
         memory_mb=own.get("memory_mb", limits.get("memory_mb")), seconds=own.get("seconds", limits.get("seconds"))
     )

@@ -8,7 +8,7 @@ a step was built, taken from the cache or resumed after a kill. What varies run 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Literal, TypedDict
 
 from onnxbuild.engine.cache import OutputRecord
@@ -57,7 +57,7 @@ class RecipeRecord(TypedDict):
 
     path: str
     digest: str
-    resolved: dict[str, object]
+    resolved: Mapping[str, object]
 
 
 class Manifest(TypedDict):

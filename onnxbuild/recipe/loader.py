@@ -9,15 +9,16 @@ from __future__ import annotations
 import difflib
 import json
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from onnxbuild._util import sha256_bytes
 from onnxbuild.errors import Problem, RecipeError
 from onnxbuild.recipe.checks import semantic_problems
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.recipe.resolve import deref, resolve, schema, schema_text
+from onnxbuild.recipe.sections import Resolved
 from onnxbuild.recipe.yamlpos import Path_, Positions, dotted
 from onnxbuild.spec import StepKind
 
@@ -136,26 +137,32 @@ def _memo_path(memo_dir: Path, digest: str) -> Path:
     from onnxbuild._version import __version__
 
     # The resolved form depends on this code as much as on the schema: salt with the recipe
-    # package and the source kinds (they give defaults), so an edited default never serves
-    # a stale memo (some 100 KB read, no parsing).
+    # package, the source kinds and the step kinds (their checks and defaults), so an edited
+    # rule never serves a stale memo (some 500 KB read, no parsing).
     here = Path(__file__).parent
-    files = [here / "schema.json", *sorted(here.glob("*.py")), *sorted((here.parent / "sources").glob("*.py"))]
+    files = [
+        here / "schema.json",
+        *sorted(here.glob("*.py")),
+        *sorted((here.parent / "sources").glob("*.py")),
+        *sorted((here.parent / "steps").rglob("*.py")),
+    ]
     code = b"".join(f.read_bytes() for f in files)
     salt = sha256_bytes(__version__.encode() + b"\0" + code)[:16]
     return memo_dir / f"{digest}-{salt}.json"
 
 
-def _read_memo(memo: Path | None) -> dict[str, Any] | None:
+def _read_memo(memo: Path | None) -> Resolved | None:
     if memo is None:
         return None
     try:
-        data: dict[str, Any] = json.loads(memo.read_text(encoding="utf-8"))
-        return data
+        data = json.loads(memo.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+    # what _write_memo wrote, salted with this code: a resolved recipe as this version makes one
+    return cast("Resolved", data) if isinstance(data, dict) else None
 
 
-def _write_memo(memo: Path, resolved: dict[str, Any]) -> None:
+def _write_memo(memo: Path, resolved: Mapping[str, object]) -> None:
     from onnxbuild._util import atomic_write_text, canonical_json
 
     try:
@@ -164,7 +171,7 @@ def _write_memo(memo: Path, resolved: dict[str, Any]) -> None:
         pass  # only a speed-up
 
 
-def parse_recipe(text: str, shown: str, kinds: Sequence[StepKind]) -> dict[str, Any]:
+def parse_recipe(text: str, shown: str, kinds: Sequence[StepKind]) -> Resolved:
     """Validate recipe text and return it resolved (every default explicit)."""
     from onnxbuild.recipe.yamlpos import load_yaml
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from onnxbuild.recipe.sections import Resolved
 
 
 def is_torch_source(source: dict[str, Any]) -> bool:
@@ -31,7 +34,7 @@ class Recipe:
     path: str
     directory: Path
     digest: str
-    resolved: dict[str, Any]
+    resolved: Resolved
 
     @property
     def source_kind(self) -> str:

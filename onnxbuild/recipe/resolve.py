@@ -13,12 +13,13 @@ import json
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from onnxbuild.recipe.tasks import DERIVED_DIMS
 from onnxbuild.sources import source_kind
 
 if TYPE_CHECKING:
+    from onnxbuild.recipe.sections import Resolved
     from onnxbuild.spec import StepKind
 
 DEFAULT_SAMPLE = {"batch": 2, "sequence": 16, "past_sequence": 4}
@@ -77,7 +78,7 @@ def symbolic_dims(inputs: list[dict[str, Any]]) -> list[str]:
 # ---------------------------------------------------------------- defaults
 
 
-def resolve(doc: dict[str, Any], kinds: Sequence[StepKind]) -> dict[str, Any]:
+def resolve(doc: dict[str, Any], kinds: Sequence[StepKind]) -> Resolved:
     """Fill every default so the result says everything the build depends on: the source's,
     each section's from the schema, then what each kind derives from other keys (``StepKind.resolve``,
     in the registry's order: validation shapes from the export's sample sizes)."""
@@ -102,7 +103,9 @@ def resolve(doc: dict[str, Any], kinds: Sequence[StepKind]) -> dict[str, Any]:
             out[key] = _fill(json.loads(json.dumps(prop["default"])), prop)
     for step_kind in kinds:
         step_kind.resolve(doc, out)
-    return {key: out[key] for key in schema()["properties"] if key in out}  # as `show` prints it
+    # A schema-checked recipe filled from the schema and the kinds: the shape Resolved names
+    # (tests/test_kinds.py holds the TypedDicts and the schema to the same keys).
+    return cast("Resolved", {key: out[key] for key in schema()["properties"] if key in out})  # as `show` prints it
 
 
 def default_shapes(

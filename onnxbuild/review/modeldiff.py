@@ -173,7 +173,7 @@ def drift(old: Path, new: Path, sizes: dict[str, int], seed: int) -> tuple[dict[
     return out, ""
 
 
-def model_diffs(old_plan: Plan, new_plan: Plan, cache: Cache, resolved: dict[str, Any]) -> list[ModelDiff]:
+def model_diffs(old_plan: Plan, new_plan: Plan, cache: Cache, resolved: Mapping[str, object]) -> list[ModelDiff]:
     """Every ONNX file both sides built whose bytes differ, with what changed inside it."""
     old = {s.spec.name: s for s in old_plan.steps}
     out: list[ModelDiff] = []

@@ -78,7 +78,8 @@ MEMORY = (5, 600)
 def plan(p: Planning) -> list[StepSpec]:
     """Every variant timed on every provider, beside PyTorch."""
     r = p.recipe.resolved
-    if not r.get("benchmark"):
+    bench = r.get("benchmark")
+    if not bench:
         return []
     inputs = [StepInput(v.step, f) for v in p.variants for f in v.paths]
     inputs.append(PEAKS_INPUT)  # the machine's limits: each row's share of them
@@ -100,7 +101,7 @@ def plan(p: Planning) -> list[StepSpec]:
             name="benchmark",
             kind="benchmark",
             params={
-                "benchmark": pick(r["benchmark"], set(r["benchmark"]) - unread),
+                "benchmark": pick(bench, set(bench) - unread),
                 "providers": r["providers"],
                 "source": r["source"] if p.recipe.torch_source else None,
                 **export_kind.signature(r),
@@ -125,7 +126,8 @@ def plan(p: Planning) -> list[StepSpec]:
 def placement(recipe: Recipe) -> tuple[float, int, str]:
     """(CPUs, GPUs, why a GPU): the threads it times with, a GPU for the CUDA provider."""
     r = recipe.resolved
-    cpus = float(r["benchmark"]["threads"] or 2)
+    bench = r.get("benchmark")
+    cpus = float((bench["threads"] if bench else 0) or 2)
     if any(q["name"] == "CUDAExecutionProvider" for q in r["providers"]):
         return cpus, 1, "benchmark on CUDAExecutionProvider"
     return cpus, 0, ""

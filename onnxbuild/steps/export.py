@@ -12,7 +12,7 @@ exporter the node metadata it writes (stack traces with absolute paths) removed.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
@@ -407,30 +407,30 @@ def resolve(doc: dict[str, Any], out: dict[str, Any]) -> None:
     out["export"] = export
 
 
-def section(resolved: dict[str, Any]) -> ExportSection | None:
+def section(resolved: Mapping[str, object]) -> ExportSection | None:
     """A resolved recipe's export section (None for a source that is not traced): what later
     kinds read of it (inputs, sample sizes) without naming it."""
     return cast("ExportSection | None", resolved.get("export"))
 
 
-def signature(resolved: dict[str, Any]) -> dict[str, Any]:
+def signature(resolved: Mapping[str, object]) -> dict[str, Any]:
     """The export's inputs, outputs and with_past under the section's name, for a later step's
     params (in its key: a new input reruns it); None for a source that is not traced."""
     found = section(resolved)
     return {"export": pick(found, SIGNATURE_KEYS) if found else None}
 
 
-def whole(resolved: dict[str, Any]) -> dict[str, Any]:
+def whole(resolved: Mapping[str, object]) -> dict[str, Any]:
     """The whole export section under its name, for a step that reads its sample sizes too."""
     return {"export": section(resolved)}
 
 
-def of(params: dict[str, Any]) -> ExportSection | None:
+def of(params: Mapping[str, object]) -> ExportSection | None:
     """What :func:`signature` or :func:`whole` put in a step's params."""
     return cast("ExportSection | None", params.get("export"))
 
 
-def required(params: dict[str, Any]) -> ExportSection:
+def required(params: Mapping[str, object]) -> ExportSection:
     """:func:`of` for a step that runs only for a traced source (validate)."""
     found = of(params)
     if found is None:

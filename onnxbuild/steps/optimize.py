@@ -87,15 +87,16 @@ def plan(p: Planning) -> list[StepSpec]:
     """The ``optimized`` variant: ONNX Runtime's graph optimizations (keyed by this CPU at the
     hardware-bound levels), or a fused decoder written from the weights."""
     r = p.recipe.resolved
-    if not r.get("optimize"):
+    opt = r.get("optimize")
+    if not opt:
         return []
     # The first ONNX Runtime provider (web is onnxruntime-web, not a provider of this ORT).
     provider = next((q["name"] for q in r["providers"] if q["name"] not in TARGETS), "CPUExecutionProvider")
-    hardware = r["optimize"]["level"] in HARDWARE_BOUND
+    hardware = opt["level"] in HARDWARE_BOUND
     # A decoder with a KV cache may get its graph written from the weights (fusion/decoder.py):
     # then the step reads the model as the source step recorded it.
     traced = export_kind.section(r)
-    fuse = is_decoder(r["source"]) and bool(traced and traced["with_past"]) and r["optimize"]["decoder"] != "export"
+    fuse = is_decoder(r["source"]) and bool(traced and traced["with_past"]) and opt["decoder"] != "export"
     model_step = p.model_step
     files = p.variants[0].files  # an encoder-decoder's two files, each optimized alike
     return [
@@ -103,13 +104,13 @@ def plan(p: Planning) -> list[StepSpec]:
             name="optimize",
             kind="optimize",
             params={
-                "optimize": pick(r["optimize"], OWN_KEYS if fuse else set(OWN_KEYS) - {"decoder"}),
+                "optimize": pick(opt, OWN_KEYS if fuse else set(OWN_KEYS) - {"decoder"}),
                 "source": section_for(r["source"], drop=("tokenizer",), unset=("package",))
                 if source_kind(p.recipe.source_kind).transformers
                 else None,
                 "input": MODEL,
                 "provider": provider if hardware else None,
-                "skip_layer_norm": skip_layer_norm(r["optimize"]["skip_layer_norm"], r["providers"]),
+                "skip_layer_norm": skip_layer_norm(opt["skip_layer_norm"], r["providers"]),
                 **({"fuse_decoder": True} if fuse else {}),
                 **({"files": list(files)} if files else {}),
             },

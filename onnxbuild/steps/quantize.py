@@ -96,14 +96,14 @@ def variants(recipe: Recipe, earlier: tuple[Variant, ...]) -> list[Variant]:
     out = []
     for q in recipe.resolved.get("quantize", []):
         budget = q.get("budget") or {}
-        own = {**{k: budget[k] for k in TEXT_GATES if k in budget}, **rules.own(q)}
+        own = {**{k: v for k, v in budget.items() if k in TEXT_GATES}, **rules.own(q)}
         out.append(
             variant(
                 recipe,
                 q["name"],
                 f"quantize.{q['name']}",
                 f"{q['name']}/",
-                precision(cast(QuantizeSection, q)),
+                precision(q),
                 q["from"],
                 own,
             )

@@ -4,6 +4,7 @@ diff compares two builds' reports)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, cast
 
 from onnxbuild._util import pick
@@ -14,7 +15,7 @@ STEP = "benchmark"
 REPORT = "benchmark.json"
 
 
-def section(resolved: dict[str, Any]) -> BenchmarkSection | None:
+def section(resolved: Mapping[str, object]) -> BenchmarkSection | None:
     """The recipe's benchmark section (None when it has none)."""
     return cast("BenchmarkSection | None", resolved.get(STEP) or None)
 

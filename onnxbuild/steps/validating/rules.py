@@ -38,12 +38,12 @@ def own(entry: Mapping[str, Any]) -> dict[str, Any]:
     return dict(entry.get(OWN) or {})
 
 
-def section(resolved: Mapping[str, Any]) -> ValidateSection | None:
+def section(resolved: Mapping[str, object]) -> ValidateSection | None:
     """A resolved recipe's validate section (None for a source that is not traced)."""
     return cast("ValidateSection | None", resolved.get(OWN))
 
 
-def shapes(resolved: Mapping[str, Any]) -> list[dict[str, int]]:
+def shapes(resolved: Mapping[str, object]) -> list[dict[str, int]]:
     """The validation shapes (none for a source that is not traced): what static calibration and
     a benchmark's quality columns are measured at."""
     found = section(resolved)
