@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+if TYPE_CHECKING:
+    from _collections_abc import dict_items, dict_values
 
 TEST_PAUSE_ENV = "ONNXBUILD_TEST_PAUSE"
 
@@ -52,6 +55,9 @@ def tracing_reads() -> bool:
     return bool(os.environ.get(READS_ENV))
 
 
+_V = TypeVar("_V")
+
+
 class Tracked(dict):  # type: ignore[type-arg]
     """A recipe mapping that notes, while a step runs, the recipe path of each leaf read from it.
 
@@ -59,11 +65,11 @@ class Tracked(dict):  # type: ignore[type-arg]
     exactly as an untraced one. ``a | b`` keeps both sides' paths (a variant's tolerances
     over the base ``validate:``)."""
 
-    def __init__(self, data: dict[str, Any], paths: dict[str, str]) -> None:
+    def __init__(self, data: Mapping[str, object], paths: dict[str, str]) -> None:
         super().__init__(data)
         self.paths = paths
 
-    def _note(self, key: Any) -> None:
+    def _note(self, key: str) -> None:
         seen = _reads.get()
         if seen is not None and key in self.paths:
             value = dict.get(self, key)
@@ -71,30 +77,30 @@ class Tracked(dict):  # type: ignore[type-arg]
                 return  # a section: its leaves note themselves when read
             seen.add(self.paths[key])
 
-    def __getitem__(self, key: Any) -> Any:
+    def __getitem__(self, key: str) -> object:
         self._note(key)
         return dict.__getitem__(self, key)
 
-    def get(self, key: Any, default: Any = None) -> Any:
+    def get(self, key: str, default: object = None) -> object:
         if key in self:
             self._note(key)
         return dict.get(self, key, default)
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[str]:
         # overridden so that dict(x), {**x} and update(x) go through keys() and __getitem__
         return dict.__iter__(self)
 
-    def values(self) -> Any:
+    def values(self) -> dict_values[str, object]:
         for key in self:
             self._note(key)
         return dict.values(self)
 
-    def items(self) -> Any:
+    def items(self) -> dict_items[str, object]:
         for key in self:
             self._note(key)
         return dict.items(self)
 
-    def __or__(self, other: Any) -> Tracked:
+    def __or__(self, other: Any) -> Tracked:  # dict.__or__ takes every key type: a narrower override is refused
         theirs = other.paths if isinstance(other, Tracked) else {}
         # a key the right side sets comes from there: its path, or none (a built-in default)
         paths = {k: v for k, v in self.paths.items() if k not in other} | theirs
@@ -103,12 +109,12 @@ class Tracked(dict):  # type: ignore[type-arg]
     def __ror__(self, other: Any) -> Tracked:
         return Tracked({**other, **dict(dict.items(self))}, dict(self.paths))
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> dict[str, Any]:
+    def __deepcopy__(self, memo: dict[int, object]) -> dict[str, object]:
         import copy
 
         return {k: copy.deepcopy(v, memo) for k, v in self.items()}
 
-    def __reduce__(self) -> Any:
+    def __reduce__(self) -> tuple[type[Tracked], tuple[dict[str, object], dict[str, str]]]:
         # traced in a step's own process too (the params travel pickled)
         return (Tracked, (dict(dict.items(self)), self.paths))
 
@@ -116,11 +122,15 @@ class Tracked(dict):  # type: ignore[type-arg]
 class TrackedList(list):  # type: ignore[type-arg]
     """A list of recipe mappings (``quantize:``, ``export.inputs``), each traced."""
 
-    def __reduce__(self) -> Any:
+    def __reduce__(self) -> tuple[type[TrackedList], tuple[list[object]]]:
         return (TrackedList, (list(self),))
 
 
-def track(value: Any, path: str = "") -> Any:
+@overload
+def track(value: dict[str, _V], path: str = "") -> dict[str, _V]: ...
+@overload
+def track(value: object, path: str = "") -> object: ...
+def track(value: object, path: str = "") -> object:
     """The resolved recipe (or a part of it at ``path``) with every mapping traced."""
     if isinstance(value, dict):
         paths = {k: f"{path}.{k}" if path else str(k) for k in value}

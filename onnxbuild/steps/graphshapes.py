@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import onnx
@@ -19,6 +19,12 @@ shape, a Slice's ends); bigger ones are weights, and only their dims are needed.
 
 
 Shape = tuple[int, ...]
+
+
+class _Symbolic(Protocol):
+    """onnxruntime's SymbolicShapeInference, as far as ONNX's Attention reads and writes it."""
+
+    known_vi_: dict[str, onnx.ValueInfoProto]
 
 
 def _light_copy(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> onnx.ModelProto:
@@ -121,7 +127,7 @@ def _infer_shapes(light: onnx.ModelProto) -> dict[str, tuple[int | None, ...] | 
     return found
 
 
-def _onnx_attention(symbolic: Any, node: onnx.NodeProto) -> None:
+def _onnx_attention(symbolic: _Symbolic, node: onnx.NodeProto) -> None:
     """ONNX's Attention (opset 23) through ONNX's inference, the node alone with its inputs'
     known shapes; the outputs' shapes go where ORT's symbolic inference keeps them."""
     import onnx

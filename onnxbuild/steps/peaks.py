@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    pass
+    import onnx
+    import torch
+
+    from onnxbuild.runtimes.sessions import Session
 from onnxbuild.steps.roofline import Peaks, _sig
 
 GEMM_SIZES = (1024, 2048)
@@ -126,7 +129,9 @@ def _best(
     return best, count
 
 
-def _torch_gemm(dtype: Any, n: int, threads: int, budget_s: float, clock: _Clock | None = None) -> tuple[float, str]:
+def _torch_gemm(
+    dtype: torch.dtype, n: int, threads: int, budget_s: float, clock: _Clock | None = None
+) -> tuple[float, str]:
     import torch
 
     a = torch.randn(n, n, generator=torch.Generator().manual_seed(0)).to(dtype)
@@ -142,7 +147,13 @@ def _torch_gemm(dtype: Any, n: int, threads: int, budget_s: float, clock: _Clock
     )
 
 
-def _session(nodes: Any, inputs: Any, outputs: Any, weights: Any, threads: int) -> Any:
+def _session(
+    nodes: Sequence[onnx.NodeProto],
+    inputs: Sequence[onnx.ValueInfoProto],
+    outputs: Sequence[onnx.ValueInfoProto],
+    weights: Sequence[onnx.TensorProto],
+    threads: int,
+) -> Session:
     import onnx
     import onnxruntime as ort
 
@@ -151,7 +162,8 @@ def _session(nodes: Any, inputs: Any, outputs: Any, weights: Any, threads: int) 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session: Session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session
 
 
 def _ort_gemm(n: int, threads: int, budget_s: float, clock: _Clock | None = None) -> tuple[float, str]:

@@ -22,15 +22,27 @@ session.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import TextSection
 from onnxbuild.report.validation import TextQuality, text_failures
 
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+    from numpy.typing import ArrayLike, NDArray
+
 GATES = ("ppl_increase_max", "kld_max", "text_top1_min")
+
+
+class Tokenizer(Protocol):
+    """A transformers tokenizer, as far as this calls it."""
+
+    def __call__(self, text: str, *, add_special_tokens: bool) -> Mapping[str, Sequence[int]]: ...
 
 
 def describe(text: TextSection) -> str:
@@ -67,7 +79,7 @@ def read_text(text: TextSection, recipe_dir: Path) -> str:
         raise StepError(f"{key}: cannot read {path} as UTF-8 text ({type(exc).__name__}: {str(exc)[:200]})") from None
 
 
-def token_windows(tokenizer: Any, text: str, text_section: TextSection) -> Any:
+def token_windows(tokenizer: Tokenizer, text: str, text_section: TextSection) -> NDArray[np.int64]:
     """The text's tokens as a [windows, window] int64 array: consecutive windows from the
     start, at most ``max_windows``; a text shorter than one window is an error that says how
     long it is."""
@@ -94,7 +106,7 @@ class Tally:
     same: int = 0
     count: int = 0
 
-    def add(self, reference_logits: Any, logits: Any, targets: Any) -> None:
+    def add(self, reference_logits: ArrayLike, logits: ArrayLike, targets: NDArray[np.generic]) -> None:
         """Logits [positions, vocab] of PyTorch and the variant, and the tokens that came next."""
         import numpy as np
 
@@ -108,15 +120,21 @@ class Tally:
         self.count += len(targets)
 
 
-def _log_softmax(x: Any) -> Any:
+def _log_softmax(x: NDArray[np.float64]) -> NDArray[np.float64]:
     import numpy as np
 
     shifted = x - x.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    out: NDArray[np.float64] = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    return out
 
 
 def measure(
-    model: Any, run_onnx: Any, windows: Any, text_section: TextSection, gates: dict[str, Any], how: str = ""
+    model: torch.nn.Module,
+    run_onnx: Callable[[NDArray[np.int64]], ArrayLike],
+    windows: NDArray[np.int64],
+    text_section: TextSection,
+    gates: Mapping[str, Any],  # floats or None; validate.py reads them off ValidateSection by name (object to mypy)
+    how: str = "",
 ) -> TextQuality:
     """Run every window through the PyTorch ``model`` (a transformers causal LM) and through
     ``run_onnx(ids) -> logits`` ([1, window] int64 -> [1, window, vocab]), and gate the figures;

@@ -18,11 +18,16 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from onnxbuild._util import sha256_bytes
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
 
 HERE = Path(__file__).resolve().parent
 RUNNER_NAME = "run.mjs"
@@ -35,7 +40,7 @@ NPM_TIMEOUT_S = 600.0
 class WebRun:
     """onnxruntime-web under Node.js: outputs and per-iteration timings, or the error."""
 
-    outputs: dict[str, Any]
+    outputs: dict[str, NDArray[np.generic]]
     times_ms: list[float]
     error: str | None
 
@@ -138,7 +143,7 @@ def version() -> str:
     folder = home()
     if folder is None:
         return "?"
-    data: dict[str, Any] = json.loads(
+    data: dict[str, object] = json.loads(
         (folder / "node_modules" / "onnxruntime-web" / "package.json").read_text(encoding="utf-8")
     )
     return str(data.get("version", "?"))
@@ -152,7 +157,7 @@ def where() -> str:
 
 def run(
     model: Path,
-    feeds: dict[str, Any],
+    feeds: Mapping[str, NDArray[np.generic]],
     *,
     warmup: int = 0,
     iterations: int = 0,
@@ -204,7 +209,7 @@ def run(
             tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
             return WebRun({}, [], "node failed: " + " ".join(tail)[:400])
         result = json.loads(result_path.read_text(encoding="utf-8"))
-        outputs: dict[str, Any] = {}
+        outputs: dict[str, NDArray[np.generic]] = {}
         for o in result["outputs"]:
             dtype = np.dtype("bool" if o["dtype"] == "bool" else o["dtype"])
             outputs[o["name"]] = np.frombuffer(Path(o["file"]).read_bytes(), dtype=dtype).reshape(o["dims"]).copy()

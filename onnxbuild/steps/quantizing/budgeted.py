@@ -4,8 +4,9 @@ calibration text through the model itself.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, cast
 
 from onnxbuild._util import pretty_json
 from onnxbuild.errors import StepError
@@ -16,6 +17,11 @@ from onnxbuild.steps.base import StepContext, StepSpec
 from onnxbuild.steps.budget import PrecisionPlan
 from onnxbuild.steps.quantizing.int8 import excluded
 from onnxbuild.steps.quantizing.nbits import _bias_into_nbits, _weight_only_proto, bits_of
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
+    from numpy.typing import NDArray
 
 DEFAULT_MARGIN = 0.5
 """budget.margin: the share of each budget figure the plan must meet on the calibration text."""
@@ -30,7 +36,8 @@ def _budgeted(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: Quantiz
     from onnxbuild.steps import budget as b
 
     what = f"quantize.{q['name']}"
-    cfg = cast(dict[str, Any], q["budget"])
+    # a Budget, read by name from METRICS: its figures are floats, its fallback 8 or "float"
+    cfg = cast(Mapping[str, float | str], q["budget"])
     wanted = {k: float(cfg[k]) for k in b.METRICS if cfg.get(k) is not None}
     # planned within a margin of the budget on the calibration text, so that other text (the
     # validation's, a user's) stays within the budget itself: SmolLM2's plan for a 5% budget met
@@ -50,7 +57,7 @@ def _budgeted(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: Quantiz
     bits = bits_of(q)
     order = b.candidates(model, feeds, names, bits, q["block_size"], q["symmetric"], fallback)
 
-    def build(k: int) -> Any:
+    def build(k: int) -> onnx.ModelProto:
         kept = [c.node for c in order[:k]]
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
@@ -82,7 +89,9 @@ def _budgeted(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: Quantiz
     return plan
 
 
-def _calibration_windows(ctx: StepContext, spec: StepSpec, q: QuantizeSection, session: Any) -> tuple[Any, str]:
+def _calibration_windows(
+    ctx: StepContext, spec: StepSpec, q: QuantizeSection, session: Session
+) -> tuple[NDArray[np.int64], str]:
     """[windows, window] token ids: calibration.text through the model's tokenizer, or seeded
     random ids (a model without a tokenizer: a random-init one)."""
     import numpy as np
@@ -118,11 +127,11 @@ def _calibration_windows(ctx: StepContext, spec: StepSpec, q: QuantizeSection, s
     ), f"{count} windows of {window} seeded random token ids (no calibration.text)"
 
 
-def _prefill_feeds(session: Session, ids: Any) -> dict[str, Any]:
+def _prefill_feeds(session: Session, ids: NDArray[np.int64]) -> dict[str, NDArray[np.generic]]:
     """One window as a prefill: its ids, a mask of ones, positions from 0 and every past empty."""
     import numpy as np
 
-    feeds: dict[str, Any] = {}
+    feeds: dict[str, NDArray[np.generic]] = {}
     for i in session.get_inputs():
         if i.name == "input_ids":
             feeds[i.name] = ids[None, :]

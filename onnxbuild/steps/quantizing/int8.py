@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import QuantizeSection
 from onnxbuild.sources.decoder import PAST_PREFIX as PAST
 from onnxbuild.steps.base import StepContext, StepSpec
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
+    from numpy.typing import NDArray
 
 
 def _dynamic(src: Path, out: Path, q: QuantizeSection) -> None:
@@ -31,7 +36,7 @@ def _dynamic(src: Path, out: Path, q: QuantizeSection) -> None:
     )
 
 
-def excluded(model: Any, q: QuantizeSection, *, each_must_match: bool = True) -> list[str]:
+def excluded(model: onnx.ModelProto | Path, q: QuantizeSection, *, each_must_match: bool = True) -> list[str]:
     """Node names left in full precision: ``exclude_nodes`` as given, and every MatMul/Gemm
     whose name holds one of ``keep`` (``lm_head`` matches ``/lm_head/MatMul``). A name that
     matches nothing is an error, except file by file in a multi-file model (the decoder's
@@ -80,7 +85,7 @@ def _static(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: QuantizeS
         if i.name.startswith(PAST)
     }
     del session
-    batches: list[dict[str, Any]]
+    batches: list[dict[str, NDArray[np.generic]]]
     if cal["npz"]:
         path = ctx.recipe_dir / cal["npz"]
         try:
@@ -123,7 +128,7 @@ def _static(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: QuantizeS
         def __init__(self) -> None:
             self.items = iter(batches)
 
-        def get_next(self) -> dict[str, Any] | None:
+        def get_next(self) -> dict[str, NDArray[np.generic]] | None:
             return next(self.items, None)
 
     methods = {

@@ -5,10 +5,13 @@ with the bias folded in.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from onnxbuild.recipe.sections import QuantizeSection
 from onnxbuild.steps.quantizing.int8 import excluded
+
+if TYPE_CHECKING:
+    import onnx
 
 
 def bits_of(q: QuantizeSection) -> int:
@@ -24,7 +27,9 @@ def _weight_only(src: Path, out: Path, q: QuantizeSection) -> None:
     onnx.save_model(model, str(out))
 
 
-def _weight_only_proto(model: Any, q: QuantizeSection, keep_bits: tuple[list[str], int | None] = ([], None)) -> Any:
+def _weight_only_proto(
+    model: onnx.ModelProto, q: QuantizeSection, keep_bits: tuple[list[str], int | None] = ([], None)
+) -> onnx.ModelProto:
     """Weights in ``bits`` per value (MatMulNBits), one scale (and zero point unless
     symmetric) per block of ``block_size`` along the input axis; activations stay float and,
     at accuracy_level 4, are quantized per block of the same size inside the kernel.
@@ -82,11 +87,13 @@ def _weight_only_proto(model: Any, q: QuantizeSection, keep_bits: tuple[list[str
             nodes_to_include=kept,
         )
         again.process()
-        return again.model.model
-    return quant.model.model
+        mixed: onnx.ModelProto = again.model.model  # onnxruntime is untyped: its ONNXModel wraps the proto
+        return mixed
+    quantized: onnx.ModelProto = quant.model.model
+    return quantized
 
 
-def _bias_into_nbits(model: Any) -> None:
+def _bias_into_nbits(model: onnx.ModelProto) -> None:
     """A constant bias added right after a MatMulNBits goes into its optional ``bias`` input:
     one kernel instead of two, which at one token per step is a measurable share (Qwen2's
     q/k/v biases: 12 Add nodes per decode step)."""

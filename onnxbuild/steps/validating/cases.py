@@ -4,13 +4,18 @@ left-padded batches, their seeds, and real tokens where the model has a tokenize
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from onnxbuild.recipe.sections import (
     ExportSection,
     ValidateSection,
 )
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import ArrayLike, NDArray
 
 
 def cases(shapes: list[dict[str, int]], with_past: bool, padded: bool = False) -> list[dict[str, int]]:
@@ -47,11 +52,11 @@ class RealTokens:
     sequence, ...] at the real new tokens, ``present.*`` caches [batch, heads, total, ...] at
     every real token. Other cases (``mask`` None) compare whole outputs."""
 
-    mask: Any = None
+    mask: NDArray[np.bool_] | None = None
     past: int = 0
 
     @staticmethod
-    def of(feeds: dict[str, Any], sizes: dict[str, int]) -> RealTokens:
+    def of(feeds: Mapping[str, NDArray[np.generic]], sizes: dict[str, int]) -> RealTokens:
         import numpy as np
 
         if not sizes.get("left_padding"):
@@ -70,21 +75,23 @@ class RealTokens:
             return "cache"
         return "queries" if len(shape) >= 2 and shape[:2] == self.mask[:, self.past :].shape else ""
 
-    def keep(self, name: str, array: Any) -> Any:
+    def keep(self, name: str, array: ArrayLike) -> NDArray[np.generic]:
         import numpy as np
 
-        array = np.asarray(array)
-        rule = self._rule(name, array.shape)
+        whole = np.asarray(array)
+        rule = self._rule(name, whole.shape)
+        if self.mask is None or not rule:  # no mask: no rule
+            return whole
         if rule == "cache":
-            return np.moveaxis(array, 2, 1)[self.mask]
-        return array[self.mask[:, self.past :]] if rule == "queries" else array
+            return np.moveaxis(whole, 2, 1)[self.mask]
+        return whole[self.mask[:, self.past :]]
 
     def index(self, name: str, shape: tuple[int, ...], kept: list[int] | None) -> list[int] | None:
         """An index into ``keep``'s array, as an index into the whole output of ``shape``."""
         import numpy as np
 
         rule = self._rule(name, shape)
-        if not rule or not kept:
+        if self.mask is None or not rule or not kept:
             return kept
         if rule == "cache":
             b, t = (int(i) for i in np.argwhere(self.mask)[kept[0]])
@@ -93,7 +100,7 @@ class RealTokens:
         return [b, s, *kept[1:]]
 
 
-def _fixed_axis_hint(export: ExportSection, feeds: dict[str, Any]) -> str:
+def _fixed_axis_hint(export: ExportSection, feeds: Mapping[str, NDArray[np.generic]]) -> str:
     for t in export["inputs"]:
         fixed = [i for i, d in enumerate(t["shape"]) if isinstance(d, int)]
         for i in fixed:

@@ -3,7 +3,9 @@ the first-divergence search a failed case points to."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 from onnxbuild._util import brief
 from onnxbuild.errors import StepError
@@ -17,6 +19,7 @@ from onnxbuild.report.validation import (
     EmbeddingResult,
     ShapeResult,
 )
+from onnxbuild.runtimes.sessions import Session
 from onnxbuild.sources.torchmodel import (
     labelled_inputs,
 )
@@ -24,8 +27,19 @@ from onnxbuild.steps.base import StepContext, StepSpec
 from onnxbuild.steps.validating.cases import _again, _fixed_axis_hint
 from onnxbuild.steps.validating.compare import cosine_rows, mean_pool
 
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+    from numpy.typing import NDArray
 
-def _accuracy(cfg: AccuracyCheck, wrapped: Any, session: Any, export: ExportSection, recipe_dir: Any) -> AccuracyResult:
+    Wrapped = Callable[..., Sequence[torch.Tensor]]
+    """The source model as validation calls it: torch tensors in by position, a tuple of them out
+    (``sources.torchmodel.wrap``'s module, or a Keras model's adapter)."""
+
+
+def _accuracy(
+    cfg: AccuracyCheck, wrapped: Wrapped, session: Session, export: ExportSection, recipe_dir: Path
+) -> AccuracyResult:
     """Top-1 accuracy of the first output through PyTorch and ONNX Runtime, in batches."""
     import numpy as np
 
@@ -74,8 +88,12 @@ def _accuracy(cfg: AccuracyCheck, wrapped: Any, session: Any, export: ExportSect
 
 
 def _first_output_both(
-    wrapped: Any, session: Any, export: ExportSection, feeds: dict[str, Any], refused: str
-) -> tuple[Any, Any]:
+    wrapped: Wrapped,
+    session: Session,
+    export: ExportSection,
+    feeds: Mapping[str, NDArray[np.generic]],
+    refused: str,
+) -> tuple[NDArray[np.float32], NDArray[np.generic]]:
     """The first output from PyTorch and from ONNX Runtime on the same inputs (numpy arrays)."""
     import numpy as np
     import torch
@@ -91,7 +109,12 @@ def _first_output_both(
 
 
 def _embeddings(
-    feeds: dict[str, Any], mask: Any, cosine_min: float | None, wrapped: Any, session: Any, export: ExportSection
+    feeds: Mapping[str, NDArray[np.generic]],
+    mask: NDArray[np.generic],
+    cosine_min: float | None,
+    wrapped: Wrapped,
+    session: Session,
+    export: ExportSection,
 ) -> EmbeddingResult:
     """Sentence embeddings from the first output, ONNX Runtime against PyTorch by cosine similarity."""
     import numpy as np
@@ -131,7 +154,11 @@ def _embeddings(
 
 
 def _first_divergence(
-    ctx: StepContext, spec: StepSpec, results: list[ShapeResult], validate: ValidateSection, feeds: dict[str, Any]
+    ctx: StepContext,
+    spec: StepSpec,
+    results: list[ShapeResult],
+    validate: ValidateSection,
+    feeds: dict[str, NDArray[np.generic]],
 ) -> str:
     """Where the failing variant first parts from the file it was made from, at the first
     failing shape (onnxbuild/review/divergence.py), as a sentence for the failure; its subgraph and

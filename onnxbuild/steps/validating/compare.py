@@ -5,7 +5,8 @@ a session declares, and the pooling and cosine of sentence embeddings.
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, TypeVar, overload
 
 from onnxbuild._util import atol_scale_of
 from onnxbuild.report.validation import (
@@ -13,8 +14,15 @@ from onnxbuild.report.validation import (
 )
 from onnxbuild.runtimes.sessions import Session
 
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import ArrayLike, NDArray
 
-def _as_declared(session: Session, feeds: dict[str, Any]) -> dict[str, Any]:
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+def _as_declared(session: Session, feeds: Mapping[str, NDArray[np.generic]]) -> dict[str, NDArray[np.generic]]:
     """``feeds`` with float32 arrays cast to float16 where the session declares float16."""
     import numpy as np
 
@@ -25,7 +33,7 @@ def _as_declared(session: Session, feeds: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def compare(ref: Any, got: Any, rtol: float, atol: float) -> OutputComparison:
+def compare(ref: NDArray[np.generic], got: NDArray[np.generic], rtol: float, atol: float) -> OutputComparison:
     """Compare one output as numpy.allclose(got, ref, rtol, atol * scale) does, with figures.
 
     An element mismatches when ``|got - ref| > atol * scale + rtol * |ref|`` (the tolerance
@@ -82,7 +90,11 @@ def compare(ref: Any, got: Any, rtol: float, atol: float) -> OutputComparison:
     }
 
 
-def json_safe(data: Any) -> Any:
+@overload
+def json_safe(data: dict[_K, _V]) -> dict[_K, object]: ...
+@overload
+def json_safe(data: object) -> object: ...
+def json_safe(data: object) -> object:
     """``data`` with NaN and infinities spelled as the strings "NaN", "Infinity", "-Infinity".
 
     Reports are strict JSON (json.dumps(allow_nan=False)), and a NaN from ONNX Runtime
@@ -97,7 +109,7 @@ def json_safe(data: Any) -> Any:
     return data
 
 
-def mean_pool(hidden: Any, mask: Any) -> Any:
+def mean_pool(hidden: ArrayLike, mask: ArrayLike) -> NDArray[np.float64]:
     """Mean of ``hidden`` [batch, sequence, width] over the positions where ``mask`` [batch, sequence] is set.
 
     As sentence-transformers pools: padding does not count, and an all-padding row gives zeros.
@@ -105,11 +117,12 @@ def mean_pool(hidden: Any, mask: Any) -> Any:
     import numpy as np
 
     weights = np.asarray(mask, dtype=np.float64)[..., None]
-    total = (np.asarray(hidden, dtype=np.float64) * weights).sum(axis=1)
-    return total / np.maximum(weights.sum(axis=1), 1e-9)
+    total: NDArray[np.float64] = (np.asarray(hidden, dtype=np.float64) * weights).sum(axis=1)
+    pooled: NDArray[np.float64] = total / np.maximum(weights.sum(axis=1), 1e-9)
+    return pooled
 
 
-def cosine_rows(a: Any, b: Any) -> Any:
+def cosine_rows(a: ArrayLike, b: ArrayLike) -> NDArray[np.float64]:
     """Cosine similarity of each row of ``a`` with the same row of ``b`` (float64).
 
     Two zero rows count as identical (1.0), one zero row as unrelated (0.0); a NaN stays NaN,
@@ -122,4 +135,5 @@ def cosine_rows(a: Any, b: Any) -> Any:
     with np.errstate(invalid="ignore", divide="ignore"):
         cos = (a64 * b64).sum(axis=-1) / (na * nb)
     cos = np.where((na == 0) & (nb == 0), 1.0, np.where((na == 0) | (nb == 0), 0.0, cos))
-    return np.clip(cos, -1.0, 1.0)
+    clipped: NDArray[np.float64] = np.clip(cos, -1.0, 1.0)
+    return clipped

@@ -4,13 +4,36 @@ engine's own hidden states, and one more token through its cache, ONNX Runtime a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from onnxbuild.errors import StepError
+from onnxbuild.recipe.sections import ExportSection, ValidateSection
 from onnxbuild.recipe.tasks import DEFAULT_DECODER_SEQUENCE
 from onnxbuild.runtimes.seq2seq_decoding import OrtSeq2Seq
 from onnxbuild.sources.seq2seq import decoder_module, encoder_module, layout_of
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+
+    from onnxbuild.report.validation import OutputComparison
+
+    Compare = Callable[[NDArray[np.generic], NDArray[np.generic], float, float], OutputComparison]
+
+
+class _Config(Protocol):
+    @property
+    def vocab_size(self) -> int: ...
+
+
+class Seq2SeqModel(Protocol):
+    """What this reads of the transformers encoder-decoder itself; sources/seq2seq.py takes the rest."""
+
+    @property
+    def config(self) -> _Config: ...
 
 
 @dataclass(frozen=True)
@@ -18,13 +41,18 @@ class Checked:
     """Validation results of an encoder-decoder variant: one entry per shape, in the
     validate step's ShapeResult form, and the top-1 counts over every decoder position."""
 
-    results: list[dict[str, Any]]
+    results: list[dict[str, object]]  # validate.py casts each to ShapeResult
     top1_hits: int
     top1_total: int
 
 
 def validate_files(
-    model: Any, source: dict[str, Any], export: Any, validate: Any, paths: list[Any], compare: Any
+    model: Seq2SeqModel,
+    source: dict[str, object],
+    export: ExportSection,
+    validate: ValidateSection,
+    paths: list[Path],
+    compare: Compare,
 ) -> Checked:
     """Each shape end to end, ONNX Runtime against PyTorch: the encoder's hidden states; the
     decoder's first call (``decoder_sequence`` tokens, empty cache) on each engine's own
@@ -42,7 +70,7 @@ def validate_files(
     vocab = int(model.config.vocab_size)
     specs = input_specs(source, export, natural=True)
     rtol, atol = float(validate["rtol"]), float(validate["atol"])
-    results: list[dict[str, Any]] = []
+    results: list[dict[str, object]] = []
     hits = total = 0
     for i, sizes in enumerate(validate["shapes"]):
         feeds = make_inputs(specs, sizes, seed=int(validate["seed"]) + i, vocab=vocab)
@@ -52,11 +80,12 @@ def validate_files(
         decoder_ids = np.random.default_rng(int(validate["seed"]) + 1000 + i).integers(
             0, vocab, size=(batch, steps), dtype=np.int64
         )
-        result: dict[str, Any] = {
+        outputs: dict[str, OutputComparison] = {}
+        result: dict[str, object] = {
             "shape": dict(sizes),
             "passed": False,
             "error": None,
-            "outputs": {},
+            "outputs": outputs,
             "top1_agreement": None,
         }
         with torch.no_grad():
@@ -93,7 +122,7 @@ def validate_files(
         ok = True
         for name, ref, got in pairs:
             cmp = compare(ref.float().numpy(), np.asarray(got), rtol, atol)
-            result["outputs"][name] = cmp
+            outputs[name] = cmp
             ok = ok and cmp["passed"]
         same = np.concatenate(
             [

@@ -4,9 +4,10 @@ CPU plugin in the precision it picks.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
 
 from onnxbuild._util import brief
 from onnxbuild.report.validation import (
@@ -18,16 +19,38 @@ from onnxbuild.report.validation import (
 from onnxbuild.runtimes import openvino_target
 from onnxbuild.steps.validating.compare import compare
 
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+
+    Array = NDArray[np.generic]
+    Keep = Callable[[str, Array], Array]
+    """An output as it is compared: at the real tokens only, for a left-padded case (``RealTokens.keep``)."""
+
+
+class _OpenVinoRequired(TypedDict):
+    precision: openvino_target.Precision
+    runner: int
+
+
+class OpenVinoOptions(_OpenVinoRequired, total=False):
+    """The validate step's ``openvino`` param (steps/validate.py): the target's precision, the
+    runner's version (for the key only), and the recipe's own tolerances where it gives them."""
+
+    atol: float
+    rtol: float
+    top1_min: float
+
 
 def _web_case(
-    model: Any,
-    feeds: dict[str, Any],
+    model: Path,
+    feeds: Mapping[str, Array],
     names: list[str],
-    reference: list[Any],
-    produced: list[Any],
+    reference: list[Array],
+    produced: list[Array],
     rtol: float,
     atol: float,
-    keep: Callable[[str, Any], Any],
+    keep: Keep,
 ) -> WebResult:
     """One validation case in onnxruntime-web: against the source model, and how far from ORT's CPU provider."""
 
@@ -43,10 +66,10 @@ def _web_case(
 
 def _runtime_case(
     runtime: str,
-    got: dict[str, Any],
+    got: Mapping[str, Array],
     names: list[str],
-    reference: list[Any],
-    produced: list[Any],
+    reference: list[Array],
+    produced: list[Array],
     rtol: float,
     atol: float,
 ) -> WebResult:
@@ -77,7 +100,7 @@ class _OpenVino:
     """The openvino target for one variant: the compiled model (None when it could not be
     compiled or OpenVINO is missing), the tolerances for the precision it computes in."""
 
-    session: Any
+    session: openvino_target.Session | None
     precision: str
     atol: float
     rtol: float
@@ -114,7 +137,7 @@ class _OpenVino:
 
 
 def _openvino_target(
-    options: dict[str, Any] | None, model_file: Any, rtol: float, atol: float, top1_min: float | None = None
+    options: OpenVinoOptions | None, model_file: Path, rtol: float, atol: float, top1_min: float | None = None
 ) -> _OpenVino | None:
     """Compile the variant for OpenVINO and pick its tolerances from the precision it reports.
 
@@ -155,18 +178,20 @@ def _openvino_target(
 
 def _openvino_case(
     target: _OpenVino,
-    feeds: dict[str, Any],
+    feeds: Mapping[str, Array],
     names: list[str],
-    reference: list[Any],
-    produced: list[Any],
+    reference: list[Array],
+    produced: list[Array],
     top1_gated: bool,
-    keep: Callable[[str, Any], Any],
+    keep: Keep,
 ) -> OpenVinoResult:
     """One validation case in OpenVINO, with its precision's tolerances; top-1 agreement for language models."""
     import numpy as np
 
+    session = target.session
     try:
-        got = {n: keep(n, v) for n, v in zip(names, target.session.run(names, feeds), strict=True)}
+        assert session is not None  # validate.py runs only a compiled target
+        got = {n: keep(n, v) for n, v in zip(names, session.run(names, feeds), strict=True)}
     except Exception as exc:
         return {
             "passed": False,
