@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 if TYPE_CHECKING:
     from _collections_abc import dict_items, dict_values
@@ -55,7 +55,7 @@ def tracing_reads() -> bool:
     return bool(os.environ.get(READS_ENV))
 
 
-_V = TypeVar("_V")
+_T = TypeVar("_T")
 
 
 class Tracked(dict):  # type: ignore[type-arg]
@@ -126,17 +126,18 @@ class TrackedList(list):  # type: ignore[type-arg]
         return (TrackedList, (list(self),))
 
 
-@overload
-def track(value: dict[str, _V], path: str = "") -> dict[str, _V]: ...
-@overload
-def track(value: object, path: str = "") -> object: ...
-def track(value: object, path: str = "") -> object:
-    """The resolved recipe (or a part of it at ``path``) with every mapping traced."""
+def track(value: _T, path: str = "") -> _T:
+    """The resolved recipe (or a part of it at ``path``) with every mapping traced: the same
+    shape, each mapping a Tracked dict over the same keys."""
+    return cast(_T, _tracked(value, path))
+
+
+def _tracked(value: object, path: str) -> object:
     if isinstance(value, dict):
         paths = {k: f"{path}.{k}" if path else str(k) for k in value}
-        return Tracked({k: track(v, paths[k]) for k, v in value.items()}, paths)
+        return Tracked({k: _tracked(v, paths[k]) for k, v in value.items()}, paths)
     if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-        return TrackedList(track(v, f"{path}[{i}]") for i, v in enumerate(value))
+        return TrackedList(_tracked(v, f"{path}[{i}]") for i, v in enumerate(value))
     return value
 
 
