@@ -263,7 +263,7 @@ def record(src: HuggingfaceSource, recipe_dir: Path, digests: dict[str, str]) ->
     }
 
 
-def gguf_where(src: HuggingfaceSource, recipe_dir: Path) -> tuple[Path, dict[str, str]]:
+def gguf_where(src: HuggingfaceSource, recipe_dir: Path) -> tuple[Path, dict[str, object]]:
     """What transformers' from_pretrained takes for a GGUF file: its folder and ``gguf_file``."""
     path = gguf_file(src, recipe_dir)
     if path is None:
@@ -558,7 +558,7 @@ def decoder(src: HuggingfaceSource) -> bool:
 
 def config(src: HuggingfaceSource, recipe_dir: Path) -> dict[str, Any]:
     """The recipe's config, else the local folder's config.json."""
-    given: dict[str, Any] = src.get("config") or {}
+    given = src.get("config") or {}
     folder = None if given else local_folder(src, recipe_dir)
     if folder is not None and (folder / "config.json").is_file():
         found: dict[str, Any] = json.loads((folder / "config.json").read_text(encoding="utf-8"))
