@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -42,13 +43,14 @@ def source_module(kind: str) -> ModuleType:
     return importlib.import_module(f"onnxbuild.sources.{kind}")
 
 
-def source_kind(kind: str) -> SourceKind:
-    """What a source kind says of itself: its module's ``KIND``."""
-    described: SourceKind = source_module(kind).KIND
+def source_kind(kind: str) -> SourceKind[Any]:
+    """What a source kind says of itself: its module's ``KIND``. Which section type its hooks
+    take depends on ``kind``, a string: callers hand them the recipe's JSON section."""
+    described: SourceKind[Any] = source_module(kind).KIND
     return described
 
 
-def traced(source: dict[str, Any]) -> bool:
+def traced(source: Mapping[str, object]) -> bool:
     """Whether a recipe's ``source`` section is a framework model to export."""
     ((kind, src),) = source.items()
     described = source_kind(kind)
@@ -59,14 +61,14 @@ def traced_kinds() -> list[str]:
     return [k for k in kinds() if source_kind(k).traced]
 
 
-def is_decoder(source: dict[str, Any]) -> bool:
+def is_decoder(source: Mapping[str, object]) -> bool:
     """Whether a recipe's ``source`` is a text decoder, which ``export.with_past`` and the
     fused decoder graphs apply to (the kind's ``decoder``; none has it by default)."""
     ((kind, src),) = source.items()
     return source_kind(kind).decoder(src)
 
 
-def recorded(section: Any) -> tuple[str, ...]:
+def recorded(section: Mapping[str, object]) -> tuple[str, ...]:
     """The ``source:`` keys (dotted, as under a step's params) the source record carries to the
     steps that read it: left out of their keys, the record being in them as an input."""
     ((kind, src),) = section.items()

@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import ExportSection
 from onnxbuild.runtimes.sessions import Session
+
+if TYPE_CHECKING:
+    import torch
+    import transformers
 
 PAST = "past_key_values.{i}.{kv}"
 
@@ -64,7 +68,7 @@ class PastLayout:
         ]
 
 
-def layout_of(config: Any) -> PastLayout:
+def layout_of(config: transformers.PretrainedConfig) -> PastLayout:
     """The KV-cache layout of a transformers config (GPT-2 maps n_layer/n_head onto these names)."""
     heads = int(config.num_attention_heads)
     kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
@@ -87,7 +91,9 @@ def io_names(export: ExportSection, layout: PastLayout) -> tuple[list[dict[str, 
     return [dict(t) for t in export["inputs"]] + layout.past_specs(), list(export["outputs"]) + layout.present_names
 
 
-def wrap_with_past(model: Any, token_names: list[str], outputs: list[str], layout: PastLayout) -> Any:
+def wrap_with_past(
+    model: transformers.PreTrainedModel, token_names: list[str], outputs: list[str], layout: PastLayout
+) -> torch.nn.Module:
     """A module taking (token inputs..., past tensors...) and returning (outputs..., presents...)."""
     import torch
     from transformers import DynamicCache
@@ -101,14 +107,14 @@ def wrap_with_past(model: Any, token_names: list[str], outputs: list[str], layou
             super().__init__()
             self.model = model
 
-        def forward(self, *args: Any) -> Any:
-            kwargs = dict(zip(token_names, args[:count], strict=True))
+        def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            kwargs: dict[str, object] = dict(zip(token_names, args[:count], strict=True))
             past = args[count:]
             pairs = [(past[2 * i], past[2 * i + 1]) for i in range(layout.layers)]
             kwargs[cache_arg] = DynamicCache(ddp_cache_data=pairs, config=self.model.config)
             out = self.model(**kwargs, use_cache=True, return_dict=True)
             cache = out.get("past_key_values") if out.get("past_key_values") is not None else out.get("cache")
-            flat: list[Any] = []
+            flat: list[torch.Tensor] = []
             for layer in cache.layers:
                 flat += [layer.keys, layer.values]
             return (*(out[name] for name in outputs), *flat)
@@ -116,7 +122,9 @@ def wrap_with_past(model: Any, token_names: list[str], outputs: list[str], layou
     return WithPast().eval()
 
 
-def genai_pipeline(single: str, inputs: list[str], outputs: list[str], *, prefill: str, decode: str) -> dict[str, Any]:
+def genai_pipeline(
+    single: str, inputs: list[str], outputs: list[str], *, prefill: str, decode: str
+) -> dict[str, object]:
     """A ``genai_config()`` document turned into onnxruntime-genai's ``decoder-pipeline`` type:
     ``prefill`` runs on the prompt (genai's first run), ``decode`` on each generated token.
     Both take and return the same tensors, which genai manages (the ids, the mask, the
@@ -144,7 +152,7 @@ def genai_pipeline(single: str, inputs: list[str], outputs: list[str], *, prefil
     return dict(doc)
 
 
-def genai_config(config: Any, layout: PastLayout, export: ExportSection) -> str:
+def genai_config(config: transformers.PretrainedConfig, layout: PastLayout, export: ExportSection) -> str:
     """genai_config.json for onnxruntime-genai: where the decoder's inputs and outputs are and
     how big its cache is (greedy search by default; the caller's generator params override).
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onnxbuild.errors import StepError
-from onnxbuild.sources.kind import SourceKind
+from onnxbuild.sources.kind import Defaults, GraphSource, GraphValue, NestedValues, Problem, SourceKind
+
+if TYPE_CHECKING:
+    import onnx
 
 DTYPES = {
     "float32": "FLOAT",
@@ -23,7 +26,7 @@ DTYPES = {
 }
 
 
-def build_graph_model(spec: dict[str, Any]) -> Any:
+def build_graph_model(spec: GraphSource) -> onnx.ModelProto:
     """Return an ``onnx.ModelProto`` for a resolved ``source.graph`` section.
 
     Random initializers use numpy's PCG64 generator seeded per tensor, so the
@@ -36,7 +39,7 @@ def build_graph_model(spec: dict[str, Any]) -> Any:
     def elem(dtype: str) -> int:
         return int(getattr(onnx.TensorProto, DTYPES[dtype]))
 
-    def value_info(v: dict[str, Any]) -> Any:
+    def value_info(v: GraphValue) -> onnx.ValueInfoProto:
         return helper.make_tensor_value_info(v["name"], elem(v["dtype"]), list(v["shape"]))
 
     initializers = []
@@ -84,16 +87,16 @@ def build_graph_model(spec: dict[str, Any]) -> Any:
     return model
 
 
-def identity(src: dict[str, Any], recipe_dir: Path) -> tuple[dict[str, Path], dict[str, Any]]:
+def identity(src: GraphSource, recipe_dir: Path) -> tuple[dict[str, Path], dict[str, object]]:
     """Nothing outside the recipe: the graph section itself is in the key."""
     return {}, {}
 
 
-def estimate_weights(src: dict[str, Any], recipe_dir: Path) -> int:
+def estimate_weights(src: GraphSource, recipe_dir: Path) -> int:
     return 64 * 1024 * 1024
 
 
-def resolve(src: dict[str, Any], defaults: Callable[[dict[str, Any], str], dict[str, Any]]) -> None:
+def resolve(src: dict[str, Any], defaults: Defaults) -> None:
     """Each initializer and node with its schema defaults (the schema's own defaults stop
     at the first level of a list)."""
     src["initializers"] = [defaults(i, "#/$defs/initializer") for i in src["initializers"]]
@@ -103,7 +106,7 @@ def resolve(src: dict[str, Any], defaults: Callable[[dict[str, Any], str], dict[
     src["nodes"] = [defaults(n, "#/$defs/node") for n in src["nodes"]]
 
 
-def check(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[tuple[Any, ...], str, bool]]:
+def check(src: GraphSource, doc: Mapping[str, object]) -> Iterable[Problem]:
     """Every name a node reads is defined earlier; values fill their shapes; outputs are produced."""
     defined: set[str] = set()
     for value in src["inputs"]:
@@ -143,13 +146,12 @@ def check(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[tuple[Any,
             yield ("source", "graph", "outputs", i, "name"), f"{value['name']!r} is not produced by any node", False
 
 
-def benchmark_inputs(src: dict[str, Any]) -> list[dict[str, Any]]:
+def benchmark_inputs(src: GraphSource) -> list[dict[str, Any]]:
     """The inputs whose symbolic dimensions a benchmark sizes (at 1 unless the recipe says)."""
-    inputs: list[dict[str, Any]] = src.get("inputs", [])
-    return inputs
+    return [dict(v) for v in src.get("inputs", [])]
 
 
-def _count_leaves(values: Any) -> int:
+def _count_leaves(values: NestedValues | float) -> int:
     if isinstance(values, list):
         return sum(_count_leaves(v) for v in values)
     return 1

@@ -15,13 +15,16 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from onnxbuild._util import brief, canonical_json, sha256_text
 from onnxbuild.errors import StepError
-from onnxbuild.sources.kind import OnnxFile, SourceKind
+from onnxbuild.sources.kind import Defaults, HuggingfaceSource, OnnxFile, Problem, SourceKind, SourceRecord
+
+if TYPE_CHECKING:
+    import transformers
 
 _SHA = re.compile(r"^[0-9a-f]{40}$")
 
@@ -29,29 +32,29 @@ _SHA = re.compile(r"^[0-9a-f]{40}$")
 GGUF = ".gguf"
 
 
-def is_gguf(src: dict[str, Any]) -> bool:
+def is_gguf(src: HuggingfaceSource) -> bool:
     """The source names one GGUF file (``model: path/x.gguf`` or ``package: pkg/x.gguf``):
     transformers reads its config, tokenizer and weights (dequantized to float) from it."""
     named = src.get("package") or src.get("model")
     return isinstance(named, str) and named.lower().endswith(GGUF)
 
 
-def gguf_file(src: dict[str, Any], recipe_dir: Path) -> Path | None:
+def gguf_file(src: HuggingfaceSource, recipe_dir: Path) -> Path | None:
     """The GGUF file's path (None: the package it names is not installed)."""
-    if src.get("package"):
-        return package_folder(src["package"])
+    if package := src.get("package"):
+        return package_folder(package)
     model = Path(str(src["model"])).expanduser()
     return model if model.is_absolute() else (recipe_dir / model).resolve()
 
 
-def local_folder(src: dict[str, Any], recipe_dir: Path) -> Path | None:
+def local_folder(src: HuggingfaceSource, recipe_dir: Path) -> Path | None:
     """The folder the model loads from, when it is local (a path or a package folder; for a
     GGUF file, the folder that holds it)."""
     if is_gguf(src):
         path = gguf_file(src, recipe_dir)
         return path.parent if path is not None else None
-    if src.get("package"):
-        return package_folder(src["package"])
+    if package := src.get("package"):
+        return package_folder(package)
     model = str(src["model"])
     candidate = (recipe_dir / model).resolve() if not os.path.isabs(model) else Path(model)
     if candidate.is_dir():
@@ -73,6 +76,16 @@ def package_folder(spec: str) -> Path | None:
     if found is None or not found.submodule_search_locations:
         return None
     return Path(next(iter(found.submodule_search_locations))) / rest
+
+
+def _hub_id(src: HuggingfaceSource) -> str:
+    """``model`` as a Hub id: read where the model is not local."""
+    model = src["model"]
+    if model is None:
+        # A package that is not installed is not local either, and reaches the Hub lookups
+        # with no model: they have always failed here so (hub_snapshot's model.replace).
+        raise AttributeError("'NoneType' object has no attribute 'replace'")
+    return model
 
 
 def hub_cache_dir() -> Path:
@@ -97,12 +110,12 @@ def hub_snapshot(model: str, revision: str) -> tuple[str, Path] | None:
     return (sha, snap) if snap.is_dir() else None
 
 
-def identity(src: dict[str, Any], recipe_dir: Path) -> tuple[dict[str, Path], dict[str, Any]]:
+def identity(src: HuggingfaceSource, recipe_dir: Path) -> tuple[dict[str, Path], dict[str, object]]:
     """Files to hash and identity facts, found without the network or heavy imports."""
     return plan_file_identity(src, recipe_dir) if src.get("file") else plan_identity(src, recipe_dir)
 
 
-def plan_identity(src: dict[str, Any], recipe_dir: Path) -> tuple[dict[str, Path], dict[str, Any]]:
+def plan_identity(src: HuggingfaceSource, recipe_dir: Path) -> tuple[dict[str, Path], dict[str, object]]:
     """A model traced through torch: its folder's files, or the Hub commit."""
     label = "source.huggingface.package" if src.get("package") else "source.huggingface.model"
     if is_gguf(src):  # the file itself; a missing one is the source step's error to explain
@@ -111,7 +124,7 @@ def plan_identity(src: dict[str, Any], recipe_dir: Path) -> tuple[dict[str, Path
     folder = local_folder(src, recipe_dir)
     if folder is not None:
         return {label: folder}, {}
-    snap = hub_snapshot(src["model"], src["revision"])
+    snap = hub_snapshot(_hub_id(src), src["revision"])
     if snap is not None:
         return {}, {"hub_commit": snap[0]}
     if _SHA.match(src["revision"]):
@@ -119,23 +132,23 @@ def plan_identity(src: dict[str, Any], recipe_dir: Path) -> tuple[dict[str, Path
     return {}, {"hub_commit": "not downloaded"}
 
 
-def plan_file_identity(src: dict[str, Any], recipe_dir: Path) -> tuple[dict[str, Path], dict[str, Any]]:
+def plan_file_identity(src: HuggingfaceSource, recipe_dir: Path) -> tuple[dict[str, Path], dict[str, object]]:
     """For ``huggingface.file``: the folder holding the ONNX file (it and its external data)
     when local, else the Hub commit the revision resolves to, found without the network."""
     folder = local_folder(src, recipe_dir)
     if folder is not None:
-        return {"source.huggingface.file": (folder / src["file"]).parent}, {}
+        return {"source.huggingface.file": (folder / str(src["file"])).parent}, {}
     return plan_identity(src, recipe_dir)
 
 
-def estimate_weights(src: dict[str, Any], recipe_dir: Path) -> int:
+def estimate_weights(src: HuggingfaceSource, recipe_dir: Path) -> int:
     """File sizes where local, else from the config's sizes (GPT-2/BERT-shaped guess)."""
     folder = local_folder(src, recipe_dir)
     if is_gguf(src):  # mostly 4-bit blocks: about 8 bytes of float32 per stored byte
         path = gguf_file(src, recipe_dir)
         return 8 * path.stat().st_size if path is not None and path.is_file() else 0
-    if src.get("file") and folder is not None:
-        path = folder / src["file"]
+    if (file := src.get("file")) and folder is not None:
+        path = folder / file
         return path.stat().st_size if path.is_file() else 0
     if folder is not None and folder.is_dir():
         return sum(f.stat().st_size for f in folder.iterdir() if f.suffix in (".safetensors", ".bin", ".pt"))
@@ -147,12 +160,14 @@ def estimate_weights(src: dict[str, Any], recipe_dir: Path) -> int:
     return 4 * ((vocab + positions) * hidden + 12 * layers * hidden * hidden)
 
 
-def onnx_file(src: dict[str, Any], recipe_dir: Path) -> tuple[Path, str]:
+def onnx_file(src: HuggingfaceSource, recipe_dir: Path) -> tuple[Path, str]:
     """The local path of ``huggingface.file`` (downloading it and its external data from the
     Hub when the model is a Hub id), and where it came from."""
+    file = src["file"]
+    assert file is not None, "named_file calls this only when source.huggingface.file is set"
     folder = local_folder(src, recipe_dir)
     if folder is not None:
-        path = folder / src["file"]
+        path = folder / file
         if not path.is_file():
             raise StepError(
                 f"source.huggingface.file: {src['file']} is not in {folder} "
@@ -165,12 +180,13 @@ def onnx_file(src: dict[str, Any], recipe_dir: Path) -> tuple[Path, str]:
         try:
             from huggingface_hub import hf_hub_download, list_repo_files
 
-            names = list_repo_files(src["model"], revision=src["revision"])
+            hub_id = _hub_id(src)
+            names = list_repo_files(hub_id, revision=src["revision"])
             wanted = [
-                src["file"],
-                *(n for n in names if n.startswith(src["file"] + "_data") or n == src["file"] + ".data"),
+                file,
+                *(n for n in names if n.startswith(file + "_data") or n == file + ".data"),
             ]
-            paths = [hf_hub_download(src["model"], n, revision=src["revision"]) for n in wanted if n in names]
+            paths = [hf_hub_download(hub_id, n, revision=src["revision"]) for n in wanted if n in names]
             if not paths:
                 raise StepError(
                     f"source.huggingface.file: {src['model']} has no {src['file']} (files: "
@@ -181,9 +197,9 @@ def onnx_file(src: dict[str, Any], recipe_dir: Path) -> tuple[Path, str]:
             raise
         except Exception as exc:  # any failure to reach the Hub
             reason = f"{type(exc).__name__}: {brief(exc)}"
-    snap = hub_snapshot(src["model"], src["revision"])
-    if snap is not None and (snap[1] / src["file"]).is_file():
-        return snap[1] / src["file"], "hub cache"
+    snap = hub_snapshot(_hub_id(src), src["revision"])
+    if snap is not None and (snap[1] / file).is_file():
+        return snap[1] / file, "hub cache"
     raise StepError(
         f"source.huggingface.file: cannot download {src['file']} of {src['model']}@{src['revision']} "
         f"from the Hugging Face Hub ({reason}). "
@@ -192,9 +208,9 @@ def onnx_file(src: dict[str, Any], recipe_dir: Path) -> tuple[Path, str]:
     )
 
 
-def record(src: dict[str, Any], recipe_dir: Path, digests: dict[str, str]) -> dict[str, Any]:
+def record(src: HuggingfaceSource, recipe_dir: Path, digests: dict[str, str]) -> SourceRecord:
     """Decide which weights the model gets and record it (the ``source`` step's job)."""
-    base: dict[str, Any] = {
+    base: SourceRecord = {
         "kind": "huggingface",
         "task": src["task"],
         "model": src.get("model"),
@@ -217,13 +233,13 @@ def record(src: dict[str, Any], recipe_dir: Path, digests: dict[str, str]) -> di
         return {**base, "weights": "pretrained", "location": "package" if src.get("package") else "local folder"}
     if not os.environ.get("HF_HUB_OFFLINE"):
         try:
-            sha = _download(src["model"], src["revision"])
+            sha = _download(_hub_id(src), src["revision"])
             return {**base, "weights": "pretrained", "location": "hub", "hub_commit": sha}
         except Exception as exc:  # any failure to reach the Hub is handled by the offline policy
             reason = f"{type(exc).__name__}: {brief(exc)}"
     else:
         reason = "HF_HUB_OFFLINE is set"
-    snap = hub_snapshot(src["model"], src["revision"])
+    snap = hub_snapshot(_hub_id(src), src["revision"])
     if snap is not None:
         return {**base, "weights": "pretrained", "location": "hub cache", "hub_commit": snap[0]}
     if src["offline"] == "error":
@@ -247,7 +263,7 @@ def record(src: dict[str, Any], recipe_dir: Path, digests: dict[str, str]) -> di
     }
 
 
-def gguf_where(src: dict[str, Any], recipe_dir: Path) -> tuple[Path, dict[str, Any]]:
+def gguf_where(src: HuggingfaceSource, recipe_dir: Path) -> tuple[Path, dict[str, object]]:
     """What transformers' from_pretrained takes for a GGUF file: its folder and ``gguf_file``."""
     path = gguf_file(src, recipe_dir)
     if path is None:
@@ -257,7 +273,7 @@ def gguf_where(src: dict[str, Any], recipe_dir: Path) -> tuple[Path, dict[str, A
     return path.parent, {"gguf_file": path.name}
 
 
-def gguf_record(src: dict[str, Any], recipe_dir: Path) -> dict[str, Any]:
+def gguf_record(src: HuggingfaceSource, recipe_dir: Path) -> SourceRecord:
     """Check a GGUF file before anything loads it (that it exists, is GGUF, and holds an
     architecture transformers reads) and record what it holds: each tensor's GGUF type, so a
     review sees which weights were stored at which precision."""
@@ -285,7 +301,17 @@ def gguf_record(src: dict[str, Any], recipe_dir: Path) -> dict[str, Any]:
     }
 
 
-def _dequantized(model: Any) -> None:
+class _Quantized(Protocol):
+    """What transformers sets on a model it loaded from a GGUF file (not declared on
+    PreTrainedModel, which types its attributes as torch's)."""
+
+    hf_quantizer: object
+    is_quantized: bool
+    quantization_method: object
+    config: object
+
+
+def _dequantized(model: _Quantized) -> None:
     """transformers dequantizes a GGUF file's tensors to float as it loads them, yet marks the
     model quantized (its GGUF "quantizer"), which refuses ``.float()`` and would write a
     quantization_config into the config.json beside the ONNX files. The model is an ordinary
@@ -309,7 +335,7 @@ def _download(model: str, revision: str) -> str:
     return Path(path).name
 
 
-def load_model(src: dict[str, Any], record: dict[str, Any], recipe_dir: Path) -> Any:
+def load_model(src: HuggingfaceSource, record: Mapping[str, object], recipe_dir: Path) -> transformers.PreTrainedModel:
     """Build the torch model the record describes, in eval mode."""
     import torch
     import transformers
@@ -318,10 +344,12 @@ def load_model(src: dict[str, Any], record: dict[str, Any], recipe_dir: Path) ->
 
     auto = getattr(transformers, TASKS[src["task"]]["auto_class"])
     dtype = getattr(torch, src["dtype"])
-    kwargs: dict[str, Any] = {"attn_implementation": src["attn_implementation"]}
+    kwargs: dict[str, object] = {"attn_implementation": src["attn_implementation"]}
     try:
         if record["weights"] == "random-init":
-            config = dict(src["config"])
+            given = src["config"]
+            assert given is not None, "record() writes random-init only for a section with a config"
+            config = dict(given)
             model_type = config.pop("model_type", None)
             if not model_type:
                 raise StepError(
@@ -333,12 +361,13 @@ def load_model(src: dict[str, Any], record: dict[str, Any], recipe_dir: Path) ->
         else:
             folder = local_folder(src, recipe_dir)
             where: str | Path
+            extra: Mapping[str, object]
             if is_gguf(src):
                 where, extra = gguf_where(src, recipe_dir)
             elif folder is not None:
                 where, extra = folder, {}
             else:
-                where, extra = src["model"], {"revision": record["hub_commit"]}
+                where, extra = _hub_id(src), {"revision": record["hub_commit"]}
             model = auto.from_pretrained(where, local_files_only=True, **extra, **kwargs)
             if "gguf_file" in extra:
                 _dequantized(model)
@@ -355,7 +384,8 @@ def load_model(src: dict[str, Any], record: dict[str, Any], recipe_dir: Path) ->
         ) from None
     model = model.to(dtype)
     model.eval()
-    return model
+    loaded: transformers.PreTrainedModel = model
+    return loaded
 
 
 RECORDED = ("model", "revision", "offline")
@@ -364,7 +394,7 @@ LATER = ("dtype", "attn_implementation", "tokenizer")
 """How the model is loaded and tokenized: read by the steps after the source step only."""
 
 
-def varied_dims(src: dict[str, Any]) -> tuple[str, ...]:
+def varied_dims(src: HuggingfaceSource) -> tuple[str, ...]:
     """Validated at several sizes whatever export.inputs declares, so an axis fixed by
     mistake is caught: batch and sequence for text, batch and the image size (where the
     model takes any) for images."""
@@ -374,19 +404,19 @@ def varied_dims(src: dict[str, Any]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(dims))
 
 
-def _config(src: dict[str, Any]) -> dict[str, Any]:
+def _config(src: HuggingfaceSource) -> dict[str, Any]:
     config = src.get("config")
     return config if isinstance(config, dict) else {}
 
 
-def _positive(config: dict[str, Any], key: str, default: int) -> int:
+def _positive(config: Mapping[str, object], key: str, default: int) -> int:
     """A size from the config, or transformers' default where it is missing or not a size
     (transformers then refuses the config itself, with its own message, when the model is built)."""
     value = config.get(key, default)
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
 
 
-def image_size(src: dict[str, Any]) -> tuple[int, int] | None:
+def image_size(src: HuggingfaceSource) -> tuple[int, int] | None:
     """(height, width) from the recipe's config.image_size (an int or a pair), if it says."""
     size = _config(src).get("image_size")
     if isinstance(size, int) and not isinstance(size, bool) and size > 0:
@@ -396,14 +426,14 @@ def image_size(src: dict[str, Any]) -> tuple[int, int] | None:
     return None
 
 
-def fixed_image_size(src: dict[str, Any]) -> bool:
+def fixed_image_size(src: HuggingfaceSource) -> bool:
     from onnxbuild.recipe.tasks import FIXED_SIZE_IMAGES
 
     model_type = _config(src).get("model_type")
     return isinstance(model_type, str) and model_type in FIXED_SIZE_IMAGES
 
 
-def held_dims(src: dict[str, Any]) -> tuple[str, ...]:
+def held_dims(src: HuggingfaceSource) -> tuple[str, ...]:
     """Dimensions validation keeps at the sample size unless the recipe's shapes say
     otherwise: an image model whose type the recipe does not give (a Hub id or a folder
     without `config:`) may take one image size only (ViT), so only its batch varies."""
@@ -413,7 +443,7 @@ def held_dims(src: dict[str, Any]) -> tuple[str, ...]:
     return ("height", "width") if src.get("task") in IMAGE_TASKS and not known else ()
 
 
-def sample_defaults(src: dict[str, Any]) -> dict[str, int]:
+def sample_defaults(src: HuggingfaceSource) -> dict[str, int]:
     """Export sample sizes the config gives: an image model's config.image_size; and the
     decoder's new tokens of an encoder-decoder model."""
     if seq2seq(src):
@@ -424,17 +454,17 @@ def sample_defaults(src: dict[str, Any]) -> dict[str, int]:
     return {"height": size[0], "width": size[1]} if size and not fixed_image_size(src) else {}
 
 
-def traced(src: dict[str, Any]) -> bool:
+def traced(src: HuggingfaceSource) -> bool:
     """``huggingface.file`` is an ONNX file already (a Hub repository's onnx/model.onnx)."""
     return not src.get("file")
 
 
-def resolve(src: dict[str, Any], defaults: Callable[[dict[str, Any], str], dict[str, Any]]) -> None:
+def resolve(src: dict[str, Any], defaults: Defaults) -> None:
     for key in ("model", "package", "config", "tokenizer"):
         src.setdefault(key, None)
 
 
-def check(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[tuple[Any, ...], str, bool]]:
+def check(src: HuggingfaceSource, doc: Mapping[str, object]) -> Iterable[Problem]:
     if (src.get("model") is not None) == (src.get("package") is not None):
         got = "it has both" if src.get("model") is not None else "it has neither"
         yield (
@@ -467,7 +497,7 @@ def check(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[tuple[Any,
         )
 
 
-def _check_seq2seq(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[tuple[Any, ...], str, bool]]:
+def _check_seq2seq(src: HuggingfaceSource, doc: Mapping[str, object]) -> Iterable[Problem]:
     """What an encoder-decoder's two files do not support (yet), said at the recipe (each step
     kind says what it cannot do with them, ``Checking.two_files``)."""
     if src.get("dtype", "float32") != "float32":
@@ -478,7 +508,7 @@ def _check_seq2seq(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[t
         )
 
 
-def default_io(src: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+def default_io(src: HuggingfaceSource) -> tuple[list[dict[str, Any]], list[str]]:
     """The task's inputs and outputs (recipe/tasks.py). An image takes the config's
     num_channels, and a model with absolute position embeddings (ViT) its one image size."""
     from onnxbuild.recipe.tasks import CHANNELS, FRAMES, TASKS
@@ -500,35 +530,35 @@ def default_io(src: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
     return inputs, list(task["outputs"])
 
 
-def top1(src: dict[str, Any]) -> bool:
+def top1(src: HuggingfaceSource) -> bool:
     """Its first output scores tokens or classes: validation gets a top-1 agreement floor."""
     from onnxbuild.recipe.tasks import TASKS
 
     return bool(TASKS[src["task"]]["top1"])
 
 
-def seq2seq(src: dict[str, Any]) -> bool:
+def seq2seq(src: HuggingfaceSource) -> bool:
     """An encoder-decoder model (text or speech in): two files, encoder_model.onnx and decoder_model.onnx."""
     from onnxbuild.recipe.tasks import SEQ2SEQ_TASKS
 
     return src.get("task") in SEQ2SEQ_TASKS
 
 
-def files(src: dict[str, Any]) -> tuple[str, ...]:
+def files(src: HuggingfaceSource) -> tuple[str, ...]:
     """The ONNX files one variant of this model is made of."""
     from onnxbuild.recipe.tasks import DECODER_FILE, ENCODER_FILE
 
     return (ENCODER_FILE, DECODER_FILE) if seq2seq(src) else ("model.onnx",)
 
 
-def decoder(src: dict[str, Any]) -> bool:
+def decoder(src: HuggingfaceSource) -> bool:
     """A text-generation model: ``export.with_past`` and ``generate`` apply."""
     return src.get("task") == "text-generation"
 
 
-def config(src: dict[str, Any], recipe_dir: Path) -> dict[str, Any]:
+def config(src: HuggingfaceSource, recipe_dir: Path) -> dict[str, Any]:
     """The recipe's config, else the local folder's config.json."""
-    given: dict[str, Any] = src.get("config") or {}
+    given = src.get("config") or {}
     folder = None if given else local_folder(src, recipe_dir)
     if folder is not None and (folder / "config.json").is_file():
         found: dict[str, Any] = json.loads((folder / "config.json").read_text(encoding="utf-8"))
@@ -536,7 +566,7 @@ def config(src: dict[str, Any], recipe_dir: Path) -> dict[str, Any]:
     return given
 
 
-def named_file(src: dict[str, Any], recipe_dir: Path) -> OnnxFile | None:
+def named_file(src: HuggingfaceSource, recipe_dir: Path) -> OnnxFile | None:
     """``huggingface.file``, found locally or downloaded (onnx_file)."""
     if not src.get("file"):
         return None

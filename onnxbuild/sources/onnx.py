@@ -3,22 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from onnxbuild.sources.kind import OnnxFile, SourceKind
+from onnxbuild.sources.kind import OnnxFile, OnnxSource, SourceKind
 
 
-def identity(src: dict[str, Any], recipe_dir: Path) -> tuple[dict[str, Path], dict[str, Any]]:
+def identity(src: OnnxSource, recipe_dir: Path) -> tuple[dict[str, Path], dict[str, object]]:
     """The file itself (with its external data, read by the source step)."""
     return {"source.onnx.path": recipe_dir / src["path"]}, {}
 
 
-def estimate_weights(src: dict[str, Any], recipe_dir: Path) -> int:
+def estimate_weights(src: OnnxSource, recipe_dir: Path) -> int:
     path = recipe_dir / src["path"]
     return path.stat().st_size if path.is_file() else 0
 
 
-def onnx_file(src: dict[str, Any], recipe_dir: Path) -> OnnxFile:
+def onnx_file(src: OnnxSource, recipe_dir: Path) -> OnnxFile:
     return OnnxFile(recipe_dir / str(src["path"]), "source.onnx.path", str(src["path"]))
 
 

@@ -6,26 +6,29 @@ The factory file's content digest is part of the identity, so editing it rebuild
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from onnxbuild.errors import StepError
 from onnxbuild.sources import usercode
-from onnxbuild.sources.kind import SourceKind
+from onnxbuild.sources.kind import Problem, PytorchSource, SourceKind, SourceRecord
+
+if TYPE_CHECKING:
+    import torch
 
 
-def factory_files(src: dict[str, Any], recipe_dir: Path) -> dict[str, Path]:
+def factory_files(src: PytorchSource, recipe_dir: Path) -> dict[str, Path]:
     files: dict[str, Path] = {}
     found = usercode.file_path(src["factory"], recipe_dir)
     if found is not None:
         files["source.pytorch.factory"] = found
-    if src.get("checkpoint"):
-        files["source.pytorch.checkpoint"] = recipe_dir / src["checkpoint"]
+    if checkpoint := src.get("checkpoint"):
+        files["source.pytorch.checkpoint"] = recipe_dir / checkpoint
     return files
 
 
-def record(src: dict[str, Any], recipe_dir: Path, digests: dict[str, str]) -> dict[str, Any]:
+def record(src: PytorchSource, recipe_dir: Path, digests: dict[str, str]) -> SourceRecord:
     usercode.check_defines(src["factory"], recipe_dir, "source.pytorch.factory")
     missing = [label for label, digest in digests.items() if digest == "missing"]
     if missing:
@@ -40,11 +43,11 @@ def record(src: dict[str, Any], recipe_dir: Path, digests: dict[str, str]) -> di
     }
 
 
-def load_factory(src: dict[str, Any], recipe_dir: Path) -> Any:
+def load_factory(src: PytorchSource, recipe_dir: Path) -> Callable[..., object]:
     return usercode.load_function(src["factory"], recipe_dir, "source.pytorch.factory")
 
 
-def load_model(src: dict[str, Any], record: dict[str, Any], recipe_dir: Path) -> Any:
+def load_model(src: PytorchSource, record: Mapping[str, object], recipe_dir: Path) -> torch.nn.Module:
     import torch
 
     fn = load_factory(src, recipe_dir)
@@ -57,8 +60,8 @@ def load_model(src: dict[str, Any], record: dict[str, Any], recipe_dir: Path) ->
         raise StepError(
             f"source.pytorch.factory: {src['factory']} returned {type(model).__name__}, not a torch.nn.Module"
         )
-    if src.get("checkpoint"):
-        path = recipe_dir / src["checkpoint"]
+    if checkpoint := src.get("checkpoint"):
+        path = recipe_dir / checkpoint
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
             model.load_state_dict(state)
@@ -70,16 +73,16 @@ def load_model(src: dict[str, Any], record: dict[str, Any], recipe_dir: Path) ->
     return model
 
 
-def identity(src: dict[str, Any], recipe_dir: Path) -> tuple[dict[str, Path], dict[str, Any]]:
+def identity(src: PytorchSource, recipe_dir: Path) -> tuple[dict[str, Path], dict[str, object]]:
     """The factory's file and the checkpoint: editing either rebuilds."""
     return factory_files(src, recipe_dir), {}
 
 
-def estimate_weights(src: dict[str, Any], recipe_dir: Path) -> int:
+def estimate_weights(src: PytorchSource, recipe_dir: Path) -> int:
     return 64 * 1024 * 1024  # unknown before the factory runs
 
 
-def check(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[tuple[Any, ...], str, bool]]:
+def check(src: PytorchSource, doc: Mapping[str, object]) -> Iterable[Problem]:
     """The factory reference is well formed."""
     wrong = usercode.ref_problem(src["factory"]) if isinstance(src.get("factory"), str) else None
     if wrong:

@@ -17,10 +17,13 @@ Axes: the encoder's ``input_ids`` / ``attention_mask`` are [batch, sequence]; th
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onnxbuild.recipe.tasks import DECODER_FILE, ENCODER_FILE
 from onnxbuild.sources.decoder import PastLayout
+
+if TYPE_CHECKING:
+    import torch
 
 ENCODER, DECODER = ENCODER_FILE, DECODER_FILE
 
@@ -33,7 +36,8 @@ DECODER_INPUTS = ("input_ids", "encoder_hidden_states", "encoder_attention_mask"
 
 def layout_of(config: Any) -> PastLayout:
     """The decoder's self-attention cache: T5 names its sizes num_decoder_layers / num_heads /
-    d_kv, BART and Marian decoder_layers / decoder_attention_heads / d_model."""
+    d_kv, BART and Marian decoder_layers / decoder_attention_heads / d_model. ``config`` is a
+    transformers config; Any, as steps/benchmarking/pytorch.py passes a torch.nn.Module's."""
     layers = int(
         getattr(config, "num_decoder_layers", None)
         or getattr(config, "decoder_layers", None)
@@ -44,13 +48,14 @@ def layout_of(config: Any) -> PastLayout:
     return PastLayout(layers=layers, kv_heads=heads, head_dim=head_dim)
 
 
-def _cache_arg(model: Any) -> str:
+def _cache_arg(model: torch.nn.Module) -> str:
     # transformers 5.x renamed past_key_values to cache on some models
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def encoder_module(model: Any, names: list[str]) -> Any:
-    """(the export's inputs: input_ids and attention_mask, or Whisper's input_features) -> (hidden states,)."""
+def encoder_module(model: Any, names: list[str]) -> torch.nn.Module:
+    """(the export's inputs: input_ids and attention_mask, or Whisper's input_features) -> (hidden states,).
+    ``model`` is a transformers model; Any, as steps/benchmarking/pytorch.py holds it as a torch.nn.Module."""
     import torch
 
     class Encoder(torch.nn.Module):  # type: ignore[misc]
@@ -58,13 +63,13 @@ def encoder_module(model: Any, names: list[str]) -> Any:
             super().__init__()
             self.encoder = model.get_encoder()
 
-        def forward(self, *args: Any) -> Any:
+        def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor]:
             return (self.encoder(**dict(zip(names, args, strict=True)), return_dict=True).last_hidden_state,)
 
     return Encoder().eval()
 
 
-def decoder_module(model: Any, layout: PastLayout, masked: bool) -> Any:
+def decoder_module(model: Any, layout: PastLayout, masked: bool) -> torch.nn.Module:
     """(input_ids, encoder_hidden_states, [encoder_attention_mask,] past...) -> (logits, presents...).
     Whisper's encoder states have no padding, so its decoder takes no mask (``masked`` false)."""
     import torch
@@ -77,7 +82,9 @@ def decoder_module(model: Any, layout: PastLayout, masked: bool) -> Any:
             super().__init__()
             self.model = model
 
-        def forward(self, input_ids: Any, encoder_hidden_states: Any, *rest: Any) -> Any:
+        def forward(
+            self, input_ids: torch.Tensor, encoder_hidden_states: torch.Tensor, *rest: torch.Tensor
+        ) -> tuple[torch.Tensor, ...]:
             config = self.model.config
             mask, past = (rest[0], rest[1:]) if masked else (None, rest)
             own = DynamicCache(
@@ -93,7 +100,7 @@ def decoder_module(model: Any, layout: PastLayout, masked: bool) -> Any:
                 **{cache_arg: cache},
             )
             grown = out.get("past_key_values") if out.get("past_key_values") is not None else out.get("cache")
-            flat: list[Any] = []
+            flat: list[torch.Tensor] = []
             for layer in grown.self_attention_cache.layers:
                 flat += [layer.keys, layer.values]
             return (out["logits"], *flat)
@@ -119,6 +126,7 @@ def decoder_io(
 
 
 def start_token(config: Any) -> int:
+    # a transformers config; Any for the same caller as layout_of
     start = getattr(config, "decoder_start_token_id", None)
     if start is None:
         start = getattr(config, "pad_token_id", None)

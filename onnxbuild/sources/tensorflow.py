@@ -10,15 +10,19 @@ compares it with ONNX Runtime exactly as it does a torch model.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from onnxbuild._util import brief
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import ExportSection
 from onnxbuild.sources import usercode
-from onnxbuild.sources.kind import SourceKind
+from onnxbuild.sources.kind import Problem, SourceKind, SourceRecord, TensorflowSource
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+    import torch
 
 PACKAGES = ("tensorflow", "tensorflow-cpu", "tf2onnx", "keras")
 
@@ -27,7 +31,7 @@ def _quiet() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # TensorFlow's C++ start-up chatter
 
 
-def source_files(src: dict[str, Any], recipe_dir: Path) -> dict[str, Path]:
+def source_files(src: TensorflowSource, recipe_dir: Path) -> dict[str, Path]:
     """Files whose contents identify the model: the factory's Python file or the .keras file."""
     if src.get("keras"):
         return {"source.tensorflow.keras": recipe_dir / src["keras"]}
@@ -35,7 +39,7 @@ def source_files(src: dict[str, Any], recipe_dir: Path) -> dict[str, Path]:
     return {"source.tensorflow.factory": found} if found is not None else {}
 
 
-def identity(src: dict[str, Any], recipe_dir: Path) -> tuple[dict[str, Path], dict[str, Any]]:
+def identity(src: TensorflowSource, recipe_dir: Path) -> tuple[dict[str, Path], dict[str, object]]:
     """The factory's or .keras file, and the TensorFlow and tf2onnx versions, which change
     the converted graph (found without importing them)."""
     from onnxbuild.environment import package_version
@@ -43,11 +47,11 @@ def identity(src: dict[str, Any], recipe_dir: Path) -> tuple[dict[str, Path], di
     return source_files(src, recipe_dir), {"packages": {name: package_version(name) for name in PACKAGES}}
 
 
-def estimate_weights(src: dict[str, Any], recipe_dir: Path) -> int:
+def estimate_weights(src: TensorflowSource, recipe_dir: Path) -> int:
     return 64 * 1024 * 1024
 
 
-def record(src: dict[str, Any], recipe_dir: Path, digests: dict[str, str]) -> dict[str, Any]:
+def record(src: TensorflowSource, recipe_dir: Path, digests: dict[str, str]) -> SourceRecord:
     if src.get("factory"):
         usercode.check_defines(src["factory"], recipe_dir, "source.tensorflow.factory")
     missing = [label for label, digest in digests.items() if digest == "missing"]
@@ -64,7 +68,7 @@ def record(src: dict[str, Any], recipe_dir: Path, digests: dict[str, str]) -> di
     }
 
 
-def load_model(src: dict[str, Any], record: dict[str, Any], recipe_dir: Path) -> Any:
+def load_model(src: TensorflowSource, record: Mapping[str, object], recipe_dir: Path) -> tf.keras.Model:
     """The Keras model, seeded (factories that train are repeatable on CPU)."""
     _quiet()
     try:
@@ -96,11 +100,11 @@ class KerasAdapter:
     """Calls a Keras model the way the validate step calls a wrapped torch module:
     positional torch tensors in, a tuple of torch tensors out."""
 
-    def __init__(self, model: Any, input_names: list[str]) -> None:
+    def __init__(self, model: tf.keras.Model, input_names: list[str]) -> None:
         self.model = model
         self.input_names = input_names
 
-    def __call__(self, *args: Any) -> tuple[Any, ...]:
+    def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         import torch
 
         arrays = [a.detach().cpu().numpy() if hasattr(a, "detach") else a for a in args]
@@ -114,7 +118,7 @@ class KerasAdapter:
         return self
 
 
-def convert(model: Any, export: ExportSection, path: Path) -> None:
+def convert(model: tf.keras.Model, export: ExportSection, path: Path) -> None:
     """tf2onnx at the recipe's opset; graph outputs renamed to export.outputs, in order."""
     _quiet()
     import tensorflow as tf
@@ -150,7 +154,7 @@ def convert(model: Any, export: ExportSection, path: Path) -> None:
     path.write_bytes(proto.SerializeToString())
 
 
-def check(src: dict[str, Any], doc: dict[str, Any]) -> Iterable[tuple[tuple[Any, ...], str, bool]]:
+def check(src: TensorflowSource, doc: Mapping[str, object]) -> Iterable[Problem]:
     """Exactly one of factory and keras; the factory reference is well formed."""
     if ("factory" in src) == ("keras" in src):
         got = "it has both" if "factory" in src else "it has neither"

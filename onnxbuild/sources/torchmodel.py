@@ -8,14 +8,23 @@ step's memory to one model.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import ExportSection
 from onnxbuild.recipe.tasks import TASKS, TOKEN_INPUTS
 from onnxbuild.sources import source_kind
 from onnxbuild.sources.decoder import PAST_PREFIX, PRESENT_PREFIX
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+    import transformers
+    from numpy.typing import NDArray
+
+    from onnxbuild.runtimes.sessions import TensorInfo
 
 POOLED_OUTPUTS = frozenset({"pooler_output", "text_embeds", "image_embeds"})
 """One vector per input, whatever the task's other outputs hold per token."""
@@ -24,8 +33,10 @@ INT_RANGE_DEFAULT = 10
 """Integer inputs of a plain torch model get values in [0, 10) unless the model says otherwise."""
 
 
-def load_source_model(source: dict[str, Any], record: dict[str, Any], recipe_dir: Path) -> Any:
-    """The model a torch-traced source's record describes, from that source kind's module."""
+def load_source_model(source: Mapping[str, object], record: Mapping[str, object], recipe_dir: Path) -> Any:
+    """The model a torch-traced source's record describes, from that source kind's module: a
+    torch module, a transformers model or a Keras model, which the steps use as their source
+    kind's (hence Any)."""
     from onnxbuild.sources import source_kind
 
     ((kind, src),) = source.items()
@@ -35,7 +46,7 @@ def load_source_model(source: dict[str, Any], record: dict[str, Any], recipe_dir
     return load(src, record, recipe_dir)
 
 
-def full_export(export: ExportSection, model: Any) -> ExportSection:
+def full_export(export: ExportSection, model: transformers.PreTrainedModel) -> ExportSection:
     """The export section with a decoder's past inputs and present outputs spelled out.
 
     ``export.with_past`` adds ``past_key_values.{i}.key/.value`` inputs and
@@ -49,8 +60,11 @@ def full_export(export: ExportSection, model: Any) -> ExportSection:
     return {**export, "inputs": inputs, "outputs": outputs}
 
 
-def wrap(model: Any, source: dict[str, Any], input_names: list[str], output_names: list[str]) -> Any:
+def wrap(model: Any, source: Mapping[str, object], input_names: list[str], output_names: list[str]) -> Any:
     """A module whose forward takes the inputs positionally and returns the outputs as a tuple.
+    ``model`` is what load_source_model gave: a torch module, or what the kind's adapter wraps
+    (a Keras model); the result is a torch module, or that adapter (``kind.Adapted``), which the
+    steps that trace a torch module never get: hence Any, both ways.
 
     For transformers models it also passes an all-ones attention mask when the recipe
     leaves the mask out (TorchScript cannot trace GPT-2's mask creation without one:
@@ -77,13 +91,14 @@ def wrap(model: Any, source: dict[str, Any], input_names: list[str], output_name
             super().__init__()
             self.model = model
 
-        def forward(self, *args: Any) -> Any:
+        def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
             if not hf:
                 out = self.model(*args)
                 return tuple(out) if isinstance(out, (tuple, list)) else (out,)
-            kwargs = dict(zip(input_names, args, strict=True))
+            tensors = dict(zip(input_names, args, strict=True))
+            kwargs: dict[str, torch.Tensor | bool] = dict(tensors)
             if "attention_mask" in params and "attention_mask" not in kwargs and "input_ids" in kwargs:
-                kwargs["attention_mask"] = torch.ones_like(kwargs["input_ids"])
+                kwargs["attention_mask"] = torch.ones_like(tensors["input_ids"])
             if "use_cache" in params:
                 kwargs["use_cache"] = False
             out = self.model(**kwargs, return_dict=True)
@@ -114,13 +129,13 @@ def output_axes(source: dict[str, Any], export: ExportSection) -> dict[str, dict
     return axes
 
 
-def vocab_size(model: Any) -> int | None:
+def vocab_size(model: object) -> int | None:
     config = getattr(model, "config", None)
     size = getattr(config, "vocab_size", None)
     return int(size) if size else None
 
 
-def input_specs(source: dict[str, Any], export: ExportSection, *, natural: bool) -> list[dict[str, Any]]:
+def input_specs(source: Mapping[str, object], export: ExportSection, *, natural: bool) -> list[dict[str, Any]]:
     """The inputs to feed. ``natural`` gives a transformers model its task's shapes
     (batch, sequence) even where the export fixed an axis, so validation sees the mistake."""
     ((kind, _),) = source.items()
@@ -147,7 +162,9 @@ ORT_TYPES = {
 """ONNX Runtime's input types as make_inputs names them."""
 
 
-def session_specs(inputs: Any, sizes: dict[str, int], fallback: str | None = None) -> list[dict[str, Any]]:
+def session_specs(
+    inputs: Iterable[TensorInfo], sizes: dict[str, int], fallback: str | None = None
+) -> list[dict[str, Any]]:
     """make_inputs' specs for an ONNX Runtime session's inputs (``get_inputs()``): a symbolic
     dimension make_inputs cannot size from ``sizes`` is 1. An input of another type gets
     ``fallback``, or raises ValueError naming it when there is none."""
@@ -163,12 +180,14 @@ def session_specs(inputs: Any, sizes: dict[str, int], fallback: str | None = Non
     return specs
 
 
-def make_inputs(specs: list[dict[str, Any]], sizes: dict[str, int], seed: int, vocab: int | None) -> dict[str, Any]:
+def make_inputs(
+    specs: list[dict[str, Any]], sizes: dict[str, int], seed: int, vocab: int | None
+) -> dict[str, NDArray[np.generic]]:
     """Seeded numpy inputs: valid token ids below the vocabulary size, masks of ones."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    out: dict[str, Any] = {}
+    out: dict[str, NDArray[np.generic]] = {}
     # A decoder's mask covers the past and the new tokens; positions continue after the past.
     past = sizes.get("past_sequence", 0)
     sizes = {"past_sequence": past, **sizes, "total_sequence": past + sizes.get("sequence", 0)}
@@ -202,7 +221,7 @@ def make_inputs(specs: list[dict[str, Any]], sizes: dict[str, int], seed: int, v
     return out
 
 
-def pad_left(feeds: dict[str, Any], pad: int) -> None:
+def pad_left(feeds: dict[str, NDArray[np.generic]], pad: int) -> None:
     """Left-pad the last row of a decoder's batch by ``pad`` tokens, in place, as a tokenizer
     pads a shorter prompt for generation: its first ``pad`` mask entries are 0 and its
     position_ids count from its first real token (``cumsum(mask) - 1``, as generate() does)."""
@@ -216,13 +235,15 @@ def pad_left(feeds: dict[str, Any], pad: int) -> None:
         feeds["position_ids"] = counted[:, -positions.shape[-1] :].astype(positions.dtype)
 
 
-def gates_top1(source: dict[str, Any]) -> bool:
+def gates_top1(source: Mapping[str, object]) -> bool:
     """Whether the first output scores tokens or classes (top-1 agreement is measured)."""
     ((kind, src),) = source.items()
     return source_kind(kind).top1(src)
 
 
-def labelled_inputs(got: Any, specs: list[dict[str, Any]], key: str) -> tuple[dict[str, Any], Any]:
+def labelled_inputs(
+    got: object, specs: list[dict[str, Any]], key: str
+) -> tuple[dict[str, NDArray[np.generic]], NDArray[np.generic]]:
     """Check and convert what a dataset function returned: (inputs by export name, labels).
 
     Inputs are cast to the dtypes export.inputs declares (numpy gives float64 by default);
@@ -254,7 +275,7 @@ def labelled_inputs(got: Any, specs: list[dict[str, Any]], key: str) -> tuple[di
             f"{key}: labels must be an array of integer class indices "
             f"(got {labels.dtype} of shape {list(labels.shape)})"
         )
-    feeds: dict[str, Any] = {}
+    feeds: dict[str, NDArray[np.generic]] = {}
     for t in specs:
         value = np.asarray(arrays[t["name"]])
         if value.ndim == 0 or value.shape[0] != labels.shape[0]:
@@ -268,8 +289,8 @@ def labelled_inputs(got: Any, specs: list[dict[str, Any]], key: str) -> tuple[di
 
 
 def load_tokenizer(
-    source: dict[str, Any], record: dict[str, Any], recipe_dir: Path, key: str = "validate.sentences"
-) -> Any:
+    source: dict[str, Any], record: Mapping[str, object], recipe_dir: Path, key: str = "validate.sentences"
+) -> transformers.PreTrainedTokenizerBase:
     """The tokenizer of a transformers source: source.huggingface.tokenizer if given, else
     the model's own folder (local, package, or the Hub snapshot the source step recorded)."""
     import transformers
@@ -279,7 +300,7 @@ def load_tokenizer(
     ((kind, src),) = source.items()
     if not source_kind(kind).transformers:
         raise StepError(f"{key}: needs a huggingface source (this recipe's source is {kind})")
-    extra: dict[str, Any] = {}
+    extra: dict[str, object] = {}
     where: str | Path
     if src.get("tokenizer"):
         folder = recipe_dir / src["tokenizer"]
@@ -306,8 +327,11 @@ def load_tokenizer(
 
 
 def sentence_inputs(
-    tokenizer: Any, sentences: list[str], specs: list[dict[str, Any]], sizes: dict[str, int]
-) -> tuple[dict[str, Any], Any]:
+    tokenizer: transformers.PreTrainedTokenizerBase,
+    sentences: list[str],
+    specs: list[dict[str, Any]],
+    sizes: dict[str, int],
+) -> tuple[dict[str, NDArray[np.generic]], NDArray[np.generic]]:
     """One padded batch of the sentences as the export's inputs, and its attention mask.
 
     Inputs the tokenizer does not produce (position_ids, say) are made as in
@@ -325,7 +349,7 @@ def sentence_inputs(
         seed=0,
         vocab=None,
     )
-    feeds: dict[str, Any] = {}
+    feeds: dict[str, NDArray[np.generic]] = {}
     for t in specs:
         if t["name"] in encoded:
             dtype = np.dtype(t["dtype"]) if t["dtype"] != "bfloat16" else np.dtype("float32")

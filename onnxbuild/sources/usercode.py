@@ -13,7 +13,6 @@ import ast
 import posixpath
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from onnxbuild.errors import StepError
 
@@ -119,7 +118,7 @@ def _top_level_names(tree: ast.Module) -> set[str]:
     return names
 
 
-def load_function(ref: str, recipe_dir: Path, key: str) -> Callable[..., Any]:
+def load_function(ref: str, recipe_dir: Path, key: str) -> Callable[..., object]:
     """Import the function ``ref`` names. ``key`` is the recipe key that holds it, for messages."""
     import importlib
     import importlib.util
@@ -149,7 +148,7 @@ def load_function(ref: str, recipe_dir: Path, key: str) -> Callable[..., Any]:
             module = importlib.import_module(target)
         except Exception as exc:
             raise StepError(f"{key}: cannot import {target}: {type(exc).__name__}: {exc}") from None
-    fn = getattr(module, name, None)
+    fn: object = getattr(module, name, None)
     if not callable(fn):
         raise StepError(f"{key}: {target} has no function {name!r}")
-    return fn  # type: ignore[no-any-return]
+    return fn
