@@ -574,6 +574,13 @@ def named_file(src: HuggingfaceSource, recipe_dir: Path) -> OnnxFile | None:
     return OnnxFile(path, "source.huggingface.file", str(src["file"]), where)
 
 
+def with_sdpa(src: HuggingfaceSource) -> HuggingfaceSource:
+    """The section loading the model with PyTorch's fused attention (a fair baseline)."""
+    out = src.copy()
+    out["attn_implementation"] = "sdpa"
+    return out
+
+
 KIND = SourceKind(
     name="huggingface",
     traced=True,
@@ -597,7 +604,7 @@ KIND = SourceKind(
     gguf=is_gguf,
     transformers=True,
     onnx_file=named_file,
-    sdpa=lambda src: {**src, "attn_implementation": "sdpa"},
+    sdpa=with_sdpa,
     config=config,
     later=LATER,
     recorded=RECORDED,

@@ -295,7 +295,7 @@ class SourceKind(Generic[S]):
     """Converts its loaded model to ONNX at the path, given the export section (the converter's)."""
     framework: str = "PyTorch"
     """The framework its model runs in, which validation compares ONNX Runtime against."""
-    sdpa: Callable[[Source], Source] | None = None
+    sdpa: Callable[[S], S] | None = None
     """The section set to load the model with PyTorch's fused attention (sdpa), so a baseline is
     not timed with a slower attention than the export may use; None where the kind has no choice."""
     """A text decoder: ``export.with_past`` and the fused decoder graphs apply."""

@@ -213,7 +213,7 @@ def with_sdpa(source: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     its kind can choose (a baseline is not timed slower than the export may run), and which."""
     ((kind, src),) = source.items()
     sdpa = source_kind(kind).sdpa
-    return ({kind: sdpa(dict(src))}, "sdpa") if sdpa is not None else ({kind: dict(src)}, None)
+    return ({kind: sdpa(src.copy())}, "sdpa") if sdpa is not None else ({kind: src.copy()}, None)
 
 
 def _bound_runner(session: onnxruntime.InferenceSession, feeds: Feeds, outputs: list[str]) -> Callable[[], None]:
