@@ -242,9 +242,7 @@ def _seq2seq(
     return StepResult(summary=summary, data={"exporter": "torchscript", "opset": export["opset"]}, extra_outputs=extra)
 
 
-def _converted(
-    ctx: StepContext, described: SourceKind[Any], src: dict[str, Any], export: ExportSection
-) -> StepResult:
+def _converted(ctx: StepContext, described: SourceKind[Any], src: dict[str, Any], export: ExportSection) -> StepResult:
     """The source's own converter (tf2onnx) instead of torch.onnx: the recipe's inputs are the
     model's input signature."""
     if described.convert is None or described.load_model is None:
