@@ -6,19 +6,25 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 CHUNK = 1 << 20
 
+JsonValue: TypeAlias = bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"] | None
+"""What ``json.loads`` can return: the type of a cache, lock, report or recipe document before it is checked."""
 
-def canonical_json(data: Any) -> str:
+
+def canonical_json(data: object) -> str:
     """JSON that is identical for equal data: sorted keys, no whitespace, no NaN."""
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-def pretty_json(data: Any) -> str:
+def pretty_json(data: object) -> str:
     """Stable, reviewable JSON for files people read and diff (sorted keys, trailing newline)."""
     return json.dumps(data, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
 
@@ -146,15 +152,18 @@ def _umask() -> int:
     return mask
 
 
-def pick(section: Any, keep: Any) -> Any:
+def pick(section: Any, keep: Container[str]) -> Any:
     """The keys of ``section`` named in ``keep``, as a mapping of the same type (a step's key
-    holds only what the step reads; a traced recipe keeps its paths, see testhooks.track)."""
+    holds only what the step reads; a traced recipe keeps its paths, see testhooks.track).
+
+    Any: the result is ``section``'s own type (a TypedDict section, a Tracked mapping) with some
+    keys left out, which no annotation says: a TypeVar would claim keys a total TypedDict lacks."""
     out = {k: section[k] for k in section if k in keep}
     paths = getattr(section, "paths", None)
     return out if paths is None else type(section)(out, {k: v for k, v in paths.items() if k in out})
 
 
-def atol_scale_of(values: Any) -> float:
+def atol_scale_of(values: ArrayLike) -> float:
     """What ``atol`` is multiplied by for one output: the range its finite reference values
     span (largest less smallest) or their largest magnitude, whichever is larger, at least 1.
 
@@ -172,24 +181,24 @@ def atol_scale_of(values: Any) -> float:
 
     if not np.size(values):
         return 1.0
-    values = np.asarray(values, dtype=np.float64)
-    return float(max(1.0, float(values.max() - values.min()), float(np.abs(values).max())))
+    array = np.asarray(values, dtype=np.float64)
+    return float(max(1.0, float(array.max() - array.min()), float(np.abs(array).max())))
 
 
-MISSING: Any = object()
+MISSING: Final = object()
 """A key one side of a recipe change does not have (plan reasons and diff lines say "added" or "removed")."""
 
 
-def _named(items: list[Any]) -> bool:
+def _named(items: list[object]) -> bool:
     names = [i.get("name") for i in items if isinstance(i, dict)]
     return len(names) == len(items) and all(isinstance(n, str) for n in names) and len(set(names)) == len(names)
 
 
-def json_changes(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+def json_changes(old: object, new: object, prefix: str = "") -> list[tuple[str, object, object]]:
     """Leaf-level differences between two JSON values, as (dotted path, old, new); a key only one
     side has is ``MISSING`` on the other (plan reasons and diff lines say "added" or "removed")."""
     if isinstance(old, dict) and isinstance(new, dict):
-        out: list[tuple[str, Any, Any]] = []
+        out: list[tuple[str, object, object]] = []
         for k in sorted(set(old) | set(new)):
             path = f"{prefix}.{k}" if prefix else k
             out.extend(json_changes(old.get(k, MISSING), new.get(k, MISSING), path))

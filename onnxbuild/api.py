@@ -11,7 +11,7 @@ import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from onnxbuild.engine.cache import Cache, tagged
 from onnxbuild.engine.graph import Plan
@@ -24,6 +24,11 @@ from onnxbuild.recipe.sections import Resolved
 from onnxbuild.report.pagekey import is_current
 from onnxbuild.steps import export as export_kind
 from onnxbuild.steps import kinds
+
+if TYPE_CHECKING:
+    from onnxbuild.engine.locks import FileLock
+    from onnxbuild.review.divergence import Search
+    from onnxbuild.review.upgrade import Comparison
 
 CACHE_ENV = "ONNXBUILD_CACHE_DIR"
 RAY_JOBS = 256
@@ -424,7 +429,7 @@ def _manifest_refs(manifest: Path) -> list[tuple[str | None, list[str]]]:
     from onnxbuild._util import read_regular_text
 
     try:
-        data: Any = json.loads(read_regular_text(manifest, limit=64 << 20))
+        data: object = json.loads(read_regular_text(manifest, limit=64 << 20))
     except (OSError, ValueError, RecursionError):
         return []
     steps = data.get("steps") if isinstance(data, dict) else None
@@ -433,7 +438,7 @@ def _manifest_refs(manifest: Path) -> list[tuple[str | None, list[str]]]:
         if not isinstance(step, dict):
             continue
         key = step.get("key") if isinstance(step.get("key"), str) else None
-        outputs: list[Any] = step["outputs"] if isinstance(step.get("outputs"), list) else []
+        outputs: list[object] = step["outputs"] if isinstance(step.get("outputs"), list) else []
         refs.append((key, [o["sha256"] for o in outputs if isinstance(o, dict) and isinstance(o.get("sha256"), str)]))
     return refs
 
@@ -457,10 +462,11 @@ def verify_remote(settings: Settings) -> tuple[int, list[str]]:
         )
     cache = settings.cache()
     cache.ensure_writable()
-    return cache.remote.verify(cache)  # type: ignore[no-any-return]
+    assert cache.remote is not None  # Settings.cache sets it whenever cache_url is set
+    return cache.remote.verify(cache)
 
 
-def _take_alone(cache: Cache, command: str) -> Any:
+def _take_alone(cache: Cache, command: str) -> FileLock:
     """The cache's maintenance lock, exclusively, or a clear error while a build uses the cache."""
     cache.ensure_own()
     lock = cache.maintenance_lock(shared=False)
@@ -492,6 +498,19 @@ __all__ = [
 ]
 
 
+class MismatchCase(TypedDict):
+    """What explain_mismatch compared with what, for its report."""
+
+    recipe: str
+    variant: str
+    base: str
+    candidate: str
+    shape: dict[str, int]
+    rtol: float
+    atol: float
+    validation_case: bool
+
+
 def explain_mismatch(
     path: str | Path,
     variant: str,
@@ -501,7 +520,7 @@ def explain_mismatch(
     out: str | Path | None = None,
     shape: int = 0,
     left_padding: int = 0,
-) -> tuple[Any, dict[str, Any]]:
+) -> tuple[Search, MismatchCase]:
     """The first node where a built variant (or ``file`` in its place) parts from the file it
     was made from, at one of the recipe's validation shapes, with the variant's tolerances:
     (``divergence.Search``, what was compared with what)."""
@@ -570,7 +589,7 @@ def explain_mismatch(
     }
 
 
-def upgrade_check(paths: Sequence[str | Path], withs: Sequence[str], settings: Settings | None = None) -> Any:
+def upgrade_check(paths: Sequence[str | Path], withs: Sequence[str], settings: Settings | None = None) -> Comparison:
     """Build ``paths`` here and in a throwaway environment with ``withs`` installed over this
     one's packages; the Markdown comparison (``upgrade.Comparison``). Nothing built here is
     touched: the other side has its own cache and artifacts under .onnxbuild/upgrade/."""

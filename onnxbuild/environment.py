@@ -9,7 +9,6 @@ import sys
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
-from typing import Any
 
 # Some packages ship under more than one distribution name; the first installed wins.
 _DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
@@ -62,14 +61,13 @@ class Versions:
         try:
             from onnxbuild._util import atomic_write_text, canonical_json
 
-            atomic_write_text(
-                self.path, canonical_json({"signature": _signature(), "versions": {**self._load(), **self._computed}})
-            )
+            versions: dict[str, str] = {**self._load(), **self._computed}
+            atomic_write_text(self.path, canonical_json({"signature": _signature(), "versions": versions}))
         except OSError:
             pass
 
 
-def _signature() -> list[Any]:
+def _signature() -> list[list[object]]:
     """What importlib.metadata would read: the distributions on sys.path, by folder name.
 
     A ``*.dist-info`` name carries its version, so an install, removal or upgrade changes a
@@ -78,7 +76,7 @@ def _signature() -> list[Any]:
     are left out, so ``onnxbuild``, ``python -m onnxbuild`` and a test's ``python -c`` all
     find what the last one saved (the sys.path folders' mtimes, keyed before, did not:
     each way of starting threw the others' memo away). About 1 ms for 200 distributions."""
-    sig: list[Any] = []
+    sig: list[list[object]] = []
     for entry in sys.path:
         try:
             names = sorted(n for n in os.listdir(entry or ".") if n.endswith((".dist-info", ".egg-info")))

@@ -30,8 +30,9 @@ import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, TypeAlias, TypedDict, cast
+from typing import Protocol, TypedDict, cast
 
+from onnxbuild._util import JsonValue as JsonValue  # re-exported: readers of cache files import it from here
 from onnxbuild._util import (
     atomic_write_text,
     canonical_json,
@@ -44,9 +45,6 @@ from onnxbuild.engine.locks import FileLock
 from onnxbuild.engine.testhooks import pause_for_tests
 from onnxbuild.environment import Versions
 from onnxbuild.errors import CacheError
-
-JsonValue: TypeAlias = bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"] | None
-"""What ``json.loads`` can return: the type of a cache, lock or report file before it is checked."""
 
 
 class OutputRecord(TypedDict):
@@ -66,6 +64,20 @@ class EntryRecord(TypedDict):
     ingredients: Mapping[str, object]
     outputs: list[OutputRecord]
     data: dict[str, object]
+
+
+class Remote(Protocol):
+    """What the cache asks of a remote one (remote.RemoteCache, which imports this module)."""
+
+    url: str
+
+    def pull(self, key: str, local: Cache) -> bool: ...
+
+    def push(self, entry: EntryRecord, local: Cache) -> None: ...
+
+    def peek(self, key: str) -> EntryRecord | None: ...
+
+    def verify(self, local: Cache) -> tuple[int, list[str]]: ...
 
 
 class TamperedError(ValueError):
@@ -150,7 +162,7 @@ class Cache:
     root: Path
     warn: Callable[[str], None] = lambda message: None
 
-    remote: Any = None
+    remote: Remote | None = None
     """A RemoteCache consulted on a local miss and given every new entry (see remote.py)."""
 
     pulled: set[str] = field(default_factory=set)

@@ -135,7 +135,7 @@ def _object_schema(sch: dict[str, Any]) -> dict[str, Any] | None:
     return sch if "properties" in sch else None
 
 
-def _fill(value: Any, sch: dict[str, Any]) -> Any:
+def _fill(value: object, sch: dict[str, Any]) -> object:
     """``value`` with its schema's defaults: an object's missing keys take their ``default``, and
     each object inside it, or each entry of a list of objects, takes its own."""
     if isinstance(value, list):

@@ -10,12 +10,15 @@ alias expansions large enough to exhaust memory (the "billion laughs").
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import yaml
+    from yaml._yaml import Mark as _CMark
 
+from onnxbuild._util import JsonValue
 from onnxbuild.errors import Problem
 
 MAX_VALUES = 100_000
@@ -78,7 +81,7 @@ _YAML_ONLY_BREAKS = ("\x85", "\u2028", "\u2029")
 """Line breaks to YAML 1.1 (and PyYAML) that editors show inside a line."""
 
 
-def load_yaml(text: str, filename: str) -> tuple[Any, Positions, list[Problem]]:
+def load_yaml(text: str, filename: str) -> tuple[JsonValue, Positions, list[Problem]]:
     """Parse one YAML document; returns data, positions and the problems found.
 
     Syntax errors come back as a single problem with the parser's position; the
@@ -101,7 +104,7 @@ def load_yaml(text: str, filename: str) -> tuple[Any, Positions, list[Problem]]:
     return data, positions, fixed
 
 
-def _editor_positions(text: str) -> Any:
+def _editor_positions(text: str) -> Callable[[int, int], tuple[int, int]]:
     """(line, column) as PyYAML counts them -> as an editor counts them (1-based)."""
     starts = [0]
     i, n = 0, len(text)
@@ -120,10 +123,10 @@ def _editor_positions(text: str) -> Any:
     return convert
 
 
-def _load_yaml(text: str, filename: str) -> tuple[Any, Positions, list[Problem]]:
+def _load_yaml(text: str, filename: str) -> tuple[JsonValue, Positions, list[Problem]]:
     import yaml
 
-    loader_class: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    loader_class: type[yaml.SafeLoader | yaml.CSafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     positions = Positions()
     problems: list[Problem] = []
     try:
@@ -190,7 +193,7 @@ def _load_yaml(text: str, filename: str) -> tuple[Any, Positions, list[Problem]]
     counter = [0]
     constructor = yaml.SafeLoader("")  # only its scalar constructors are used
 
-    def build(n: yaml.Node, path: Path_) -> Any:
+    def build(n: yaml.Node, path: Path_) -> JsonValue:
         counter[0] += 1
         if counter[0] > MAX_VALUES:
             raise _TooBig
@@ -206,7 +209,7 @@ def _load_yaml(text: str, filename: str) -> tuple[Any, Positions, list[Problem]]
             )
             return None
         if isinstance(n, yaml.MappingNode):
-            out: dict[str, Any] = {}
+            out: dict[str, JsonValue] = {}
             for key_node, value_node in n.value:
                 if key_node.tag == "tag:yaml.org,2002:merge":
                     problems.append(
@@ -231,9 +234,11 @@ def _load_yaml(text: str, filename: str) -> tuple[Any, Positions, list[Problem]]
             return [build(item, (*path, i)) for i, item in enumerate(n.value)]
         if isinstance(n, yaml.ScalarNode):
             if n.tag == _TIMESTAMP:
-                return n.value  # dates stay text: a recipe has no use for datetime objects
+                text_value: str = n.value  # dates stay text: a recipe has no use for datetime objects
+                return text_value
             try:
-                value = constructor.construct_object(n)
+                # the tags _ALLOWED_TAGS lets through construct JSON values (str, int, float, bool, None)
+                value: JsonValue = constructor.construct_object(n)
             except yaml.YAMLError as exc:
                 problems.append(_at(filename, n, path, f"cannot read value: {getattr(exc, 'problem', exc)}"))
                 return None
@@ -268,7 +273,7 @@ def _load_yaml(text: str, filename: str) -> tuple[Any, Positions, list[Problem]]
     return data, positions, problems
 
 
-def _too_deep_at(loader_class: Any, text: str) -> Any:
+def _too_deep_at(loader_class: type[yaml.SafeLoader | yaml.CSafeLoader], text: str) -> yaml.Mark | _CMark | None:
     """The mark of the first collection nested deeper than MAX_DEPTH, or None."""
     import yaml
 
@@ -297,7 +302,8 @@ def _too_deep_at(loader_class: Any, text: str) -> Any:
 _TOO_LARGE = f"integer too large (a recipe's integers fit in {MAX_INT_BITS} bits)"
 
 
-def _unreadable(constructor: Any, node: Any) -> str:
+def _unreadable(constructor: Any, node: yaml.ScalarNode) -> str:
+    # Any: PyYAML's stubs leave Resolver.resolve untyped, which strict mypy refuses to call
     """Why a scalar whose tag says int, float or bool cannot be read as one."""
     digits = node.value.replace("_", "").lstrip("+-")
     if node.tag == _INT and digits.isascii() and digits.isdigit():
@@ -312,5 +318,5 @@ def _unreadable(constructor: Any, node: Any) -> str:
     return f"cannot read {shown} as {kind} (tag {tag}); fix the value or remove the tag"
 
 
-def _at(filename: str, node: Any, path: Path_, message: str) -> Problem:
+def _at(filename: str, node: yaml.Node, path: Path_, message: str) -> Problem:
     return Problem(filename, node.start_mark.line + 1, node.start_mark.column + 1, dotted(path), message)

@@ -12,7 +12,7 @@ import json
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onnxbuild._util import MISSING
 from onnxbuild.errors import RecipeError, UsageError
@@ -22,6 +22,10 @@ from onnxbuild.report.diffview import Cost, Metric, RecipeDiff
 from onnxbuild.review.modeldiff import model_diffs
 from onnxbuild.steps.benchmarking import section as benchmarks
 from onnxbuild.steps.quantize import METHOD_KEYS
+
+if TYPE_CHECKING:
+    from onnxbuild.engine.cache import Cache
+    from onnxbuild.engine.graph import Plan, PlannedStep
 
 __all__ = ["Cost", "Metric", "RecipeDiff", "diff", "render"]
 
@@ -118,7 +122,7 @@ def _git_bytes(*args: str, cwd: Path) -> bytes | None:
     return done.stdout
 
 
-def _file_changes(old: Recipe, new: Recipe, base: str, root: Path) -> tuple[list[tuple[str, Any, Any]], set[str]]:
+def _file_changes(old: Recipe, new: Recipe, base: str, root: Path) -> tuple[list[tuple[str, object, object]], set[str]]:
     """Files a step reads (a factory, a dataset, a checkpoint) that differ between the base and
     the working tree, as changes, and the labels that changed. They are in the steps' keys,
     so a diff that left them out would say "no change" while `plan` rebuilds."""
@@ -126,7 +130,7 @@ def _file_changes(old: Recipe, new: Recipe, base: str, root: Path) -> tuple[list
 
     from onnxbuild.pipeline import steps_for
 
-    rows: list[tuple[str, Any, Any]] = []
+    rows: list[tuple[str, object, object]] = []
     changed: set[str] = set()
     seen: set[str] = set()
     for spec in steps_for(new):
@@ -176,7 +180,7 @@ def _at_base(old: Recipe, new: Recipe, base: str, root: Path, folder: Path) -> R
     return replace(old, directory=directory)
 
 
-def _package_changes(new: Recipe, base: str, root: Path) -> tuple[list[tuple[str, Any, Any]], set[str]]:
+def _package_changes(new: Recipe, base: str, root: Path) -> tuple[list[tuple[str, object, object]], set[str]]:
     """Package versions the base's committed lock records that differ from this environment's."""
     from onnxbuild.engine.lockfile import lock_path
     from onnxbuild.environment import package_version
@@ -195,7 +199,7 @@ def _package_changes(new: Recipe, base: str, root: Path) -> tuple[list[tuple[str
         packages = (step.get("ingredients") or {}).get("packages") if isinstance(step, dict) else None
         if isinstance(packages, dict):
             before.update({str(k): str(v) for k, v in packages.items()})
-    rows = [
+    rows: list[tuple[str, object, object]] = [
         (f"package {name}", old, package_version(name))
         for name, old in sorted(before.items())
         if package_version(name) != old
@@ -203,7 +207,7 @@ def _package_changes(new: Recipe, base: str, root: Path) -> tuple[list[tuple[str
     return rows, {str(r[0]).removeprefix("package ") for r in rows}
 
 
-def diff(paths: list[str], base: str | None, cache: Any, cwd: Path | None = None) -> tuple[str, list[RecipeDiff]]:
+def diff(paths: list[str], base: str | None, cache: Cache, cwd: Path | None = None) -> tuple[str, list[RecipeDiff]]:
     """Each recipe as the base commit has it against the working tree. ``cache`` (with its
     remote, if any) supplies the figures of both sides where their steps were built."""
     from onnxbuild._util import json_changes
@@ -297,7 +301,9 @@ def diff(paths: list[str], base: str | None, cache: Any, cwd: Path | None = None
     return base, out
 
 
-def _read_output(cache: Any, step: Any, rel: str) -> Any:
+def _read_output(cache: Cache, step: PlannedStep | None, rel: str) -> Any:
+    # Any: a report one of our steps wrote (validation.json, benchmark.json), read for the
+    # figures _metrics compares; an entry's object is trusted as the cache trusts it
     if step is None or step.entry is None:
         return None
     for o in step.entry["outputs"]:
@@ -309,7 +315,7 @@ def _read_output(cache: Any, step: Any, rel: str) -> Any:
     return None
 
 
-def _metrics(old_plan: Any, new_plan: Any, cache: Any) -> list[Metric]:
+def _metrics(old_plan: Plan, new_plan: Plan, cache: Cache) -> list[Metric]:
     """Figures present on both sides (their steps cached), and variants new on one side."""
     rows: list[Metric] = []
     old = {s.spec.name: s for s in old_plan.steps}
@@ -369,9 +375,9 @@ def _metrics(old_plan: Any, new_plan: Any, cache: Any) -> list[Metric]:
     return rows
 
 
-def _expand(changes: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, Any]]:
+def _expand(changes: list[tuple[str, object, object]]) -> list[tuple[str, object, object]]:
     """An added or removed section or variant as one line per key it sets, not a cut-off dict."""
-    out: list[tuple[str, Any, Any]] = []
+    out: list[tuple[str, object, object]] = []
     for key, old, new in changes:
         whole = new if old is MISSING else old if new is MISSING else None
         if isinstance(whole, dict) and key.startswith("quantize[") and whole.get("method") in METHOD_KEYS:
@@ -385,7 +391,7 @@ def _expand(changes: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, Any]]:
     return out
 
 
-def _leaves(value: Any, prefix: str) -> list[tuple[str, Any]]:
+def _leaves(value: object, prefix: str) -> list[tuple[str, object]]:
     if isinstance(value, dict) and value:
         return [leaf for k, v in value.items() for leaf in _leaves(v, f"{prefix}.{k}")]
     return [(prefix, value)]
