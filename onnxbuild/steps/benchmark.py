@@ -20,7 +20,7 @@ import gc
 import json
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 from onnxbuild import environment
@@ -133,7 +133,7 @@ def placement(recipe: Recipe) -> tuple[float, int, str]:
     return cpus, 0, ""
 
 
-def measured(params: dict[str, Any]) -> str:
+def measured(params: Mapping[str, object]) -> str:
     """Why this kind's outputs differ from run to run (see onnxbuild.steps.describe)."""
     return "timings differ run to run"
 
@@ -148,7 +148,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     threads = bench["threads"] or (os.cpu_count() or 1)
     load_before = cpu_share(threads)  # a busy machine makes every time below slow: see _finish
     torch_source = export is not None
-    record: dict[str, Any] = {}
+    record: dict[str, object] = {}
     if torch_source:
         record = read_source_record(ctx)
     shapes = bench["shapes"]
@@ -294,7 +294,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
                 kernels[variant["name"]] = _kernels(ctx, runs_path, shapes[-1], feeds_by_shape[-1], threads)
         providers_report.append(status)
 
-    extra: dict[str, Any] = {"pytorch_bf16": bf16} if bf16 else {}
+    extra: dict[str, object] = {"pytorch_bf16": bf16} if bf16 else {}
     if kernels:
         extra["kernels"] = kernels
     if ov_kernels:
@@ -352,14 +352,14 @@ def _validated(spec: StepSpec) -> dict[str, list[str]]:
 
 def _finish(
     ctx: StepContext,
-    record: dict[str, Any],
+    record: dict[str, object],
     bench: BenchmarkSection,
     threads: int,
     baseline: list[dict[str, Any]],
     providers_report: list[dict[str, Any]],
     results: list[dict[str, Any]],
     decode: list[dict[str, Any]] | None,
-    extra: dict[str, Any] | None = None,
+    extra: dict[str, object] | None = None,
     *,
     load_before: float,
 ) -> StepResult:
@@ -371,7 +371,7 @@ def _finish(
     from onnxbuild.steps.peaks import cpu_share
     from onnxbuild.steps.roofline import LOADED_BELOW
 
-    report: dict[str, Any] = {
+    report: dict[str, object] = {
         "schema_version": SCHEMA_VERSION,
         "recipe": ctx.recipe_name,
         "machine": machine(threads),

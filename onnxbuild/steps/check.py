@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from onnxbuild._util import brief, pretty_json
 from onnxbuild.errors import StepError
@@ -16,6 +16,9 @@ from onnxbuild.recipe.variants import MODEL
 from onnxbuild.report.check import CheckReport, TensorReport, markdown
 from onnxbuild.spec import Planning, StepInput, StepKind
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
+
+if TYPE_CHECKING:
+    import onnx
 
 VERSION = 1
 PACKAGES = ("onnx",)
@@ -81,11 +84,11 @@ def _check(path: Path, name: str, scratch: Path) -> CheckReport:
     return inspect(model, path)
 
 
-def inspect(model: Any, path: Any) -> CheckReport:
+def inspect(model: onnx.ModelProto, path: Path) -> CheckReport:
     import onnx
     from onnx.external_data_helper import uses_external_data
 
-    def tensor(v: Any) -> TensorReport:
+    def tensor(v: onnx.ValueInfoProto) -> TensorReport:
         t = v.type.tensor_type
         dims: list[int | str | None] = []
         for d in t.shape.dim:
@@ -127,7 +130,7 @@ def inspect(model: Any, path: Any) -> CheckReport:
     }
 
 
-def _all_nodes(graph: Any) -> list[Any]:
+def _all_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     out = []
     for node in graph.node:
         out.append(node)

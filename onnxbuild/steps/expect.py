@@ -21,13 +21,16 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, TypedDict, cast
 
 from onnxbuild._util import pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import Contract
 from onnxbuild.spec import Checking, Found, Planning, StepInput, StepKind
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
+
+if TYPE_CHECKING:
+    import onnx
 
 VERSION = 1
 PACKAGES = ("onnx",)
@@ -89,7 +92,24 @@ def plan(p: Planning) -> list[StepSpec]:
     return steps
 
 
-def _merged(common: Any, own: Any) -> Any:
+class ExpectParams(TypedDict):
+    """What :func:`plan` puts in a step's params."""
+
+    expect: Contract
+    variant: str
+    files: list[str]
+
+
+class RuleCheck(TypedDict):
+    """One rule's line in reports/expect/<variant>.json."""
+
+    rule: str
+    expected: object
+    actual: object
+    ok: bool
+
+
+def _merged(common: Contract | None, own: Contract | None) -> Contract | None:
     """``all``'s rules under the variant's own: mappings (ops, weights, inputs, outputs) merge
     name by name, the rest is replaced."""
     if common is None:
@@ -97,24 +117,30 @@ def _merged(common: Any, own: Any) -> Any:
     if own is None:
         return common
     merged = common | own
-    for rule in ("ops", "weights", "inputs", "outputs"):
-        if rule in common and rule in own:
-            merged[rule] = common[rule] | own[rule]
+    # each mapping rule by name: their value types differ, so one at a time
+    if "ops" in common and "ops" in own:
+        merged["ops"] = common["ops"] | own["ops"]
+    if "weights" in common and "weights" in own:
+        merged["weights"] = common["weights"] | own["weights"]
+    if "inputs" in common and "inputs" in own:
+        merged["inputs"] = common["inputs"] | own["inputs"]
+    if "outputs" in common and "outputs" in own:
+        merged["outputs"] = common["outputs"] | own["outputs"]
     return merged
 
 
 def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     import onnx
 
-    contract = cast(Contract, spec.params["expect"])
-    variant = spec.params["variant"]
-    files = [ctx.input(f) for f in spec.params["files"]]
+    params = cast(ExpectParams, spec.params)  # the JSON plan() built
+    contract, variant = params["expect"], params["variant"]
+    files = [ctx.input(f) for f in params["files"]]
     models = [onnx.load_model(str(f), load_external_data=False) for f in files]
     main = models[-1]
     ops: Counter[str] = Counter(n.op_type for m in models for n in m.graph.node)
-    checks: list[dict[str, Any]] = []
+    checks: list[RuleCheck] = []
 
-    def rule(name: str, expected: Any, actual: Any, ok: bool) -> None:
+    def rule(name: str, expected: object, actual: object, ok: bool) -> None:
         checks.append({"rule": f"expect.{variant}.{name}", "expected": expected, "actual": actual, "ok": ok})
 
     for op, wanted in (contract.get("ops") or {}).items():
@@ -154,7 +180,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     return StepResult(summary=f"{len(checks)} rules hold", data={"rules": len(checks)})
 
 
-def _comparison(wanted: Any, key: str) -> tuple[str, int]:
+def _comparison(wanted: int | str, key: str) -> tuple[str, int]:
     if isinstance(wanted, int):
         return "==", wanted
     match = COMPARISON.match(str(wanted))
@@ -163,7 +189,7 @@ def _comparison(wanted: Any, key: str) -> tuple[str, int]:
     return match.group(1) or "==", int(match.group(2))
 
 
-def weight_shares(models: list[Any], files: list[Path]) -> dict[str, float]:
+def weight_shares(models: list[onnx.ModelProto], files: list[Path]) -> dict[str, float]:
     """Share of the initializer bytes by dtype; a 4-bit packed weight (MatMulNBits' B,
     GatherBlockQuantized's data) counts as int4 whatever its storage type."""
     sizes: Counter[str] = Counter()
@@ -177,7 +203,7 @@ def weight_shares(models: list[Any], files: list[Path]) -> dict[str, float]:
     return {k: v / total for k, v in sizes.items()} if total else {}
 
 
-def _tensor_bytes(t: Any) -> int:
+def _tensor_bytes(t: onnx.TensorProto) -> int:
     if t.raw_data:
         return len(t.raw_data)
     external = {e.key: e.value for e in t.external_data}
@@ -193,7 +219,7 @@ def _file_bytes(path: Path) -> int:
     return path.stat().st_size + sum(p.stat().st_size for p in path.parent.glob(f"{path.name}.data*"))
 
 
-def _signature(value: Any) -> str:
+def _signature(value: onnx.ValueInfoProto) -> str:
     from onnx import helper
 
     tensor = value.type.tensor_type

@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from onnxbuild._util import brief, pick
 from onnxbuild.errors import StepError
@@ -46,6 +46,13 @@ from onnxbuild.sources.torchmodel import (
 from onnxbuild.spec import Checking, Found, Planning, StepInput, StepKind
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
+    import torch
+    from numpy.typing import NDArray
+    from transformers import PreTrainedModel
+
 VERSION = 4
 PACKAGES = ("torch", "transformers", "onnx", "onnxscript")
 
@@ -53,6 +60,13 @@ PROTOBUF_LIMIT = 2_000_000_000
 
 
 MEMORY = (5, 600)
+
+
+class ExportParams(TypedDict):
+    """What :func:`plan` puts in the step's params."""
+
+    source: dict[str, dict[str, object]]
+    export: ExportSection
 
 
 def plan(p: Planning) -> list[StepSpec]:
@@ -80,7 +94,8 @@ def placement(recipe: Recipe) -> tuple[float, int, str]:
 
 
 def run(ctx: StepContext, spec: StepSpec) -> StepResult:
-    source, export = spec.params["source"], cast(ExportSection, spec.params["export"])
+    params = cast(ExportParams, spec.params)  # the JSON plan() built
+    source, export = params["source"], params["export"]
     ((kind, src),) = source.items()
     described = source_kind(kind)
     if described.convert is not None:
@@ -153,7 +168,11 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
 
 
 def _seq2seq(
-    ctx: StepContext, model: Any, source: dict[str, Any], record: dict[str, Any], export: ExportSection
+    ctx: StepContext,
+    model: PreTrainedModel,
+    source: dict[str, dict[str, object]],
+    record: dict[str, object],
+    export: ExportSection,
 ) -> StepResult:
     """An encoder-decoder model as encoder_model.onnx and decoder_model.onnx (TorchScript:
     the decoder's cache is rebuilt from flat tensors, which it traces faithfully)."""
@@ -242,7 +261,9 @@ def _seq2seq(
     return StepResult(summary=summary, data={"exporter": "torchscript", "opset": export["opset"]}, extra_outputs=extra)
 
 
-def _converted(ctx: StepContext, described: SourceKind[Any], src: dict[str, Any], export: ExportSection) -> StepResult:
+def _converted(
+    ctx: StepContext, described: SourceKind[Any], src: dict[str, object], export: ExportSection
+) -> StepResult:
     """The source's own converter (tf2onnx) instead of torch.onnx: the recipe's inputs are the
     model's input signature."""
     if described.convert is None or described.load_model is None:
@@ -258,7 +279,11 @@ def _converted(ctx: StepContext, described: SourceKind[Any], src: dict[str, Any]
 
 
 def companion_files(
-    ctx: StepContext, model: Any, source: dict[str, Any], record: dict[str, Any], export: ExportSection
+    ctx: StepContext,
+    model: PreTrainedModel,
+    source: dict[str, dict[str, object]],
+    record: dict[str, object],
+    export: ExportSection,
 ) -> tuple[str, ...]:
     """config.json, generation_config.json and the tokenizer beside model.onnx, so Optimum's
     ORTModel classes can load the folder; for a with-past decoder, genai_config.json for
@@ -292,10 +317,12 @@ def companion_files(
     return tuple(written[1:])
 
 
-def _export_dynamo(wrapped: Any, args: tuple[Any, ...], raw: Path, names: list[str], export: ExportSection) -> None:
+def _export_dynamo(
+    wrapped: torch.nn.Module, args: tuple[torch.Tensor, ...], raw: Path, names: list[str], export: ExportSection
+) -> None:
     import torch
 
-    dims: dict[str, Any] = {}
+    dims: dict[str, torch.export.Dim] = {}
     shapes = []
     for t in export["inputs"]:
         axes = {}
@@ -357,10 +384,10 @@ def _finalise(raw: Path, out: Path, export: ExportSection, param_bytes: int) -> 
     return ()
 
 
-def _strip_metadata(model: Any) -> None:
+def _strip_metadata(model: onnx.ModelProto) -> None:
     """Node metadata from the dynamo exporter holds stack traces with absolute paths."""
 
-    def clean(graph: Any) -> None:
+    def clean(graph: onnx.GraphProto) -> None:
         for node in graph.node:
             del node.metadata_props[:]
             for attr in node.attribute:
@@ -379,7 +406,7 @@ def _strip_metadata(model: Any) -> None:
     model.metadata_props.extend(kept)
 
 
-def _describe(inputs: dict[str, Any]) -> str:
+def _describe(inputs: dict[str, NDArray[np.generic]]) -> str:
     return ", ".join(f"{k} {list(v.shape)} {v.dtype}" for k, v in inputs.items())
 
 
@@ -413,14 +440,14 @@ def section(resolved: Mapping[str, object]) -> ExportSection | None:
     return cast("ExportSection | None", resolved.get("export"))
 
 
-def signature(resolved: Mapping[str, object]) -> dict[str, Any]:
+def signature(resolved: Mapping[str, object]) -> dict[str, dict[str, object] | None]:
     """The export's inputs, outputs and with_past under the section's name, for a later step's
     params (in its key: a new input reruns it); None for a source that is not traced."""
     found = section(resolved)
     return {"export": pick(found, SIGNATURE_KEYS) if found else None}
 
 
-def whole(resolved: Mapping[str, object]) -> dict[str, Any]:
+def whole(resolved: Mapping[str, object]) -> dict[str, ExportSection | None]:
     """The whole export section under its name, for a step that reads its sample sizes too."""
     return {"export": section(resolved)}
 
@@ -501,7 +528,7 @@ def finds(c: Checking) -> Checking:
     takes a KV cache, for every kind's check."""
     export = c.doc.get("export", {})
     with_past = bool(export.get("with_past")) and c.decoder
-    inputs: list[dict[str, Any]] = []
+    inputs: list[dict[str, object]] = []
     if c.traced:
         described = source_kind(c.source)
         default_inputs = (
@@ -518,7 +545,7 @@ def finds(c: Checking) -> Checking:
     )
 
 
-def _check_two_files(c: Checking, export: dict[str, Any]) -> Iterable[Found]:
+def _check_two_files(c: Checking, export: Mapping[str, object]) -> Iterable[Found]:
     """An encoder-decoder's encoder takes its task's inputs, its decoder file always its cache."""
     inputs = export.get("inputs")
     if c.task == "text2text-generation" and isinstance(inputs, list):

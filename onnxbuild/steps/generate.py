@@ -11,24 +11,72 @@ comparison in which both engines draw with the same random numbers.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any, cast
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, SupportsInt, TypedDict, cast
 
 from onnxbuild._util import brief, pretty_json
 from onnxbuild.errors import StepError
-from onnxbuild.recipe.sections import GenerateSection
+from onnxbuild.recipe.sections import ExportSection, GenerateSection
 from onnxbuild.recipe.variants import SOURCE_RECORD
 from onnxbuild.report.generation import markdown
 from onnxbuild.runtimes import sessions
 from onnxbuild.spec import Checking, Found, Planning, StepInput, StepKind
 from onnxbuild.steps import export as export_kind
-from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
+from onnxbuild.steps.base import StepContext, StepResult, StepSpec, VariantParam, read_source_record
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from onnxbuild.runtimes.decoding import Chooser, Generation, OrtDecoder
 
 VERSION = 3
 PACKAGES = ("torch", "transformers", "tokenizers", "onnxruntime", "numpy")
 
 
 MEMORY = (4, 600)
+
+
+class _GenerateNamed(TypedDict):
+    generate: GenerateSection
+    source: dict[str, dict[str, object]]
+    variants: list[VariantParam]
+
+
+class GenerateParams(_GenerateNamed, total=False):
+    """What :func:`plan` puts in the step's params."""
+
+    audio: bool
+    export: ExportSection | None
+    """A speech model's whole export section (``export_kind.whole``), beside ``audio``."""
+
+
+class Comparison(TypedDict):
+    """Two generations of one prompt compared (:func:`compare_runs`)."""
+
+    identical: bool
+    agreement: float
+    first_divergence: int | None
+    logits_max_abs_diff: float
+    logits_max_abs_diff_per_step: list[float]
+    tokens: list[int]
+
+
+class _VariantMeasured(TypedDict):
+    precision: str
+    greedy: Comparison
+    teacher_forced_agreement: float
+
+
+class VariantGeneration(_VariantMeasured, total=False):
+    """One variant's entry in reports/generation.json; :func:`_judge` adds its verdict."""
+
+    sampling: Comparison
+    passed: bool
+    rule: str
+    text: str | list[str]
 
 
 def plan(p: Planning) -> list[StepSpec]:
@@ -54,14 +102,14 @@ def plan(p: Planning) -> list[StepSpec]:
     ]
 
 
-def _audio(source: dict[str, Any]) -> bool:
+def _audio(source: dict[str, dict[str, object]]) -> bool:
     ((_, src),) = source.items()
     return bool(src.get("task") == "automatic-speech-recognition")
 
 
 def prompt_ids(
-    gen: GenerateSection, source: dict[str, Any], record: dict[str, Any], recipe_dir: Any, vocab: int
-) -> tuple[Any, Any]:
+    gen: GenerateSection, source: dict[str, dict[str, object]], record: dict[str, object], recipe_dir: Path, vocab: int
+) -> tuple[NDArray[np.int64], PreTrainedTokenizerBase | None]:
     """The prompt as a [1, n] int64 array, and the tokenizer when one was needed or found."""
     import numpy as np
 
@@ -87,7 +135,7 @@ def prompt_ids(
     return ids, tokenizer
 
 
-def _end_tokens(model: Any) -> list[int]:
+def _end_tokens(model: PreTrainedModel) -> list[int]:
     """The ids transformers' min_new_tokens suppresses: the generation config's end tokens."""
     config = getattr(model, "generation_config", None)
     eos = getattr(config, "eos_token_id", None) if config is not None else None
@@ -96,11 +144,11 @@ def _end_tokens(model: Any) -> list[int]:
     return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])]
 
 
-def _without(ends: list[int]) -> Any:
+def _without(ends: list[int]) -> Chooser:
     """Greedy choice with the end tokens ruled out."""
     from onnxbuild.runtimes.decoding import greedy
 
-    def choose(logits: Any) -> Any:
+    def choose(logits: NDArray[np.float32]) -> NDArray[np.int64]:
         if not ends:
             return greedy(logits)
         masked = logits.copy()
@@ -110,19 +158,27 @@ def _without(ends: list[int]) -> Any:
     return choose
 
 
-def _encode(tokenizer: Any, prompt: str) -> list[int]:
+def _encode(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
     """A prompt as the model is asked things: through its chat template where the tokenizer
     has one (an instruct model answers a bare prompt as text to continue), else as text."""
     if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(
+        found = tokenizer.apply_chat_template(
             [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
         )
-        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
-        return [int(i) for i in ids]
+        # a BatchEncoding (a UserDict) in recent transformers, the ids themselves before
+        return [_token_id(i) for i in (found["input_ids"] if isinstance(found, Mapping) else found)]
     return [int(i) for i in tokenizer.encode(prompt)]
 
 
-def compare_runs(ref: Any, got: Any) -> dict[str, Any]:
+def _token_id(i: object) -> int:
+    """int(i), for the items of apply_chat_template's result, which its signature leaves as
+    text or nested lists too (one conversation's are ids)."""
+    if isinstance(i, (str, SupportsInt)):
+        return int(i)
+    raise TypeError(f"int() argument must be a string, a bytes-like object or a real number, not '{type(i).__name__}'")
+
+
+def compare_runs(ref: Generation, got: Generation) -> Comparison:
     """Token agreement and per-step logits differences of two generations of the same prompt."""
     import numpy as np
 
@@ -146,7 +202,7 @@ def compare_runs(ref: Any, got: Any) -> dict[str, Any]:
     }
 
 
-def teacher_forced(decoder: Any, prompt: Any, ref_tokens: Any) -> float:
+def teacher_forced(decoder: OrtDecoder, prompt: NDArray[np.int64], ref_tokens: NDArray[np.int64]) -> float:
     """Fraction of PyTorch's tokens the variant predicts when it reads PyTorch's text so far."""
     import numpy as np
 
@@ -159,7 +215,7 @@ def teacher_forced(decoder: Any, prompt: Any, ref_tokens: Any) -> float:
     return float((predicted == ref_tokens).mean())
 
 
-def _aligned(ref: Any, got: Any) -> dict[str, Any]:
+def _aligned(ref: Generation, got: Generation) -> Comparison:
     """compare_runs for generations that may stop at end-of-text at different steps: compared
     over the shorter, and a different length is a divergence where the shorter stopped."""
     from onnxbuild.runtimes.decoding import Generation
@@ -169,11 +225,12 @@ def _aligned(ref: Any, got: Any) -> dict[str, Any]:
         Generation(ref.tokens[:, :length], ref.logits[:length]), Generation(got.tokens[:, :length], got.logits[:length])
     )
     if cut["identical"] and ref.tokens.shape[1] != got.tokens.shape[1]:
-        cut = {**cut, "identical": False, "first_divergence": length}
-    return {**cut, "tokens": got.tokens[0].tolist()}
+        cut["identical"], cut["first_divergence"] = False, length  # cut is compare_runs' own new dict
+    cut["tokens"] = got.tokens[0].tolist()
+    return cut
 
 
-def encoder_feeds(spec: StepSpec, model: Any) -> dict[str, Any]:
+def encoder_feeds(spec: StepSpec, model: PreTrainedModel) -> dict[str, NDArray[np.generic]]:
     """One seeded input (Whisper's audio features) at the export's sample size, batch 1."""
     from onnxbuild.sources.torchmodel import make_inputs
 
@@ -186,10 +243,11 @@ def _seq2seq(
     ctx: StepContext,
     spec: StepSpec,
     gen: GenerateSection,
-    model: Any,
-    prompt: Any,
-    tokenizer: Any,
-    record: dict[str, Any],
+    variants: list[VariantParam],
+    model: PreTrainedModel,
+    prompt: NDArray[np.int64] | None,
+    tokenizer: PreTrainedTokenizerBase | None,
+    record: dict[str, object],
 ) -> StepResult:
     """An encoder-decoder: greedy decoding over encoder_model.onnx and decoder_model.onnx
     against transformers' generate() (stopping at end-of-text, as both do), per-step logits
@@ -201,7 +259,7 @@ def _seq2seq(
     from onnxbuild.sources.seq2seq import start_token
 
     n = int(gen["max_new_tokens"])
-    feeds = (
+    feeds: dict[str, NDArray[np.generic]] = (
         {"input_ids": prompt, "attention_mask": np.ones_like(prompt)}
         if prompt is not None
         else encoder_feeds(spec, model)
@@ -215,9 +273,9 @@ def _seq2seq(
     sampled_ref = torch_generate(model, feeds, n, sampling.chooser()) if sampling else None
     start, eos = start_token(model.config), getattr(model.config, "eos_token_id", None)
     del model
-    results: dict[str, Any] = {}
+    results: dict[str, VariantGeneration] = {}
     problems: list[str] = []
-    for variant in spec.params["variants"]:
+    for variant in variants:
         encoder_path, decoder_path = (ctx.input(f) for f in variant["files"])
         runner = OrtSeq2Seq.load(encoder_path, decoder_path)
         got = runner.generate(feeds, start, n, eos)
@@ -225,7 +283,7 @@ def _seq2seq(
         forced_ids = np.concatenate([np.full((1, 1), start, dtype=np.int64), reference.tokens[:, :-1]], axis=1)
         logits, _ = runner.step(forced_ids, runner.encode(feeds), feeds.get("attention_mask"), runner.empty_past(1))
         forced = float((np.asarray(logits).argmax(-1) == reference.tokens).mean())
-        entry: dict[str, Any] = {
+        entry: VariantGeneration = {
             "precision": variant["precision"],
             "greedy": greedy_cmp,
             "teacher_forced_agreement": forced,
@@ -254,11 +312,11 @@ def _seq2seq(
 
 
 def _judge(
-    entry: dict[str, Any],
-    variant: dict[str, Any],
+    entry: VariantGeneration,
+    variant: VariantParam,
     gen: GenerateSection,
-    reference: Any,
-    tokenizer: Any,
+    reference: Generation,
+    tokenizer: PreTrainedTokenizerBase | None,
     *,
     skip_special: bool,
 ) -> str | None:
@@ -271,6 +329,7 @@ def _judge(
         entry["passed"] = greedy_cmp["identical"]
         if not greedy_cmp["identical"]:
             i = greedy_cmp["first_divergence"]
+            assert i is not None  # compare_runs: not identical where they diverge
             theirs = int(reference.tokens[0, i]) if i < reference.tokens.shape[1] else "end"
             ours = greedy_cmp["tokens"][i] if i < len(greedy_cmp["tokens"]) else "end"
             problem = (
@@ -303,20 +362,20 @@ def _judge(
 def _finish(
     ctx: StepContext,
     spec: StepSpec,
-    record: dict[str, Any],
+    record: dict[str, object],
     gen: GenerateSection,
     prompt: list[int],
-    reference: Any,
-    sampled_ref: Any,
-    tokenizer: Any,
-    results: dict[str, Any],
+    reference: Generation,
+    sampled_ref: Generation | None,
+    tokenizer: PreTrainedTokenizerBase | None,
+    results: dict[str, VariantGeneration],
     problems: list[str],
     what: str,
     *,
     skip_special: bool,
 ) -> StepResult:
     """reports/generation.json and .md, and the step's verdict."""
-    report = {
+    report: dict[str, object] = {
         "passed": not problems,
         "weights": record.get("weights"),
         "prompt_ids": prompt,
@@ -358,16 +417,17 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     from onnxbuild.runtimes.decoding import OrtDecoder, Sampling, hf_generate, torch_generate
     from onnxbuild.sources.torchmodel import load_source_model, vocab_size
 
-    gen, source = cast(GenerateSection, spec.params["generate"]), spec.params["source"]
+    params = cast(GenerateParams, spec.params)  # the JSON plan() built
+    gen, source, variants = params["generate"], params["source"], params["variants"]
     record = read_source_record(ctx)
     model = load_source_model(source, record, ctx.recipe_dir)
     vocab = vocab_size(model) or 0
-    if spec.params.get("audio"):  # the prompt is seeded audio features (no tokenizer is loaded for speech yet)
-        return _seq2seq(ctx, spec, gen, model, None, None, record)
+    if params.get("audio"):  # the prompt is seeded audio features (no tokenizer is loaded for speech yet)
+        return _seq2seq(ctx, spec, gen, variants, model, None, None, record)
     prompt, tokenizer = prompt_ids(gen, source, record, ctx.recipe_dir, vocab)
     n = int(gen["max_new_tokens"])
-    if any(v.get("files") for v in spec.params["variants"]):
-        return _seq2seq(ctx, spec, gen, model, prompt, tokenizer, record)
+    if any(v.get("files") for v in variants):
+        return _seq2seq(ctx, spec, gen, variants, model, prompt, tokenizer, record)
     reference = hf_generate(model, prompt, n)
     sampling = (
         Sampling(gen["seed"], float(gen["sampling"]["temperature"]), int(gen["sampling"]["top_k"]))
@@ -381,10 +441,10 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     choose = _without(_end_tokens(model))
     del model
 
-    results: dict[str, Any] = {}
+    results: dict[str, VariantGeneration] = {}
     problems: list[str] = []
     options = sessions.options()
-    for variant in spec.params["variants"]:
+    for variant in variants:
         loaded = {}
         for path in filter(None, (variant["path"], variant.get("prefill"))):
             try:
@@ -395,7 +455,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         decoder = OrtDecoder(loaded[variant["path"]], prefill=loaded.get(variant.get("prefill") or ""))
         greedy_cmp = compare_runs(reference, decoder.generate(prompt, n, choose))
         forced = teacher_forced(decoder, prompt, reference.tokens)
-        entry: dict[str, Any] = {
+        entry: VariantGeneration = {
             "precision": variant["precision"],
             "greedy": greedy_cmp,
             "teacher_forced_agreement": forced,

@@ -9,22 +9,27 @@ a fingerprint of the CPU's features, and the report says so.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, cast
 
 from onnxbuild import environment
 from onnxbuild._util import pick, pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.families import FUSED_DECODERS
 from onnxbuild.recipe.model import Recipe
-from onnxbuild.recipe.sections import TARGETS, OptimizeSection
+from onnxbuild.recipe.sections import TARGETS, OptimizeSection, Provider
 from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD, variant
 from onnxbuild.sources import is_decoder, section_for, source_kind
 from onnxbuild.spec import Checking, Found, Planning, StepInput, StepKind, Variant
 from onnxbuild.steps import export as export_kind
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 from onnxbuild.steps.validating import rules
+
+if TYPE_CHECKING:
+    import onnx
+
+    from onnxbuild.fusion.decoder import Built
 
 OWN_KEYS = ("level", "decoder", "transformer", "float16")
 """What of ``optimize:`` this step reads: its ``validate:`` block is the validate.optimized step's;
@@ -129,7 +134,7 @@ CPU_ONLY = frozenset({"CPUExecutionProvider", *TARGETS})
 CPU kernels compiled to wasm) and OpenVINO's CPU plugin."""
 
 
-def skip_layer_norm(asked: str, providers: list[Any]) -> str:
+def skip_layer_norm(asked: str, providers: list[Provider]) -> str:
     """``auto`` resolved: ``sum`` when every provider runs on the CPU, else ``fused``. The
     resolved value is a param of its own: a providers change that flips it reruns optimize."""
     if asked != "auto":
@@ -137,13 +142,13 @@ def skip_layer_norm(asked: str, providers: list[Any]) -> str:
     return "sum" if all(q["name"] in CPU_ONLY for q in providers) else "fused"
 
 
-def measured(params: dict[str, Any]) -> str:
+def measured(params: Mapping[str, object]) -> str:
     """Why this step's output differs by machine ("" when it does not): levels from extended up."""
-    level = params["optimize"]["level"]
+    level = cast(OptimizeSection, params["optimize"])["level"]  # the section plan() put in the params
     return f"optimize level {level} is fused for this CPU and provider" if level in HARDWARE_BOUND else ""
 
 
-def model_dims(source: dict[str, Any] | None, recipe_dir: Path) -> tuple[int, int]:
+def model_dims(source: dict[str, dict[str, object]] | None, recipe_dir: Path) -> tuple[int, int]:
     """(num_heads, hidden_size) from the transformers config, when the source has one."""
     if not source:
         return 0, 0
@@ -156,14 +161,15 @@ def model_dims(source: dict[str, Any] | None, recipe_dir: Path) -> tuple[int, in
     return int(heads or 0), int(hidden or 0)
 
 
-def model_type_for(source: dict[str, Any] | None) -> str:
+def model_type_for(source: dict[str, dict[str, object]] | None) -> str:
     """onnxruntime's transformer optimizer's model type for a transformers source's config."""
     if not source:
         return "bert"
     ((kind, src),) = source.items()
     if not source_kind(kind).transformers:
         return "bert"
-    model_type = str((src.get("config") or {}).get("model_type", ""))
+    config = src.get("config")  # a mapping or None
+    model_type = str(config.get("model_type", "")) if isinstance(config, dict) else ""
     if model_type in ("gpt2", "bert", "bart", "t5", "gpt_neox", "phi", "clip", "vit", "swin"):
         return model_type
     if model_type in ("whisper", "marian", "mbart"):
@@ -183,8 +189,8 @@ def _each_file(ctx: StepContext, spec: StepSpec, opt: OptimizeSection) -> StepRe
     """An encoder-decoder: each file through the same passes; the report sums their nodes."""
     before: Counter[str] = Counter()
     outs = []
-    files: dict[str, Any] = {}
-    report: dict[str, Any] = {}
+    files: dict[str, dict[str, object]] = {}
+    report: dict[str, object] = {}
     for name in spec.params["files"]:
         out = ctx.output(f"optimized/{name}")
         report, one = _optimize(ctx, spec, opt, ctx.input(name), out)
@@ -197,13 +203,13 @@ def _each_file(ctx: StepContext, spec: StepSpec, opt: OptimizeSection) -> StepRe
 
 def _optimize(
     ctx: StepContext, spec: StepSpec, opt: OptimizeSection, src_path: Path, out: Path
-) -> tuple[dict[str, Any], dict[str, int]]:
+) -> tuple[dict[str, object], dict[str, int]]:
     """One file through the fused decoder (a decoder's), ORT's transformer fusions, fp16 and the graph level."""
     import onnx
     import onnxruntime as ort
 
     source = spec.params.get("source")
-    report: dict[str, Any] = {"level": opt["level"], "transformer": None, "float16": None}
+    report: dict[str, object] = {"level": opt["level"], "transformer": None, "float16": None}
     current = src_path
     exported = onnx.load_model(str(src_path), load_external_data=False)
     before = _histogram(exported)
@@ -295,7 +301,7 @@ def _optimize(
     return report, before
 
 
-def _split_skip_layer_norm(ctx: StepContext, current: Path, report: dict[str, Any]) -> Path:
+def _split_skip_layer_norm(ctx: StepContext, current: Path, report: dict[str, object]) -> Path:
     """SkipLayerNormalization -> Sum + LayerNormalization (fusion/layernorm.py says why);
     the count goes in optimize.json. A file with external weights is left fused (said so):
     rewriting it here would break the weights' relative paths."""
@@ -335,7 +341,7 @@ def _finish(
     ctx: StepContext,
     spec: StepSpec,
     opt: OptimizeSection,
-    report: dict[str, Any],
+    report: dict[str, object],
     before: dict[str, int],
     outs: list[Path],
 ) -> StepResult:
@@ -383,7 +389,7 @@ def genai_beside(ctx: StepContext, model_input: str, folder: str) -> tuple[str, 
     return (f"{folder}/genai_config.json",)
 
 
-def _fused_decoder(ctx: StepContext, spec: StepSpec, exported: Any) -> Any:
+def _fused_decoder(ctx: StepContext, spec: StepSpec, exported: onnx.ModelProto) -> Built | None:
     """The decoder's fused graph from its weights, or None when ``auto`` finds no fused graph
     for its architecture (``fused`` then is an error naming the supported ones)."""
     from onnxbuild.fusion import decoder
@@ -396,7 +402,7 @@ def _fused_decoder(ctx: StepContext, spec: StepSpec, exported: Any) -> Any:
     return decoder.build(model.float().eval(), exported)
 
 
-def _histogram(model: Any) -> dict[str, int]:
+def _histogram(model: onnx.ModelProto) -> dict[str, int]:
     return dict(Counter(n.op_type for n in model.graph.node))
 
 

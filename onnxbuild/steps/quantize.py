@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 from onnxbuild._util import pick
 from onnxbuild.errors import StepError
@@ -171,9 +171,9 @@ def plan(p: Planning) -> list[StepSpec]:
     return steps
 
 
-def _keyed(q: QuantizeSection, keys: tuple[str, ...]) -> dict[str, Any]:
+def _keyed(q: QuantizeSection, keys: tuple[str, ...]) -> dict[str, object]:
     """The entry as its step reads it: static calibration reads no text (that is the budget's)."""
-    out: dict[str, Any] = pick(q, keys)
+    out: dict[str, object] = pick(q, keys)
     if q["method"] == "static":
         out["calibration"] = pick(q["calibration"], {"method", "samples", "npz"})
     return out
@@ -226,7 +226,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     if kept:
         summary += f", kept in full precision: {', '.join(kept)}"
     beside = genai_beside(ctx, spec.params["input"], q["name"])
-    data: dict[str, Any] = {"bytes_in": size_in, "bytes_out": size_out, "quantized_nodes": quantized}
+    data: dict[str, object] = {"bytes_in": size_in, "bytes_out": size_out, "quantized_nodes": quantized}
     if plan is not None:
         fallback = "float" if plan["kept"] and plan["kept"][0]["bits"] is None else "8 bits"
         summary += (

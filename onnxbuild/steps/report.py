@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TypedDict, cast
 
 from onnxbuild._util import pretty_json
 from onnxbuild.report.validation import markdown
@@ -15,6 +15,11 @@ PACKAGES: tuple[str, ...] = ()
 
 
 MEMORY = (0, 200)
+
+
+class _Part(TypedDict):
+    passed: bool
+    variants: dict[str, dict[str, object]]
 
 
 def plan(p: Planning) -> list[StepSpec]:
@@ -35,18 +40,22 @@ def plan(p: Planning) -> list[StepSpec]:
 
 
 def run(ctx: StepContext, spec: StepSpec) -> StepResult:
-    merged: dict[str, Any] = {"passed": True, "variants": {}}
+    variants: dict[str, dict[str, object]] = {}
+    shared: dict[str, object] = {}
+    passed: object = True
     for variant in spec.params["variants"]:
-        part = json.loads(ctx.input(f"reports/validation/{variant}.json").read_text(encoding="utf-8"))
+        # a validate step's own report (steps/validate.py wrote it): its verdict, each variant's, and shared keys
+        part = cast(_Part, json.loads(ctx.input(f"reports/validation/{variant}.json").read_text(encoding="utf-8")))
         for key, value in part.items():
             if key not in ("passed", "variants"):
-                merged.setdefault(key, value)
-        merged["variants"].update(part["variants"])
-        merged["passed"] = merged["passed"] and part["passed"]
+                shared.setdefault(key, value)
+        variants.update(part["variants"])
+        passed = passed and part["passed"]
+    merged = {**shared, "passed": passed, "variants": variants}
     ctx.output("reports/validation.json").write_text(pretty_json(merged), encoding="utf-8")
     ctx.output("reports/validation.md").write_text(markdown(merged, ctx.recipe_name), encoding="utf-8")
-    verdicts = ", ".join(f"{name} {'ok' if v['passed'] else 'FAILED'}" for name, v in merged["variants"].items())
-    return StepResult(summary=verdicts, data={"passed": merged["passed"]})
+    verdicts = ", ".join(f"{name} {'ok' if v['passed'] else 'FAILED'}" for name, v in variants.items())
+    return StepResult(summary=verdicts, data={"passed": passed})
 
 
 KIND = StepKind(name="report", version=VERSION, packages=PACKAGES, plan=plan, run=run, memory=MEMORY)

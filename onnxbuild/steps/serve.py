@@ -34,6 +34,7 @@ from typing import Any, TypedDict, cast
 from onnxbuild._util import pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.model import Recipe
+from onnxbuild.recipe.sections import VariantValidate
 from onnxbuild.runtimes.generation import PREFILL_FILE
 from onnxbuild.spec import Planning, StepInput, StepKind, Variant
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
@@ -52,7 +53,7 @@ class ServeEntry(TypedDict):
     name: str
     decode: str
     prefill: str
-    validate: dict[str, Any]
+    validate: VariantValidate
 
 
 def _entries(recipe: Recipe) -> list[ServeEntry]:
@@ -113,7 +114,7 @@ def plan(p: Planning) -> list[StepSpec]:
     return steps
 
 
-def _signature(path: Path) -> tuple[list[tuple[str, int, tuple[Any, ...]]], list[str], bool]:
+def _signature(path: Path) -> tuple[list[tuple[str, int, tuple[int | str, ...]]], list[str], bool]:
     """(inputs with their element types and shapes, output names, whether its weights sit in a
     data file beside it)."""
     import onnx

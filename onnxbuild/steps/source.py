@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from onnxbuild._util import pretty_json
 from onnxbuild.errors import StepError
@@ -13,6 +13,9 @@ from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD
 from onnxbuild.sources import section_for, source_kind
 from onnxbuild.spec import Planning, StepKind
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
+
+if TYPE_CHECKING:
+    import onnx
 
 VERSION = 1
 PACKAGES = ("onnx",)
@@ -60,7 +63,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     return StepResult(summary=note, data={"weights": weights, "why": record.get("why", "")})
 
 
-def _built(ctx: StepContext, model: Any) -> StepResult:
+def _built(ctx: StepContext, model: onnx.ModelProto) -> StepResult:
     import onnx
 
     onnx.save_model(model, str(ctx.output("model.onnx")))
@@ -98,7 +101,7 @@ def _onnx_file(ctx: StepContext, path: Path, key: str, shown: str) -> StepResult
     return StepResult(summary=f"copied {shown}", extra_outputs=tuple(extra))
 
 
-def _external_tensors(model: Any) -> list[Any]:
+def _external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
     from onnx.external_data_helper import _get_all_tensors, uses_external_data
 
     return [t for t in _get_all_tensors(model) if uses_external_data(t)]

@@ -5,7 +5,7 @@ diff compares two builds' reports)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import TypedDict, cast
 
 from onnxbuild._util import pick
 from onnxbuild.recipe.sections import BenchmarkSection
@@ -20,11 +20,15 @@ def section(resolved: Mapping[str, object]) -> BenchmarkSection | None:
     return cast("BenchmarkSection | None", resolved.get(STEP) or None)
 
 
-def threads_params(bench: BenchmarkSection) -> dict[str, Any]:
+class ThreadsParams(TypedDict):
+    threads: int | None
+
+
+def threads_params(bench: BenchmarkSection) -> dict[str, ThreadsParams]:
     """The threads the figures are measured with, under the section's name (as keyed)."""
     return {STEP: pick(bench, {"threads"})}
 
 
-def threads_of(params: dict[str, Any]) -> int | None:
-    threads = params[STEP]["threads"]
+def threads_of(params: Mapping[str, object]) -> int | None:
+    threads = cast(ThreadsParams, params[STEP])["threads"]  # as threads_params put it in the step's params
     return int(threads) if threads else None
