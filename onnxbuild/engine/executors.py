@@ -11,18 +11,22 @@ outputs in ``out/``:
   memory, GPUs). On a cluster this process started (``ray.init`` with no address) the
   scratch folder is on the same disk, so the task reads and writes it directly. On a
   cluster reached by address, a task on another node must not read this machine's
-  disk: it pulls its inputs from the remote cache by digest into a folder of its own,
-  runs, pushes its outputs there, and returns their digests; this process then pulls
-  them (checking each digest) into the scratch folder, and commits as usual. Ray retries
-  a task whose worker dies (``max_retries``); a half-done attempt leaves nothing behind,
-  because only the runner commits, from complete outputs.
+  disk: it pulls its inputs from the remote cache by digest through its node's own cache
+  (``ONNXBUILD_CACHE_DIR`` on that node, else ~/.cache/onnxbuild/ray-node), so a node
+  downloads an object once, runs in a fresh folder there, commits its outputs to that
+  cache, pushes them, and returns their digests; this process then pulls them (checking
+  each digest) into the scratch folder, and commits as usual. Tasks spread over the
+  nodes; a step whose outputs belong to the machine that measured them (benchmark,
+  machine, a hardware-bound optimize: ``StepSpec.measured``) runs only on a node with
+  this machine's CPU, since its key names this one's. Ray retries a task whose worker
+  dies (``max_retries``); a half-done attempt leaves nothing behind, because only the
+  runner commits, from complete outputs.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -37,6 +41,8 @@ from onnxbuild.spec import Resources, StepSpec
 
 if TYPE_CHECKING:
     from ray import ObjectRef
+
+    from onnxbuild.engine.cache import Cache
 
 
 class Handle(Protocol):
@@ -165,32 +171,75 @@ def versions_differ(task: Task) -> Outcome | None:
     )
 
 
+NODE_CACHE_ENV = "ONNXBUILD_CACHE_DIR"
+"""On a node of a cluster: the folder of that node's own cache (objects pulled and made there)."""
+
+
+def node_cache() -> Cache:
+    """This node's cache: where a remote task keeps the objects it pulled and the ones it made."""
+    from onnxbuild.engine.cache import Cache
+
+    root = os.environ.get(NODE_CACHE_ENV)
+    cache = Cache(Path(root) if root else Path.home() / ".cache" / "onnxbuild" / "ray-node")
+    cache.ensure_writable()
+    return cache
+
+
 def _run_remote(
     task: Task, remote_url: str, inputs: dict[str, str], outputs: Sequence[str]
 ) -> tuple[Outcome, dict[str, str]]:
-    """A Ray task on any node: inputs from the remote cache by digest, outputs pushed back there."""
+    """A Ray task on any node: inputs by digest through the node's cache (pulled from the remote
+    cache once per node), outputs committed to the node's cache and pushed to the remote one."""
+    from onnxbuild._util import sha256_file
     from onnxbuild.engine.remote import RemoteCache
 
     wrong = versions_differ(task)
     if wrong is not None:
         return wrong, {}
     remote = RemoteCache(remote_url)
-    work = Path(tempfile.mkdtemp(prefix="onnxbuild-ray-"))  # each attempt its own
+    node = node_cache()
+    work = node.scratch()  # each attempt its own, beside the node's objects (a rename apart)
     try:
         (work / "in").mkdir()
         (work / "out").mkdir()
         for rel, sha in inputs.items():
-            remote.get_object(sha, work / "in" / rel)
+            stored = node.object_path(sha)
+            if not stored.is_file():
+                remote.get_object(sha, stored)  # the digest checked on the way in
+                os.chmod(stored, 0o444)
+            _place(stored, work / "in" / rel)
         ctx = replace(task.ctx, input_dir=work / "in", output_dir=work / "out")
         outcome = _logged(replace(task, ctx=ctx, log_path=str(work / "step.log")))
         pushed: dict[str, str] = {}
         if outcome.ok:
             for f in sorted((work / "out").rglob("*")):
                 if f.is_file():
-                    pushed[f.relative_to(work / "out").as_posix()] = remote.put_object(f)
+                    sha = sha256_file(f)
+                    stored = node.object_path(sha)
+                    if not stored.is_file():
+                        stored.parent.mkdir(parents=True, exist_ok=True)
+                        os.chmod(f, 0o444)
+                        os.replace(f, stored)
+                    pushed[f.relative_to(work / "out").as_posix()] = remote.put_object(stored)
         return outcome, pushed
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _place(stored: Path, dest: Path) -> None:
+    """An input in the step's folder: a hard link to the node's read-only object, or a copy."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(stored, dest)
+    except OSError:
+        shutil.copyfile(stored, dest)
+
+
+def machine_identity() -> tuple[str, str, int]:
+    """What a measured step's key says of the machine: CPU model, CPU fingerprint, CPU count."""
+    from onnxbuild import environment
+
+    return environment.cpu_info()[0], environment.cpu_fingerprint(), os.cpu_count() or 1
 
 
 def _logged(task: Task) -> Outcome:
@@ -294,9 +343,40 @@ class RayExecutor:
         # steps, an honest peak RSS, a GPU context freed).
         self._shared = ray.remote(max_calls=1)(_run_shared)
         self._remote = ray.remote(max_calls=1)(_run_remote)
+        self._bound: list[str] = []
+        """Nodes with this machine's CPU, where a measured step may run (prepare finds them)."""
+        self._next_bound = 0
 
     def prepare(self, specs: Sequence[StepSpec]) -> None:
-        pass  # each task is a fresh Ray worker process
+        """Each task is a fresh Ray worker process; on a cluster reached by address, find the
+        nodes a measured step may run on, and refuse the build before anything runs if none."""
+        measured = [s for s in specs if s.measured]
+        if self.local or not measured:
+            return
+        here = machine_identity()
+        found = self.identities()
+        self._bound = sorted(node for node, identity in found.items() if identity == here)
+        if not self._bound:
+            seen = "; ".join(f"{node[:8]}: {cpu} ({fp[:12]}, {n} CPUs)" for node, (cpu, fp, n) in sorted(found.items()))
+            raise UsageError(
+                f"{', '.join(s.name for s in measured)} measure the machine their key names, this one "
+                f"({here[0]}, {here[1][:12]}, {here[2]} CPUs), and no node of the Ray cluster is that machine "
+                f"(nodes: {seen or 'none with CPUs'}): add such a node, or build those steps on this machine "
+                "(--executor local)"
+            )
+
+    def identities(self) -> dict[str, tuple[str, str, int]]:
+        """Each alive node with CPUs -> machine_identity() as a task pinned to it reports."""
+        ray = _ray()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        probe = ray.remote(num_cpus=0, max_retries=0)(machine_identity)
+        nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive") and n["Resources"].get("CPU", 0) > 0]
+        refs = [
+            probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+            for node in nodes
+        ]
+        return {node: tuple(identity) for node, identity in zip(nodes, ray.get(refs), strict=True)}
 
     def check(self, needs: Sequence[tuple[str, Resources]]) -> None:
         """Refuse, before anything runs, a step that no node of the cluster can take."""
@@ -331,7 +411,7 @@ class RayExecutor:
         # The worker logs to the step's log file; the driver's callback (print, possibly
         # wrapped by Ray itself) need not, and sometimes cannot, be pickled.
         task = replace(task, ctx=replace(task.ctx, log=_discard))
-        options = {
+        options: dict[str, object] = {
             "num_cpus": resources.cpus,
             "num_gpus": resources.gpus,
             "max_retries": self.settings.max_retries,
@@ -341,7 +421,16 @@ class RayExecutor:
             ref = self._shared.options(**options).remote(task)
         else:
             assert self.settings.remote_url is not None
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
             from onnxbuild.engine.remote import RemoteCache
+
+            if task.spec.measured and self._bound:
+                node = self._bound[self._next_bound % len(self._bound)]
+                self._next_bound += 1
+                options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
+            else:
+                options["scheduling_strategy"] = "SPREAD"  # a build's steps over every node
 
             # Inputs built before the remote cache was configured may be missing there;
             # the runner has already placed them in the step's in/ folder on this machine.
