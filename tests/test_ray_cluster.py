@@ -15,6 +15,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,16 +27,22 @@ import onnxbuild
 from onnxbuild import environment
 from onnxbuild.engine.executors import RayExecutor, RaySettings
 from onnxbuild.engine.runner import BuildReport
+from onnxbuild.engine.testhooks import TEST_PAUSE_ENV
 from onnxbuild.errors import UsageError
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+DELAY_ENV = "ONNXBUILD_TEST_STEP_DELAY"
+KILLED = "quantize: [{name: killme, method: dynamic}]\n"
 MEASURED = {"timings.json", "report.html", "benchmark.json", "benchmark.md", "benchmark.png", "machine.json"}
 
 HOOK = '''
 import os
+import signal
+import threading
+import time
 import sys
 
 
@@ -67,10 +76,15 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     base = tmp_path_factory.mktemp("cluster")
     (base / "hooks").mkdir()
     (base / "hooks" / "ob_audit.py").write_text(HOOK, encoding="utf-8")
+    (base / "check-slept").touch()  # the kill test arms the delay by removing it
     common = {
         "PYTHONPATH": str(base / "hooks"),
         "OB_FORBIDDEN": str(base / "project") + os.sep,
         "OB_AUDIT_LOG": str(base / "audit.log"),
+        # the kill test's hooks: a check step's first attempt sleeps; quantize.killme pauses
+        # after its first push (each attempt: the kill test's recipe alone has that step)
+        DELAY_ENV: f"check:60:{base / 'check-slept'}",
+        TEST_PAUSE_ENV: f"push:quantize.killme:10:{base / 'pushed'}",
     }
     cluster = Cluster(
         initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False, "env_vars": common}
@@ -93,10 +107,10 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         cluster.shutdown()
 
 
-def project(root: Path) -> Path:
+def project(root: Path, more: str = "benchmark: {iterations: 2}\n") -> Path:
     (root / "recipes").mkdir(parents=True)
     text = (ROOT / "recipes" / "linear-regression.yaml").read_text(encoding="utf-8")
-    (root / "recipes" / "linear-regression.yaml").write_text(text + "benchmark: {iterations: 2}\n", encoding="utf-8")
+    (root / "recipes" / "linear-regression.yaml").write_text(text + more, encoding="utf-8")
     return root
 
 
@@ -189,3 +203,60 @@ def test_a_cluster_with_no_node_of_this_cpu_is_refused_before_anything_runs(
         )
     assert not list((root / "cache").glob("entries/*/*.json"))
     assert not (tmp_path / "remote" / "objects").exists()
+
+
+def test_a_worker_killed_before_and_after_its_first_push_runs_again_to_the_same_artifacts(
+    nodes: Path, tmp_path: Path
+) -> None:
+    """SIGKILL the worker of the check step while it runs (nothing pushed yet) and the worker of
+    quantize.killme once it has pushed its first output: Ray runs each again on a fresh worker,
+    the build succeeds with the local build's artifacts, and the report counts 2 attempts each."""
+    local = project(tmp_path / "local", KILLED)
+    assert build(local, in_process=True).ok
+    root = project(nodes / "killed", KILLED)
+    address = ray.get_runtime_context().gcs_address
+    (nodes / "check-slept").unlink()  # arm: the first check attempt sleeps, a retry does not
+    result: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            result["report"] = build(
+                root, cache_url=(nodes / "remote-killed").as_uri(), executor="ray", ray_address=address
+            )
+        except BaseException as exc:  # handed to the test thread
+            result["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        sleeping = _wait_for(lambda: _sleeping_pid(nodes), "the check step to start")
+        os.kill(sleeping, signal.SIGKILL)
+        pushed = nodes / "pushed"
+        pid = _wait_for(lambda: int(pushed.read_text().split(":")[2]) if pushed.exists() else None, "a first push")
+        os.kill(pid, signal.SIGKILL)
+    finally:
+        thread.join(timeout=240)
+    assert "error" not in result, result.get("error")
+    report = result["report"]
+    assert isinstance(report, BuildReport) and report.ok, report
+    assert digests(root / "artifacts") == digests(local / "artifacts")
+    attempts = {s["name"]: s.get("attempts", 1) for r in report.recipes for s in r.steps}
+    assert attempts["check"] == 2 and attempts["quantize.killme"] == 2, attempts
+
+
+def _sleeping_pid(nodes: Path) -> int | None:
+    for log in [*(nodes / "node-a" / "tmp").glob("*/step.log"), *(nodes / "node-b" / "tmp").glob("*/step.log")]:
+        text = log.read_text(encoding="utf-8", errors="replace")
+        if "test hook: sleeping" in text:
+            return int(text.split("(pid ")[1].split(")")[0])
+    return None
+
+
+def _wait_for(found: object, what: str) -> int:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        value = found()  # type: ignore[operator]
+        if value is not None:
+            return int(value)
+        time.sleep(0.1)
+    raise AssertionError(f"waited 120 s for {what}")

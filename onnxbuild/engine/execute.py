@@ -52,6 +52,8 @@ class Outcome:
     detail: str = ""
     seconds: float = 0.0
     peak_rss_mb: float | None = None
+    attempts: int = 1
+    """How many times it ran (a Ray task whose worker died is run again)."""
 
 
 def run_task(task: Task) -> Outcome:

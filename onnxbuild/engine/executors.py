@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from onnxbuild._util import brief
 from onnxbuild.engine.execute import ChildStep, Outcome, Task, WarmForks, forks_warm, run_task
+from onnxbuild.engine.testhooks import pause_for_tests
 from onnxbuild.errors import UsageError
 from onnxbuild.spec import Resources, StepSpec
 
@@ -147,7 +148,18 @@ def _run_shared(task: Task) -> Outcome:
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    return _logged(task)
+    return replace(_logged(task), attempts=_attempt())
+
+
+def _attempt() -> int:
+    """Which attempt of its Ray task this is, from 1 (Ray's own count; 1 where it cannot say)."""
+    try:
+        import ray
+
+        core = getattr(ray._private.worker.global_worker, "core_worker", None)  # Ray's own, untyped
+        return int(core.get_current_task_attempt_number()) + 1 if core is not None else 1
+    except Exception:  # a Ray without that call: the report then counts one
+        return 1
 
 
 def versions_differ(task: Task) -> Outcome | None:
@@ -182,6 +194,7 @@ def node_cache() -> Cache:
     root = os.environ.get(NODE_CACHE_ENV)
     cache = Cache(Path(root) if root else Path.home() / ".cache" / "onnxbuild" / "ray-node")
     cache.ensure_writable()
+    cache.clean_scratch()  # the folders of attempts whose worker died
     return cache
 
 
@@ -221,7 +234,9 @@ def _run_remote(
                         os.chmod(f, 0o444)
                         os.replace(f, stored)
                     pushed[f.relative_to(work / "out").as_posix()] = remote.put_object(stored)
-        return outcome, pushed
+                    if len(pushed) == 1:
+                        pause_for_tests("push", task.spec.name)  # one output pushed, the rest not yet
+        return replace(outcome, attempts=_attempt()), pushed
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

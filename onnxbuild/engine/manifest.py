@@ -20,7 +20,12 @@ MANIFEST_SCHEMA_VERSION = 2
 """2: step status and reason moved to timings.json (they differ between a build and a no-op rebuild)."""
 
 
-class StepRecord(TypedDict):
+class _Attempts(TypedDict, total=False):
+    attempts: int
+    """How many times it ran in this build, where more than once (a Ray worker that died)."""
+
+
+class StepRecord(_Attempts):
     """A step as this build reports it: its key, status (built, cached, pulled, failed, skipped) and why."""
 
     name: str

@@ -552,6 +552,7 @@ def _finish(
     try:
         st.seconds = outcome.seconds
         st.peak_rss_mb = outcome.peak_rss_mb
+        attempts = outcome.attempts
         out = workdir / "out"
         result = outcome.result
         if outcome.ok and result is not None:
@@ -591,6 +592,8 @@ def _finish(
             st.record = _record(p, p.key, "failed", message, None)
             keep_failed_outputs(workdir / "out", artifacts_root, p)
         assert st.record is not None
+        if attempts > 1:
+            st.record["attempts"] = attempts
         reporter.step_finished(p, st.record, st.seconds)
     finally:
         _release(st, workdir)

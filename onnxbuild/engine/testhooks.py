@@ -29,7 +29,8 @@ def pause_for_tests(point: str, detail: str) -> None:
     output is in objects/ and before its entry exists; ``materialise`` (detail: the
     artifact's path) once an artifact is linked under its temporary name, before the rename;
     ``manifest-write`` (detail: the recipe) once the new manifest is written under its
-    temporary name, before the rename.
+    temporary name, before the rename; ``push`` (detail: the step) in a Ray task on another
+    node once the step's first output is pushed to the remote cache, before the rest.
     """  # noqa: E501
     value = os.environ.get(TEST_PAUSE_ENV)
     if not value:
