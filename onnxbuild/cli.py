@@ -15,7 +15,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 import click
 
@@ -25,8 +25,13 @@ from onnxbuild._version import __version__
 from onnxbuild.errors import INTERRUPTED, INTERRUPTED_EXIT, OnnxbuildError, RecipeError, UsageError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from onnxbuild.engine.graph import PlannedStep
     from onnxbuild.engine.manifest import StepRecord
+    from onnxbuild.engine.runner import BuildReport
+
+_Command = TypeVar("_Command", bound="Callable[..., object]")
 
 EPILOG_MAKE = """\b
 Examples:
@@ -40,7 +45,7 @@ Examples:
 class Group(click.Group):
     """The command group: maps an error to exit 1 when --detailed-exitcode asks for Terraform's codes."""
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: click.Context) -> object:
         # Terraform's -detailed-exitcode: 0 nothing to do, 2 changes, 1 any error (a
         # recipe error too), so a script can tell "would change" from "cannot tell".
         detailed = DETAILED in ctx.args  # the command name aside, its own arguments
@@ -150,10 +155,10 @@ def cli(
     )
 
 
-def _override(field: str) -> Any:
+def _override(field: str) -> Callable[[click.Context, click.Parameter, object], None]:
     """A click callback that lets a global option be given after the command name too."""
 
-    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+    def callback(ctx: click.Context, param: click.Parameter, value: object) -> None:
         if value is None or value is False:
             return
         from dataclasses import replace
@@ -163,7 +168,7 @@ def _override(field: str) -> Any:
     return callback
 
 
-def settings_options(command: Any) -> Any:
+def settings_options(command: _Command) -> _Command:
     """--cache-dir, --artifacts-dir, --cache-url and --cache-read-only after the command name
     (``onnxbuild make --cache-url URL recipe.yaml``), as people type them; they override
     the same options given before it."""
@@ -213,9 +218,9 @@ class Printer:
         self.quiet = quiet
         self.tty = sys.stderr.isatty()
 
-    def _out(self, text: str, **style: Any) -> None:
+    def _out(self, text: str, fg: str | None = None) -> None:
         if not self.quiet:
-            click.echo(click.style(text, **style) if self.tty else text, err=True)
+            click.echo(click.style(text, fg=fg) if self.tty else text, err=True)
 
     def step_started(self, step: PlannedStep) -> None:
         self._out(f"  run    {step.label}  ({step.reason})", fg="cyan")
@@ -352,7 +357,7 @@ def make(
         api.check_providers(report)
 
 
-def _report_json(report: Any) -> dict[str, Any]:
+def _report_json(report: BuildReport) -> dict[str, object]:
     return {
         "ok": report.ok,
         "seconds": round(report.seconds, 3),
@@ -369,7 +374,7 @@ def _report_json(report: Any) -> dict[str, Any]:
     }
 
 
-def _summary(report: Any) -> str:
+def _summary(report: BuildReport) -> str:
     lines = []
     for r in report.recipes:
         counts: dict[str, int] = {}
@@ -384,7 +389,8 @@ def _summary(report: Any) -> str:
         )
         width = max(len(s["name"]) for s in r.steps) if r.steps else 4
         for s in r.steps:
-            secs = r.timings["steps"].get(s["name"], {}).get("seconds", 0.0)
+            timing = r.timings["steps"].get(s["name"])
+            secs = timing["seconds"] if timing is not None else 0.0
             took = (
                 f"{secs:6.1f}s"
                 if s["status"] == "built"

@@ -4,9 +4,10 @@ source that cannot carry an option), each a Problem at the key's position."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import cast
 
+from onnxbuild._util import JsonValue
 from onnxbuild.errors import Problem
 from onnxbuild.recipe.model import is_torch_source
 from onnxbuild.recipe.resolve import schema
@@ -15,30 +16,39 @@ from onnxbuild.recipe.yamlpos import Path_, Positions, dotted
 from onnxbuild.sources import is_decoder, source_kind, traced_kinds
 from onnxbuild.spec import STEP_KINDS, Checking, Found, StepKind
 
+# A recipe reaches these checks only after it passed recipe.schema.json: each cast below names
+# a shape the schema requires of it.
 
-def checking(doc: dict[str, Any], kinds: Sequence[StepKind]) -> Checking:
+
+def checking(doc: dict[str, JsonValue], kinds: Sequence[StepKind]) -> Checking:
     """What every kind's check reads, found once."""
-    kind = next(iter(doc["source"]))
-    src = doc["source"][kind]
-    traced = is_torch_source(doc["source"])
+    sources = cast("dict[str, dict[str, object]]", doc["source"])  # one source kind's mapping
+    kind = next(iter(sources))
+    src = sources[kind]
+    traced = is_torch_source(sources)
     described = source_kind(kind)
     *others, last = traced_kinds()
-    config = src.get("config") if isinstance(src.get("config"), dict) else {}
+    config = given if isinstance(given := src.get("config"), dict) else {}
     entries = tuple(variant_entries(doc))
     found = Checking(
         doc=doc,
         source=kind,
         src=src,
-        task=src.get("task") if isinstance(src.get("task"), str) else None,
+        task=task if isinstance(task := src.get("task"), str) else None,
         traced=traced,
         untraced_what=f"an ONNX file, {kind}.file" if "file" in src else kind,
         traced_kinds=f"{', '.join(others)} and {last}" if others else last,
-        decoder=is_decoder(doc["source"]),
+        decoder=is_decoder(sources),
         two_files=described.seq2seq(src),
         max_positions=next(
             (config[k] for k in ("n_positions", "max_position_embeddings") if isinstance(config.get(k), int)), None
         ),
-        variants=("model", *_built_in(doc, kinds), *(e["name"] for _, _, e in entries)),
+        variants=(
+            "model",
+            *_built_in(doc, kinds),
+            # str() only narrows: variant_entries keeps the entries whose name is a string
+            *(str(e["name"]) for _, _, e in entries),
+        ),
         entries=entries,
     )
     for kind_of_step in kinds:
@@ -46,12 +56,12 @@ def checking(doc: dict[str, Any], kinds: Sequence[StepKind]) -> Checking:
     return found
 
 
-def _built_in(doc: dict[str, Any], kinds: Sequence[StepKind]) -> list[str]:
+def _built_in(doc: Mapping[str, object], kinds: Sequence[StepKind]) -> list[str]:
     return [name for k in kinds if doc.get(k.name) for name in k.makes]
 
 
 def semantic_problems(
-    doc: dict[str, Any], positions: Positions, shown: str, kinds: Sequence[StepKind]
+    doc: dict[str, JsonValue], positions: Positions, shown: str, kinds: Sequence[StepKind]
 ) -> Iterable[Problem]:
     def problem(path: Path_, message: str, key: bool = False) -> Problem:
         pos = positions.of(path, key=key)
@@ -67,16 +77,17 @@ def semantic_problems(
     variant_names = list(c.variants)
     entries = list(c.entries)
     yield from (problem(path, message, key=at_key) for path, message, at_key in _variant_refs(doc, entries, built_in))
-    for i, prov in enumerate(doc.get("providers", [])):
+    for i, prov in enumerate(cast("list[dict[str, object]]", doc.get("providers", []))):  # {name, options} each
         unknown = _unknown_provider(prov.get("name"))
         if unknown:
             yield problem(("providers", i, "name"), unknown)
+        options = cast("dict[str, object]", prov.get("options") or {})  # a provider's options: a mapping
         if prov.get("name") == "openvino":
             yield from (
                 problem(("providers", i, "options", *path), message, key=at_key)
-                for path, message, at_key in _openvino_options(prov.get("options") or {}, c.traced)
+                for path, message, at_key in _openvino_options(options, c.traced)
             )
-        wanted = (prov.get("options") or {}).get("variants") if prov.get("name") in TARGETS else None
+        wanted = options.get("variants") if prov.get("name") in TARGETS else None
         if wanted is None:
             continue
         if not isinstance(wanted, list) or not all(isinstance(w, str) for w in wanted):
@@ -96,7 +107,8 @@ def semantic_problems(
     named = {f"{kind}.{e['name']}" for section, _, e in entries for kind in (section, *per_variant)} | {
         f"{kind}.{name}" for kind in per_variant for name in makers
     }
-    for step in (doc.get("limits") or {}).get("steps", {}):
+    limits = cast("dict[str, dict[str, object]]", doc.get("limits") or {})  # limits.steps: a mapping
+    for step in limits.get("steps", {}):
         if step not in STEP_KINDS and step not in named:
             yield problem(
                 ("limits", "steps", step),
@@ -112,7 +124,7 @@ def semantic_problems(
             )
         if e["name"] in earlier:
             yield problem((section, i, "name"), f"variant name {e['name']!r} is used twice; names must be unique")
-        made_by = makers.get(e.get("from", ""))
+        made_by = makers.get(made_from) if isinstance(made_from := e.get("from", ""), str) else None
         if made_by and e["from"] not in built_in:
             yield problem(
                 (section, i, "from"), f"{section}s the {e['from']} variant, but the recipe has no {made_by} section"
@@ -160,7 +172,7 @@ def shape_problems(c: Checking, section: str, need: Sequence[str], *, optional_n
             )
 
 
-def variant_entries(doc: dict[str, Any]) -> Iterable[tuple[str, int, dict[str, Any]]]:
+def variant_entries(doc: Mapping[str, object]) -> Iterable[tuple[str, int, dict[str, object]]]:
     """(section, index, entry) for every entry of a section the schema marks ``x-variants``
     (quantize, convert, ...): a list whose entries are variants named by ``name``, made from
     the variant ``from`` names by step ``<section>.<name>``, with their own ``validate:``."""
@@ -173,8 +185,8 @@ def variant_entries(doc: dict[str, Any]) -> Iterable[tuple[str, int, dict[str, A
 
 
 def _variant_refs(
-    doc: dict[str, Any], entries: list[tuple[str, int, dict[str, Any]]], built_in: list[str]
-) -> Iterable[tuple[tuple[Any, ...], str, bool]]:
+    doc: Mapping[str, object], entries: list[tuple[str, int, dict[str, object]]], built_in: list[str]
+) -> Iterable[Found]:
     """Keys the schema marks ``x-variant-ref`` (a variant section's entry naming other variants,
     as serve's ``decode`` and ``prefill``) must name a variant an earlier section makes, and two
     of them in one entry differ; a section's ``x-requires`` (a dotted key) must be set."""
@@ -188,7 +200,7 @@ def _variant_refs(
         refs = [k for k, prop in fields.items() if prop.get("x-variant-ref")]
         requires = properties[section].get("x-requires")
         if in_section and requires:
-            value: Any = doc
+            value: object = doc
             for part in requires["key"].split("."):
                 value = value.get(part) if isinstance(value, dict) else None
             if not value:
@@ -204,7 +216,7 @@ def _variant_refs(
                     )
             if len(named) == 2 and named[0][1] == named[1][1]:
                 yield (section, i, named[1][0]), f"names {named[1][1]!r} as {named[0][0]} too; pair two variants", False
-        earlier += [e["name"] for _, e in in_section]
+        earlier += [str(e["name"]) for _, e in in_section]  # a string: variant_entries keeps no other
 
 
 OPENVINO_OPTIONS = {
@@ -216,7 +228,7 @@ OPENVINO_OPTIONS = {
 }
 
 
-def _openvino_options(options: dict[str, Any], torch_source: bool) -> Iterable[tuple[tuple[Any, ...], str, bool]]:
+def _openvino_options(options: Mapping[str, object], torch_source: bool) -> Iterable[Found]:
     """The openvino target's options (the schema leaves provider options free-form)."""
     for key, value in options.items():
         if key not in OPENVINO_OPTIONS:
@@ -271,7 +283,7 @@ ones still in use), whether or not this machine's build has it: a typo is a reci
 provider missing here is the benchmark's "not in this onnxruntime build"."""
 
 
-def _unknown_provider(name: Any) -> str | None:
+def _unknown_provider(name: object) -> str | None:
     """Why ``name`` is no execution provider, or None. The schema checks the shape
     (``...ExecutionProvider``); a name outside :data:`KNOWN_PROVIDERS` is looked up in the
     installed onnxruntime (only then imported: a newer one may know more) before it is refused."""

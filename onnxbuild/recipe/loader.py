@@ -11,9 +11,9 @@ import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, cast
 
-from onnxbuild._util import sha256_bytes
+from onnxbuild._util import JsonValue, sha256_bytes
 from onnxbuild.errors import Problem, RecipeError
 from onnxbuild.recipe.checks import semantic_problems
 from onnxbuild.recipe.model import Recipe
@@ -21,6 +21,9 @@ from onnxbuild.recipe.resolve import deref, resolve, schema, schema_text
 from onnxbuild.recipe.sections import Resolved
 from onnxbuild.recipe.yamlpos import Path_, Positions, dotted
 from onnxbuild.spec import StepKind
+
+if TYPE_CHECKING:
+    from jsonschema import ValidationError
 
 MAX_RECIPE_BYTES = 1 << 20
 """A recipe is a page of YAML; anything over 1 MiB is a mistake (or an attack) and is refused unread."""
@@ -203,7 +206,7 @@ def parse_recipe(text: str, shown: str, kinds: Sequence[StepKind]) -> Resolved:
     return resolve(doc, kinds)
 
 
-def _non_finite(value: Any, positions: Positions, shown: str, path: Path_) -> Iterable[Problem]:
+def _non_finite(value: object, positions: Positions, shown: str, path: Path_) -> Iterable[Problem]:
     """YAML's .nan and .inf: the schema's bounds cannot catch NaN (it compares false with
     everything), and no recipe number means either."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -227,7 +230,7 @@ def _non_finite(value: Any, positions: Positions, shown: str, path: Path_) -> It
 # ---------------------------------------------------------------- schema
 
 
-def _schema_problems(doc: dict[str, Any], positions: Positions, shown: str) -> Iterable[Problem]:
+def _schema_problems(doc: Mapping[str, object], positions: Positions, shown: str) -> Iterable[Problem]:
     from jsonschema import Draft202012Validator
 
     validator = Draft202012Validator(schema())
@@ -241,7 +244,7 @@ def _schema_problems(doc: dict[str, Any], positions: Positions, shown: str) -> I
                 yield problem
 
 
-def _explain(error: Any) -> Iterable[tuple[Path_, str, bool]]:
+def _explain(error: ValidationError) -> Iterable[tuple[Path_, str, bool]]:
     """Turn one jsonschema error into (path, message, point-at-key) items in our words."""
     path: Path_ = tuple(error.absolute_path)
     sch = error.schema
@@ -300,9 +303,9 @@ def _explain(error: Any) -> Iterable[tuple[Path_, str, bool]]:
     yield path, f"must be {_describe(sch)} (got {_shown(instance)}{quote})", False
 
 
-def _branches_of_right_type(error: Any) -> list[list[Any]]:
+def _branches_of_right_type(error: ValidationError) -> list[list[ValidationError]]:
     """The anyOf/oneOf branches whose errors lie inside the value, not in its type."""
-    by_branch: dict[Any, list[Any]] = {}
+    by_branch: dict[str | int, list[ValidationError]] = {}
     for sub in error.context:
         by_branch.setdefault(sub.relative_schema_path[0], []).append(sub)
     root = tuple(error.absolute_path)
@@ -313,22 +316,24 @@ def _branches_of_right_type(error: Any) -> list[list[Any]]:
     ]
 
 
-def _wants_string(sch: dict[str, Any]) -> bool:
-    if "$ref" in sch:
-        return _wants_string(deref(sch["$ref"]))
+def _wants_string(sch: Mapping[str, JsonValue]) -> bool:
+    if isinstance(ref := sch.get("$ref"), str):
+        return _wants_string(deref(ref))
     return sch.get("type") == "string"
 
 
-def _describe(sch: dict[str, Any]) -> str:
+def _describe(sch: Mapping[str, JsonValue]) -> str:
     """A short phrase for what a schema accepts: 'an integer from 7 to 23'."""
     if "x-expected" in sch:
         return str(sch["x-expected"])
-    if "$ref" in sch:
-        return _describe(deref(sch["$ref"]))
-    if "enum" in sch:
-        return "one of: " + ", ".join(str(v) for v in sch["enum"])
-    if "anyOf" in sch:
-        return " or ".join(_describe(s) for s in sch["anyOf"])
+    # the schema is our own file, checked against its meta-schema by the tests: $ref is a string,
+    # enum a list, anyOf a list of schemas (the isinstance tests only narrow the JSON value's type)
+    if isinstance(ref := sch.get("$ref"), str):
+        return _describe(deref(ref))
+    if isinstance(enum := sch.get("enum"), list):
+        return "one of: " + ", ".join(str(v) for v in enum)
+    if isinstance(branches := sch.get("anyOf"), list):
+        return " or ".join(_describe(s) for s in branches if isinstance(s, dict))
     types = sch.get("type")
     if isinstance(types, list):
         return " or ".join(_describe({**sch, "type": t}) for t in types)
@@ -357,7 +362,7 @@ def _describe(sch: dict[str, Any]) -> str:
     return "valid"
 
 
-def _kind(value: Any) -> str:
+def _kind(value: object) -> str:
     if isinstance(value, bool):
         return "boolean"
     if isinstance(value, dict):
@@ -371,7 +376,7 @@ def _kind(value: Any) -> str:
     return type(value).__name__
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     if isinstance(value, str):
         return json.dumps(value[:60] + ("..." if len(value) > 60 else ""))
     if isinstance(value, (dict, list)):

@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 from functools import cache
 from pathlib import Path
-from typing import Any
+
+from onnxbuild._util import JsonValue
 
 
 @cache
-def benchmark_schema() -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((Path(__file__).parent / "benchmark.schema.json").read_text(encoding="utf-8"))
+def benchmark_schema() -> dict[str, JsonValue]:
+    # our own file, a JSON object
+    data: dict[str, JsonValue] = json.loads(
+        (Path(__file__).parent / "benchmark.schema.json").read_text(encoding="utf-8")
+    )
     return data

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from onnxbuild._util import MISSING, format_duration, format_ms
 from onnxbuild.review.modeldiff import ModelDiff, ModelRow
@@ -159,7 +159,18 @@ def render(base: str, diffs: list[RecipeDiff], fmt: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _summary(diffs: list[RecipeDiff]) -> dict[str, Any]:
+class DiffSummary(TypedDict):
+    """What a diff costs to build, over every recipe."""
+
+    recipes: int
+    changed: int
+    to_build: int
+    from_remote: int
+    cached: int
+    estimate_s: float | None
+
+
+def _summary(diffs: list[RecipeDiff]) -> DiffSummary:
     costs = [d.cost for d in diffs if d.cost is not None]
     estimates = [c.estimate_s for c in costs if c.build]
     return {

@@ -7,7 +7,8 @@ failure message a build prints."""
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, TypedDict
+from collections.abc import Mapping
+from typing import Literal, TypedDict, cast
 
 
 class OutputComparison(TypedDict):
@@ -61,7 +62,8 @@ class OpenVinoVerdict(TypedDict):
     """The inference precision OpenVINO reported for the compiled model (bf16, f32, f16)."""
     atol: float
     rtol: float
-    top1: dict[str, Any] | None
+    top1: Mapping[str, object] | None
+    """agreement, tokens, min (the floor or None) and passed, over every case."""
     error: str | None
     max_abs_diff: float | None
 
@@ -157,7 +159,7 @@ def failure_message(
     *,
     accuracy: AccuracyResult | None = None,
     embeddings: EmbeddingResult | None = None,
-    top1: dict[str, Any] | None = None,
+    top1: Mapping[str, object] | None = None,
     openvino: OpenVinoVerdict | None = None,
     text: TextQuality | None = None,
 ) -> str:
@@ -252,8 +254,41 @@ def failure_message(
     return f"validation of {variant} failed"
 
 
-def markdown(report: dict[str, Any], name: str) -> str:
+class VariantReport(TypedDict, total=False):
+    """One variant in reports/validation.json: every shape's results and the whole-variant gates."""
+
+    provider: str
+    rtol: float
+    atol: float
+    shapes: list[ShapeResult]
+    top1: Mapping[str, object] | None
+    accuracy: AccuracyResult | None
+    embedding_cosine: EmbeddingResult | None
+    text: TextQuality | None
+    openvino: OpenVinoVerdict | None
+    web: str
+    left_padding: str
+
+
+class ValidationReport(TypedDict, total=False):
+    """reports/validation.json: every variant's validation, merged by the report step."""
+
+    passed: bool
+    variants: dict[str, VariantReport]
+    weights: str
+    weights_note: str
+    reference: str
+
+
+_NO_WEB: WebResult = {"passed": True, "error": None, "outputs": {}, "max_abs_diff_vs_cpu": None}
+"""A shape the web target did not run: no error, no outputs (read only)."""
+
+
+def markdown(merged: Mapping[str, object], name: str) -> str:
     """The verdict first (one row per variant and shape, its worst output), details after, folded."""
+    # the report step's merge of reports/validation/<variant>.json, files the validate steps of
+    # this package wrote in this shape (json.loads hands them back untyped)
+    report = cast(ValidationReport, merged)
     lines = [f"# {name}: validation against the source model", ""]
     if report.get("weights") == "random-init":
         lines += [
@@ -271,7 +306,7 @@ def markdown(report: dict[str, Any], name: str) -> str:
         for r in v["shapes"]:
             shape = ", ".join(f"{k}={n}" for k, n in r["shape"].items())
             top1 = f"{r['top1_agreement']:.3f}" if r["top1_agreement"] is not None else "-"
-            web = r.get("web") or {}
+            web = r.get("web") or _NO_WEB
             ok = (
                 r["passed"]
                 and all(c["passed"] for c in r["outputs"].values())
@@ -280,8 +315,7 @@ def markdown(report: dict[str, Any], name: str) -> str:
             )
             lines.append(_verdict_row(variant, shape, r["outputs"], r["error"], top1, v, ok))
             ov = r.get("openvino")
-            if ov is not None and v.get("openvino"):
-                o = v["openvino"]
+            if ov is not None and (o := v.get("openvino")):
                 o_top1 = f"{ov['top1_agreement']:.3f}" if ov["top1_agreement"] is not None else "-"
                 lines.append(
                     _verdict_row(
@@ -311,7 +345,7 @@ def markdown(report: dict[str, Any], name: str) -> str:
             shape = ", ".join(f"{k}={n}" for k, n in r["shape"].items())
             if r["error"]:
                 lines.append(f"| {shape} | - | - | - | - | error: {_cell(r['error'])} |")
-            web = r.get("web") or {}
+            web = r.get("web") or _NO_WEB
             rows = [(out, c, "") for out, c in r["outputs"].items()] + [
                 (out, c, "web: ") for out, c in web.get("outputs", {}).items()
             ]
@@ -321,14 +355,20 @@ def markdown(report: dict[str, Any], name: str) -> str:
                     f"| {shape} | {where}{out} | {_sci(c['max_abs_diff'])} | {_sci(c['max_rel_diff'])} | {mism} | "
                     f"{'pass' if c['passed'] else 'FAIL'} |"
                 )
-            if web.get("error"):
-                lines.append(f"| {shape} | web | - | - | - | error: {_cell(web['error'])} |")
+            if web_error := web.get("error"):
+                lines.append(f"| {shape} | web | - | - | - | error: {_cell(web_error)} |")
         lines += ["", "</details>", ""]
     return "\n".join(lines)
 
 
 def _verdict_row(
-    who: str, shape: str, outputs: dict[str, Any], error: str | None, top1: str, tolerances: dict[str, Any], ok: bool
+    who: str,
+    shape: str,
+    outputs: Mapping[str, OutputComparison],
+    error: str | None,
+    top1: str,
+    tolerances: Mapping[str, object],
+    ok: bool,
 ) -> str:
     """One row of the verdict table: the worst output at one case, or the error."""
     tol = f"atol {tolerances['atol']:g}, rtol {tolerances['rtol']:g}"
@@ -339,37 +379,33 @@ def _verdict_row(
     return f"| {who} | {shape} | {worst or '-'} | {diff} | {tol} | {top1} | {'pass' if ok else '**FAIL**'} |"
 
 
-def _variant_figures(variant: str, v: dict[str, Any], reference: str | None) -> list[str]:
+def _variant_figures(variant: str, v: VariantReport, reference: str | None) -> list[str]:
     """The whole-variant gates (top-1 agreement, accuracy, embeddings, the web target), one block each."""
     lines: list[str] = []
     if v.get("left_padding"):
         lines += [f"{variant}: {v['left_padding']}.", ""]
     if v.get("web"):
         lines += [f"{variant}: web target: {v['web']}.", ""]
-    if v.get("openvino"):
-        o = v["openvino"]
+    if o := v.get("openvino"):
         lines += [
             f"{variant}: openvino target: {o['note']}" + (f"; error: {o['error']}" if o["error"] else "") + ".",
             "",
         ]
-        if o["top1"]:
-            t = o["top1"]
+        if t := o["top1"]:
             floor = f" (at least {t['min']:g})" if t["min"] is not None else ""
             lines += [
                 f"{variant} on OpenVINO: top-1 agreement over all {t['tokens']} predictions: "
                 f"**{t['agreement']:.3f}**{floor}: {'pass' if t['passed'] else 'FAIL'}",
                 "",
             ]
-    if v.get("top1"):
-        t = v["top1"]
+    if t := v.get("top1"):
         floor = f" (at least {t['min']:g})" if t["min"] is not None else ""
         lines += [
             f"{variant}: top-1 agreement over all {t['tokens']} predictions (tokens or classes): "
             f"**{t['agreement']:.3f}**{floor}: {'pass' if t['passed'] else 'FAIL'}",
             "",
         ]
-    if v.get("accuracy"):
-        a = v["accuracy"]
+    if a := v.get("accuracy"):
         floor = "" if a["min"] is None else f", at least {a['min']:g}"
         lines += [
             f"### {variant}: top-1 accuracy on {a['samples']} samples from `{a['dataset']}`",
@@ -381,8 +417,7 @@ def _variant_figures(variant: str, v: dict[str, Any], reference: str | None) -> 
             f"{a['max_drop']:g}{floor} | {'pass' if a['passed'] else 'FAIL'} |",
             "",
         ]
-    if v.get("embedding_cosine"):
-        e = v["embedding_cosine"]
+    if e := v.get("embedding_cosine"):
         pooled = "mean-pooled over the attention mask" if e["pooling"] == "mean" else "as output"
         floor = "-" if e["cosine_min"] is None else f"{e['cosine_min']:g}"
         lines += [
@@ -395,8 +430,7 @@ def _variant_figures(variant: str, v: dict[str, Any], reference: str | None) -> 
             f"{'pass' if e['passed'] else 'FAIL'} |",
             "",
         ]
-    if v.get("text"):
-        q = v["text"]
+    if q := v.get("text"):
 
         def gate(value: float | None, fmt: str) -> str:
             return "-" if value is None else format(value, fmt)
@@ -417,7 +451,7 @@ def _variant_figures(variant: str, v: dict[str, Any], reference: str | None) -> 
     return lines
 
 
-def _worst(outputs: dict[str, Any]) -> str | None:
+def _worst(outputs: Mapping[str, OutputComparison]) -> str | None:
     """The output to name in the verdict: the first that failed, else the largest difference."""
     failed = [n for n, c in outputs.items() if not c["passed"]]
     if failed:
