@@ -35,12 +35,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     marker = tmp_path_factory.mktemp("hook") / "slept-once"
     os.environ[DELAY_ENV] = f"check:60:{marker}"
     # a remote-cache task keeps what it pulls in its node's cache: here, not in ~/.cache
+    before = os.environ.get("ONNXBUILD_CACHE_DIR")
     os.environ["ONNXBUILD_CACHE_DIR"] = str(tmp_path_factory.mktemp("node-cache"))
     try:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     finally:
         del os.environ[DELAY_ENV]
-        del os.environ["ONNXBUILD_CACHE_DIR"]
+        if before is None:
+            del os.environ["ONNXBUILD_CACHE_DIR"]
+        else:
+            os.environ["ONNXBUILD_CACHE_DIR"] = before
     # The other tests must not trip the hook: create the marker, and let the kill test remove it.
     marker.touch()
     yield marker
