@@ -189,7 +189,7 @@ def build(
     the_plan = make_plan(recipes, cache, steps_for, force=force, target=target, single=single)
     runner_executor = None
     if executor == "ray" and any(s.action == "run" for s in the_plan.steps):  # nothing to run: no cluster needed
-        from onnxbuild.engine.executors import RayExecutor, RaySettings
+        from onnxbuild.engine.cluster import RayExecutor, RaySettings
 
         if ray_address is not None and settings.cache_read_only:
             raise UsageError(

@@ -264,8 +264,8 @@ def test_a_ray_task_refuses_a_node_whose_packages_differ_from_the_key_and_starts
     left in ``out/`` (the runner would commit it as this attempt's)."""
     from dataclasses import replace
 
+    from onnxbuild.engine.cluster import _run_shared
     from onnxbuild.engine.execute import Task
-    from onnxbuild.engine.executors import _run_shared
     from onnxbuild.steps import describe
 
     spec = describe(fake("a"))

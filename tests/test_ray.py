@@ -203,7 +203,7 @@ def test_without_ray_installed_the_message_says_how_to_get_it(monkeypatch: pytes
         return real_import(name, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(builtins, "__import__", no_ray)
-    from onnxbuild.engine.executors import RayExecutor, RaySettings
+    from onnxbuild.engine.cluster import RayExecutor, RaySettings
 
     with pytest.raises(UsageError, match=r"--executor ray needs Ray: pip install 'onnxbuild\[ray\]'"):
         RayExecutor(RaySettings())

@@ -25,7 +25,7 @@ import pytest
 
 import onnxbuild
 from onnxbuild import environment
-from onnxbuild.engine.executors import RayExecutor, RaySettings
+from onnxbuild.engine.cluster import RayExecutor, RaySettings
 from onnxbuild.engine.runner import BuildReport
 from onnxbuild.engine.testhooks import TEST_PAUSE_ENV
 from onnxbuild.errors import UsageError

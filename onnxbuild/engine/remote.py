@@ -17,6 +17,10 @@ so two runners pushing different bytes for one key cannot leave one's entry besi
 signature. A bucket is never created (a mistyped URL is an error at start, not a
 new bucket), and nothing is decided from a listing: exact-key reads only.
 
+One module (~500 lines): one class, whose pull, push, peek and verify share the store's
+write rules above (conditional or renamed writes, the envelope, exact-key reads); split
+apart, each half would need the other's private helpers.
+
 Options for the store (``endpoint_url``, ``region_name``, ``profile``...) come from
 ``[tool.onnxbuild] cache_options`` and the ``ONNXBUILD_CACHE_OPTIONS`` environment variable (a
 JSON object, over the file's). Credentials are refused in the file, which is committed: they
