@@ -4,12 +4,143 @@ functions of the report; matplotlib is imported only to draw)."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, TypedDict, cast
 
 from onnxbuild._util import format_ms
 
+if TYPE_CHECKING:
+    from pathlib import Path
 
-def markdown(report: dict[str, Any]) -> str:
+
+# benchmark.json's keys this module reads, as benchmark.schema.json types them (total=False:
+# the schema's rows and sections vary; a key it requires is read with [] where it is present).
+class Work(TypedDict):
+    flops: int
+    weight_bytes: int
+
+
+class Row(TypedDict, total=False):
+    """A results or baseline row: the timed ones, and a results row that failed (error)."""
+
+    variant: str
+    provider: str
+    shape: dict[str, int]
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    throughput: float
+    io_binding: bool
+    inference_precision: str
+    ratio_to_pytorch: float | None
+    ratio_to_pytorch_bf16: float | None
+    error: str
+    dtype: str
+    mode: str
+    attention: str | None
+    work: Work
+    roofline: dict[str, object]
+
+
+class DecodeRow(TypedDict, total=False):
+    engine: str
+    variant: str | None
+    provider: str | None
+    shape: dict[str, int]
+    dtype: str
+    new_tokens: int
+    prefill_p50_ms: float
+    decode_p50_ms: float
+    decode_p90_ms: float
+    decode_past: list[int]
+    tokens_per_s: float
+    decode_ratio_to_pytorch: float | None
+    decode_ratio_to_pytorch_bf16: float | None
+    roofline: dict[str, object]
+
+
+class Provider(TypedDict):
+    name: str
+    status: str
+    reason: str
+
+
+class KernelOp(TypedDict):
+    op: str
+    ms: float
+    share: float
+
+
+class Kernels(TypedDict, total=False):
+    call: str
+    shape: dict[str, int]
+    run_ms: float
+    error: str
+    ops: list[KernelOp]
+
+
+class Quality(TypedDict):
+    passed: bool
+    perplexity: float
+    ppl_increase: float
+    kld_mean: float
+    top1_agreement: float
+
+
+class Machine(TypedDict):
+    cpu: str
+    cores: int | None
+    threads: int
+
+
+class Settings(TypedDict, total=False):
+    warmup: int
+    iterations: int
+    session_config: dict[str, str]
+
+
+class Load(TypedDict):
+    cpu_share_before: float
+    cpu_share_after: float
+    loaded: bool
+
+
+class Status(TypedDict):
+    status: str
+    reason: str
+
+
+class EncoderDecoder(TypedDict):
+    cached_tokens: int
+
+
+class BenchmarkReport(TypedDict, total=False):
+    recipe: str
+    weights: str | None
+    machine: Machine
+    settings: Settings
+    baseline: list[Row]
+    providers: list[Provider]
+    results: list[Row]
+    encoder_decoder: EncoderDecoder
+    decode: list[DecodeRow]
+    pytorch_bf16: Status
+    validated: dict[str, list[str]]
+    quality: dict[str, Quality]
+    peaks: dict[str, object]
+    kernels: dict[str, Kernels]
+    openvino_kernels: dict[str, list[Kernels]]
+    load: Load
+
+
+def _checked(report: Mapping[str, object]) -> BenchmarkReport:
+    # The benchmark step builds the report and validates it against benchmark.schema.json
+    # before it calls markdown, chart or validated_on; these TypedDicts mirror that schema.
+    return cast(BenchmarkReport, report)
+
+
+def markdown(report_: Mapping[str, object]) -> str:
+    report = _checked(report_)
     m = report["machine"]
     lines = [
         f"# {report['recipe']}: benchmark",
@@ -80,8 +211,9 @@ def markdown(report: dict[str, Any]) -> str:
             (x for x in report["baseline"] if x.get("dtype", "fp32") == "fp32" and x["shape"] == b["shape"]), None
         )
         vs32 = f"{b['p50_ms'] / fp['p50_ms']:.2f}x" if fp else "-"
+        attention = b.get("attention")
         lines.append(
-            f"| PyTorch {dtype} ({b['mode']}{', ' + b['attention'] if b.get('attention') else ''}) "
+            f"| PyTorch {dtype} ({b['mode']}{', ' + attention if attention else ''}) "
             f"| - | {shape} | {format_ms(b['p50_ms'])} | {format_ms(b['p90_ms'])} | "
             f"{format_ms(b['p99_ms'])} | {b['throughput']:.1f} | {vs32} | {vs16} | {_work(b)} | {limit_text(b)} |"
         )
@@ -94,7 +226,7 @@ def markdown(report: dict[str, Any]) -> str:
             continue
         bound = " (IOBinding)" if r.get("io_binding") else ""
         precision = f" ({r['inference_precision']})" if r.get("inference_precision") else ""
-        if report.get("validated") and not validated_on(report, r):
+        if report.get("validated") and not _validated_on(report, r):
             precision += " (not validated here)"
         lines.append(
             f"| {r['variant']}{bound} | {_provider(r['provider'])}{precision} | {shape_text(r['shape'])} | "
@@ -186,7 +318,7 @@ def shape_text(shape: dict[str, int]) -> str:
     return ", ".join(f"{k}={v}" for k, v in shape.items())
 
 
-def row_name(row: dict[str, Any]) -> str:
+def row_name(row: Mapping[str, object]) -> str:
     """A timed row as a reader names it: its variant, or, for the rows that carry none (the
     PyTorch baselines, prefill and decode), PyTorch and its dtype."""
     return str(row["variant"]) if "variant" in row else f"PyTorch {row.get('dtype', 'fp32')}"
@@ -196,7 +328,7 @@ def _provider(name: str) -> str:
     return name.replace("ExecutionProvider", "")
 
 
-def _past(row: dict[str, Any]) -> str:
+def _past(row: DecodeRow) -> str:
     """ " (past 128-135)" where a decode row's steps read a growing held cache, else nothing."""
     past = row.get("decode_past")
     return f" (past {past[0]}-{past[1]})" if past else ""
@@ -206,14 +338,14 @@ def _ratio(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}x" if x >= 0.01 else f"{x:.4f}x"
 
 
-def _work(row: dict[str, Any]) -> str:
+def _work(row: Row) -> str:
     w = row.get("work")
     if not w:
         return "-"
     return f"{w['flops'] / 1e9:.3g} GFLOP, {w['weight_bytes'] / 1e6:.3g} MB"
 
 
-def limit_text(row: dict[str, Any]) -> str:
+def limit_text(row: Mapping[str, object]) -> str:
     """A row's share of its limit, for benchmark.md and report.html."""
     r = row.get("roofline")
     if not isinstance(r, dict) or not isinstance(r.get("fraction"), (int, float)):
@@ -223,7 +355,7 @@ def limit_text(row: dict[str, Any]) -> str:
     return f"{r['fraction']:.0%} of {r['limit']}"
 
 
-def limits_line(peaks: dict[str, Any]) -> str:
+def limits_line(peaks: Mapping[str, object]) -> str:
     """The measured peaks in one line: fp32 340 GFLOP/s, bf16 1630 GFLOP/s, ..."""
     parts = [f"fp32 GEMM {peaks['fp32_gflops']:.0f} GFLOP/s"]
     parts.append(
@@ -236,27 +368,33 @@ def limits_line(peaks: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def validated_on(report: dict[str, Any], row: dict[str, Any]) -> bool:
+def validated_on(report: Mapping[str, object], row: Mapping[str, object]) -> bool:
     """Whether the row's variant was validated on the row's provider (``validated`` lists them)."""
-    return row["provider"] in (report.get("validated") or {}).get(row["variant"], [])
+    return _validated_on(_checked(report), row)
 
 
-def _timed(report: dict[str, Any]) -> list[dict[str, Any]]:
+def _validated_on(report: BenchmarkReport, row: Mapping[str, object]) -> bool:
+    provider, variant = row["provider"], row["variant"]
+    # variant: a string, or null on a decode row (validated names no null variant)
+    return isinstance(variant, str) and provider in (report.get("validated") or {}).get(variant, [])
+
+
+def _timed(report: BenchmarkReport) -> list[Row]:
     return [r for r in report["results"] if "p50_ms" in r and not r.get("io_binding")]
 
 
-def fastest_row(report: dict[str, Any], shape: dict[str, int]) -> dict[str, Any] | None:
+def fastest_row(report: BenchmarkReport, shape: dict[str, int]) -> Row | None:
     """The fastest row at ``shape`` whose (variant, provider) was validated (any row where the
     recipe validates nothing), or None."""
     here = [r for r in _timed(report) if r["shape"] == shape]
     return min(
-        (r for r in here if not report.get("validated") or validated_on(report, r)),
+        (r for r in here if not report.get("validated") or _validated_on(report, r)),
         key=lambda r: r["p50_ms"],
         default=None,
     )
 
 
-def fastest(report: dict[str, Any]) -> list[str]:
+def fastest(report: BenchmarkReport) -> list[str]:
     """The lead: per shape, the fastest (variant, provider) whose validation ran on that provider."""
     rows = _timed(report)
     if not rows:
@@ -291,7 +429,7 @@ def fastest(report: dict[str, Any]) -> list[str]:
     return ["Fastest validated (variant, provider) per shape:", "", *out, ""]
 
 
-def _quality(report: dict[str, Any], variant: str) -> str:
+def _quality(report: BenchmarkReport, variant: str) -> str:
     """The variant's quality on validate.text, beside its speed (where the recipe measures text)."""
     q = (report.get("quality") or {}).get(variant)
     if not q:
@@ -303,7 +441,7 @@ def _quality(report: dict[str, Any], variant: str) -> str:
     )
 
 
-def _its_decode(report: dict[str, Any], best: dict[str, Any]) -> str:
+def _its_decode(report: BenchmarkReport, best: Row) -> str:
     """For a decoder, the prefill winner's own decode step beside the fastest validated one at
     the same shape: the file that prefills fastest need not decode fastest, and a reader picking
     one (variant, provider) pays both."""
@@ -314,7 +452,7 @@ def _its_decode(report: dict[str, Any], best: dict[str, Any]) -> str:
         if d["engine"] != "pytorch"
         and "decode_p50_ms" in d
         and json.dumps(d["shape"], sort_keys=True) == shape
-        and (not report.get("validated") or validated_on(report, d))
+        and (not report.get("validated") or _validated_on(report, d))
     ]
     own = next((d for d in steps if (d["variant"], d["provider"]) == (best["variant"], best["provider"])), None)
     if own is None:
@@ -328,12 +466,13 @@ def _its_decode(report: dict[str, Any], best: dict[str, Any]) -> str:
     return (
         f"; its decode step {format_ms(own['decode_p50_ms'])}, "
         f"{own['decode_p50_ms'] / top['decode_p50_ms']:.2f}x the fastest"
-        f"{' validated' if report.get('validated') else ''} decode ({top['variant']} on {_provider(top['provider'])} "
-        f"{format_ms(top['decode_p50_ms'])})"
+        f"{' validated' if report.get('validated') else ''} decode ({top['variant']} on "
+        f"{_provider(top['provider'] or '')} {format_ms(top['decode_p50_ms'])})"
     )
 
 
-def chart(report: dict[str, Any], path: Any) -> None:
+def chart(report_: Mapping[str, object], path: Path) -> None:
+    report = _checked(report_)
     import matplotlib
 
     matplotlib.use("Agg")

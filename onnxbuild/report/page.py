@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable
 from html import escape
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from onnxbuild._util import atomic_write_text, format_ms
 from onnxbuild.report.benchmark import limit_text
@@ -99,7 +99,7 @@ def render_report(folder: Path) -> str:
 # ---------------------------------------------------------------- sections
 
 
-def _verdict(folder: Path, manifest: Any, timings: Any) -> str:
+def _verdict(folder: Path, manifest: object, timings: object) -> str:
     steps = timings.get("steps", {}) if isinstance(timings, dict) and isinstance(timings.get("steps"), dict) else {}
     failed = [(n, s) for n, s in steps.items() if isinstance(s, dict) and s.get("status") == "failed"]
     skipped = [n for n, s in steps.items() if isinstance(s, dict) and s.get("status") == "skipped"]
@@ -128,7 +128,7 @@ def _verdict(folder: Path, manifest: Any, timings: Any) -> str:
     return f'<section id="verdict">{head}{weights}</section>'
 
 
-def _weights(folder: Path, manifest: Any) -> str:
+def _weights(folder: Path, manifest: object) -> str:
     source = _read(folder / "reports" / "source.json")
     weights = why = ""
     if isinstance(source, dict):
@@ -150,7 +150,7 @@ def _weights(folder: Path, manifest: Any) -> str:
     )
 
 
-def _validation(report: Any) -> str:
+def _validation(report: object) -> str:
     if report is None:
         return ""
     if not isinstance(report, dict) or not isinstance(report.get("variants"), dict):
@@ -232,7 +232,7 @@ def _validation(report: Any) -> str:
     )
 
 
-def _generation(report: Any) -> str:
+def _generation(report: object) -> str:
     if not isinstance(report, dict) or not isinstance(report.get("variants"), dict):
         return ""
     rows = []
@@ -263,7 +263,7 @@ def _generation(report: Any) -> str:
     )
 
 
-def _benchmark(folder: Path, report: Any) -> str:
+def _benchmark(folder: Path, report: object) -> str:
     if report is None:
         return ""
     if not isinstance(report, dict) or not isinstance(report.get("results"), list):
@@ -348,7 +348,7 @@ def _benchmark(folder: Path, report: Any) -> str:
     )
 
 
-def _variants(folder: Path, manifest: Any) -> str:
+def _variants(folder: Path, manifest: object) -> str:
     if not isinstance(manifest, dict) or not isinstance(manifest.get("steps"), list):
         return ""
     rows = []
@@ -391,7 +391,7 @@ def _variants(folder: Path, manifest: Any) -> str:
     )
 
 
-def _steps(manifest: Any, timings: Any) -> str:
+def _steps(manifest: object, timings: object) -> str:
     steps = timings.get("steps", {}) if isinstance(timings, dict) and isinstance(timings.get("steps"), dict) else {}
     order = (
         [s.get("name") for s in manifest.get("steps", []) if isinstance(s, dict)]
@@ -418,7 +418,7 @@ def _steps(manifest: Any, timings: Any) -> str:
     )
 
 
-def _versions(manifest: Any) -> str:
+def _versions(manifest: object) -> str:
     if not isinstance(manifest, dict):
         return ""
     pairs = (
@@ -430,7 +430,7 @@ def _versions(manifest: Any) -> str:
     return f'<section id="versions"><h2>Versions</h2><table>{cells}</table></section>' if cells else ""
 
 
-def _digests(manifest: Any) -> str:
+def _digests(manifest: object) -> str:
     if not isinstance(manifest, dict) or not isinstance(manifest.get("steps"), list):
         return ""
     rows = []
@@ -443,7 +443,7 @@ def _digests(manifest: Any) -> str:
                         f'<td>{escape(str(step.get("name")))}</td><td class="num">{_size(o.get("bytes"))}</td>'
                         f'<td class="mono">{escape(str(o.get("sha256")))}</td></tr>'
                     )
-    recipe: dict[str, Any] = manifest["recipe"] if isinstance(manifest.get("recipe"), dict) else {}
+    recipe = manifest["recipe"] if isinstance(manifest.get("recipe"), dict) else {}
     return (
         '<section id="digests"><h2>Digests</h2><div class="note">recipe sha256 '
         f"<code>{escape(str(recipe.get('digest', '?')))}</code></div>"
@@ -515,8 +515,11 @@ def _guard(section: str, source: str, render: Callable[[], str]) -> str:
         )
 
 
-def _read(path: Path) -> Any:
-    """A JSON file's contents, or None when it is missing, not a regular file, or damaged."""
+def _read(path: Path) -> object:
+    """A JSON file's contents, or None when it is missing, not a regular file, or damaged.
+
+    object, not a TypedDict: the folder may hold a damaged or hand-written file, so every
+    section narrows with isinstance (and :func:`_guard` catches what it did not)."""
     from onnxbuild._util import read_regular_text
 
     try:
@@ -533,7 +536,7 @@ def _natural(name: str) -> list[int | str]:
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
 
 
-def _worst(outputs: dict[str, Any]) -> str | None:
+def _worst(outputs: dict[str, object]) -> str | None:
     failed = sorted((n for n, c in outputs.items() if isinstance(c, dict) and not c.get("passed")), key=_natural)
     if failed:
         return failed[0]
