@@ -10,7 +10,7 @@ tests/test_kinds.py fails for one that is dropped (it would never reach a key).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -50,7 +50,7 @@ def deref(ref: str) -> dict[str, Any]:
     return result
 
 
-def validation_dims(kind: str, src: dict[str, Any], inputs: list[dict[str, Any]]) -> list[str]:
+def validation_dims(kind: str, src: Mapping[str, object], inputs: Iterable[Mapping[str, object]]) -> list[str]:
     """The dimensions validation varies: the export's symbolic ones, plus those the source
     kind always varies (a transformers model's batch and sequence) whatever the export
     declared, so an axis fixed by mistake in export.inputs is caught instead of validated
@@ -66,10 +66,11 @@ def default_sample(kind: str, src: dict[str, Any]) -> dict[str, int]:
     return {**DEFAULT_SAMPLE, **source_kind(kind).sample_defaults(src)}
 
 
-def symbolic_dims(inputs: list[dict[str, Any]]) -> list[str]:
+def symbolic_dims(inputs: Iterable[Mapping[str, object]]) -> list[str]:
     dims: list[str] = []
     for t in inputs:
-        for d in t.get("shape", []):
+        shape = t.get("shape", [])
+        for d in shape if isinstance(shape, list) else ():  # a list wherever the schema checked it
             if isinstance(d, str) and d not in dims and d not in DERIVED_DIMS:
                 dims.append(d)
     return dims

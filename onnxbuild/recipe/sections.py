@@ -25,8 +25,7 @@ class Tensor(TypedDict):
 class ExportSection(TypedDict):
     exporter: Literal["torchscript", "dynamo"]
     opset: int
-    inputs: list[dict[str, Any]]
-    """Each a Tensor; kept as plain dicts since the steps extend them (past inputs, natural shapes)."""
+    inputs: list[Tensor]
     outputs: list[str]
     sample: Shape
     constant_folding: bool

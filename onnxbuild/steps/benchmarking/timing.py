@@ -11,9 +11,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict
 
-from onnxbuild.recipe.sections import (
-    BenchmarkSection,
-)
+from onnxbuild.recipe.sections import BenchmarkSection, Tensor
 from onnxbuild.sources import source_kind
 from onnxbuild.sources.decoder import PAST_PREFIX, PastLayout
 from onnxbuild.steps import export as export_kind
@@ -236,7 +234,7 @@ def _decode_feeds(names: list[str], layout: PastLayout, sizes: dict[str, int], v
     """One decode step: a new token per sequence after a past as long as the shape's sequence."""
     from onnxbuild.sources.torchmodel import make_inputs
 
-    specs = [
+    specs: list[Tensor] = [
         {"name": n, "dtype": "int64", "shape": ["batch", "total_sequence" if n == "attention_mask" else "sequence"]}
         for n in names
         if not n.startswith(PAST_PREFIX)
