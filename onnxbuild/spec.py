@@ -77,7 +77,7 @@ class StepSpec:
     inputs: tuple[StepInput, ...] = ()
     outputs: tuple[str, ...] = ()
     files: dict[str, Path] = field(default_factory=dict)
-    identity: dict[str, Any] = field(default_factory=dict)
+    identity: dict[str, object] = field(default_factory=dict)
     """Extra ingredients computed at plan time (e.g. which revision a Hub id resolves to)."""
     unkeyed: tuple[str, ...] = ()
     """Dotted params paths the step reads but its key leaves out, because one of its inputs
@@ -135,7 +135,7 @@ class StepResult:
     """
 
     summary: str = ""
-    data: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, object] = field(default_factory=dict)
     extra_outputs: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     keep: bool = True
@@ -177,7 +177,7 @@ class Variant:
     base: str | None = None
     """The variant it was made from (None for the exported model): a failed validation looks
     for the first node where the two part."""
-    own: dict[str, float | None] = field(default_factory=dict, hash=False)
+    own: dict[str, object] = field(default_factory=dict, hash=False)
     """Its recipe entry's own ``validate:`` tolerances, over its precision's defaults."""
     prefill: str | None = None
     """A decoder served by two files: the one that processes the prompt (an empty past), where
@@ -226,7 +226,7 @@ class Checking:
     doc: dict[str, Any]
     source: str
     """The source kind's name (the one key under ``source``)."""
-    src: dict[str, Any]
+    src: dict[str, object]
     """Its section, ``source.<kind>``."""
     task: str | None
     """The source's task, where it names one (``text-generation``)."""

@@ -43,11 +43,10 @@ def schema() -> dict[str, Any]:
 
 
 def deref(ref: str) -> dict[str, Any]:
-    node: Any = schema()
+    node = schema()
     for part in ref.removeprefix("#/").split("/"):
         node = node[part]
-    result: dict[str, Any] = node
-    return result
+    return node
 
 
 def validation_dims(kind: str, src: Mapping[str, object], inputs: Iterable[Mapping[str, object]]) -> list[str]:
@@ -60,7 +59,7 @@ def validation_dims(kind: str, src: Mapping[str, object], inputs: Iterable[Mappi
     return [*always, *(d for d in dims if d not in always)]
 
 
-def default_sample(kind: str, src: dict[str, Any]) -> dict[str, int]:
+def default_sample(kind: str, src: Mapping[str, object]) -> dict[str, int]:
     """Export sample sizes when the recipe gives none: the usual ones, and what the source
     kind knows from its config (an image model's image_size)."""
     return {**DEFAULT_SAMPLE, **source_kind(kind).sample_defaults(src)}

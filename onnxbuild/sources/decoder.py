@@ -17,6 +17,7 @@ prefill is a call with past_sequence 0.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -152,7 +153,7 @@ def genai_pipeline(
     return dict(doc)
 
 
-def genai_config(config: transformers.PretrainedConfig, layout: PastLayout, export: ExportSection) -> str:
+def genai_config(config: transformers.PretrainedConfig, layout: PastLayout, input_names: Iterable[str]) -> str:
     """genai_config.json for onnxruntime-genai: where the decoder's inputs and outputs are and
     how big its cache is (greedy search by default; the caller's generator params override).
 
@@ -162,7 +163,7 @@ def genai_config(config: transformers.PretrainedConfig, layout: PastLayout, expo
     onnxruntime-genai 0.18 on tiny GPT-2: the same greedy tokens as ``onnxbuild run``."""
     from onnxbuild._util import pretty_json
 
-    names = {t["name"] for t in export["inputs"]}
+    names = set(input_names)
     inputs = {n: n for n in GENAI_INPUTS if n in names}
     eos = getattr(config, "eos_token_id", None)
     bos = getattr(config, "bos_token_id", None)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypedDict, TypeVar
 
-from onnxbuild.recipe.sections import Tensor
+from onnxbuild.recipe.sections import ExportSection, Tensor
 
 if TYPE_CHECKING:
     import onnx
@@ -293,7 +293,7 @@ class SourceKind(Generic[S]):
     recipe must then give it); empty when the task gives the inputs."""
     converter: str = ""
     """Its own converter to ONNX (tf2onnx), where torch's exporters do not apply."""
-    convert: Callable[[Any, Any, Path], None] | None = None
+    convert: Callable[[Any, ExportSection, Path], None] | None = None
     """Converts its loaded model to ONNX at the path, given the export section (the converter's)."""
     framework: str = "PyTorch"
     """The framework its model runs in, which validation compares ONNX Runtime against."""

@@ -311,7 +311,7 @@ def companion_files(
         from onnxbuild.sources.decoder import genai_config, layout_of
 
         ctx.output("genai_config.json").write_text(
-            genai_config(model.config, layout_of(model.config), export), encoding="utf-8"
+            genai_config(model.config, layout_of(model.config), [t["name"] for t in export["inputs"]]), encoding="utf-8"
         )
         written.append("genai_config.json")
     return tuple(written[1:])

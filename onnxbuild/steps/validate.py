@@ -384,7 +384,7 @@ def _text_quality(
         feeds["input_ids"] = ids.astype(feeds["input_ids"].dtype)
         return np.asarray(session.run([first], feeds)[0])
 
-    gates = {g: validate.get(g) for g in TEXT_GATES}
+    gates: dict[str, float | None] = {g: validate.get(g) for g in TEXT_GATES}
     if prefill is None:
         return text_quality.measure(model, run_onnx, windows, text, gates)
     decoder = OrtDecoder(session, prefill=prefill)

@@ -33,10 +33,10 @@ OWN = "validate"
 validate's to read, over the variant's precision's defaults."""
 
 
-def own(entry: Mapping[str, object]) -> dict[str, float | None]:
+def own(entry: Mapping[str, object]) -> dict[str, object]:
     """A variant entry's own tolerances (``validate:``), {} when it gives none."""
-    # the entry passed the schema: its validate block is a variant_validate, numbers by name
-    return dict(cast("Mapping[str, float | None]", entry.get(OWN) or {}))
+    block = entry.get(OWN)
+    return dict(block) if isinstance(block, Mapping) else {}
 
 
 def section(resolved: Mapping[str, object]) -> ValidateSection | None:
@@ -51,7 +51,7 @@ def shapes(resolved: Mapping[str, object]) -> list[dict[str, int]]:
     return found["shapes"] if found else []
 
 
-def tolerances(recipe: Recipe, v: Variant) -> dict[str, float | None]:
+def tolerances(recipe: Recipe, v: Variant) -> dict[str, object]:
     """The base validate section's tolerances for the exported model; the variant's own
     (``v.own``, its entry's ``validate:``) over its precision's defaults otherwise."""
     r = recipe.resolved
@@ -166,7 +166,7 @@ def check(c: Checking) -> Iterable[Found]:
         yield where, f"{gate} gates quality on real text; add validate.text (the text to measure on)", True
 
 
-def _variant_validates(c: Checking) -> Iterable[tuple[tuple[str | int, ...], dict[str, Any]]]:
+def _variant_validates(c: Checking) -> Iterable[tuple[tuple[str | int, ...], Mapping[str, object]]]:
     """Each variant's own ``validate:`` block (the optimized variant's section, a variant
     entry's), with where it is."""
     for section, value in c.doc.items():
