@@ -6,10 +6,10 @@ kinds (onnxbuild.steps) read their params from them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 if TYPE_CHECKING:
     from onnxbuild.recipe.model import Recipe
@@ -77,7 +77,7 @@ class StepSpec:
     inputs: tuple[StepInput, ...] = ()
     outputs: tuple[str, ...] = ()
     files: dict[str, Path] = field(default_factory=dict)
-    identity: dict[str, Any] = field(default_factory=dict)
+    identity: dict[str, object] = field(default_factory=dict)
     """Extra ingredients computed at plan time (e.g. which revision a Hub id resolves to)."""
     unkeyed: tuple[str, ...] = ()
     """Dotted params paths the step reads but its key leaves out, because one of its inputs
@@ -135,13 +135,26 @@ class StepResult:
     """
 
     summary: str = ""
-    data: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, object] = field(default_factory=dict)
     extra_outputs: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     keep: bool = True
     """False: this build uses the outputs, but the cache keeps no entry for them (nor pushes
     one), so the next build runs the step again; for figures a step knows to be untrustworthy,
     such as machine limits measured while another job ran."""
+
+
+class _VariantNamed(TypedDict):
+    name: str
+    path: str
+    precision: str
+
+
+class VariantParam(_VariantNamed, total=False):
+    """How :meth:`Variant.as_param` names a variant in a step's params (generate, benchmark)."""
+
+    files: list[str]
+    prefill: str
 
 
 @dataclass(frozen=True)
@@ -164,7 +177,7 @@ class Variant:
     base: str | None = None
     """The variant it was made from (None for the exported model): a failed validation looks
     for the first node where the two part."""
-    own: dict[str, Any] = field(default_factory=dict, hash=False)
+    own: dict[str, object] = field(default_factory=dict, hash=False)
     """Its recipe entry's own ``validate:`` tolerances, over its precision's defaults."""
     prefill: str | None = None
     """A decoder served by two files: the one that processes the prompt (an empty past), where
@@ -180,15 +193,14 @@ class Variant:
         """The step that validates it: ``validate`` for the exported model, ``validate.<name>`` else."""
         return "validate" if self.name == "model" else f"validate.{self.name}"
 
-    def as_param(self) -> dict[str, Any]:
+    def as_param(self) -> VariantParam:
         """How a step's params name it (generate, benchmark)."""
-        return {
-            "name": self.name,
-            "path": self.path,
-            "precision": self.precision,
-            **({"files": list(self.files)} if self.files else {}),
-            **({"prefill": self.prefill} if self.prefill else {}),
-        }
+        param: VariantParam = {"name": self.name, "path": self.path, "precision": self.precision}
+        if self.files:
+            param["files"] = list(self.files)
+        if self.prefill:
+            param["prefill"] = self.prefill
+        return param
 
 
 @dataclass(frozen=True)
@@ -214,7 +226,7 @@ class Checking:
     doc: dict[str, Any]
     source: str
     """The source kind's name (the one key under ``source``)."""
-    src: dict[str, Any]
+    src: dict[str, object]
     """Its section, ``source.<kind>``."""
     task: str | None
     """The source's task, where it names one (``text-generation``)."""
@@ -236,7 +248,7 @@ class Checking:
     """(section, index, entry) of every entry of a variant section."""
     with_past: bool = False
     """Whether the model takes a KV cache (``export.with_past`` where it applies)."""
-    inputs: tuple[dict[str, Any], ...] = ()
+    inputs: tuple[Mapping[str, object], ...] = ()
     """The model's inputs, the recipe's or its source's defaults."""
     export_dims: tuple[str, ...] = ()
     """The inputs' symbolic dimensions."""
@@ -258,7 +270,7 @@ def _nothing_to_resolve(doc: dict[str, Any], resolved: dict[str, Any]) -> None:
     return None
 
 
-def _not_measured(params: dict[str, Any]) -> str:
+def _not_measured(params: Mapping[str, object]) -> str:
     return ""
 
 
@@ -295,7 +307,7 @@ class StepKind:
     """Peak memory as (a multiple of the model's weights, MB more): where a cluster may place it."""
     exclusive: bool = False
     """Runs alone (the runner starts nothing else meanwhile): it times or measures."""
-    measured: Callable[[dict[str, Any]], str] = _not_measured
+    measured: Callable[[Mapping[str, object]], str] = _not_measured
     """Why its outputs differ by machine or run ("" when they do not): such a step's key holds
     the machine, and a result measured under load is not kept."""
     variants: Callable[[Recipe, tuple[Variant, ...]], list[Variant]] = _no_variants

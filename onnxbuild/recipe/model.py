@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from onnxbuild.recipe.sections import Resolved
 
 
-def is_torch_source(source: dict[str, Any]) -> bool:
+def is_torch_source(source: Mapping[str, object]) -> bool:
     """Whether the model is a framework model to export (the source kind says: its module's
     ``traced``); a ``huggingface.file`` source is an ONNX file already, like an onnx source."""
     from onnxbuild.sources import traced
@@ -46,6 +47,5 @@ class Recipe:
         return is_torch_source(self.resolved["source"])
 
     @property
-    def source(self) -> dict[str, Any]:
-        section: dict[str, Any] = self.resolved["source"][self.source_kind]
-        return section
+    def source(self) -> dict[str, object]:
+        return self.resolved["source"][self.source_kind]

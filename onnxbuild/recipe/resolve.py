@@ -10,7 +10,7 @@ tests/test_kinds.py fails for one that is dropped (it would never reach a key).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -43,14 +43,13 @@ def schema() -> dict[str, Any]:
 
 
 def deref(ref: str) -> dict[str, Any]:
-    node: Any = schema()
+    node = schema()
     for part in ref.removeprefix("#/").split("/"):
         node = node[part]
-    result: dict[str, Any] = node
-    return result
+    return node
 
 
-def validation_dims(kind: str, src: dict[str, Any], inputs: list[dict[str, Any]]) -> list[str]:
+def validation_dims(kind: str, src: Mapping[str, object], inputs: Iterable[Mapping[str, object]]) -> list[str]:
     """The dimensions validation varies: the export's symbolic ones, plus those the source
     kind always varies (a transformers model's batch and sequence) whatever the export
     declared, so an axis fixed by mistake in export.inputs is caught instead of validated
@@ -60,16 +59,17 @@ def validation_dims(kind: str, src: dict[str, Any], inputs: list[dict[str, Any]]
     return [*always, *(d for d in dims if d not in always)]
 
 
-def default_sample(kind: str, src: dict[str, Any]) -> dict[str, int]:
+def default_sample(kind: str, src: Mapping[str, object]) -> dict[str, int]:
     """Export sample sizes when the recipe gives none: the usual ones, and what the source
     kind knows from its config (an image model's image_size)."""
     return {**DEFAULT_SAMPLE, **source_kind(kind).sample_defaults(src)}
 
 
-def symbolic_dims(inputs: list[dict[str, Any]]) -> list[str]:
+def symbolic_dims(inputs: Iterable[Mapping[str, object]]) -> list[str]:
     dims: list[str] = []
     for t in inputs:
-        for d in t.get("shape", []):
+        shape = t.get("shape", [])
+        for d in shape if isinstance(shape, list) else ():  # a list wherever the schema checked it
             if isinstance(d, str) and d not in dims and d not in DERIVED_DIMS:
                 dims.append(d)
     return dims

@@ -10,6 +10,7 @@ tests/test_kinds.py checks that these types name exactly the schema's keys.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal, TypedDict
 
 Shape = dict[str, int]
@@ -25,8 +26,7 @@ class Tensor(TypedDict):
 class ExportSection(TypedDict):
     exporter: Literal["torchscript", "dynamo"]
     opset: int
-    inputs: list[dict[str, Any]]
-    """Each a Tensor; kept as plain dicts since the steps extend them (past inputs, natural shapes)."""
+    inputs: list[Tensor]
     outputs: list[str]
     sample: Shape
     constant_folding: bool
@@ -216,7 +216,7 @@ class Resolved(_TracedSections):
 
     name: str
     description: str
-    source: dict[str, dict[str, Any]]
+    source: dict[str, dict[str, object]]
     optimize: OptimizeSection | None
     quantize: list[QuantizeSection]
     benchmark: BenchmarkSection | None
@@ -230,6 +230,6 @@ TARGETS = ("web", "openvino")
 """Names in ``providers:`` that are runtimes of their own, not ONNX Runtime execution providers."""
 
 
-def target_variants(providers: list[Any]) -> dict[str, set[str]]:
+def target_variants(providers: Sequence[Provider]) -> dict[str, set[str]]:
     """target (web, openvino) -> the variants validated there: its ``options.variants``, default model."""
     return {p["name"]: set(p["options"].get("variants") or ["model"]) for p in providers if p["name"] in TARGETS}

@@ -6,14 +6,16 @@ inputs without importing anything heavy.
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import TypedDict
+
+from onnxbuild.recipe.sections import Tensor
 
 
 class TaskInfo(TypedDict):
     """A Hugging Face task: its model class, default inputs and outputs, and how validation reads them."""
 
     auto_class: str
-    inputs: list[dict[str, Any]]
+    inputs: list[Tensor]
     outputs: list[str]
     top1: bool
     """The first output's last axis scores classes or tokens: validation gates the top-1
@@ -22,8 +24,8 @@ class TaskInfo(TypedDict):
     """Every output has the input's sequence axis second (batch, sequence, ...)."""
 
 
-_TOKENS = ["batch", "sequence"]
-_TEXT = [
+_TOKENS: list[int | str] = ["batch", "sequence"]
+_TEXT: list[Tensor] = [
     {"name": "input_ids", "dtype": "int64", "shape": _TOKENS},
     {"name": "attention_mask", "dtype": "int64", "shape": _TOKENS},
 ]
@@ -31,8 +33,8 @@ CHANNELS = "channels"
 """Stands for the config's num_channels in an image task's input; replaced when the recipe resolves."""
 MEL_BINS, FRAMES = "mel_bins", "frames"
 """Stand for the config's num_mel_bins and 2 x max_source_positions in a speech task's input."""
-_AUDIO = [{"name": "input_features", "dtype": "float32", "shape": ["batch", MEL_BINS, FRAMES]}]
-_IMAGE = [{"name": "pixel_values", "dtype": "float32", "shape": ["batch", CHANNELS, "height", "width"]}]
+_AUDIO: list[Tensor] = [{"name": "input_features", "dtype": "float32", "shape": ["batch", MEL_BINS, FRAMES]}]
+_IMAGE: list[Tensor] = [{"name": "pixel_values", "dtype": "float32", "shape": ["batch", CHANNELS, "height", "width"]}]
 
 TASKS: dict[str, TaskInfo] = {
     "feature-extraction": {
@@ -148,7 +150,7 @@ TOKEN_INPUTS = frozenset({"input_ids", "attention_mask", "token_type_ids", "posi
 
 # export.with_past: a decoder takes its mask over past + new tokens, and explicit positions
 # (they continue after the past); the past_key_values.* inputs are added from the config.
-WITH_PAST_INPUTS: list[dict[str, Any]] = [
+WITH_PAST_INPUTS: list[Tensor] = [
     {"name": "input_ids", "dtype": "int64", "shape": ["batch", "sequence"]},
     {"name": "attention_mask", "dtype": "int64", "shape": ["batch", "total_sequence"]},
     {"name": "position_ids", "dtype": "int64", "shape": ["batch", "sequence"]},

@@ -3,10 +3,14 @@ each kind of variant is validated with."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Literal, cast
 
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.spec import Variant
+
+if TYPE_CHECKING:
+    from onnxbuild.sources.kind import HuggingfaceSource
 
 MODEL = "model.onnx"
 SOURCE_RECORD = "reports/source.json"
@@ -56,7 +60,8 @@ VARIANT_TOLERANCES: dict[str, dict[str, float]] = {
         "text_top1_min": 0.8,
     },
 }
-TEXT_GATES = ("ppl_increase_max", "kld_max", "text_top1_min")
+TextGate = Literal["ppl_increase_max", "kld_max", "text_top1_min"]
+TEXT_GATES: tuple[TextGate, ...] = ("ppl_increase_max", "kld_max", "text_top1_min")
 
 
 def model_files(recipe: Recipe) -> tuple[str, ...]:
@@ -74,7 +79,7 @@ def variant(
     folder: str,
     precision: str,
     base: str | None = None,
-    own: dict[str, Any] | None = None,
+    own: Mapping[str, object] | None = None,
 ) -> Variant:
     """A variant written by ``step`` under ``folder``, one file per file of the exported model."""
     files = tuple(f"{folder}{n}" for n in model_files(recipe))
@@ -87,6 +92,7 @@ def vocab_size(recipe: Recipe) -> int | None:
 
     if not source_kind(recipe.source_kind).transformers:
         return None
-    config = recipe.source.get("config") or {}
+    # a transformers kind's section is huggingface's, as the schema checked it
+    config = cast("HuggingfaceSource", recipe.source).get("config") or {}
     size = config.get("vocab_size")
     return int(size) if size else None

@@ -17,11 +17,12 @@ prefill is a call with past_sequence 0.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from onnxbuild.errors import StepError
-from onnxbuild.recipe.sections import ExportSection
+from onnxbuild.recipe.sections import ExportSection, Tensor
 from onnxbuild.runtimes.sessions import Session
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ class PastLayout:
     def present_names(self) -> list[str]:
         return [PRESENT.format(i=i, kv=kv) for i in range(self.layers) for kv in ("key", "value")]
 
-    def past_specs(self) -> list[dict[str, Any]]:
+    def past_specs(self) -> list[Tensor]:
         return [
             {"name": n, "dtype": self.dtype, "shape": ["batch", self.kv_heads, "past_sequence", self.head_dim]}
             for n in self.past_names
@@ -86,9 +87,9 @@ def layout_from_session(session: Session) -> PastLayout:
     return PastLayout(layers=len(past) // 2, kv_heads=int(shape[1]), head_dim=int(shape[3]), dtype=dtype)
 
 
-def io_names(export: ExportSection, layout: PastLayout) -> tuple[list[dict[str, Any]], list[str]]:
+def io_names(export: ExportSection, layout: PastLayout) -> tuple[list[Tensor], list[str]]:
     """The full input specs and output names of a with-past export."""
-    return [dict(t) for t in export["inputs"]] + layout.past_specs(), list(export["outputs"]) + layout.present_names
+    return [t.copy() for t in export["inputs"]] + layout.past_specs(), list(export["outputs"]) + layout.present_names
 
 
 def wrap_with_past(
@@ -152,7 +153,7 @@ def genai_pipeline(
     return dict(doc)
 
 
-def genai_config(config: transformers.PretrainedConfig, layout: PastLayout, export: ExportSection) -> str:
+def genai_config(config: transformers.PretrainedConfig, layout: PastLayout, input_names: Iterable[str]) -> str:
     """genai_config.json for onnxruntime-genai: where the decoder's inputs and outputs are and
     how big its cache is (greedy search by default; the caller's generator params override).
 
@@ -162,7 +163,7 @@ def genai_config(config: transformers.PretrainedConfig, layout: PastLayout, expo
     onnxruntime-genai 0.18 on tiny GPT-2: the same greedy tokens as ``onnxbuild run``."""
     from onnxbuild._util import pretty_json
 
-    names = {t["name"] for t in export["inputs"]}
+    names = set(input_names)
     inputs = {n: n for n in GENAI_INPUTS if n in names}
     eos = getattr(config, "eos_token_id", None)
     bos = getattr(config, "bos_token_id", None)

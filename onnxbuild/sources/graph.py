@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from onnxbuild.errors import StepError
+from onnxbuild.recipe.sections import Tensor
 from onnxbuild.sources.kind import Defaults, GraphSource, GraphValue, NestedValues, Problem, SourceKind
 
 if TYPE_CHECKING:
@@ -146,9 +147,9 @@ def check(src: GraphSource, doc: Mapping[str, object]) -> Iterable[Problem]:
             yield ("source", "graph", "outputs", i, "name"), f"{value['name']!r} is not produced by any node", False
 
 
-def benchmark_inputs(src: GraphSource) -> list[dict[str, Any]]:
+def benchmark_inputs(src: GraphSource) -> list[Tensor]:
     """The inputs whose symbolic dimensions a benchmark sizes (at 1 unless the recipe says)."""
-    return [dict(v) for v in src.get("inputs", [])]
+    return [Tensor(name=v["name"], dtype=v["dtype"], shape=v["shape"]) for v in src.get("inputs", [])]
 
 
 def _count_leaves(values: NestedValues | float) -> int:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from onnxbuild._util import brief, canonical_json, sha256_text
 from onnxbuild.errors import StepError
+from onnxbuild.recipe.sections import Tensor
 from onnxbuild.sources.kind import Defaults, HuggingfaceSource, OnnxFile, Problem, SourceKind, SourceRecord
 
 if TYPE_CHECKING:
@@ -508,13 +509,13 @@ def _check_seq2seq(src: HuggingfaceSource, doc: Mapping[str, object]) -> Iterabl
         )
 
 
-def default_io(src: HuggingfaceSource) -> tuple[list[dict[str, Any]], list[str]]:
+def default_io(src: HuggingfaceSource) -> tuple[list[Tensor], list[str]]:
     """The task's inputs and outputs (recipe/tasks.py). An image takes the config's
     num_channels, and a model with absolute position embeddings (ViT) its one image size."""
     from onnxbuild.recipe.tasks import CHANNELS, FRAMES, TASKS
 
     task = TASKS[src["task"]]
-    inputs = [dict(t) for t in task["inputs"]]
+    inputs = [t.copy() for t in task["inputs"]]
     size = image_size(src) if fixed_image_size(src) else None
     config = _config(src)
     for t in inputs:

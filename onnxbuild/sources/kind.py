@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypedDict, TypeVar
 
+from onnxbuild.recipe.sections import ExportSection, Tensor
+
 if TYPE_CHECKING:
     import onnx
     import torch
@@ -252,7 +254,7 @@ class SourceKind(Generic[S]):
     takes the section as JSON, before those defaults make it the kind's section type."""
     check: Callable[[S, Mapping[str, object]], Iterable[Problem]] = _no_problems
     """Cross-field problems of the recipe as this kind sees them."""
-    default_io: Callable[[S], tuple[list[dict[str, Any]], list[str]]] | None = None
+    default_io: Callable[[S], tuple[list[Tensor], list[str]]] | None = None
     """Export inputs and outputs when the recipe gives none (a task's), as plain dicts like
     recipe/sections.py's ExportSection.inputs, which they become."""
     varied_dims: Callable[[S], tuple[str, ...]] = _no_dims
@@ -291,7 +293,7 @@ class SourceKind(Generic[S]):
     recipe must then give it); empty when the task gives the inputs."""
     converter: str = ""
     """Its own converter to ONNX (tf2onnx), where torch's exporters do not apply."""
-    convert: Callable[[Any, Any, Path], None] | None = None
+    convert: Callable[[Any, ExportSection, Path], None] | None = None
     """Converts its loaded model to ONNX at the path, given the export section (the converter's)."""
     framework: str = "PyTorch"
     """The framework its model runs in, which validation compares ONNX Runtime against."""
@@ -299,7 +301,7 @@ class SourceKind(Generic[S]):
     """The section set to load the model with PyTorch's fused attention (sdpa), so a baseline is
     not timed with a slower attention than the export may use; None where the kind has no choice."""
     """A text decoder: ``export.with_past`` and the fused decoder graphs apply."""
-    benchmark_inputs: Callable[[S], list[dict[str, Any]]] | None = None
+    benchmark_inputs: Callable[[S], list[Tensor]] | None = None
     """Inputs an untraced source is benchmarked by (plain dicts, as export.inputs are)."""
     later: tuple[str, ...] = ()
     """Keys only the steps after the source step read (how the model is loaded, its tokenizer):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, Any
 
+from onnxbuild.recipe.sections import Tensor
 from onnxbuild.recipe.tasks import DECODER_FILE, ENCODER_FILE
 from onnxbuild.sources.decoder import PastLayout
 
@@ -110,12 +111,12 @@ def decoder_module(model: Any, layout: PastLayout, masked: bool) -> torch.nn.Mod
 
 def decoder_io(
     layout: PastLayout, hidden: int, encoder_length: int | str, masked: bool
-) -> tuple[list[dict[str, Any]], list[str], dict[str, dict[int, str]]]:
+) -> tuple[list[Tensor], list[str], dict[str, dict[int, str]]]:
     """The decoder file's input specs, output names and dynamic axes."""
-    inputs: list[dict[str, Any]] = [
+    inputs: list[Tensor] = [
         {"name": "input_ids", "dtype": "int64", "shape": ["batch", "decoder_sequence"]},
         {"name": "encoder_hidden_states", "dtype": "float32", "shape": ["batch", encoder_length, hidden]},
-        *([{"name": "encoder_attention_mask", "dtype": "int64", "shape": ["batch", "sequence"]}] if masked else []),
+        *([Tensor(name="encoder_attention_mask", dtype="int64", shape=["batch", "sequence"])] if masked else []),
         *layout.past_specs(),
     ]
     outputs = ["logits", *layout.present_names]

@@ -8,12 +8,12 @@ step's memory to one model.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from onnxbuild.errors import StepError
-from onnxbuild.recipe.sections import ExportSection
+from onnxbuild.recipe.sections import ExportSection, Tensor
 from onnxbuild.recipe.tasks import TASKS, TOKEN_INPUTS
 from onnxbuild.sources import source_kind
 from onnxbuild.sources.decoder import PAST_PREFIX, PRESENT_PREFIX
@@ -135,11 +135,11 @@ def vocab_size(model: object) -> int | None:
     return int(size) if size else None
 
 
-def input_specs(source: Mapping[str, object], export: ExportSection, *, natural: bool) -> list[dict[str, Any]]:
+def input_specs(source: Mapping[str, object], export: ExportSection, *, natural: bool) -> list[Tensor]:
     """The inputs to feed. ``natural`` gives a transformers model its task's shapes
     (batch, sequence) even where the export fixed an axis, so validation sees the mistake."""
     ((kind, _),) = source.items()
-    specs = [dict(t) for t in export["inputs"]]
+    specs = [t.copy() for t in export["inputs"]]
     if natural and source_kind(kind).transformers:
         for t in specs:
             if t["name"] in TOKEN_INPUTS:
@@ -162,14 +162,12 @@ ORT_TYPES = {
 """ONNX Runtime's input types as make_inputs names them."""
 
 
-def session_specs(
-    inputs: Iterable[TensorInfo], sizes: dict[str, int], fallback: str | None = None
-) -> list[dict[str, Any]]:
+def session_specs(inputs: Iterable[TensorInfo], sizes: dict[str, int], fallback: str | None = None) -> list[Tensor]:
     """make_inputs' specs for an ONNX Runtime session's inputs (``get_inputs()``): a symbolic
     dimension make_inputs cannot size from ``sizes`` is 1. An input of another type gets
     ``fallback``, or raises ValueError naming it when there is none."""
     known = {*sizes, "past_sequence", "total_sequence"}
-    specs = []
+    specs: list[Tensor] = []
     for i in inputs:
         dtype = ORT_TYPES.get(i.type, fallback)
         if dtype is None:
@@ -181,7 +179,7 @@ def session_specs(
 
 
 def make_inputs(
-    specs: list[dict[str, Any]], sizes: dict[str, int], seed: int, vocab: int | None
+    specs: Sequence[Tensor], sizes: dict[str, int], seed: int, vocab: int | None
 ) -> dict[str, NDArray[np.generic]]:
     """Seeded numpy inputs: valid token ids below the vocabulary size, masks of ones."""
     import numpy as np
@@ -242,7 +240,7 @@ def gates_top1(source: Mapping[str, object]) -> bool:
 
 
 def labelled_inputs(
-    got: object, specs: list[dict[str, Any]], key: str
+    got: object, specs: Sequence[Tensor], key: str
 ) -> tuple[dict[str, NDArray[np.generic]], NDArray[np.generic]]:
     """Check and convert what a dataset function returned: (inputs by export name, labels).
 
@@ -329,7 +327,7 @@ def load_tokenizer(
 def sentence_inputs(
     tokenizer: transformers.PreTrainedTokenizerBase,
     sentences: list[str],
-    specs: list[dict[str, Any]],
+    specs: Sequence[Tensor],
     sizes: dict[str, int],
 ) -> tuple[dict[str, NDArray[np.generic]], NDArray[np.generic]]:
     """One padded batch of the sentences as the export's inputs, and its attention mask.

@@ -4,9 +4,8 @@ the kinds) and reading the source step's record."""
 from __future__ import annotations
 
 import json
-from typing import TypedDict
 
-from onnxbuild.spec import Limits, Resources, StepContext, StepInput, StepResult, StepSpec
+from onnxbuild.spec import Limits, Resources, StepContext, StepInput, StepResult, StepSpec, VariantParam
 
 __all__ = [
     "Limits",
@@ -18,19 +17,6 @@ __all__ = [
     "VariantParam",
     "read_source_record",
 ]
-
-
-class _VariantNamed(TypedDict):
-    name: str
-    path: str
-    precision: str
-
-
-class VariantParam(_VariantNamed, total=False):
-    """How ``Variant.as_param`` names a variant in a step's params (generate, benchmark)."""
-
-    files: list[str]
-    prefill: str
 
 
 def read_source_record(ctx: StepContext) -> dict[str, object]:

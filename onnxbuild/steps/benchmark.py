@@ -41,12 +41,17 @@ from onnxbuild.spec import Checking, Found, Planning, StepInput, StepKind
 from onnxbuild.steps import export as export_kind
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 from onnxbuild.steps.benchmarking.decode import _ort_decode
-from onnxbuild.steps.benchmarking.limits import _attach_roofline, _work_of
+from onnxbuild.steps.benchmarking.limits import _attach_roofline, _work_note
 from onnxbuild.steps.benchmarking.profiles import _kernels
 from onnxbuild.steps.benchmarking.pytorch import _pytorch_baseline
 from onnxbuild.steps.benchmarking.targets import _openvino_benchmark, _seq2seq_benchmark, _web_benchmark
 from onnxbuild.steps.benchmarking.timing import (
     CACHED_TOKENS,
+    BaselineRow,
+    DecodeRow,
+    KernelProfile,
+    ProviderStatus,
+    Row,
     _batch,
     _bound_runner,
     _feeds,
@@ -168,16 +173,16 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     layout = _past_layout(ctx) if export is not None and export.get("with_past") else None
     feeds_by_shape = [_feeds(spec, ctx, sizes, i, layout) for i, sizes in enumerate(shapes)]
 
-    baseline: list[dict[str, Any]] = []
-    decode: list[dict[str, Any]] = []
+    baseline: list[BaselineRow] = []
+    decode: list[DecodeRow] = []
     bf16: dict[str, str] | None = None
     if torch_source and bench["baseline"] == "pytorch":
         baseline, decode, bf16 = _pytorch_baseline(ctx, spec, record, shapes, feeds_by_shape, threads, layout)
 
-    providers_report: list[dict[str, Any]] = []
-    results: list[dict[str, Any]] = []
-    kernels: dict[str, Any] = {}
-    ov_kernels: dict[str, Any] = {}
+    providers_report: list[ProviderStatus] = []
+    results: list[Row] = []
+    kernels: dict[str, KernelProfile] = {}
+    ov_kernels: dict[str, list[KernelProfile]] = {}
     available = ort.get_available_providers()
     for prov in spec.params["providers"]:
         name, options = prov["name"], prov["options"]
@@ -200,7 +205,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
                 }
             )
             continue
-        status: dict[str, Any] = {"name": name, "status": "used", "reason": ""}
+        status: ProviderStatus = {"name": name, "status": "used", "reason": ""}
         for variant in spec.params["variants"]:
             path = ctx.input(variant["path"])
             so = sessions.options(threads)
@@ -263,10 +268,10 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
                         continue
                     cpu = name == "CPUExecutionProvider"  # the measured peaks are the CPU's
                     if layout is not None and not io_binding:
-                        decode.append(
-                            _ort_decode(session, variant, name, sizes, timing, bench, decode, prompt_session=prefill)
-                            | (_work_of(path, variant["precision"]) if cpu else {})
-                        )
+                        step = _ort_decode(session, variant, name, sizes, timing, bench, decode, prompt_session=prefill)
+                        if cpu:
+                            step["_work_of"] = _work_note(path, variant["precision"])
+                        decode.append(step)
                     row = _row(
                         variant,
                         name,
@@ -280,14 +285,11 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
                     )
                     if prefill is not None:  # both files are shipped and loaded
                         row["file_bytes"] += runs_path.stat().st_size
-                    results.append(
-                        row
-                        | (
-                            _work_of(runs_path, variant["precision"], usable, "prefill" if layout is not None else "")
-                            if cpu
-                            else {}
+                    if cpu:
+                        row["_work_of"] = _work_note(
+                            runs_path, variant["precision"], usable, "prefill" if layout is not None else ""
                         )
-                    )
+                    results.append(row)
             del session, prefill, runs
             gc.collect()
             if name == "CPUExecutionProvider" and shapes:
@@ -318,10 +320,10 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     )
 
 
-def _quality(ctx: StepContext, spec: StepSpec) -> dict[str, Any]:
+def _quality(ctx: StepContext, spec: StepSpec) -> dict[str, dict[str, object]]:
     """variant -> its figures on validate.text and whether its validation passed, where the
     recipe measures text (the benchmark then takes the validation reports as inputs)."""
-    out: dict[str, Any] = {}
+    out: dict[str, dict[str, object]] = {}
     for v in spec.params["variants"]:
         try:
             report = json.loads(ctx.input(f"reports/validation/{v['name']}.json").read_text(encoding="utf-8"))
@@ -355,10 +357,10 @@ def _finish(
     record: dict[str, object],
     bench: BenchmarkSection,
     threads: int,
-    baseline: list[dict[str, Any]],
-    providers_report: list[dict[str, Any]],
-    results: list[dict[str, Any]],
-    decode: list[dict[str, Any]] | None,
+    baseline: list[BaselineRow],
+    providers_report: list[ProviderStatus],
+    results: list[Row],
+    decode: list[DecodeRow] | None,
     extra: dict[str, object] | None = None,
     *,
     load_before: float,
@@ -403,7 +405,7 @@ def _finish(
     chart(report, ctx.output("benchmark.png"))
     validated = report.get("validated")
     best = min(
-        (r for r in results if "p50_ms" in r and (validated is None or validated_on(report, r))),
+        (r for r in results if "p50_ms" in r and (validated is None or validated_on(report, dict(r)))),
         key=lambda r: r["p50_ms"],
         default=None,
     )
@@ -431,7 +433,7 @@ def _finish(
     return StepResult(summary=summary, data={"results": len(results)}, warnings=warnings)
 
 
-def _validate_schema(report: dict[str, Any]) -> None:
+def _validate_schema(report: dict[str, object]) -> None:
     import jsonschema
 
     from onnxbuild.report import benchmark_schema

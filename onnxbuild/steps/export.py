@@ -12,7 +12,7 @@ exporter the node metadata it writes (stack traces with absolute paths) removed.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, cast
@@ -311,7 +311,7 @@ def companion_files(
         from onnxbuild.sources.decoder import genai_config, layout_of
 
         ctx.output("genai_config.json").write_text(
-            genai_config(model.config, layout_of(model.config), export), encoding="utf-8"
+            genai_config(model.config, layout_of(model.config), [t["name"] for t in export["inputs"]]), encoding="utf-8"
         )
         written.append("genai_config.json")
     return tuple(written[1:])
@@ -528,7 +528,7 @@ def finds(c: Checking) -> Checking:
     takes a KV cache, for every kind's check."""
     export = c.doc.get("export", {})
     with_past = bool(export.get("with_past")) and c.decoder
-    inputs: list[dict[str, object]] = []
+    inputs: Sequence[Mapping[str, object]] = []
     if c.traced:
         described = source_kind(c.source)
         default_inputs = (

@@ -15,6 +15,7 @@ with them, and below ``roofline.LOADED_BELOW`` the report says so and the cache 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 from onnxbuild import environment
 from onnxbuild._util import pretty_json
@@ -58,7 +59,7 @@ def plan(p: Planning) -> list[StepSpec]:
     ]
 
 
-def measured(params: dict[str, object]) -> str:
+def measured(params: Mapping[str, object]) -> str:
     return "peak figures differ run to run"
 
 

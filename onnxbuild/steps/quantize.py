@@ -96,7 +96,7 @@ def variants(recipe: Recipe, earlier: tuple[Variant, ...]) -> list[Variant]:
     out = []
     for q in recipe.resolved.get("quantize", []):
         budget = q.get("budget") or {}
-        own = {**{k: v for k, v in budget.items() if k in TEXT_GATES}, **rules.own(q)}
+        own: dict[str, object] = {**{k: v for k, v in budget.items() if k in TEXT_GATES}, **rules.own(q)}
         out.append(
             variant(
                 recipe,

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any, TypedDict, cast
+from typing import TypedDict, cast
 
 from onnxbuild._util import pretty_json
 from onnxbuild.errors import StepError
@@ -173,7 +173,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     layout = PastLayout(layers=len(past) // 2, kv_heads=int(past[0][1]), head_dim=int(past[0][3]))
     names = [name for name, _, _ in d_in]
     config = AutoConfig.from_pretrained(str(ctx.input("config.json").parent))
-    single = genai_config(config, layout, cast(Any, {"inputs": [{"name": n} for n in names]}))
+    single = genai_config(config, layout, names)
     doc = genai_pipeline(single, names, d_out, prefill=PREFILL_FILE, decode=DECODE_FILE)
     (folder / "genai_config.json").write_text(pretty_json(doc), encoding="utf-8")
     extra = tuple(p.relative_to(ctx.output_dir).as_posix() for p in folder.glob("*.onnx.data"))

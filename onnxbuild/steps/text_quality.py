@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import TextSection
@@ -133,7 +133,7 @@ def measure(
     run_onnx: Callable[[NDArray[np.int64]], ArrayLike],
     windows: NDArray[np.int64],
     text_section: TextSection,
-    gates: Mapping[str, Any],  # floats or None; validate.py reads them off ValidateSection by name (object to mypy)
+    gates: Mapping[str, float | None],
     how: str = "",
 ) -> TextQuality:
     """Run every window through the PyTorch ``model`` (a transformers causal LM) and through

@@ -25,17 +25,20 @@ on real data, in the units a user cares about:
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import TYPE_CHECKING, TypedDict, cast
 
 from onnxbuild._util import brief, pick, pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import (
     ExportSection,
+    Tensor,
     ValidateSection,
     target_variants,
 )
 from onnxbuild.recipe.variants import SOURCE_RECORD, TEXT_GATES
 from onnxbuild.report.validation import (
+    AccuracyResult,
+    EmbeddingResult,
     OpenVinoVerdict,
     ShapeResult,
     TextQuality,
@@ -44,6 +47,7 @@ from onnxbuild.report.validation import (
     text_summary,
 )
 from onnxbuild.runtimes import openvino_target, sessions
+from onnxbuild.runtimes.sessions import Session
 from onnxbuild.sources import section_for, source_kind
 from onnxbuild.sources.torchmodel import (
     full_export,
@@ -70,7 +74,12 @@ from onnxbuild.steps.validating.cases import (
 )
 from onnxbuild.steps.validating.checks import _accuracy, _embeddings, _first_divergence
 from onnxbuild.steps.validating.compare import _as_declared, compare, json_safe
-from onnxbuild.steps.validating.targets import _openvino_case, _openvino_target, _web_case
+from onnxbuild.steps.validating.targets import OpenVinoOptions, _openvino_case, _openvino_target, _web_case
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+    from numpy.typing import NDArray
 
 VERSION = 11
 
@@ -79,6 +88,32 @@ PACKAGES = ("torch", "transformers", "tokenizers", "onnxruntime", "numpy", "open
 
 
 MEMORY = (4, 600)
+
+
+class BaseVariant(TypedDict):
+    """The file a variant was made from, where a failed validation looks for where they part."""
+
+    variant: str
+    path: str
+
+
+class _ValidateNamed(TypedDict):
+    source: dict[str, dict[str, object]]
+    export: dict[str, object] | None
+    """The export's signature (``export_kind.signature``): None for a source that is not traced."""
+    validate: ValidateSection
+    variant: str
+    model_path: str
+
+
+class ValidateParams(_ValidateNamed, total=False):
+    """What :func:`plan` puts in the step's params."""
+
+    files: list[str]
+    prefill_path: str
+    web: bool
+    openvino: OpenVinoOptions
+    base: BaseVariant
 
 
 def plan(p: Planning) -> list[StepSpec]:
@@ -153,14 +188,15 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     import onnxruntime as ort
     import torch
 
-    source, export = spec.params["source"], export_kind.required(spec.params)
-    validate = cast(ValidateSection, spec.params["validate"])
+    params = cast(ValidateParams, spec.params)  # the JSON plan() built
+    source, export = params["source"], export_kind.required(params)
+    validate = params["validate"]
     record = read_source_record(ctx)
     model = load_source_model(source, record, ctx.recipe_dir)
-    if spec.params.get("files"):
+    if params.get("files"):
         from onnxbuild.steps.validating.seq2seq import validate_files
 
-        checked = validate_files(model, source, export, validate, [ctx.input(f) for f in spec.params["files"]], compare)
+        checked = validate_files(model, source, export, validate, [ctx.input(f) for f in params["files"]], compare)
         shape_results = [cast(ShapeResult, c) for c in checked.results]
         return _finish(
             ctx, spec, record, source, validate, shape_results, checked.top1_hits, checked.top1_total, None, None, ""
@@ -176,7 +212,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     provider = "CPUExecutionProvider"
     try:
         session = ort.InferenceSession(
-            str(ctx.input(spec.params.get("model_path", "model.onnx"))), options, providers=[provider]
+            str(ctx.input(params.get("model_path", "model.onnx"))), options, providers=[provider]
         )
     except Exception as exc:
         raise StepError(f"ONNX Runtime cannot load model.onnx: {brief(exc, lines=None, limit=500)}") from None
@@ -184,14 +220,14 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     # a variant served by two files (steps/serve.py) runs a prompt, from an empty past, on its
     # prefill file and every later step on its decode file, as onnxruntime-genai and run do
     prefill = (
-        ort.InferenceSession(str(ctx.input(spec.params["prefill_path"])), options, providers=[provider])
-        if spec.params.get("prefill_path")
+        ort.InferenceSession(str(ctx.input(params["prefill_path"])), options, providers=[provider])
+        if params.get("prefill_path")
         else None
     )
     rtol, atol = float(validate["rtol"]), float(validate["atol"])
     results: list[ShapeResult] = []
-    model_file = ctx.input(spec.params.get("model_path", "model.onnx"))
-    web_target = bool(spec.params.get("web"))
+    model_file = ctx.input(params.get("model_path", "model.onnx"))
+    web_target = bool(params.get("web"))
     web_note = ""
     if web_target:
         from onnxbuild import web
@@ -202,12 +238,12 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         else:
             where = f", installed in {web.where()}" if web.where() else ""
             web_note = f"also validated in onnxruntime-web {web.version()} (wasm, Node.js{where})"
-    ov_target = _openvino_target(spec.params.get("openvino"), model_file, rtol, atol, validate.get("top1_min"))
+    ov_target = _openvino_target(params.get("openvino"), model_file, rtol, atol, validate.get("top1_min"))
     ov_hits = ov_total = 0
     # Top-1 agreement gates over every token of every shape together: a shape of 8 tokens
     # alone moves in steps of 12.5%, too coarse to hold a quantized model to 0.85.
     top1_hits = top1_total = 0
-    failing: dict[str, Any] | None = None  # the first numeric failure's inputs, for the search
+    failing: dict[str, NDArray[np.generic]] | None = None  # the first numeric failure's inputs, for the search
     for i, sizes in enumerate(validation_cases(validate, export)):
         feeds = make_inputs(specs, sizes, seed=int(validate["seed"]) + i, vocab=vocab)
         real = RealTokens.of(feeds, sizes)
@@ -321,14 +357,14 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
 
 def _text_quality(
     ctx: StepContext,
-    model: Any,
-    session: Any,
-    source: dict[str, Any],
-    record: dict[str, Any],
+    model: torch.nn.Module,
+    session: Session,
+    source: dict[str, dict[str, object]],
+    record: dict[str, object],
     export: ExportSection,
-    specs: list[dict[str, Any]],
+    specs: list[Tensor],
     validate: ValidateSection,
-    prefill: Any = None,
+    prefill: Session | None = None,
 ) -> TextQuality:
     """validate.text through the variant's session: each window one prefill from an empty past;
     for a variant served by two files, the first half of each window prefilled by its prefill
@@ -343,17 +379,17 @@ def _text_quality(
     windows = text_quality.token_windows(tokenizer, text_quality.read_text(text, ctx.recipe_dir), text)
     first = export["outputs"][0]
 
-    def run_onnx(ids: Any) -> Any:
+    def run_onnx(ids: NDArray[np.int64]) -> NDArray[np.generic]:
         feeds = make_inputs(specs, {"batch": 1, "sequence": ids.shape[1], "past_sequence": 0}, seed=0, vocab=None)
         feeds["input_ids"] = ids.astype(feeds["input_ids"].dtype)
         return np.asarray(session.run([first], feeds)[0])
 
-    gates = {g: validate.get(g) for g in TEXT_GATES}
+    gates: dict[str, float | None] = {g: validate.get(g) for g in TEXT_GATES}
     if prefill is None:
         return text_quality.measure(model, run_onnx, windows, text, gates)
     decoder = OrtDecoder(session, prefill=prefill)
 
-    def served(ids: Any) -> Any:
+    def served(ids: NDArray[np.int64]) -> NDArray[np.float32]:
         return decoder.logits_as_served(ids, ids.shape[1] // 2)
 
     how = (
@@ -366,25 +402,26 @@ def _text_quality(
 def _finish(
     ctx: StepContext,
     spec: StepSpec,
-    record: dict[str, Any],
-    source: dict[str, Any],
+    record: dict[str, object],
+    source: dict[str, dict[str, object]],
     validate: ValidateSection,
     results: list[ShapeResult],
     top1_hits: int,
     top1_total: int,
-    accuracy: Any,
-    embeddings: Any,
+    accuracy: AccuracyResult | None,
+    embeddings: EmbeddingResult | None,
     web_note: str,
     provider: str = "CPUExecutionProvider",
     openvino: OpenVinoVerdict | None = None,
     left_out: bool = False,
-    failing: dict[str, Any] | None = None,
+    failing: dict[str, NDArray[np.generic]] | None = None,
     text: TextQuality | None = None,
 ) -> StepResult:
     """The verdict, the report files and the step's summary (``left_out``: the recipe turned
     the left-padded case off, which the report and summary say; ``failing``: the inputs of
     the first case that failed numerically, which the first-divergence search reruns)."""
-    variant = spec.params.get("variant", "model")
+    params = cast(ValidateParams, spec.params)  # the JSON plan() built
+    variant = params.get("variant", "model")
     framework = source_kind(next(iter(source))).framework  # what ONNX Runtime is compared against
     warn_only = validate["on_fail"] == "warn"  # part of every verdict: whether a failure ends the step
     rtol, atol = float(validate["rtol"]), float(validate["atol"])
@@ -432,7 +469,7 @@ def _finish(
     ctx.output(f"reports/validation/{variant}.md").write_text(markdown(report, ctx.recipe_name), encoding="utf-8")
     worst = max((c["max_abs_diff"] or 0.0 for r in results for c in r["outputs"].values()), default=0.0)
     summary = f"{'passed' if passed else 'FAILED'} at {len(results)} shapes, max abs diff {worst:.2e}"
-    data: dict[str, Any] = {"passed": passed, "max_abs_diff": worst, "shapes": len(results)}
+    data: dict[str, object] = {"passed": passed, "max_abs_diff": worst, "shapes": len(results)}
     if web_note:
         web_worst = max((r["web"]["max_abs_diff_vs_cpu"] or 0.0 for r in results if "web" in r), default=None)
         summary += f"; {web_note}" + (
@@ -471,7 +508,7 @@ def _finish(
         return StepResult(summary=summary, data=data, warnings=(message + " (validate.on_fail: warn)",))
     numeric = any(not r["passed"] and not r["error"] for r in results)
     hint = " Loosen validate.atol/rtol only if the difference is expected." if numeric else ""
-    if numeric and spec.params.get("base") and failing is not None:
+    if numeric and params.get("base") and failing is not None:
         hint += _first_divergence(ctx, spec, results, validate, failing)
     raise StepError(f"{message}. Reports: artifacts/{ctx.recipe_name}/failed/{spec.name}/.{hint}")
 

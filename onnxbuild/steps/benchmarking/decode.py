@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from onnxbuild.recipe.sections import (
@@ -10,9 +9,11 @@ from onnxbuild.recipe.sections import (
 )
 from onnxbuild.runtimes.sessions import Session
 from onnxbuild.sources.decoder import PAST_PREFIX
+from onnxbuild.steps.base import VariantParam
 from onnxbuild.steps.benchmarking.limits import WORK, _shapes
 from onnxbuild.steps.benchmarking.timing import (
     STATEFUL_SPAN,
+    DecodeRow,
     Timing,
     _batch,
     _decode_feeds,
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 
 def _decode_row(
     sizes: dict[str, int], prefill: Timing, step: Timing, n: int, total: float, base_ms: float | None
-) -> dict[str, Any]:
+) -> DecodeRow:
     """The decode figures both engines report; ratios against PyTorch's per-token p50 ``base_ms``."""
     return {
         "shape": dict(sizes),
@@ -45,20 +46,20 @@ def _decode_row(
 
 def _ort_decode(
     session: Any,
-    variant: Mapping[str, object],
+    variant: VariantParam,
     provider: str,
     sizes: dict[str, int],
     prefill: Timing,
     bench: BenchmarkSection,
-    decode: list[dict[str, Any]],
+    decode: list[DecodeRow],
     engine: str = "onnxruntime",
     prompt_session: Any = None,
-) -> dict[str, Any]:
+) -> DecodeRow:
     """The same figures for one variant: its prefill (measured above), one decode step, a whole
     generation (its prompt on ``prompt_session`` where it is served by two files)."""
     decoder, feeds, vocab = _decode_step(session, sizes, prompt_session)
     n = int(bench["decode_tokens"])
-    held: dict[str, Any] = {}
+    held: DecodeRow = {}
     if engine == "openvino":
         # outputs left in place, as its prefill rows; a stateful model's steps are successive
         # tokens after the past, set back (untimed) every few steps so the past stays near its length

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Final
 
 from onnxbuild.report.benchmark import row_name, shape_text
 from onnxbuild.steps.base import StepContext
@@ -16,28 +16,35 @@ from onnxbuild.steps.machine import PEAKS
 if TYPE_CHECKING:
     import onnx
 
-    from onnxbuild.steps.benchmarking.timing import Feeds
+    from onnxbuild.steps.benchmarking.timing import BaselineRow, DecodeRow, Feeds, Measured, Row, WorkNote
     from onnxbuild.steps.roofline import Peaks, Phase, Work
 
-WORK = "_work"
+WORK: Final = "_work"
 """A row's private note for the roofline pass (the graph, precision, phase and input shapes of
 one call), removed before the report is written."""
 
 
-def _work_of(path: str | Path, precision: str, feeds: Feeds | None = None, phase: str = "decode") -> dict[str, object]:
+def _work_note(path: str | Path, precision: str, feeds: Feeds | None = None, phase: Phase = "decode") -> WorkNote:
     """What the roofline pass needs to count one row's work: its graph, precision and phase;
     ``feeds`` the call's inputs (a decode row's come from the step that timed it)."""
-    note: dict[str, object] = {"path": str(path), "precision": precision, "phase": phase}
+    note: WorkNote = {"path": str(path), "precision": precision, "phase": phase}
     if feeds is not None:
         note["shapes"] = _shapes(feeds)
-    return {WORK + "_of": note}
+    return note
+
+
+def _work_of(path: str | Path, precision: str, feeds: Feeds | None = None, phase: Phase = "decode") -> Measured:
+    """:func:`_work_note` under the key a row keeps it."""
+    return {"_work_of": _work_note(path, precision, feeds, phase)}
 
 
 def _shapes(feeds: Feeds) -> dict[str, list[int]]:
     return {k: [int(d) for d in v.shape] for k, v in feeds.items()}
 
 
-def _attach_roofline(ctx: StepContext, rows: list[dict[str, Any]], threads: int) -> dict[str, Any] | None:
+def _attach_roofline(
+    ctx: StepContext, rows: list[Row | BaselineRow | DecodeRow], threads: int
+) -> dict[str, object] | None:
     """Each row noted by ``_work_of``: the matrix-product FLOPs and weight bytes of one call,
     and its share of the machine's limit (onnxbuild/steps/roofline.py); returns the peaks used.
 
@@ -51,7 +58,7 @@ def _attach_roofline(ctx: StepContext, rows: list[dict[str, Any]], threads: int)
     from onnxbuild.steps.peaks import measure_peaks
     from onnxbuild.steps.roofline import Peaks
 
-    notes = [(row, row.pop(WORK + "_of", None), row.pop(WORK, None)) for row in rows]
+    notes = [(row, row.pop("_work_of", None), row.pop(WORK, None)) for row in rows]
     try:
         peaks = Peaks.from_dict(json.loads(ctx.input(PEAKS).read_text(encoding="utf-8")))
     except (OSError, ValueError):
@@ -69,7 +76,8 @@ def _attach_roofline(ctx: StepContext, rows: list[dict[str, Any]], threads: int)
             if getattr(again, k) != getattr(peaks, k)
         ]
         remeasured = (
-            f"{row_name(first)} at {shape_text(first.get('shape') or {})} reached {first['roofline']['fraction']:.0%} "
+            f"{row_name(dict(first))} at {shape_text(first.get('shape') or {})} "
+            f"reached {first['roofline']['fraction']:.0%} "
             f"of {first['roofline']['limit']}: measured again, "
             + (f"{', '.join(rose)} rose" if rose else "no figure rose")
         )
@@ -78,7 +86,7 @@ def _attach_roofline(ctx: StepContext, rows: list[dict[str, Any]], threads: int)
         for row, _ in works:
             if row["roofline"]["fraction"] > 1.0:
                 row["roofline"]["over_limit"] = True
-    out: dict[str, Any] = {**peaks.as_dict(), "loaded": peaks.loaded}
+    out: dict[str, object] = {**peaks.as_dict(), "loaded": peaks.loaded}
     if remeasured:
         out["remeasured"] = remeasured
     return out
@@ -88,11 +96,13 @@ REMEASURE_S = 0.5
 """Seconds per figure and size when a row beat the cached peaks (the machine step uses 0.15)."""
 
 
-Counted = tuple[dict[str, Any], tuple["Work", str, "Phase", float]]
+Counted = tuple["Row | BaselineRow | DecodeRow", tuple["Work", str, "Phase", float]]
 """A timed row and what the roofline reads of it: its work, precision, phase and time (ms)."""
 
 
-def _works(notes: list[tuple[dict[str, Any], Any, Any]]) -> list[Counted]:
+def _works(
+    notes: list[tuple[Row | BaselineRow | DecodeRow, WorkNote | None, dict[str, list[int]] | None]],
+) -> list[Counted]:
     """(row, (its work, precision, phase, ms)) for each row whose graph the counter can size."""
     import dataclasses
 
@@ -105,7 +115,8 @@ def _works(notes: list[tuple[dict[str, Any], Any, Any]]) -> list[Counted]:
         str, Work | None
     ] = {}  # graph and shapes -> its work (PyTorch's fp32 and bf16 rows, OpenVINO's rows share ONNX Runtime's)
     out: list[Counted] = []
-    for row, note, decode_shapes in sorted((n for n in notes if n[1]), key=lambda n: n[1]["path"]):
+    noted = [(row, note, decode_shapes) for row, note, decode_shapes in notes if note]
+    for row, note, decode_shapes in sorted(noted, key=lambda n: n[1]["path"]):
         shapes = note.get("shapes") or decode_shapes
         if not shapes:
             continue
@@ -132,8 +143,14 @@ def _rooflines(works: list[Counted], peaks: Peaks) -> None:
     from onnxbuild.steps.roofline import roofline
 
     for row, (work, precision, phase, ms) in works:
+        found = roofline(work, ms, precision, peaks, phase).as_dict()
         row["roofline"] = {
-            **roofline(work, ms, precision, peaks, phase).as_dict(),
+            "gflops": found["gflops"],
+            "gbps": found["gbps"],
+            "bound": found["bound"],
+            "limit": found["limit"],
+            "fraction": found["fraction"],
+            "min_ms": found["min_ms"],
             "precision": precision,
             "phase": phase,
         }

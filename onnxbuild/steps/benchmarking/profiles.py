@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from onnxbuild.runtimes import sessions
 from onnxbuild.steps.base import StepContext
@@ -16,12 +16,12 @@ if TYPE_CHECKING:
     from onnxbuild.runtimes.openvino_target import Precision
     from onnxbuild.runtimes.openvino_target import Session as OpenVinoSession
     from onnxbuild.sources.decoder import PastLayout
-    from onnxbuild.steps.benchmarking.timing import Feeds
+    from onnxbuild.steps.benchmarking.timing import Feeds, KernelProfile
 
 KERNELS_SHOWN = 6
 
 
-def _kernels(ctx: StepContext, path: Path, sizes: dict[str, int], feeds: Feeds, threads: int) -> dict[str, Any]:
+def _kernels(ctx: StepContext, path: Path, sizes: dict[str, int], feeds: Feeds, threads: int) -> KernelProfile:
     """Where one call's time goes, as ONNX Runtime's profiler tells it: the CPU provider's time
     per op type (kernel) at the largest shape, from a separately profiled session (the timed
     rows run unprofiled). ORT names the op type and the provider that ran each node, not the
@@ -66,7 +66,7 @@ def _kernels(ctx: StepContext, path: Path, sizes: dict[str, int], feeds: Feeds, 
 
 def _openvino_kernels(
     path: Path, precision: Precision, threads: int, sizes: dict[str, int], feeds: Feeds, layout: PastLayout | None
-) -> list[dict[str, Any]]:
+) -> list[KernelProfile]:
     """Where one call's time goes in OpenVINO's CPU plugin, from its own per-node counters in a
     separately compiled, profiled model (the timed rows run without them): per node type and
     the implementation it picked (``brgemm_avx512_amx_i8``, ``ref_f32``: OpenVINO names the
@@ -77,7 +77,7 @@ def _openvino_kernels(
     of GPT-2's 7 ms decode step)."""
     from onnxbuild.runtimes import openvino_target
 
-    out: list[dict[str, Any]] = []
+    out: list[KernelProfile] = []
     call = "prefill" if layout is not None else "call"
     try:
         session = openvino_target.load(path, precision=precision, threads=threads, profile=True)
@@ -90,7 +90,7 @@ def _openvino_kernels(
     return out
 
 
-def _openvino_profile(session: OpenVinoSession, call: str, feeds: Feeds, sizes: dict[str, int]) -> dict[str, Any]:
+def _openvino_profile(session: OpenVinoSession, call: str, feeds: Feeds, sizes: dict[str, int]) -> KernelProfile:
     """One entry of ``openvino_kernels``: the call's wall time and its top node types."""
     wall, per = session.kernels(feeds)
     total = sum(per.values()) or 1.0

@@ -5,7 +5,7 @@ fp32 and in bf16, decode through ``generate()``, and encoder-decoders.
 from __future__ import annotations
 
 import gc
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from onnxbuild.environment import BF16_FLAGS, missing_feature
 from onnxbuild.recipe.sections import (
@@ -14,8 +14,10 @@ from onnxbuild.recipe.sections import (
 from onnxbuild.steps import export as export_kind
 from onnxbuild.steps.base import StepContext, StepSpec
 from onnxbuild.steps.benchmarking.decode import _decode_row
-from onnxbuild.steps.benchmarking.limits import WORK, _shapes, _work_of
+from onnxbuild.steps.benchmarking.limits import WORK, _shapes, _work_note
 from onnxbuild.steps.benchmarking.timing import (
+    BaselineRow,
+    DecodeRow,
     Timing,
     _batch,
     _decode_feeds,
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
 
     from onnxbuild.sources.decoder import PastLayout
     from onnxbuild.steps.benchmarking.timing import Feeds
+    from onnxbuild.steps.roofline import Phase
 
 
 def _seq2seq_pytorch(
@@ -41,7 +44,7 @@ def _seq2seq_pytorch(
     feeds_by_shape: list[Feeds],
     bench: BenchmarkSection,
     cached: int,
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+) -> tuple[list[BaselineRow], list[DecodeRow]]:
     """PyTorch's first token, one decoder step and whole generation (see _seq2seq_benchmark)."""
     import torch
 
@@ -54,8 +57,8 @@ def _seq2seq_pytorch(
     start = seq2seq.start_token(model.config)
     n = int(bench["decode_tokens"])
 
-    baseline: list[dict[str, Any]] = []
-    decode: list[dict[str, Any]] = []
+    baseline: list[BaselineRow] = []
+    decode: list[DecodeRow] = []
     for sizes, feeds in zip(shapes, feeds_by_shape, strict=True):
         args = tuple(torch.from_numpy(feeds[k]) for k in names)
         mask = (torch.from_numpy(feeds["attention_mask"]),) if masked else ()
@@ -92,7 +95,14 @@ def _seq2seq_pytorch(
                 "attention": "sdpa",
                 "device": "cpu",
                 "shape": dict(sizes),
-                **prefill,
+                "warmup": prefill["warmup"],
+                "iterations": prefill["iterations"],
+                "p50_ms": prefill["p50_ms"],
+                "p90_ms": prefill["p90_ms"],
+                "p99_ms": prefill["p99_ms"],
+                "mean_ms": prefill["mean_ms"],
+                "std_ms": prefill["std_ms"],
+                "throughput": prefill["throughput"],
                 "peak_rss_mb": rss_mb(),
             }
         )
@@ -110,12 +120,12 @@ def _seq2seq_pytorch(
 def _pytorch_baseline(
     ctx: StepContext,
     spec: StepSpec,
-    record: dict[str, Any],
+    record: dict[str, object],
     shapes: list[dict[str, int]],
     feeds_by_shape: list[Feeds],
     threads: int,
     layout: PastLayout | None,
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, str]]:
+) -> tuple[list[BaselineRow], list[DecodeRow], dict[str, str]]:
     """PyTorch eager in fp32 and, where the CPU has native bf16, with bf16 weights; prefill and decode."""
     import torch
 
@@ -128,8 +138,8 @@ def _pytorch_baseline(
     export = export_kind.required(spec.params)
     names = [t["name"] for t in export["inputs"]] + (layout.past_names if layout is not None else [])
     wrapped = wrap(model, source, names, export["outputs"] + (layout.present_names if layout is not None else []))
-    out = []
-    decode: list[dict[str, Any]] = []
+    out: list[BaselineRow] = []
+    decode: list[DecodeRow] = []
     bench = cast(BenchmarkSection, spec.params["benchmark"])
     for sizes, feeds in zip(shapes, feeds_by_shape):
         args = tuple(torch.from_numpy(feeds[n]) for n in names)
@@ -140,7 +150,7 @@ def _pytorch_baseline(
 
         timing = measure(call, _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
         graph = ctx.input(spec.params["variants"][0]["path"])  # the exported model: the same products as PyTorch's
-        phase = "prefill" if layout is not None else ""
+        phase: Phase = "prefill" if layout is not None else ""
         out.append(
             {
                 "engine": "pytorch",
@@ -149,15 +159,22 @@ def _pytorch_baseline(
                 "attention": attention,
                 "device": "cpu",
                 "shape": dict(sizes),
-                **timing,
+                "warmup": timing["warmup"],
+                "iterations": timing["iterations"],
+                "p50_ms": timing["p50_ms"],
+                "p90_ms": timing["p90_ms"],
+                "p99_ms": timing["p99_ms"],
+                "mean_ms": timing["mean_ms"],
+                "std_ms": timing["std_ms"],
+                "throughput": timing["throughput"],
                 "peak_rss_mb": rss_mb(),
+                "_work_of": _work_note(graph, "fp32", feeds, phase),
             }
-            | _work_of(graph, "fp32", feeds, phase)
         )
         if layout is not None:
-            decode.append(
-                _pytorch_decode(model, wrapped, names, layout, sizes, timing, bench) | _work_of(graph, "fp32")
-            )
+            step = _pytorch_decode(model, wrapped, names, layout, sizes, timing, bench)
+            step["_work_of"] = _work_note(graph, "fp32")
+            decode.append(step)
     # The strongest local baseline: the same module with bf16 weights, where the CPU computes
     # bf16 natively (elsewhere PyTorch emulates it, slower than fp32: no baseline a user would pick).
     why = missing_feature(BF16_FLAGS, "bf16 arithmetic")
@@ -179,10 +196,17 @@ def _pytorch_baseline(
                     "attention": attention,
                     "device": "cpu",
                     "shape": dict(sizes),
-                    **timing,
+                    "warmup": timing["warmup"],
+                    "iterations": timing["iterations"],
+                    "p50_ms": timing["p50_ms"],
+                    "p90_ms": timing["p90_ms"],
+                    "p99_ms": timing["p99_ms"],
+                    "mean_ms": timing["mean_ms"],
+                    "std_ms": timing["std_ms"],
+                    "throughput": timing["throughput"],
                     "peak_rss_mb": rss_mb(),
+                    "_work_of": _work_note(graph, "bf16", feeds, phase),
                 }
-                | _work_of(graph, "bf16", feeds, phase)
             )
             if layout is not None:
                 row = _pytorch_decode(model, wrapped, names, layout, sizes, timing, bench, dtype="bf16")
@@ -194,7 +218,8 @@ def _pytorch_baseline(
                 )  # against fp32, as every row
                 row["decode_speedup_vs_pytorch"] = round(fp32["decode_p50_ms"] / row["decode_p50_ms"], 3)
                 fp32["decode_ratio_to_pytorch_bf16"] = round(fp32["decode_p50_ms"] / row["decode_p50_ms"], 3)
-                decode.append(row | _work_of(graph, "bf16"))
+                row["_work_of"] = _work_note(graph, "bf16")
+                decode.append(row)
     del model, wrapped
     gc.collect()
     bf16 = {
@@ -222,7 +247,7 @@ def _pytorch_decode(
     prefill: Timing,
     bench: BenchmarkSection,
     dtype: str = "fp32",
-) -> dict[str, Any]:
+) -> DecodeRow:
     """PyTorch's prefill and per-token decode, and transformers' generate() end to end."""
     import torch
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import gc
 import time
-from typing import Any, cast
+from typing import TYPE_CHECKING, cast
 
 from onnxbuild.recipe.sections import (
     BenchmarkSection,
@@ -15,12 +15,17 @@ from onnxbuild.recipe.sections import (
 from onnxbuild.steps import export as export_kind
 from onnxbuild.steps.base import StepContext, StepSpec
 from onnxbuild.steps.benchmarking.decode import _decode_row, _ort_decode
-from onnxbuild.steps.benchmarking.limits import _work_of
+from onnxbuild.steps.benchmarking.limits import _work_note
 from onnxbuild.steps.benchmarking.profiles import _openvino_kernels
 from onnxbuild.steps.benchmarking.pytorch import _seq2seq_pytorch
 from onnxbuild.steps.benchmarking.timing import (
     CACHED_TOKENS,
     STATEFUL_SPAN,
+    BaselineRow,
+    DecodeRow,
+    KernelProfile,
+    ProviderStatus,
+    Row,
     _batch,
     _generation_time,
     _row,
@@ -31,10 +36,14 @@ from onnxbuild.steps.benchmarking.timing import (
     with_sdpa,
 )
 
+if TYPE_CHECKING:
+    from onnxbuild.sources.decoder import PastLayout
+    from onnxbuild.steps.benchmarking.timing import Feeds
+
 
 def _seq2seq_benchmark(
-    ctx: StepContext, spec: StepSpec, record: dict[str, Any], shapes: list[dict[str, int]], threads: int
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    ctx: StepContext, spec: StepSpec, record: dict[str, object], shapes: list[dict[str, int]], threads: int
+) -> tuple[list[BaselineRow], list[ProviderStatus], list[Row], list[DecodeRow]]:
     """An encoder-decoder on the CPU provider: the first token (encoder plus the decoder's
     first step, the row in ``results``), one decoder step through a cache of 16 tokens, and
     a whole greedy generation of ``decode_tokens`` tokens, each beside PyTorch's (sdpa
@@ -60,14 +69,14 @@ def _seq2seq_benchmark(
     cached = CACHED_TOKENS
     feeds_by_shape = [make_inputs(export["inputs"], sizes, seed=500 + i, vocab=vocab) for i, sizes in enumerate(shapes)]
 
-    baseline: list[dict[str, Any]] = []
-    decode: list[dict[str, Any]] = []
+    baseline: list[BaselineRow] = []
+    decode: list[DecodeRow] = []
     if bench["baseline"] == "pytorch":
         baseline, decode = _seq2seq_pytorch(model, names, shapes, feeds_by_shape, bench, cached)
     del model
     gc.collect()
 
-    results: list[dict[str, Any]] = []
+    results: list[Row] = []
     for variant in spec.params["variants"]:
         paths = [ctx.input(f) for f in variant["files"]]
         t0 = time.perf_counter()
@@ -118,7 +127,7 @@ def _seq2seq_benchmark(
             )
         del runner
         gc.collect()
-    providers = [
+    providers: list[ProviderStatus] = [
         {
             "name": p["name"],
             "status": "used" if p["name"] == "CPUExecutionProvider" else "skipped",
@@ -143,10 +152,10 @@ def _web_benchmark(
     ctx: StepContext,
     spec: StepSpec,
     shapes: list[dict[str, int]],
-    feeds_by_shape: list[dict[str, Any]],
-    baseline: list[dict[str, Any]],
-    results: list[dict[str, Any]],
-) -> dict[str, Any]:
+    feeds_by_shape: list[Feeds],
+    baseline: list[BaselineRow],
+    results: list[Row],
+) -> ProviderStatus:
     """The variants meant for the web (``options.variants``, default model) in onnxruntime-web
     (wasm, one thread, under Node.js), timed inside Node; ``options.iterations`` and
     ``options.warmup`` override the benchmark's (wasm is slow on big models).
@@ -209,14 +218,14 @@ def _openvino_benchmark(
     ctx: StepContext,
     spec: StepSpec,
     shapes: list[dict[str, int]],
-    feeds_by_shape: list[dict[str, Any]],
+    feeds_by_shape: list[Feeds],
     threads: int,
-    layout: Any,
-    baseline: list[dict[str, Any]],
-    results: list[dict[str, Any]],
-    decode: list[dict[str, Any]],
-    kernels: dict[str, Any],
-) -> dict[str, Any]:
+    layout: PastLayout | None,
+    baseline: list[BaselineRow],
+    results: list[Row],
+    decode: list[DecodeRow],
+    kernels: dict[str, list[KernelProfile]],
+) -> ProviderStatus:
     """Every variant in OpenVINO's CPU plugin, with the same inputs, threads and settings as ONNX
     Runtime's rows. Only the variants its options list (``options.variants``, default model)
     are validated there: the others' rows say so, and only the validated ones are timed at
@@ -274,10 +283,9 @@ def _openvino_benchmark(
                 else "fp32"
             )
             if layout is not None and variant["name"] in listed:
-                decode.append(
-                    _ort_decode(session, variant, "openvino", sizes, timing, bench, decode, engine="openvino")
-                    | _work_of(path, computes)
-                )
+                step = _ort_decode(session, variant, "openvino", sizes, timing, bench, decode, engine="openvino")
+                step["_work_of"] = _work_note(path, computes)
+                decode.append(step)
             row = _row(
                 variant,
                 "openvino",
@@ -289,11 +297,9 @@ def _openvino_benchmark(
                 io_binding=False,
                 path=path,
             )
-            results.append(
-                row
-                | {"inference_precision": session.precision}
-                | _work_of(path, computes, feeds, "prefill" if layout is not None else "")
-            )
+            row["inference_precision"] = session.precision
+            row["_work_of"] = _work_note(path, computes, feeds, "prefill" if layout is not None else "")
+            results.append(row)
         masked = masked or session.masked_prefill
         if session.keeps_past and variant["name"] in listed:
             stateful.append(variant["name"])

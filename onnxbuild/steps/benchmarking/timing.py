@@ -9,15 +9,14 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict
+from typing import TYPE_CHECKING, TypeAlias, TypedDict
 
-from onnxbuild.recipe.sections import (
-    BenchmarkSection,
-)
+from onnxbuild.recipe.sections import BenchmarkSection, Tensor
 from onnxbuild.sources import source_kind
 from onnxbuild.sources.decoder import PAST_PREFIX, PastLayout
 from onnxbuild.steps import export as export_kind
-from onnxbuild.steps.base import StepContext, StepSpec
+from onnxbuild.steps.base import StepContext, StepSpec, VariantParam
+from onnxbuild.steps.roofline import Phase, RooflineDict
 
 if TYPE_CHECKING:
     import numpy as np
@@ -45,6 +44,31 @@ class MachineInfo(TypedDict):
     system: str
 
 
+class ProviderStatus(TypedDict):
+    """One entry of benchmark.json's ``providers``: whether it timed anything, and why not."""
+
+    name: str
+    status: str
+    reason: str
+
+
+class KernelOp(TypedDict):
+    op: str
+    ms: float
+    share: float
+
+
+class KernelProfile(TypedDict, total=False):
+    """Where one call's time goes (``kernels``, ``openvino_kernels``): its top ops, or why none."""
+
+    call: str
+    shape: dict[str, int]
+    run_ms: float
+    providers: list[str]
+    error: str
+    ops: list[KernelOp]
+
+
 class Timing(TypedDict):
     """Latency percentiles and throughput of one timed run."""
 
@@ -56,6 +80,104 @@ class Timing(TypedDict):
     mean_ms: float
     std_ms: float
     throughput: float
+
+
+class WorkNote(TypedDict, total=False):
+    """A row's note for the roofline pass (``limits._work_note``): its graph, precision, phase and
+    the call's input shapes."""
+
+    path: str
+    precision: str
+    phase: Phase
+    shapes: dict[str, list[int]]
+
+
+class RowWork(TypedDict):
+    flops: int
+    weight_bytes: int
+    uncounted: list[str]
+
+
+class RowRoofline(RooflineDict, total=False):
+    precision: str
+    phase: str
+    over_limit: bool
+
+
+class Measured(TypedDict, total=False):
+    """What the roofline pass (steps/benchmarking/limits.py) reads and writes of any row: its
+    shape and times, the private notes it pops, and the work and roofline it adds."""
+
+    shape: dict[str, int]
+    p50_ms: float
+    decode_p50_ms: float
+    _work: dict[str, list[int]]
+    _work_of: WorkNote
+    work: RowWork
+    roofline: RowRoofline
+
+
+class Row(Measured, total=False):
+    """One entry of benchmark.json's ``results``: a variant timed on a provider at a shape (its
+    Timing's keys), or the error that stopped it."""
+
+    variant: str
+    precision: str
+    provider: str
+    warmup: int
+    iterations: int
+    p90_ms: float
+    p99_ms: float
+    mean_ms: float
+    std_ms: float
+    throughput: float
+    session_create_s: float
+    peak_rss_mb: float
+    io_binding: bool
+    file_bytes: int
+    speedup_vs_pytorch: float | None
+    ratio_to_pytorch: float | None
+    ratio_to_pytorch_bf16: float | None
+    inference_precision: str
+    error: str
+
+
+class BaselineRow(Measured, total=False):
+    """One entry of ``baseline``: PyTorch eager at a shape (its Timing's keys)."""
+
+    engine: str
+    mode: str
+    dtype: str
+    attention: str | None
+    device: str
+    warmup: int
+    iterations: int
+    p90_ms: float
+    p99_ms: float
+    mean_ms: float
+    std_ms: float
+    throughput: float
+    peak_rss_mb: float
+
+
+class DecodeRow(Measured, total=False):
+    """One entry of ``decode``: an engine's prefill, decode step and whole generation at a shape
+    (PyTorch's name no variant or provider)."""
+
+    engine: str
+    variant: str | None
+    precision: str
+    provider: str | None
+    dtype: str
+    new_tokens: int
+    prefill_p50_ms: float
+    decode_p90_ms: float
+    generate_s: float
+    tokens_per_s: float
+    decode_ratio_to_pytorch: float | None
+    decode_speedup_vs_pytorch: float | None
+    decode_ratio_to_pytorch_bf16: float | None
+    decode_past: list[int]
 
 
 def measure(
@@ -124,17 +246,17 @@ def _timed_at(bench: BenchmarkSection, fn: Callable[..., object], sizes: dict[st
 
 
 def _row(
-    variant: Mapping[str, object],
+    variant: VariantParam,
     provider: str,
     sizes: dict[str, int],
     timing: Timing,
-    baseline: list[dict[str, Any]],
+    baseline: list[BaselineRow],
     *,
     created: float,
     peak_rss_mb: float,
     io_binding: bool,
     path: Path,
-) -> dict[str, Any]:
+) -> Row:
     """One timed (variant, provider, shape), beside PyTorch's times (fp32 and bf16) at the same shape."""
     base = _baseline_at(baseline, sizes, "fp32")
     bf16 = _baseline_at(baseline, sizes, "bf16")
@@ -143,7 +265,14 @@ def _row(
         "precision": variant["precision"],
         "provider": provider,
         "shape": dict(sizes),
-        **timing,
+        "warmup": timing["warmup"],
+        "iterations": timing["iterations"],
+        "p50_ms": timing["p50_ms"],
+        "p90_ms": timing["p90_ms"],
+        "p99_ms": timing["p99_ms"],
+        "mean_ms": timing["mean_ms"],
+        "std_ms": timing["std_ms"],
+        "throughput": timing["throughput"],
         "session_create_s": created,
         "peak_rss_mb": peak_rss_mb,
         "io_binding": io_binding,
@@ -154,7 +283,7 @@ def _row(
     }
 
 
-def _baseline_at(baseline: list[dict[str, Any]], sizes: dict[str, int], dtype: str) -> dict[str, Any] | None:
+def _baseline_at(baseline: list[BaselineRow], sizes: dict[str, int], dtype: str) -> BaselineRow | None:
     return next((b for b in baseline if b["shape"] == dict(sizes) and b.get("dtype", "fp32") == dtype), None)
 
 
@@ -208,7 +337,7 @@ def _vocab(spec: StepSpec) -> int | None:
     return int(size) if size else None
 
 
-def with_sdpa(source: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+def with_sdpa(source: Mapping[str, dict[str, object]]) -> tuple[dict[str, dict[str, object]], str | None]:
     """A copy of the source section that loads the model with PyTorch's fused attention where
     its kind can choose (a baseline is not timed slower than the export may run), and which."""
     ((kind, src),) = source.items()
@@ -236,7 +365,7 @@ def _decode_feeds(names: list[str], layout: PastLayout, sizes: dict[str, int], v
     """One decode step: a new token per sequence after a past as long as the shape's sequence."""
     from onnxbuild.sources.torchmodel import make_inputs
 
-    specs = [
+    specs: list[Tensor] = [
         {"name": n, "dtype": "int64", "shape": ["batch", "total_sequence" if n == "attention_mask" else "sequence"]}
         for n in names
         if not n.startswith(PAST_PREFIX)

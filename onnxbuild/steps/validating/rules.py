@@ -33,9 +33,10 @@ OWN = "validate"
 validate's to read, over the variant's precision's defaults."""
 
 
-def own(entry: Mapping[str, Any]) -> dict[str, Any]:
+def own(entry: Mapping[str, object]) -> dict[str, object]:
     """A variant entry's own tolerances (``validate:``), {} when it gives none."""
-    return dict(entry.get(OWN) or {})
+    block = entry.get(OWN)
+    return dict(block) if isinstance(block, Mapping) else {}
 
 
 def section(resolved: Mapping[str, object]) -> ValidateSection | None:
@@ -50,14 +51,14 @@ def shapes(resolved: Mapping[str, object]) -> list[dict[str, int]]:
     return found["shapes"] if found else []
 
 
-def tolerances(recipe: Recipe, v: Variant) -> dict[str, Any]:
+def tolerances(recipe: Recipe, v: Variant) -> dict[str, object]:
     """The base validate section's tolerances for the exported model; the variant's own
     (``v.own``, its entry's ``validate:``) over its precision's defaults otherwise."""
     r = recipe.resolved
     if v.name == "model":
         return {}
     defaults: dict[str, float | None] = dict(VARIANT_TOLERANCES[v.precision])
-    base: Mapping[str, Any] = section(r) or {}  # absent for onnx and graph sources: validation needs a torch model
+    base: Mapping[str, object] = section(r) or {}  # absent for onnx and graph sources: validation needs a torch model
     if base.get("top1_min") is None:
         defaults.pop("top1_min")
     if base.get("cosine_min") is None:
@@ -165,7 +166,7 @@ def check(c: Checking) -> Iterable[Found]:
         yield where, f"{gate} gates quality on real text; add validate.text (the text to measure on)", True
 
 
-def _variant_validates(c: Checking) -> Iterable[tuple[tuple[str | int, ...], dict[str, Any]]]:
+def _variant_validates(c: Checking) -> Iterable[tuple[tuple[str | int, ...], Mapping[str, object]]]:
     """Each variant's own ``validate:`` block (the optimized variant's section, a variant
     entry's), with where it is."""
     for section, value in c.doc.items():

@@ -4,7 +4,7 @@ engine's own hidden states, and one more token through its cache, ONNX Runtime a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -48,7 +48,7 @@ class Checked:
 
 def validate_files(
     model: Seq2SeqModel,
-    source: dict[str, object],
+    source: Mapping[str, object],
     export: ExportSection,
     validate: ValidateSection,
     paths: list[Path],
