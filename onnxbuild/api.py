@@ -11,7 +11,7 @@ import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict, cast
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 from onnxbuild.engine.cache import Cache, tagged
 from onnxbuild.engine.graph import Plan
@@ -20,7 +20,7 @@ from onnxbuild.errors import CacheError, OnnxbuildError, RecipeError, UsageError
 from onnxbuild.recipe import loader
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.recipe.resolve import DEFAULT_ATOL, DEFAULT_RTOL
-from onnxbuild.recipe.sections import Resolved
+from onnxbuild.recipe.sections import Resolved, ValidateSection
 from onnxbuild.report.pagekey import is_current
 from onnxbuild.steps import export as export_kind
 from onnxbuild.steps import kinds
@@ -466,6 +466,14 @@ def verify_remote(settings: Settings) -> tuple[int, list[str]]:
     return cache.remote.verify(cache)
 
 
+def _tolerance(
+    name: Literal["rtol", "atol"], own: Mapping[str, object], validated: ValidateSection | None, default: float
+) -> float:
+    """A variant's tolerance: its own, else the recipe's validate section's, else the default."""
+    value = own[name] if name in own else validated[name] if validated else default
+    return float(value) if isinstance(value, (int, float)) else default
+
+
 def _take_alone(cache: Cache, command: str) -> FileLock:
     """The cache's maintenance lock, exclusively, or a clear error while a build uses the cache."""
     cache.ensure_own()
@@ -525,7 +533,6 @@ def explain_mismatch(
     was made from, at one of the recipe's validation shapes, with the variant's tolerances:
     (``divergence.Search``, what was compared with what)."""
     from onnxbuild.pipeline import variants
-    from onnxbuild.recipe.sections import ValidateSection
     from onnxbuild.recipe.variants import vocab_size
     from onnxbuild.review.divergence import feeds_for, first_divergence
     from onnxbuild.steps.validating.cases import case_seed
@@ -555,9 +562,9 @@ def explain_mismatch(
     for what, p in (("the base file", reference), ("the variant", candidate)):
         if not p.is_file():
             raise UsageError(f"{what} {p} does not exist: build it first (onnxbuild make {path})")
-    validate: Mapping[str, Any] = section(r) or {}
-    limits = {**validate, **tolerances(recipe, v)}
-    shapes = validate.get("shapes") or [{}]
+    validated = section(r)  # None for an ONNX file or graph source: only tolerances of the variant
+    own = tolerances(recipe, v)
+    shapes = (validated["shapes"] if validated else []) or [{}]
     if not 0 <= shape < len(shapes):
         raise UsageError(f"--shape: {shape} is not one of the recipe's validation shapes (0 to {len(shapes) - 1})")
     sizes = dict(shapes[shape])
@@ -569,12 +576,15 @@ def explain_mismatch(
                 f"between 1 and {length - 1} for validate.shapes[{shape}] (sequence {length})"
             )
         sizes = {**sizes, "batch": max(2, int(sizes.get("batch", 1))), "left_padding": left_padding}
-    rtol, atol = float(limits.get("rtol", DEFAULT_RTOL)), float(limits.get("atol", DEFAULT_ATOL))
+    rtol, atol = _tolerance("rtol", own, validated, DEFAULT_RTOL), _tolerance("atol", own, validated, DEFAULT_ATOL)
     out_dir = Path(out) if out is not None else Path("divergence") / f"{recipe.name}-{variant}"
-    seed = case_seed(cast(ValidateSection, validate), export_kind.required(r), sizes) if recipe.torch_source else None
+    seed = case_seed(validated, export_kind.required(r), sizes) if validated and recipe.torch_source else None
     # validation's own inputs for that case where it runs one, else seeded alike
     feeds = feeds_for(
-        candidate, sizes, seed=int(validate.get("seed", 0)) if seed is None else seed, vocab=vocab_size(recipe)
+        candidate,
+        sizes,
+        seed=(validated["seed"] if validated else 0) if seed is None else seed,
+        vocab=vocab_size(recipe),
     )
     found = first_divergence(reference, candidate, feeds, rtol, atol, out_dir)
     return found, {

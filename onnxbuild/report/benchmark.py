@@ -1,5 +1,7 @@
 """benchmark.json as people read it: the Markdown table and the latency chart (pure
-functions of the report; matplotlib is imported only to draw)."""
+functions of the report; matplotlib is imported only to draw). One module (~510 lines): the
+report's TypedDicts (mirroring benchmark.schema.json, about a fifth of it) beside every table
+and sentence written from them, so a field is rendered next to its declaration."""
 
 from __future__ import annotations
 

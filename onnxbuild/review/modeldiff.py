@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import onnx
@@ -177,11 +177,11 @@ def model_diffs(old_plan: Plan, new_plan: Plan, cache: Cache, resolved: Mapping[
     """Every ONNX file both sides built whose bytes differ, with what changed inside it."""
     old = {s.spec.name: s for s in old_plan.steps}
     out: list[ModelDiff] = []
-    validate: Mapping[str, Any] = rules.section(resolved) or {}
+    validated = rules.section(resolved)
     traced = export_kind.section(resolved)
-    shapes = validate.get("shapes") or [dict(traced["sample"]) if traced else {}]
+    shapes = (validated["shapes"] if validated else []) or [dict(traced["sample"]) if traced else {}]
     sizes = {**shapes[0], "past_sequence": 0}
-    seed = int(validate.get("seed", 0))
+    seed = validated["seed"] if validated else 0
     for step in new_plan.steps:
         before = old.get(step.spec.name)
         if step.entry is None or before is None or before.entry is None:

@@ -11,7 +11,8 @@ The kind (its plan, run and report) is here; its parts are in steps/benchmarking
 ``timing`` (the feeds per shape and the timed loop they all share), ``pytorch`` (the
 baselines), ``decode`` (decode steps), ``targets`` (encoder-decoders, onnxruntime-web,
 OpenVINO), ``profiles`` (where the time goes) and ``limits`` (the roofline). The Markdown
-and the chart are in report/benchmark.py.
+and the chart are in report/benchmark.py. What remains here (~490 lines) is the kind's plan,
+its run over variants, providers and shapes, and the report with its load verdict: one flow.
 """
 
 from __future__ import annotations

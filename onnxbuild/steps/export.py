@@ -7,30 +7,28 @@ becomes a runtime Transpose that quantization cannot touch).
 
 Reproducibility: seeded weights, a fixed external-data file name, and for the dynamo
 exporter the node metadata it writes (stack traces with absolute paths) removed.
+
+One module (~460 lines): the export of a torch model (TorchScript or dynamo), of an
+encoder-decoder's two files and through a source's own converter (tf2onnx) share the sample
+inputs and the finishing of the file; the recipe rules are in steps/exporting/rules.py, and
+what other kinds read of the section (``section``, ``signature``...) stays here, by the kind.
 """
 
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from onnxbuild._util import brief, pick
 from onnxbuild.errors import StepError
-from onnxbuild.recipe.checks import traced_only
-from onnxbuild.recipe.model import Recipe, is_torch_source
+from onnxbuild.recipe.model import Recipe
 from onnxbuild.recipe.resolve import (
     DEFAULT_SAMPLE,
-    default_sample,
-    deref,
-    symbolic_dims,
-    validation_dims,
-    with_defaults,
 )
 from onnxbuild.recipe.sections import SIGNATURE_KEYS, ExportSection
-from onnxbuild.recipe.tasks import DEFAULT_DECODER_SEQUENCE, WITH_PAST_INPUTS
+from onnxbuild.recipe.tasks import DEFAULT_DECODER_SEQUENCE
 from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD, model_files
 from onnxbuild.sources import source_kind
 from onnxbuild.sources.kind import SourceKind
@@ -43,8 +41,9 @@ from onnxbuild.sources.torchmodel import (
     vocab_size,
     wrap,
 )
-from onnxbuild.spec import Checking, Found, Planning, StepInput, StepKind
+from onnxbuild.spec import Planning, StepInput, StepKind
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
+from onnxbuild.steps.exporting import rules
 
 if TYPE_CHECKING:
     import numpy as np
@@ -410,30 +409,6 @@ def _describe(inputs: dict[str, NDArray[np.generic]]) -> str:
     return ", ".join(f"{k} {list(v.shape)} {v.dtype}" for k, v in inputs.items())
 
 
-def resolve(doc: dict[str, Any], out: dict[str, Any]) -> None:
-    """Inputs and outputs from the task when the recipe gives none, a sample size for every
-    dimension they vary (and the past's length with a KV cache)."""
-    ((kind, src),) = out["source"].items()
-    if not is_torch_source(out["source"]):
-        return
-    described = source_kind(kind)
-    task_inputs, task_outputs = described.default_io(src) if described.default_io else ([], ["output"])
-    export = with_defaults(doc.get("export", {}), deref("#/$defs/export"))
-    default_inputs = WITH_PAST_INPUTS if export["with_past"] else task_inputs
-    export.setdefault("inputs", [dict(t) for t in default_inputs])
-    export["inputs"] = [{"dtype": "float32", "shape": [], **t} for t in export["inputs"]]
-    export.setdefault("outputs", list(task_outputs))
-    defaults = default_sample(kind, src)
-    if "sample" not in export:  # not setdefault: its default names only the usual dimensions
-        export["sample"] = {d: defaults[d] for d in symbolic_dims(export["inputs"])}
-    if export["with_past"]:
-        export["sample"] = {
-            **export["sample"],
-            "past_sequence": export["sample"].get("past_sequence", DEFAULT_SAMPLE["past_sequence"]),
-        }
-    out["export"] = export
-
-
 def section(resolved: Mapping[str, object]) -> ExportSection | None:
     """A resolved recipe's export section (None for a source that is not traced): what later
     kinds read of it (inputs, sample sizes) without naming it."""
@@ -469,110 +444,6 @@ CONFIG_INPUT = StepInput("export", "config.json")
 """The model's config.json, which export writes beside a transformers model."""
 
 
-def check(c: Checking) -> Iterable[Found]:
-    """Sample sizes for every dimension the inputs vary, inputs named once, a KV cache only for
-    a text decoder."""
-    yield from traced_only(c, "export")
-    export = c.doc.get("export", {})
-    if export.get("with_past") and not c.decoder and not c.two_files:  # two files: their own check speaks
-        what = f"task {c.src['task']}" if c.src.get("task") else f"a {c.source} source"
-        yield (
-            ("export", "with_past"),
-            f"applies to huggingface text-generation models (this recipe has {what}); remove it",
-            False,
-        )
-    if c.two_files:
-        yield from _check_two_files(c, export)
-    if not c.traced:
-        return
-    described = source_kind(c.source)
-    if described.needs_inputs and "inputs" not in export:
-        yield (
-            ("export",) if "export" in c.doc else ("source", c.source),
-            f"a {c.source} source needs export.inputs ({described.needs_inputs})",
-            True,
-        )
-    if described.converter and export.get("exporter", "torchscript") != "torchscript":
-        yield (
-            ("export", "exporter"),
-            f"a {c.source} source is converted with {described.converter}; remove export.exporter",
-            False,
-        )
-    defaults = default_sample(c.source, c.src)
-    sample = export.get("sample", {d: defaults[d] for d in c.export_dims if d in defaults})
-    missing = [d for d in c.export_dims if d not in sample]
-    where = ("export", "sample") if "sample" in export else ("export",) if "export" in c.doc else ("source", c.source)
-    images = {"height", "width"} if any(t.get("name") == "pixel_values" for t in c.inputs) else set()
-    if images & set(missing) and not described.fixed_image_size(c.src):
-        yield (
-            where,
-            "an image model is exported at one sample size: "
-            "give export.sample: {batch: 2, height: 224, width: 224} (or config.image_size)",
-            True,
-        )
-    for d in missing:
-        if d not in images:
-            yield where, f"give a sample size for dimension {d!r} (e.g. sample: {{{d}: 2}})", True
-    names = [t["name"] for t in c.inputs]
-    for i, name in enumerate(names):
-        if name in names[:i]:
-            yield (
-                ("export", "inputs", i, "name"),
-                f"input {name!r} is listed twice (first as export.inputs[{names.index(name)}])",
-                False,
-            )
-
-
-def finds(c: Checking) -> Checking:
-    """The model's inputs (the recipe's, else its task's), their dimensions and whether it
-    takes a KV cache, for every kind's check."""
-    export = c.doc.get("export", {})
-    with_past = bool(export.get("with_past")) and c.decoder
-    inputs: Sequence[Mapping[str, object]] = []
-    if c.traced:
-        described = source_kind(c.source)
-        default_inputs = (
-            WITH_PAST_INPUTS if with_past else described.default_io(c.src)[0] if described.default_io else []
-        )
-        inputs = export.get("inputs") or default_inputs
-    return replace(
-        c,
-        with_past=with_past,
-        inputs=tuple(inputs),
-        export_dims=tuple(symbolic_dims(inputs)),
-        dims=tuple(validation_dims(c.source, c.src, inputs)) if c.traced else (),
-        optional=frozenset({"past_sequence"} if with_past else ()),
-    )
-
-
-def _check_two_files(c: Checking, export: Mapping[str, object]) -> Iterable[Found]:
-    """An encoder-decoder's encoder takes its task's inputs, its decoder file always its cache."""
-    inputs = export.get("inputs")
-    if c.task == "text2text-generation" and isinstance(inputs, list):
-        names = sorted(str(t.get("name")) for t in inputs if isinstance(t, dict))
-        if names != ["attention_mask", "input_ids"]:
-            yield (
-                ("export", "inputs"),
-                "an encoder-decoder's encoder takes input_ids and attention_mask, both [batch, sequence] "
-                f"(got {', '.join(names) or 'none'}); remove export.inputs for the defaults",
-                False,
-            )
-    if export.get("with_past"):
-        yield (
-            ("export", "with_past"),
-            "an encoder-decoder's decoder_model.onnx always takes its cache (past_key_values.*) "
-            "and the encoder has none; remove with_past",
-            True,
-        )
-    if export.get("exporter") == "dynamo":
-        yield (
-            ("export", "exporter"),
-            "an encoder-decoder exports with torchscript (the decoder's cache is traced from flat tensors); "
-            "remove exporter: dynamo",
-            False,
-        )
-
-
 KIND = StepKind(
     name="export",
     version=VERSION,
@@ -583,9 +454,9 @@ KIND = StepKind(
     placement=placement,
     imports=("onnxscript",),
     loads_model=True,
-    check=check,
-    finds=finds,
-    resolve=resolve,
+    check=rules.check,
+    finds=rules.finds,
+    resolve=rules.resolve,
     writes_model=lambda recipe: recipe.torch_source,
 )
 """What this kind says of itself (onnxbuild.spec.StepKind)."""

@@ -9,7 +9,8 @@ The record types and the Markdown are in report/validation.py; the kind (its pla
 and report) is here, and its parts are in steps/validating/: ``compare`` (the tolerance
 rule, pooling, cosine), ``cases`` (shapes, padding, seeds, real tokens), ``targets`` (one
 case on ONNX Runtime, onnxruntime-web, OpenVINO) and ``checks`` (accuracy, embeddings, the
-first-divergence search).
+first-divergence search). What remains here (~530 lines) is the kind's plan, its run over
+the cases and targets, and its verdict and report: one flow, whose parts already live there.
 
 Random inputs show the export computes the same function; two optional checks show it
 on real data, in the units a user cares about:
