@@ -128,7 +128,12 @@ def test_the_convert_kind_is_named_only_in_its_module_the_registry_and_the_schem
     assert named == {}, f"the convert kind is named outside its module and the registry: {named}"
 
 
-PARTS_OF_KINDS = {"benchmarking": "benchmark", "validating": "validate", "quantizing": "quantize", "exporting": "export"}
+PARTS_OF_KINDS = {
+    "benchmarking": "benchmark",
+    "validating": "validate",
+    "quantizing": "quantize",
+    "exporting": "export",
+}
 PACKAGE_LISTS = ("PACKAGES", "REPORTED")
 """Tuples of distribution names (the ``onnx`` package is not the onnx source kind)."""
 
