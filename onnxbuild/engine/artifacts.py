@@ -17,11 +17,12 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from onnxbuild._util import read_regular_text, sha256_file, temp_owner
 from onnxbuild.engine.cache import Cache, OutputRecord, process_alive
 from onnxbuild.engine.graph import Plan, PlannedStep
+from onnxbuild.engine.manifest import Manifest
 from onnxbuild.engine.testhooks import pause_for_tests
 from onnxbuild.errors import UsageError
 
@@ -55,7 +56,7 @@ def out_of_step(plan: Plan, artifacts_root: Path, cache: Cache) -> list[str]:
     return lines
 
 
-def read_manifest(folder: Path) -> dict[str, Any] | None:
+def read_manifest(folder: Path) -> Manifest | None:
     """The folder's manifest.json if it is a readable JSON object with a list of steps, else None."""
     try:
         data = json.loads(read_regular_text(folder / "manifest.json", limit=64 << 20))
@@ -67,7 +68,9 @@ def read_manifest(folder: Path) -> dict[str, Any] | None:
         or not isinstance(data.get("recipe"), dict)
     ):
         return None
-    return data
+    # onnxbuild wrote it (make_manifest); past the checks above the cast checks nothing, so a hand-edited
+    # step or output of another shape is skipped or fails where it is read, as before
+    return cast("Manifest", data)
 
 
 def rehash(folder: Path) -> list[str]:

@@ -35,7 +35,7 @@ import os
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from onnxbuild.errors import CacheError, UsageError
 
@@ -369,8 +369,9 @@ class RemoteCache:
         from onnxbuild.engine.cache import read_json
 
         try:
-            # not checked: only its outputs are compared, as far as they can be read
-            theirs: Any = read_json(_unwrap(self._read(self._entry(key)))[0].decode("utf-8"))
+            # another runner's onnxbuild wrote it; not checked: only its outputs are compared, and the cast
+            # checks nothing, so a damaged entry of another shape fails below, as before
+            theirs = cast("EntryRecord", read_json(_unwrap(self._read(self._entry(key)))[0].decode("utf-8")))
         except (OSError, ValueError):
             return
         mine = {o["path"]: o["sha256"] for o in entry["outputs"]}
@@ -437,6 +438,8 @@ def config_from_project(start: Path) -> dict[str, Any]:
         if not path.is_file():
             continue
         try:
+            # Any: a hand-edited [tool.onnxbuild] that is not a table goes to dict() below as it always has
+            # (a list of pairs is taken, anything else raises), which object could not express without changing it
             data: Any = tomllib.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise CacheError(f"{path}: cannot read it as TOML ({exc})") from None

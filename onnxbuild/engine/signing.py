@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import base64
 import os
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from onnxbuild.errors import CacheError
 
@@ -118,9 +119,13 @@ class Verifier:
         return False
 
 
-def from_environment(config: dict[str, Any]) -> tuple[Signer | None, Verifier | None]:
+def from_environment(config: Mapping[str, object]) -> tuple[Signer | None, Verifier | None]:
     """The signer and verifier the environment (or ``[tool.onnxbuild]``) asks for, if any."""
     signing = os.environ.get(SIGNING_ENV)
     trusted = os.environ.get(TRUSTED_ENV)
-    keys = [k for k in (trusted.split(",") if trusted else config.get("cache_trusted_keys", [])) if k.strip()]
+    configured = [] if trusted else config.get("cache_trusted_keys", [])
+    if not isinstance(configured, Iterable):
+        # a TOML number, boolean or date where a list of keys belongs: the error iterating it always raised
+        raise TypeError(f"'{type(configured).__name__}' object is not iterable")
+    keys = [k for k in (trusted.split(",") if trusted else configured) if k.strip()]
     return (Signer(Path(signing)) if signing else None), (Verifier(keys) if keys else None)

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from onnxbuild.errors import UsageError
 
@@ -151,7 +151,20 @@ def compare(before: Side, after: Side, names: list[str]) -> Comparison:
     return Comparison("\n".join(lines) + "\n", broken)
 
 
-def _read(folder: Path) -> dict[str, Any]:
+class _Built(TypedDict):
+    """What one side's artifact folder says about a recipe, for the comparison."""
+
+    manifest: object
+    files: dict[str, str]
+    validation: dict[str, float | None]
+    passed: dict[str, bool]
+    fused: dict[str, int]
+    latency: dict[str, float]
+
+
+def _read(folder: Path) -> _Built:
+    # Any: the manifest and three step reports, each of its own shape, read with .get chains; a damaged
+    # one fails there as it always has, which narrowing each level to object would change
     def load(rel: str) -> Any:
         p = folder / rel
         return json.loads(p.read_text(encoding="utf-8")) if p.is_file() else None
