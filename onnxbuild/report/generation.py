@@ -2,10 +2,62 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TypedDict
+
+from onnxbuild.recipe.sections import Sampling
 
 
-def markdown(report: dict[str, Any], recipe: str) -> str:
+class Comparison(TypedDict):
+    """Two generations of one prompt compared (:func:`compare_runs`)."""
+
+    identical: bool
+    agreement: float
+    first_divergence: int | None
+    logits_max_abs_diff: float
+    logits_max_abs_diff_per_step: list[float]
+    tokens: list[int]
+
+
+class _VariantMeasured(TypedDict):
+    precision: str
+    greedy: Comparison
+    teacher_forced_agreement: float
+
+
+class VariantGeneration(_VariantMeasured, total=False):
+    """One variant's entry in reports/generation.json; :func:`_judge` adds its verdict."""
+
+    sampling: Comparison
+    passed: bool
+    rule: str
+    text: str | list[str]
+
+
+class PytorchGeneration(TypedDict):
+    greedy_tokens: list[int]
+    text: str | list[str] | None
+    sampling_tokens: list[int] | None
+
+
+class SamplingNote(Sampling):
+    seed: int
+
+
+class GenerationReport(TypedDict):
+    """reports/generation.json, as the generate step writes it."""
+
+    passed: bool
+    weights: object
+    prompt_ids: list[int]
+    prompt: str | None
+    max_new_tokens: int
+    pytorch: PytorchGeneration
+    sampling: SamplingNote | None
+    variants: Mapping[str, VariantGeneration]
+
+
+def markdown(report: GenerationReport, recipe: str) -> str:
     lines = [f"# {recipe}: generation against PyTorch", ""]
     if report["weights"] == "random-init":
         lines += ["> weights: **random-init**: generations repeat tokens; the logits columns carry the comparison", ""]

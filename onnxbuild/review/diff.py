@@ -12,7 +12,7 @@ import json
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from onnxbuild._util import MISSING
 from onnxbuild.errors import RecipeError, UsageError
@@ -26,6 +26,8 @@ from onnxbuild.steps.quantize import METHOD_KEYS
 if TYPE_CHECKING:
     from onnxbuild.engine.cache import Cache
     from onnxbuild.engine.graph import Plan, PlannedStep
+    from onnxbuild.report.benchmark import BenchmarkReport
+    from onnxbuild.report.validation import ValidationReport
 
 __all__ = ["Cost", "Metric", "RecipeDiff", "diff", "render"]
 
@@ -301,9 +303,8 @@ def diff(paths: list[str], base: str | None, cache: Cache, cwd: Path | None = No
     return base, out
 
 
-def _read_output(cache: Cache, step: PlannedStep | None, rel: str) -> Any:
-    # Any: a report one of our steps wrote (validation.json, benchmark.json), read for the
-    # figures _metrics compares; an entry's object is trusted as the cache trusts it
+def _read_output(cache: Cache, step: PlannedStep | None, rel: str) -> object:
+    """A report one of our steps wrote (validation.json, benchmark.json), or None."""
     if step is None or step.entry is None:
         return None
     for o in step.entry["outputs"]:
@@ -328,8 +329,11 @@ def _metrics(old_plan: Plan, new_plan: Plan, cache: Cache) -> list[Metric]:
         for o in step.entry["outputs"]:
             if o["path"] in sizes_old and sizes_old[o["path"]] != o["bytes"]:
                 rows.append(Metric(f"{o['path']} size", sizes_old[o["path"]], o["bytes"], "bytes"))
-    v_old = _read_output(cache, old.get("report"), "reports/validation.json")
-    v_new = _read_output(cache, new.get("report"), "reports/validation.json")
+    # our report and benchmark steps wrote these objects, in the shapes their TypedDicts name
+    # (the benchmark's checked against its JSON schema first); an entry's object is trusted
+    # as the cache trusts it
+    v_old = cast("ValidationReport | None", _read_output(cache, old.get("report"), "reports/validation.json"))
+    v_new = cast("ValidationReport | None", _read_output(cache, new.get("report"), "reports/validation.json"))
     if v_old and v_new:
         for variant, v in v_new["variants"].items():
             w = v_old["variants"].get(variant)
@@ -341,16 +345,17 @@ def _metrics(old_plan: Plan, new_plan: Plan, cache: Cache) -> list[Metric]:
             if a != b:
                 rows.append(Metric(f"validation {variant} max abs diff", a, b, ""))
             # quality on real text (validate.text): what a reviewer of a quantization change reads
-            t_old, t_new = w.get("text") or {}, v.get("text") or {}
-            for key, label in (
-                ("perplexity", "perplexity"),
-                ("kld_mean", "mean KL from PyTorch"),
-                ("top1_agreement", "top-1 on text"),
-            ):
-                if key in t_new and t_old.get(key) != t_new[key]:
-                    rows.append(Metric(f"validation {variant} {label}", t_old.get(key), t_new[key], ""))
-    b_old = _read_output(cache, old.get(benchmarks.STEP), benchmarks.REPORT)
-    b_new = _read_output(cache, new.get(benchmarks.STEP), benchmarks.REPORT)
+            t_old, t_new = w.get("text"), v.get("text")
+            if t_new is not None:
+                for label, was, now in (
+                    ("perplexity", t_old["perplexity"] if t_old else None, t_new["perplexity"]),
+                    ("mean KL from PyTorch", t_old["kld_mean"] if t_old else None, t_new["kld_mean"]),
+                    ("top-1 on text", t_old["top1_agreement"] if t_old else None, t_new["top1_agreement"]),
+                ):
+                    if was != now:
+                        rows.append(Metric(f"validation {variant} {label}", was, now, ""))
+    b_old = cast("BenchmarkReport | None", _read_output(cache, old.get(benchmarks.STEP), benchmarks.REPORT))
+    b_new = cast("BenchmarkReport | None", _read_output(cache, new.get(benchmarks.STEP), benchmarks.REPORT))
     # the same cached entry on both sides has the same figures; a rerun may time alike
     before, after = old.get(benchmarks.STEP), new.get(benchmarks.STEP)
     rerun = before is not None and after is not None and before.key != after.key

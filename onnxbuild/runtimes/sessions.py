@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, Union
+from typing import TYPE_CHECKING, Protocol, Union
 
 if TYPE_CHECKING:
     import numpy as np
@@ -65,7 +65,7 @@ class TensorInfo(Protocol):
     def name(self) -> str: ...
 
     @property
-    def shape(self) -> Sequence[Any]: ...  # int | str | None, but sources/decoder.py reads int(shape[3])
+    def shape(self) -> Sequence[int | str | None]: ...
 
     @property
     def type(self) -> str: ...

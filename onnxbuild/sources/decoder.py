@@ -17,7 +17,7 @@ prefill is a call with past_sequence 0.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -84,7 +84,23 @@ def layout_from_session(session: Session) -> PastLayout:
         raise StepError("the model has no past_key_values.* inputs: it was not exported with export.with_past: true")
     shape = past[0].shape
     dtype = "float16" if "float16" in past[0].type else "float32"
-    return PastLayout(layers=len(past) // 2, kv_heads=int(shape[1]), head_dim=int(shape[3]), dtype=dtype)
+    return PastLayout(
+        layers=len(past) // 2,
+        kv_heads=fixed_dim(shape, 1, "head count"),
+        head_dim=fixed_dim(shape, 3, "head size"),
+        dtype=dtype,
+    )
+
+
+def fixed_dim(shape: Sequence[int | str | None], axis: int, what: str) -> int:
+    """A dimension of the past the model fixes (the KV cache's head count and size always are)."""
+    size = shape[axis] if len(shape) > axis else None
+    if not isinstance(size, int):
+        raise StepError(
+            f"the model's past_key_values inputs have no fixed {what} (axis {axis} is {size!r}); "
+            "export the model with export.with_past: true (onnxbuild fixes them)"
+        )
+    return size
 
 
 def io_names(export: ExportSection, layout: PastLayout) -> tuple[list[Tensor], list[str]]:

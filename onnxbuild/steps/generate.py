@@ -23,7 +23,7 @@ from onnxbuild._util import brief, pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import ExportSection, GenerateSection
 from onnxbuild.recipe.variants import SOURCE_RECORD
-from onnxbuild.report.generation import markdown
+from onnxbuild.report.generation import Comparison, GenerationReport, VariantGeneration, markdown
 from onnxbuild.runtimes import sessions
 from onnxbuild.spec import Checking, Found, Planning, StepInput, StepKind
 from onnxbuild.steps import export as export_kind
@@ -55,32 +55,6 @@ class GenerateParams(_GenerateNamed, total=False):
     audio: bool
     export: ExportSection | None
     """A speech model's whole export section (``export_kind.whole``), beside ``audio``."""
-
-
-class Comparison(TypedDict):
-    """Two generations of one prompt compared (:func:`compare_runs`)."""
-
-    identical: bool
-    agreement: float
-    first_divergence: int | None
-    logits_max_abs_diff: float
-    logits_max_abs_diff_per_step: list[float]
-    tokens: list[int]
-
-
-class _VariantMeasured(TypedDict):
-    precision: str
-    greedy: Comparison
-    teacher_forced_agreement: float
-
-
-class VariantGeneration(_VariantMeasured, total=False):
-    """One variant's entry in reports/generation.json; :func:`_judge` adds its verdict."""
-
-    sampling: Comparison
-    passed: bool
-    rule: str
-    text: str | list[str]
 
 
 def plan(p: Planning) -> list[StepSpec]:
@@ -379,7 +353,7 @@ def _finish(
     skip_special: bool,
 ) -> StepResult:
     """reports/generation.json and .md, and the step's verdict."""
-    report: dict[str, object] = {
+    report: GenerationReport = {
         "passed": not problems,
         "weights": record.get("weights"),
         "prompt_ids": prompt,

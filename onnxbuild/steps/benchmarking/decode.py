@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from onnxbuild.recipe.sections import (
     BenchmarkSection,
 )
+from onnxbuild.runtimes import openvino_target
 from onnxbuild.runtimes.sessions import Session
 from onnxbuild.sources.decoder import PAST_PREFIX
 from onnxbuild.steps.base import VariantParam
@@ -45,7 +46,7 @@ def _decode_row(
 
 
 def _ort_decode(
-    session: Any,
+    session: Session,
     variant: VariantParam,
     provider: str,
     sizes: dict[str, int],
@@ -53,14 +54,14 @@ def _ort_decode(
     bench: BenchmarkSection,
     decode: list[DecodeRow],
     engine: str = "onnxruntime",
-    prompt_session: Any = None,
+    prompt_session: Session | None = None,
 ) -> DecodeRow:
     """The same figures for one variant: its prefill (measured above), one decode step, a whole
     generation (its prompt on ``prompt_session`` where it is served by two files)."""
     decoder, feeds, vocab = _decode_step(session, sizes, prompt_session)
     n = int(bench["decode_tokens"])
     held: DecodeRow = {}
-    if engine == "openvino":
+    if isinstance(session, openvino_target.Session):  # engine "openvino"
         # outputs left in place, as its prefill rows; a stateful model's steps are successive
         # tokens after the past, set back (untimed) every few steps so the past stays near its length
         prepare, step = session.decode_steps(feeds, STATEFUL_SPAN)

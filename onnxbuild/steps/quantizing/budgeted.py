@@ -13,6 +13,7 @@ from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import QuantizeSection
 from onnxbuild.runtimes.sessions import Session
 from onnxbuild.sources.decoder import PAST_PREFIX as PAST
+from onnxbuild.sources.decoder import fixed_dim
 from onnxbuild.steps.base import StepContext, StepSpec
 from onnxbuild.steps.budget import PrecisionPlan
 from onnxbuild.steps.quantizing.int8 import excluded
@@ -141,7 +142,8 @@ def _prefill_feeds(session: Session, ids: NDArray[np.int64]) -> dict[str, NDArra
             feeds[i.name] = np.arange(len(ids), dtype=np.int64)[None, :]
         elif i.name.startswith(PAST):
             feeds[i.name] = np.zeros(
-                [1 if j == 0 else 0 if j == 2 else d for j, d in enumerate(i.shape)], dtype=np.float32
+                [1 if j == 0 else 0 if j == 2 else fixed_dim(i.shape, j, "size") for j in range(len(i.shape))],
+                dtype=np.float32,
             )
         else:
             raise StepError(f"an accuracy budget runs decoders on text windows; this model also takes {i.name!r}")
