@@ -149,7 +149,7 @@ SAME_WORD_ELSEWHERE: dict[tuple[str, str], int] = {
     ("recipe/sections.py", "pytorch"): 1,
     ("steps/benchmark.py", "pytorch"): 1,
     ("steps/benchmarking/decode.py", "pytorch"): 1,
-    ("steps/benchmarking/pytorch.py", "pytorch"): 6,
+    ("steps/benchmarking/pytorch.py", "pytorch"): 5,
     ("steps/benchmarking/targets.py", "pytorch"): 2,
     ("steps/generate.py", "pytorch"): 1,
     ("steps/validate.py", "pytorch"): 3,

@@ -4,8 +4,6 @@ refused before anything runs, and the remote-cache path a multi-node cluster use
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import shutil
 import signal
@@ -15,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers_artifacts import digests
 
 import onnxbuild
 from onnxbuild.errors import UsageError
@@ -61,28 +60,6 @@ def project(root: Path) -> Path:
 
 def settings(root: Path, **extra: object) -> onnxbuild.Settings:
     return onnxbuild.Settings(cache_dir=root / "cache", artifacts_dir=root / "artifacts", **extra)  # type: ignore[arg-type]
-
-
-MEASURED = {"timings.json", "report.html", "benchmark.json", "benchmark.md", "benchmark.png", "machine.json"}
-"""Durations, memory, latencies and the machine's peaks: they differ run to run by design, whichever executor ran them."""  # noqa: E501
-
-
-def digests(folder: Path) -> dict[str, str]:
-    """sha256 of every artifact; a manifest with its benchmark step's measured outputs left out."""
-    out = {}
-    for p in sorted(folder.rglob("*")):
-        if not p.is_file() or p.name in MEASURED:
-            continue
-        data = p.read_bytes()
-        if p.name == "manifest.json":
-            manifest = json.loads(data)
-            for step in manifest["steps"]:
-                if step["kind"] in ("benchmark", "machine"):
-                    step["outputs"] = [o["path"] for o in step["outputs"]]
-                    step["data"] = {}
-            data = json.dumps(manifest, sort_keys=True).encode()
-        out[p.relative_to(folder).as_posix()] = hashlib.sha256(data).hexdigest()
-    return out
 
 
 def recipes_in(root: Path) -> list[Path]:

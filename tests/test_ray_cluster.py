@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers_artifacts import digests
 
 import onnxbuild
 from onnxbuild import environment
@@ -36,13 +37,9 @@ from ray.cluster_utils import Cluster  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 DELAY_ENV = "ONNXBUILD_TEST_STEP_DELAY"
 KILLED = "quantize: [{name: killme, method: dynamic}]\n"
-MEASURED = {"timings.json", "report.html", "benchmark.json", "benchmark.md", "benchmark.png", "machine.json"}
 
 HOOK = '''
 import os
-import signal
-import threading
-import time
 import sys
 
 
@@ -127,24 +124,6 @@ def build(root: Path, **extra: object) -> BuildReport:
         return onnxbuild.build(["recipes/linear-regression.yaml"], settings, **extra)  # type: ignore[arg-type]
     finally:
         os.chdir(here)
-
-
-def digests(folder: Path) -> dict[str, str]:
-    """sha256 of every artifact but the measured ones; manifests without the measured steps' figures."""
-    out = {}
-    for p in sorted(folder.rglob("*")):
-        if not p.is_file() or p.name in MEASURED:
-            continue
-        data = p.read_bytes()
-        if p.name == "manifest.json":
-            manifest = json.loads(data)
-            for step in manifest["steps"]:
-                if step["kind"] in ("benchmark", "machine"):
-                    step["outputs"] = [o["path"] for o in step["outputs"]]
-                    step["data"] = {}
-            data = json.dumps(manifest, sort_keys=True).encode()
-        out[p.relative_to(folder).as_posix()] = hashlib.sha256(data).hexdigest()
-    return out
 
 
 @ray.remote(num_cpus=1)  # on a node (the head has no CPUs)

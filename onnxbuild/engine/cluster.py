@@ -156,7 +156,7 @@ def _run_remote(
                         stored.parent.mkdir(parents=True, exist_ok=True)
                         os.chmod(f, 0o444)
                         os.replace(f, stored)
-                    pushed[f.relative_to(work / "out").as_posix()] = remote.put_object(stored)
+                    pushed[f.relative_to(work / "out").as_posix()] = remote.put_object(stored, sha)
                     if len(pushed) == 1:
                         pause_for_tests("push", task.spec.name)  # one output pushed, the rest not yet
         return replace(outcome, attempts=_attempt()), pushed
@@ -373,8 +373,8 @@ class RayExecutor:
             # Inputs built before the remote cache was configured may be missing there;
             # the runner has already placed them in the step's in/ folder on this machine.
             remote = RemoteCache(self.settings.remote_url)
-            for rel in inputs:
-                remote.put_object(task.ctx.input_dir / rel)
+            for rel, sha in inputs.items():
+                remote.put_object(task.ctx.input_dir / rel, sha)
             ref = self._remote.options(**options).remote(task, self.settings.remote_url, inputs, list(outputs))
         return RayHandle(self, ref, task)
 

@@ -315,9 +315,10 @@ class RemoteCache:
             raise CacheError(f"remote cache object {sha[:12]} does not match its digest; refusing it")
         os.replace(tmp, dest)
 
-    def put_object(self, path: Path) -> str:
-        """Push one file as a content-addressed object; returns its sha256."""
-        sha = _sha256(path)
+    def put_object(self, path: Path, sha: str | None = None) -> str:
+        """Push one file as a content-addressed object; returns its sha256 (``sha``: the caller
+        hashed it already)."""
+        sha = sha or _sha256(path)
         target = self._object(sha)
         if not self._exists(target):
             self._put_atomically(str(path), target)

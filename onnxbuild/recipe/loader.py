@@ -10,6 +10,7 @@ import difflib
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -137,11 +138,16 @@ def remember(recipe: Recipe, memo_dir: Path) -> None:
 
 
 def _memo_path(memo_dir: Path, digest: str) -> Path:
+    return memo_dir / f"{digest}-{_code_salt()}.json"
+
+
+@cache
+def _code_salt() -> str:
+    """The resolved form depends on this code as much as on the schema: salt with the recipe
+    package, the source kinds and the step kinds (their checks and defaults), so an edited rule
+    never serves a stale memo (some 500 KB read once per process, no parsing)."""
     from onnxbuild._version import __version__
 
-    # The resolved form depends on this code as much as on the schema: salt with the recipe
-    # package, the source kinds and the step kinds (their checks and defaults), so an edited
-    # rule never serves a stale memo (some 500 KB read, no parsing).
     here = Path(__file__).parent
     files = [
         here / "schema.json",
@@ -150,8 +156,7 @@ def _memo_path(memo_dir: Path, digest: str) -> Path:
         *sorted((here.parent / "steps").rglob("*.py")),
     ]
     code = b"".join(f.read_bytes() for f in files)
-    salt = sha256_bytes(__version__.encode() + b"\0" + code)[:16]
-    return memo_dir / f"{digest}-{salt}.json"
+    return sha256_bytes(__version__.encode() + b"\0" + code)[:16]
 
 
 def _read_memo(memo: Path | None) -> Resolved | None:

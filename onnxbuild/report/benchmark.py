@@ -74,9 +74,12 @@ class KernelOp(TypedDict):
 
 
 class Kernels(TypedDict, total=False):
+    """Where one call's time goes (``kernels``, ``openvino_kernels``): its top ops, or why none."""
+
     call: str
     shape: dict[str, int]
     run_ms: float
+    providers: list[str]
     error: str
     ops: list[KernelOp]
 
@@ -90,9 +93,12 @@ class Quality(TypedDict):
 
 
 class Machine(TypedDict):
+    """``machine``: where the figures were measured."""
+
     cpu: str
     cores: int | None
     threads: int
+    system: str
 
 
 class Settings(TypedDict, total=False):

@@ -35,7 +35,7 @@ from onnxbuild.recipe.sections import (
     target_variants,
 )
 from onnxbuild.recipe.variants import SOURCE_RECORD
-from onnxbuild.report.benchmark import chart, markdown, validated_on
+from onnxbuild.report.benchmark import Kernels, Provider, chart, markdown, validated_on
 from onnxbuild.runtimes import sessions
 from onnxbuild.sources import source_kind
 from onnxbuild.spec import Checking, Found, Planning, StepInput, StepKind
@@ -50,8 +50,6 @@ from onnxbuild.steps.benchmarking.timing import (
     CACHED_TOKENS,
     BaselineRow,
     DecodeRow,
-    KernelProfile,
-    ProviderStatus,
     Row,
     _batch,
     _bound_runner,
@@ -180,10 +178,10 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     if torch_source and bench["baseline"] == "pytorch":
         baseline, decode, bf16 = _pytorch_baseline(ctx, spec, record, shapes, feeds_by_shape, threads, layout)
 
-    providers_report: list[ProviderStatus] = []
+    providers_report: list[Provider] = []
     results: list[Row] = []
-    kernels: dict[str, KernelProfile] = {}
-    ov_kernels: dict[str, list[KernelProfile]] = {}
+    kernels: dict[str, Kernels] = {}
+    ov_kernels: dict[str, list[Kernels]] = {}
     available = ort.get_available_providers()
     for prov in spec.params["providers"]:
         name, options = prov["name"], prov["options"]
@@ -206,7 +204,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
                 }
             )
             continue
-        status: ProviderStatus = {"name": name, "status": "used", "reason": ""}
+        status: Provider = {"name": name, "status": "used", "reason": ""}
         for variant in spec.params["variants"]:
             path = ctx.input(variant["path"])
             so = sessions.options(threads)
@@ -359,7 +357,7 @@ def _finish(
     bench: BenchmarkSection,
     threads: int,
     baseline: list[BaselineRow],
-    providers_report: list[ProviderStatus],
+    providers_report: list[Provider],
     results: list[Row],
     decode: list[DecodeRow] | None,
     extra: dict[str, object] | None = None,

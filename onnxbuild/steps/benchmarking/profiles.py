@@ -13,15 +13,16 @@ from onnxbuild.steps.base import StepContext
 from onnxbuild.steps.benchmarking.decode import _decode_step
 
 if TYPE_CHECKING:
+    from onnxbuild.report.benchmark import Kernels
     from onnxbuild.runtimes.openvino_target import Precision
     from onnxbuild.runtimes.openvino_target import Session as OpenVinoSession
     from onnxbuild.sources.decoder import PastLayout
-    from onnxbuild.steps.benchmarking.timing import Feeds, KernelProfile
+    from onnxbuild.steps.benchmarking.timing import Feeds
 
 KERNELS_SHOWN = 6
 
 
-def _kernels(ctx: StepContext, path: Path, sizes: dict[str, int], feeds: Feeds, threads: int) -> KernelProfile:
+def _kernels(ctx: StepContext, path: Path, sizes: dict[str, int], feeds: Feeds, threads: int) -> Kernels:
     """Where one call's time goes, as ONNX Runtime's profiler tells it: the CPU provider's time
     per op type (kernel) at the largest shape, from a separately profiled session (the timed
     rows run unprofiled). ORT names the op type and the provider that ran each node, not the
@@ -66,7 +67,7 @@ def _kernels(ctx: StepContext, path: Path, sizes: dict[str, int], feeds: Feeds, 
 
 def _openvino_kernels(
     path: Path, precision: Precision, threads: int, sizes: dict[str, int], feeds: Feeds, layout: PastLayout | None
-) -> list[KernelProfile]:
+) -> list[Kernels]:
     """Where one call's time goes in OpenVINO's CPU plugin, from its own per-node counters in a
     separately compiled, profiled model (the timed rows run without them): per node type and
     the implementation it picked (``brgemm_avx512_amx_i8``, ``ref_f32``: OpenVINO names the
@@ -77,7 +78,7 @@ def _openvino_kernels(
     of GPT-2's 7 ms decode step)."""
     from onnxbuild.runtimes import openvino_target
 
-    out: list[KernelProfile] = []
+    out: list[Kernels] = []
     call = "prefill" if layout is not None else "call"
     try:
         session = openvino_target.load(path, precision=precision, threads=threads, profile=True)
@@ -90,7 +91,7 @@ def _openvino_kernels(
     return out
 
 
-def _openvino_profile(session: OpenVinoSession, call: str, feeds: Feeds, sizes: dict[str, int]) -> KernelProfile:
+def _openvino_profile(session: OpenVinoSession, call: str, feeds: Feeds, sizes: dict[str, int]) -> Kernels:
     """One entry of ``openvino_kernels``: the call's wall time and its top node types."""
     wall, per = session.kernels(feeds)
     total = sum(per.values()) or 1.0

@@ -19,6 +19,7 @@ from onnxbuild.steps.benchmarking.timing import (
     BaselineRow,
     DecodeRow,
     Timing,
+    WorkNote,
     _batch,
     _decode_feeds,
     _generation_time,
@@ -151,26 +152,7 @@ def _pytorch_baseline(
         timing = measure(call, _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
         graph = ctx.input(spec.params["variants"][0]["path"])  # the exported model: the same products as PyTorch's
         phase: Phase = "prefill" if layout is not None else ""
-        out.append(
-            {
-                "engine": "pytorch",
-                "mode": "eager",
-                "dtype": "fp32",
-                "attention": attention,
-                "device": "cpu",
-                "shape": dict(sizes),
-                "warmup": timing["warmup"],
-                "iterations": timing["iterations"],
-                "p50_ms": timing["p50_ms"],
-                "p90_ms": timing["p90_ms"],
-                "p99_ms": timing["p99_ms"],
-                "mean_ms": timing["mean_ms"],
-                "std_ms": timing["std_ms"],
-                "throughput": timing["throughput"],
-                "peak_rss_mb": rss_mb(),
-                "_work_of": _work_note(graph, "fp32", feeds, phase),
-            }
-        )
+        out.append(_baseline_row("fp32", attention, sizes, timing, _work_note(graph, "fp32", feeds, phase)))
         if layout is not None:
             step = _pytorch_decode(model, wrapped, names, layout, sizes, timing, bench)
             step["_work_of"] = _work_note(graph, "fp32")
@@ -188,26 +170,7 @@ def _pytorch_baseline(
                     m(*a)
 
             timing = measure(call16, _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
-            out.append(
-                {
-                    "engine": "pytorch",
-                    "mode": "eager",
-                    "dtype": "bf16",
-                    "attention": attention,
-                    "device": "cpu",
-                    "shape": dict(sizes),
-                    "warmup": timing["warmup"],
-                    "iterations": timing["iterations"],
-                    "p50_ms": timing["p50_ms"],
-                    "p90_ms": timing["p90_ms"],
-                    "p99_ms": timing["p99_ms"],
-                    "mean_ms": timing["mean_ms"],
-                    "std_ms": timing["std_ms"],
-                    "throughput": timing["throughput"],
-                    "peak_rss_mb": rss_mb(),
-                    "_work_of": _work_note(graph, "bf16", feeds, phase),
-                }
-            )
+            out.append(_baseline_row("bf16", attention, sizes, timing, _work_note(graph, "bf16", feeds, phase)))
             if layout is not None:
                 row = _pytorch_decode(model, wrapped, names, layout, sizes, timing, bench, dtype="bf16")
                 fp32 = next(
@@ -229,6 +192,30 @@ def _pytorch_baseline(
         else f"{why}; PyTorch would emulate bf16, slower than its fp32",
     }
     return out, decode, bf16
+
+
+def _baseline_row(
+    dtype: str, attention: str | None, sizes: dict[str, int], timing: Timing, work: WorkNote
+) -> BaselineRow:
+    """One ``baseline`` row: PyTorch eager on the CPU at ``sizes``, with the roofline pass's note."""
+    return {
+        "engine": "pytorch",
+        "mode": "eager",
+        "dtype": dtype,
+        "attention": attention,
+        "device": "cpu",
+        "shape": dict(sizes),
+        "warmup": timing["warmup"],
+        "iterations": timing["iterations"],
+        "p50_ms": timing["p50_ms"],
+        "p90_ms": timing["p90_ms"],
+        "p99_ms": timing["p99_ms"],
+        "mean_ms": timing["mean_ms"],
+        "std_ms": timing["std_ms"],
+        "throughput": timing["throughput"],
+        "peak_rss_mb": rss_mb(),
+        "_work_of": work,
+    }
 
 
 def _bf16(t: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ from onnxbuild.recipe.sections import (
     BenchmarkSection,
     target_variants,
 )
+from onnxbuild.report.benchmark import Kernels, Provider
 from onnxbuild.steps import export as export_kind
 from onnxbuild.steps.base import StepContext, StepSpec
 from onnxbuild.steps.benchmarking.decode import _decode_row, _ort_decode
@@ -23,8 +24,6 @@ from onnxbuild.steps.benchmarking.timing import (
     STATEFUL_SPAN,
     BaselineRow,
     DecodeRow,
-    KernelProfile,
-    ProviderStatus,
     Row,
     _batch,
     _generation_time,
@@ -43,7 +42,7 @@ if TYPE_CHECKING:
 
 def _seq2seq_benchmark(
     ctx: StepContext, spec: StepSpec, record: dict[str, object], shapes: list[dict[str, int]], threads: int
-) -> tuple[list[BaselineRow], list[ProviderStatus], list[Row], list[DecodeRow]]:
+) -> tuple[list[BaselineRow], list[Provider], list[Row], list[DecodeRow]]:
     """An encoder-decoder on the CPU provider: the first token (encoder plus the decoder's
     first step, the row in ``results``), one decoder step through a cache of 16 tokens, and
     a whole greedy generation of ``decode_tokens`` tokens, each beside PyTorch's (sdpa
@@ -127,7 +126,7 @@ def _seq2seq_benchmark(
             )
         del runner
         gc.collect()
-    providers: list[ProviderStatus] = [
+    providers: list[Provider] = [
         {
             "name": p["name"],
             "status": "used" if p["name"] == "CPUExecutionProvider" else "skipped",
@@ -155,7 +154,7 @@ def _web_benchmark(
     feeds_by_shape: list[Feeds],
     baseline: list[BaselineRow],
     results: list[Row],
-) -> ProviderStatus:
+) -> Provider:
     """The variants meant for the web (``options.variants``, default model) in onnxruntime-web
     (wasm, one thread, under Node.js), timed inside Node; ``options.iterations`` and
     ``options.warmup`` override the benchmark's (wasm is slow on big models).
@@ -224,8 +223,8 @@ def _openvino_benchmark(
     baseline: list[BaselineRow],
     results: list[Row],
     decode: list[DecodeRow],
-    kernels: dict[str, list[KernelProfile]],
-) -> ProviderStatus:
+    kernels: dict[str, list[Kernels]],
+) -> Provider:
     """Every variant in OpenVINO's CPU plugin, with the same inputs, threads and settings as ONNX
     Runtime's rows. Only the variants its options list (``options.variants``, default model)
     are validated there: the others' rows say so, and only the validated ones are timed at

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias, TypedDict
 
 from onnxbuild.recipe.sections import BenchmarkSection, Tensor
+from onnxbuild.report.benchmark import Machine
 from onnxbuild.sources import source_kind
 from onnxbuild.sources.decoder import PAST_PREFIX, PastLayout
 from onnxbuild.steps import export as export_kind
@@ -33,40 +34,6 @@ longer than the other rows' (GPT-2 after 128 tokens: 128-135)."""
 
 CACHED_TOKENS = 16
 """An encoder-decoder's decode step is timed with this many decoder tokens already cached."""
-
-
-class MachineInfo(TypedDict):
-    """benchmark.json's ``machine``: where the figures were measured."""
-
-    cpu: str
-    cores: int | None
-    threads: int
-    system: str
-
-
-class ProviderStatus(TypedDict):
-    """One entry of benchmark.json's ``providers``: whether it timed anything, and why not."""
-
-    name: str
-    status: str
-    reason: str
-
-
-class KernelOp(TypedDict):
-    op: str
-    ms: float
-    share: float
-
-
-class KernelProfile(TypedDict, total=False):
-    """Where one call's time goes (``kernels``, ``openvino_kernels``): its top ops, or why none."""
-
-    call: str
-    shape: dict[str, int]
-    run_ms: float
-    providers: list[str]
-    error: str
-    ops: list[KernelOp]
 
 
 class Timing(TypedDict):
@@ -117,13 +84,9 @@ class Measured(TypedDict, total=False):
     roofline: RowRoofline
 
 
-class Row(Measured, total=False):
-    """One entry of benchmark.json's ``results``: a variant timed on a provider at a shape (its
-    Timing's keys), or the error that stopped it."""
+class Timed(Measured, total=False):
+    """A row's Timing keys (p50_ms is Measured's)."""
 
-    variant: str
-    precision: str
-    provider: str
     warmup: int
     iterations: int
     p90_ms: float
@@ -131,6 +94,15 @@ class Row(Measured, total=False):
     mean_ms: float
     std_ms: float
     throughput: float
+
+
+class Row(Timed, total=False):
+    """One entry of benchmark.json's ``results``: a variant timed on a provider at a shape (its
+    Timing's keys), or the error that stopped it."""
+
+    variant: str
+    precision: str
+    provider: str
     session_create_s: float
     peak_rss_mb: float
     io_binding: bool
@@ -142,7 +114,7 @@ class Row(Measured, total=False):
     error: str
 
 
-class BaselineRow(Measured, total=False):
+class BaselineRow(Timed, total=False):
     """One entry of ``baseline``: PyTorch eager at a shape (its Timing's keys)."""
 
     engine: str
@@ -150,13 +122,6 @@ class BaselineRow(Measured, total=False):
     dtype: str
     attention: str | None
     device: str
-    warmup: int
-    iterations: int
-    p90_ms: float
-    p99_ms: float
-    mean_ms: float
-    std_ms: float
-    throughput: float
     peak_rss_mb: float
 
 
@@ -232,7 +197,7 @@ def rss_mb() -> float:
     return round(float(psutil.Process().memory_info().rss) / (1024 * 1024), 1)
 
 
-def machine(threads: int) -> MachineInfo:
+def machine(threads: int) -> Machine:
     import platform
 
     from onnxbuild.environment import cpu_info
