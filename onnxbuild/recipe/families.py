@@ -1,4 +1,54 @@
-"""Architectures with a fused decoder graph (onnxbuild/fusion/decoder.py), named here so the
-recipe loader can check ``optimize.decoder: fused`` without importing the graph writer."""
+"""What the recipe layer knows of model families without importing transformers: which have a
+fused decoder graph (onnxbuild/fusion/decoder.py), which attend over a sliding window, which
+take no positions, and which TorchScript cannot trace.
+
+Kept as data keyed by ``model_type``, so ``show`` and the recipe checks stay free of heavy
+imports; a family missing here still builds where its config says what it needs (a recipe's
+``sliding_window``, ``export.exporter: dynamo``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
 
 FUSED_DECODERS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gpt2")
+
+WINDOW_DEFAULTS: dict[str, int] = {
+    "mistral": 4096,
+    "gemma2": 4096,
+    "gemma3": 4096,
+    "gemma3_text": 4096,
+    "cohere2": 4096,
+    "gpt_oss": 128,
+}
+"""The sliding window transformers' config gives these types when a recipe's config names none
+(transformers 5.x): validation then crosses it."""
+
+OPT_IN_WINDOWS = frozenset({"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"})
+"""Types whose ``sliding_window`` applies only with ``use_sliding_window: true``."""
+
+NO_POSITION_IDS = frozenset({"bloom", "mpt"})
+"""ALiBi decoders: positions come from the attention mask, and the forward takes no position_ids
+(TorchScript drops an unused input, so the file would lack one the recipe lists)."""
+
+DYNAMO_ONLY = frozenset({"cohere", "cohere2", "glm", "glm4"})
+"""Types TorchScript cannot export: their interleaved rotary (``torch.stack((-x2, x1), -1)`` of
+strided slices) fails its symbolic ``cat`` ("All tensors must have the same rank"), while the
+dynamo exporter traces it. Their ``export.exporter`` defaults to dynamo."""
+
+
+def model_type(config: object) -> str | None:
+    found = config.get("model_type") if isinstance(config, Mapping) else None
+    return found if isinstance(found, str) else None
+
+
+def sliding_window(config: object) -> int | None:
+    """The attention window a decoder's config gives (explicitly or by its type's default);
+    None when every layer attends to the whole past."""
+    if not isinstance(config, Mapping):
+        return None
+    kind = model_type(config)
+    if kind in OPT_IN_WINDOWS and config.get("use_sliding_window") is not True:
+        return None
+    window = config["sliding_window"] if "sliding_window" in config else WINDOW_DEFAULTS.get(kind or "")
+    return window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else None

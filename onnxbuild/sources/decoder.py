@@ -77,6 +77,29 @@ def layout_of(config: transformers.PretrainedConfig) -> PastLayout:
     return PastLayout(layers=int(config.num_hidden_layers), kv_heads=kv_heads, head_dim=head_dim)
 
 
+def layout_of_model(model: transformers.PreTrainedModel) -> PastLayout:
+    """The KV-cache layout the model itself writes: one token through it with an empty cache.
+    Configs name their head counts in many ways (Falcon's multi_query, Bloom's n_head, a
+    num_key_value_heads a type ignores); the cache it returns is the one truth."""
+    import torch
+
+    ids = torch.zeros((1, 1), dtype=torch.long, device=model.device)
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True, return_dict=True)
+    cache = out.get("past_key_values") if out.get("past_key_values") is not None else out.get("cache")
+    layers = getattr(cache, "layers", None)
+    if not layers or any(getattr(layer, "keys", None) is None for layer in layers):
+        return layout_of(model.config)
+    first = layers[0].keys
+    shapes = {(tuple(layer.keys.shape[1::2]), tuple(layer.values.shape[1::2])) for layer in layers}
+    if len(shapes) != 1:
+        raise StepError(
+            f"the model's KV cache differs between layers ({sorted(shapes)}): onnxbuild's with-past export "
+            "takes one [batch, kv_heads, past_sequence, head_dim] layout for every layer"
+        )
+    return PastLayout(layers=len(layers), kv_heads=int(first.shape[1]), head_dim=int(first.shape[3]))
+
+
 def layout_from_session(session: Session) -> PastLayout:
     """The KV-cache layout an ONNX model declares in its inputs."""
     past = [i for i in session.get_inputs() if i.name.startswith(PAST_PREFIX)]
@@ -109,7 +132,7 @@ def io_names(export: ExportSection, layout: PastLayout) -> tuple[list[Tensor], l
 
 
 def wrap_with_past(
-    model: transformers.PreTrainedModel, token_names: list[str], outputs: list[str], layout: PastLayout
+    model: transformers.PreTrainedModel, token_names: list[str], outputs: list[str], layers: int
 ) -> torch.nn.Module:
     """A module taking (token inputs..., past tensors...) and returning (outputs..., presents...)."""
     import torch
@@ -127,8 +150,8 @@ def wrap_with_past(
         def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
             kwargs: dict[str, object] = dict(zip(token_names, args[:count], strict=True))
             past = args[count:]
-            pairs = [(past[2 * i], past[2 * i + 1]) for i in range(layout.layers)]
-            kwargs[cache_arg] = DynamicCache(ddp_cache_data=pairs, config=self.model.config)
+            pairs = [(past[2 * i], past[2 * i + 1]) for i in range(layers)]
+            kwargs[cache_arg] = DynamicCache(ddp_cache_data=pairs)
             out = self.model(**kwargs, use_cache=True, return_dict=True)
             cache = out.get("past_key_values") if out.get("past_key_values") is not None else out.get("cache")
             flat: list[torch.Tensor] = []

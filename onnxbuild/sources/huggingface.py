@@ -575,6 +575,25 @@ def named_file(src: HuggingfaceSource, recipe_dir: Path) -> OnnxFile | None:
     return OnnxFile(path, "source.huggingface.file", str(src["file"]), where)
 
 
+def window(src: HuggingfaceSource) -> int | None:
+    """A text decoder's sliding attention window (recipe/families.py)."""
+    from onnxbuild.recipe.families import sliding_window
+
+    return sliding_window(_config(src)) if decoder(src) else None
+
+
+def takes_positions(src: HuggingfaceSource) -> bool:
+    from onnxbuild.recipe.families import NO_POSITION_IDS, model_type
+
+    return model_type(_config(src)) not in NO_POSITION_IDS
+
+
+def exporter(src: HuggingfaceSource) -> str | None:
+    from onnxbuild.recipe.families import DYNAMO_ONLY, model_type
+
+    return "dynamo" if model_type(_config(src)) in DYNAMO_ONLY and not seq2seq(src) else None
+
+
 def with_sdpa(src: HuggingfaceSource) -> HuggingfaceSource:
     """The section loading the model with PyTorch's fused attention (a fair baseline)."""
     out = src.copy()
@@ -606,6 +625,9 @@ KIND = SourceKind(
     transformers=True,
     onnx_file=named_file,
     sdpa=with_sdpa,
+    window=window,
+    takes_positions=takes_positions,
+    exporter=exporter,
     config=config,
     later=LATER,
     recorded=RECORDED,

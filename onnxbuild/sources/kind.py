@@ -206,6 +206,14 @@ def _nothing_to_resolve(src: dict[str, Any], defaults: Defaults) -> None:
     return None
 
 
+def _no_window(src: object) -> int | None:
+    return None
+
+
+def _no_exporter(src: object) -> str | None:
+    return None
+
+
 def _no_config(src: object, recipe_dir: Path) -> dict[str, Any]:
     return {}
 
@@ -301,6 +309,12 @@ class SourceKind(Generic[S]):
     """The section set to load the model with PyTorch's fused attention (sdpa), so a baseline is
     not timed with a slower attention than the export may use; None where the kind has no choice."""
     """A text decoder: ``export.with_past`` and the fused decoder graphs apply."""
+    window: Callable[[S], int | None] = _no_window
+    """A decoder's sliding attention window, from its config: validation's past crosses it."""
+    takes_positions: Callable[[S], bool] = _always
+    """A decoder's with-past export takes position_ids (ALiBi decoders take none)."""
+    exporter: Callable[[S], str | None] = _no_exporter
+    """The exporter its model needs when the recipe names none (None: the schema's default)."""
     benchmark_inputs: Callable[[S], list[Tensor]] | None = None
     """Inputs an untraced source is benchmarked by (plain dicts, as export.inputs are)."""
     later: tuple[str, ...] = ()

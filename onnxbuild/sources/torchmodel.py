@@ -54,9 +54,9 @@ def full_export(export: ExportSection, model: transformers.PreTrainedModel) -> E
     """
     if not export.get("with_past"):
         return export
-    from onnxbuild.sources.decoder import io_names, layout_of
+    from onnxbuild.sources.decoder import io_names, layout_of_model
 
-    inputs, outputs = io_names(export, layout_of(model.config))
+    inputs, outputs = io_names(export, layout_of_model(model))
     return {**export, "inputs": inputs, "outputs": outputs}
 
 
@@ -79,11 +79,11 @@ def wrap(model: Any, source: Mapping[str, object], input_names: list[str], outpu
         return described.adapter(model, input_names)
     hf = described.transformers
     if hf and any(n.startswith(PAST_PREFIX) for n in input_names):
-        from onnxbuild.sources.decoder import layout_of, wrap_with_past
+        from onnxbuild.sources.decoder import wrap_with_past
 
         tokens = [n for n in input_names if not n.startswith(PAST_PREFIX)]
         outputs = [n for n in output_names if not n.startswith(PRESENT_PREFIX)]
-        return wrap_with_past(model, tokens, outputs, layout_of(model.config))
+        return wrap_with_past(model, tokens, outputs, sum(n.startswith(PAST_PREFIX) for n in input_names) // 2)
     params = set(inspect.signature(model.forward).parameters) if hf else set()
 
     class Wrapped(torch.nn.Module):  # type: ignore[misc]

@@ -31,6 +31,7 @@ from onnxbuild.recipe.sections import SIGNATURE_KEYS, ExportSection
 from onnxbuild.recipe.tasks import DEFAULT_DECODER_SEQUENCE
 from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD, model_files
 from onnxbuild.sources import source_kind
+from onnxbuild.sources.decoder import PAST_PREFIX
 from onnxbuild.sources.kind import SourceKind
 from onnxbuild.sources.torchmodel import (
     full_export,
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
     from transformers import PreTrainedModel
 
-VERSION = 4
+VERSION = 5
 PACKAGES = ("torch", "transformers", "onnx", "onnxscript")
 
 PROTOBUF_LIMIT = 2_000_000_000
@@ -114,6 +115,9 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         return _seq2seq(ctx, model, source, record, export)
     export = full_export(export, model)
     names = [t["name"] for t in export["inputs"]]
+    if described.transformers:
+        _traceable_experts(model)
+        _takes_every_input(model, names)
     wrapped = wrap(model, source, names, export["outputs"])
     sample = make_inputs(input_specs(source, export, natural=False), export["sample"], seed=0, vocab=vocab_size(model))
     args = tuple(torch.from_numpy(sample[n]).to(device) for n in names)
@@ -164,6 +168,32 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     return StepResult(
         summary=summary, data={"exporter": export["exporter"], "opset": export["opset"]}, extra_outputs=extra
     )
+
+
+def _traceable_experts(model: PreTrainedModel) -> None:
+    """A mixture of experts computed the way a trace can follow. transformers' default on CPU
+    groups tokens by expert with ``torch.histc`` and per-expert slices of data-dependent size
+    (no ONNX op, and a trace would fix the sizes); ``batched_mm`` gathers each token's chosen
+    experts' weights and multiplies in one batch: Gather and MatMul, exact for every routing.
+    The PyTorch reference validation compares against keeps the model's own implementation."""
+    can = getattr(type(model), "_can_set_experts_implementation", None)
+    if callable(can) and can() and any(v not in (None, "batched_mm") for v in model.get_experts_implementation().values()):
+        model.set_experts_implementation("batched_mm")
+
+
+def _takes_every_input(model: PreTrainedModel, names: list[str]) -> None:
+    """Every input the export lists is one the model's forward takes by name: TorchScript drops
+    an input the model ignores (a ``**kwargs`` swallows it), and the file would then lack it."""
+    import inspect
+
+    params = set(inspect.signature(model.forward).parameters)
+    ignored = [n for n in names if n not in params and not n.startswith(PAST_PREFIX)]
+    if ignored:
+        raise StepError(
+            f"export.inputs: {type(model).__name__} takes no {', '.join(ignored)} "
+            f"(its forward takes {', '.join(p for p in params if p not in ('self', 'kwargs'))}); "
+            "remove them from export.inputs"
+        )
 
 
 def _seq2seq(
@@ -307,10 +337,10 @@ def companion_files(
                     Path(f).replace(ctx.output(name))
                     written.append(name)
     if export.get("with_past"):
-        from onnxbuild.sources.decoder import genai_config, layout_of
+        from onnxbuild.sources.decoder import genai_config, layout_of_model
 
         ctx.output("genai_config.json").write_text(
-            genai_config(model.config, layout_of(model.config), [t["name"] for t in export["inputs"]]), encoding="utf-8"
+            genai_config(model.config, layout_of_model(model), [t["name"] for t in export["inputs"]]), encoding="utf-8"
         )
         written.append("genai_config.json")
     return tuple(written[1:])

@@ -32,8 +32,11 @@ def resolve(doc: dict[str, Any], out: dict[str, Any]) -> None:
         return
     described = source_kind(kind)
     task_inputs, task_outputs = described.default_io(src) if described.default_io else ([], ["output"])
-    export = with_defaults(doc.get("export", {}), deref("#/$defs/export"))
-    default_inputs = WITH_PAST_INPUTS if export["with_past"] else task_inputs
+    given = doc.get("export", {})
+    export = with_defaults(given, deref("#/$defs/export"))
+    if "exporter" not in given and (needed := described.exporter(src)):
+        export["exporter"] = needed
+    default_inputs = past_inputs(kind, src) if export["with_past"] else task_inputs
     export.setdefault("inputs", [dict(t) for t in default_inputs])
     export["inputs"] = [{"dtype": "float32", "shape": [], **t} for t in export["inputs"]]
     export.setdefault("outputs", list(task_outputs))
@@ -46,6 +49,13 @@ def resolve(doc: dict[str, Any], out: dict[str, Any]) -> None:
             "past_sequence": export["sample"].get("past_sequence", DEFAULT_SAMPLE["past_sequence"]),
         }
     out["export"] = export
+
+
+def past_inputs(kind: str, src: Mapping[str, object]) -> list[dict[str, object]]:
+    """A with-past decoder's token inputs: ids, the mask over past and new tokens, and the new
+    tokens' positions where the model takes them (an ALiBi decoder reads them from the mask)."""
+    positions = source_kind(kind).takes_positions(src)
+    return [dict(t) for t in WITH_PAST_INPUTS if positions or t["name"] != "position_ids"]
 
 
 def check(c: Checking) -> Iterable[Found]:
@@ -111,7 +121,11 @@ def finds(c: Checking) -> Checking:
     if c.traced:
         described = source_kind(c.source)
         default_inputs = (
-            WITH_PAST_INPUTS if with_past else described.default_io(c.src)[0] if described.default_io else []
+            past_inputs(c.source, c.src)
+            if with_past
+            else described.default_io(c.src)[0]
+            if described.default_io
+            else []
         )
         inputs = export.get("inputs") or default_inputs
     return replace(

@@ -88,7 +88,9 @@ def resolve(doc: dict[str, Any], out: dict[str, Any]) -> None:
     sample = {**default_sample(kind, src), **traced["sample"]}
     validate = with_defaults(doc.get("validate", {}), deref("#/$defs/validate"))
     held = set(described.held_dims(src))
-    validate.setdefault("shapes", default_shapes(validation_dims(kind, src, list(traced["inputs"])), sample, held))
+    dims = validation_dims(kind, src, list(traced["inputs"]))
+    window = described.window(src) if traced["with_past"] else None
+    validate.setdefault("shapes", default_shapes(dims, sample, held) + _past_the_window(window, dims))
     validate.setdefault("atol", DEFAULT_ATOL)
     validate.setdefault("rtol", DEFAULT_RTOL)
     validate.setdefault("top1_min", DEFAULT_TOP1_MIN if described.top1(src) else None)
@@ -101,6 +103,15 @@ def resolve(doc: dict[str, Any], out: dict[str, Any]) -> None:
     if validate["accuracy"] is not None:
         validate["accuracy"] = with_defaults(validate["accuracy"], properties["accuracy"])
     out["validate"] = validate
+
+
+def _past_the_window(window: int | None, dims: list[str]) -> list[dict[str, int]]:
+    """A sliding-window decoder's past longer than its window (three new tokens after a full
+    window): a cache or mask that assumes the whole past is attended fails here, where the
+    default shapes' short pasts would pass."""
+    if not window:
+        return []
+    return [{**{d: 1 for d in dims}, "batch": 2, "sequence": 3, "past_sequence": window}]
 
 
 def check(c: Checking) -> Iterable[Found]:
