@@ -15,15 +15,17 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from onnxbuild.recipe.tasks import DERIVED_DIMS
+from onnxbuild.recipe.tasks import DERIVED_DIMS, SIZE_DIMS
 from onnxbuild.sources import source_kind
 
 if TYPE_CHECKING:
     from onnxbuild.recipe.sections import Resolved
     from onnxbuild.spec import StepKind
 
-DEFAULT_SAMPLE = {"batch": 2, "sequence": 16, "past_sequence": 4}
-IMAGE_DIMS = frozenset({"height", "width"})
+DEFAULT_SAMPLE = {"batch": 2, "sequence": 16, "past_sequence": 4, "samples": 1600, "choices": 3}
+"""Export sample sizes; ``samples`` is 0.1 s of 16 kHz audio (a wav2vec2 feature encoder's
+receptive field is 400), ``choices`` a multiple-choice question's answers."""
+
 DEFAULT_ATOL = 1e-4
 DEFAULT_RTOL = 1e-3
 DEFAULT_TOP1_MIN = 0.99
@@ -120,7 +122,7 @@ def default_shapes(
     """
     if not dims:
         return [{}]
-    smallest = {d: sample[d] if d in IMAGE_DIMS or d in held else 1 for d in dims}
+    smallest = {d: sample[d] if d in SIZE_DIMS or d in held else 1 for d in dims}
     return [smallest, {d: sample[d] for d in dims}, {d: sample[d] if d in held else sample[d] * 2 + 1 for d in dims}]
 
 

@@ -35,6 +35,12 @@ MEL_BINS, FRAMES = "mel_bins", "frames"
 """Stand for the config's num_mel_bins and 2 x max_source_positions in a speech task's input."""
 _AUDIO: list[Tensor] = [{"name": "input_features", "dtype": "float32", "shape": ["batch", MEL_BINS, FRAMES]}]
 _IMAGE: list[Tensor] = [{"name": "pixel_values", "dtype": "float32", "shape": ["batch", CHANNELS, "height", "width"]}]
+_WAVEFORM: list[Tensor] = [{"name": "input_values", "dtype": "float32", "shape": ["batch", "samples"]}]
+"""Raw 16 kHz audio (wav2vec2, HuBERT): its convolutions take any length above their receptive field."""
+_CHOICES: list[Tensor] = [
+    {"name": "input_ids", "dtype": "int64", "shape": ["batch", "choices", "sequence"]},
+    {"name": "attention_mask", "dtype": "int64", "shape": ["batch", "choices", "sequence"]},
+]
 
 TASKS: dict[str, TaskInfo] = {
     "feature-extraction": {
@@ -116,14 +122,76 @@ TASKS: dict[str, TaskInfo] = {
         "top1": False,
         "per_token": False,
     },
+    # DETR / YOLOS / Conditional DETR: a score per class (and "no object") and a box per query.
+    "object-detection": {
+        "auto_class": "AutoModelForObjectDetection",
+        "inputs": _IMAGE,
+        "outputs": ["logits", "pred_boxes"],
+        "top1": True,
+        "per_token": False,
+    },
+    # SegFormer, MobileViT, BEiT: a score per class at each pixel of a downsampled map.
+    "semantic-segmentation": {
+        "auto_class": "AutoModelForSemanticSegmentation",
+        "inputs": _IMAGE,
+        "outputs": ["logits"],
+        "top1": False,
+        "per_token": False,
+    },
+    "audio-classification": {
+        "auto_class": "AutoModelForAudioClassification",
+        "inputs": _WAVEFORM,
+        "outputs": ["logits"],
+        "top1": True,
+        "per_token": False,
+    },
+    # CLIP / SigLIP: both towers in one file; each image's score against each text.
+    "zero-shot-image-classification": {
+        "auto_class": "AutoModelForZeroShotImageClassification",
+        "inputs": [*_TEXT, *_IMAGE],
+        "outputs": ["logits_per_image", "logits_per_text"],
+        "top1": True,
+        "per_token": False,
+    },
+    # One score per candidate answer: inputs are [batch, choices, sequence].
+    "multiple-choice": {
+        "auto_class": "AutoModelForMultipleChoice",
+        "inputs": _CHOICES,
+        "outputs": ["logits"],
+        "top1": True,
+        "per_token": False,
+    },
 }
+
+CTC_TYPES = frozenset({"wav2vec2", "wav2vec2-conformer", "hubert", "wavlm", "data2vec-audio", "unispeech", "unispeech-sat", "sew", "sew-d"})
+"""Speech encoders whose automatic-speech-recognition head is CTC: one file, raw audio in,
+a score per vocabulary entry per frame out (AutoModelForCTC), not an encoder and a decoder."""
+CTC_TASK: TaskInfo = {
+    "auto_class": "AutoModelForCTC",
+    "inputs": _WAVEFORM,
+    "outputs": ["logits"],
+    "top1": True,
+    "per_token": False,
+}
+
+
+def task_info(task: str, model_type: object) -> TaskInfo:
+    """The task as a model of this type does it (a CTC speech model's ASR is one file)."""
+    if task == "automatic-speech-recognition" and model_type in CTC_TYPES:
+        return CTC_TASK
+    return TASKS[task]
+
+
+SIZE_DIMS = frozenset({"height", "width", "samples"})
+"""Dimensions never validated at 1 (a convolution's kernel is larger): the smallest default
+shape keeps their sample size."""
 
 ENCODER_FILE, DECODER_FILE = "encoder_model.onnx", "decoder_model.onnx"
 """An encoder-decoder's two files (Optimum's and onnxruntime-genai's names)."""
 DEFAULT_DECODER_SEQUENCE = 4
 """Decoder tokens of an encoder-decoder's export sample (its validation varies them too)."""
 SEQ2SEQ_TASKS = frozenset({"text2text-generation", "automatic-speech-recognition"})
-IMAGE_TASKS = frozenset(t for t, info in TASKS.items() if info["inputs"] is _IMAGE)
+IMAGE_TASKS = frozenset(t for t, info in TASKS.items() if any(i["name"] == "pixel_values" for i in info["inputs"]))
 
 FIXED_SIZE_IMAGES = frozenset(
     {
@@ -133,8 +201,11 @@ FIXED_SIZE_IMAGES = frozenset(
         "data2vec-vision",
         "vit_msn",
         "vit_mae",
+        "clip",
         "clip_vision_model",
+        "siglip",
         "siglip_vision_model",
+        "yolos",
         "levit",
         # Swin pads to whole windows with Python conditionals, which tracing fixes at the export size.
         "swin",

@@ -27,6 +27,8 @@ from onnxbuild.sources.kind import Defaults, HuggingfaceSource, OnnxFile, Proble
 if TYPE_CHECKING:
     import transformers
 
+    from onnxbuild.recipe.tasks import TaskInfo
+
 _SHA = re.compile(r"^[0-9a-f]{40}$")
 
 
@@ -341,9 +343,7 @@ def load_model(src: HuggingfaceSource, record: Mapping[str, object], recipe_dir:
     import torch
     import transformers
 
-    from onnxbuild.recipe.tasks import TASKS
-
-    auto = getattr(transformers, TASKS[src["task"]]["auto_class"])
+    auto = getattr(transformers, task(src)["auto_class"])
     dtype = getattr(torch, src["dtype"])
     kwargs: dict[str, object] = {"attn_implementation": src["attn_implementation"]}
     try:
@@ -419,7 +419,9 @@ def _positive(config: Mapping[str, object], key: str, default: int) -> int:
 
 def image_size(src: HuggingfaceSource) -> tuple[int, int] | None:
     """(height, width) from the recipe's config.image_size (an int or a pair), if it says."""
-    size = _config(src).get("image_size")
+    config = _config(src)
+    vision = config.get("vision_config")
+    size = config.get("image_size", vision.get("image_size") if isinstance(vision, dict) else None)
     if isinstance(size, int) and not isinstance(size, bool) and size > 0:
         return size, size
     if isinstance(size, list) and len(size) == 2 and all(isinstance(v, int) and v > 0 for v in size):
@@ -509,13 +511,20 @@ def _check_seq2seq(src: HuggingfaceSource, doc: Mapping[str, object]) -> Iterabl
         )
 
 
+def task(src: HuggingfaceSource) -> TaskInfo:
+    """The recipe's task as this model does it (recipe/tasks.py)."""
+    from onnxbuild.recipe.tasks import task_info
+
+    return task_info(src["task"], _config(src).get("model_type"))
+
+
 def default_io(src: HuggingfaceSource) -> tuple[list[Tensor], list[str]]:
     """The task's inputs and outputs (recipe/tasks.py). An image takes the config's
     num_channels, and a model with absolute position embeddings (ViT) its one image size."""
-    from onnxbuild.recipe.tasks import CHANNELS, FRAMES, TASKS
+    from onnxbuild.recipe.tasks import CHANNELS, FRAMES
 
-    task = TASKS[src["task"]]
-    inputs = [t.copy() for t in task["inputs"]]
+    info = task(src)
+    inputs = [t.copy() for t in info["inputs"]]
     size = image_size(src) if fixed_image_size(src) else None
     config = _config(src)
     for t in inputs:
@@ -528,21 +537,19 @@ def default_io(src: HuggingfaceSource) -> tuple[list[Tensor], list[str]]:
                 _positive(config, "num_mel_bins", 80),
                 2 * _positive(config, "max_source_positions", 1500),
             ]
-    return inputs, list(task["outputs"])
+    return inputs, list(info["outputs"])
 
 
 def top1(src: HuggingfaceSource) -> bool:
     """Its first output scores tokens or classes: validation gets a top-1 agreement floor."""
-    from onnxbuild.recipe.tasks import TASKS
-
-    return bool(TASKS[src["task"]]["top1"])
+    return bool(task(src)["top1"])
 
 
 def seq2seq(src: HuggingfaceSource) -> bool:
     """An encoder-decoder model (text or speech in): two files, encoder_model.onnx and decoder_model.onnx."""
-    from onnxbuild.recipe.tasks import SEQ2SEQ_TASKS
+    from onnxbuild.recipe.tasks import CTC_TYPES, SEQ2SEQ_TASKS
 
-    return src.get("task") in SEQ2SEQ_TASKS
+    return src.get("task") in SEQ2SEQ_TASKS and _config(src).get("model_type") not in CTC_TYPES
 
 
 def files(src: HuggingfaceSource) -> tuple[str, ...]:

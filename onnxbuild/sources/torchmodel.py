@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import ExportSection, Tensor
-from onnxbuild.recipe.tasks import TASKS, TOKEN_INPUTS
+from onnxbuild.recipe.families import model_type
+from onnxbuild.recipe.tasks import TOKEN_INPUTS, task_info
 from onnxbuild.sources import source_kind
 from onnxbuild.sources.decoder import PAST_PREFIX, PRESENT_PREFIX
 
@@ -122,7 +123,8 @@ def output_axes(source: dict[str, Any], export: ExportSection) -> dict[str, dict
         if name.startswith(PRESENT_PREFIX):
             axes[name] = {**ax, 2: "total_sequence"}
             continue
-        per_token = transformers and TASKS[src["task"]]["per_token"] and name not in POOLED_OUTPUTS
+        per_token = transformers and task_info(src["task"], model_type(src.get("config")))["per_token"]
+        per_token = per_token and name not in POOLED_OUTPUTS
         if per_token and seq:
             ax[1] = seq
         axes[name] = ax
@@ -142,7 +144,7 @@ def input_specs(source: Mapping[str, object], export: ExportSection, *, natural:
     specs = [t.copy() for t in export["inputs"]]
     if natural and source_kind(kind).transformers:
         for t in specs:
-            if t["name"] in TOKEN_INPUTS:
+            if t["name"] in TOKEN_INPUTS and len(t["shape"]) == 2:
                 # a decoder's mask spans past + new tokens; the rest follow the new tokens
                 t["shape"] = ["batch", "total_sequence" if "total_sequence" in t["shape"] else "sequence"]
     return specs
