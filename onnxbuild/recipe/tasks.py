@@ -161,7 +161,19 @@ TASKS: dict[str, TaskInfo] = {
         "top1": True,
         "per_token": False,
     },
+    # sentence-transformers' embedding: the encoder's tokens mean-pooled over the attention mask
+    # inside the graph (sentence_embedding), beside the tokens themselves (token_embeddings).
+    "sentence-similarity": {
+        "auto_class": "AutoModel",
+        "inputs": _TEXT,
+        "outputs": ["sentence_embedding", "token_embeddings"],
+        "top1": False,
+        "per_token": True,
+    },
 }
+
+POOLED_TASKS = frozenset({"sentence-similarity"})
+"""Tasks whose wrapper mean-pools the encoder's last_hidden_state into ``sentence_embedding``."""
 
 CTC_TYPES = frozenset({"wav2vec2", "wav2vec2-conformer", "hubert", "wavlm", "data2vec-audio", "unispeech", "unispeech-sat", "sew", "sew-d"})
 """Speech encoders whose automatic-speech-recognition head is CTC: one file, raw audio in,

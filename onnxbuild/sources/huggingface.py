@@ -357,6 +357,10 @@ def load_model(src: HuggingfaceSource, record: Mapping[str, object], recipe_dir:
                     "source.huggingface.config: needs model_type (e.g. gpt2, bert) to build the architecture"
                 )
             cfg = transformers.AutoConfig.for_model(model_type, **config)
+            if getattr(cfg, "architectures", None) is None:
+                # a task that maps a type to several classes (DeiT's with and without a teacher)
+                # picks by the config's architectures, and fails on None instead of taking the first
+                cfg.architectures = []
             torch.manual_seed(int(src["seed"]))
             model = auto.from_config(cfg, **kwargs)
         else:
@@ -478,6 +482,13 @@ def check(src: HuggingfaceSource, doc: Mapping[str, object]) -> Iterable[Problem
         )
     from onnxbuild.recipe.tasks import IMAGE_TASKS
 
+    labels = _config(src).get("num_labels")
+    if src.get("task") == "question-answering" and labels is not None and labels != 2:
+        yield (
+            ("source", "huggingface", "config", "num_labels"),
+            f"a question-answering head scores an answer's start and end: num_labels must be 2 (got {labels})",
+            False,
+        )
     if seq2seq(src):
         yield from _check_seq2seq(src, doc)
     if src.get("task") not in IMAGE_TASKS:

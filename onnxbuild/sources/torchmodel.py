@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import ExportSection, Tensor
 from onnxbuild.recipe.families import model_type
-from onnxbuild.recipe.tasks import TOKEN_INPUTS, task_info
+from onnxbuild.recipe.tasks import POOLED_TASKS, TOKEN_INPUTS, task_info
 from onnxbuild.sources import source_kind
 from onnxbuild.sources.decoder import PAST_PREFIX, PRESENT_PREFIX
 
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from onnxbuild.runtimes.sessions import TensorInfo
 
-POOLED_OUTPUTS = frozenset({"pooler_output", "text_embeds", "image_embeds"})
+POOLED_OUTPUTS = frozenset({"pooler_output", "text_embeds", "image_embeds", "sentence_embedding"})
 """One vector per input, whatever the task's other outputs hold per token."""
 
 INT_RANGE_DEFAULT = 10
@@ -74,7 +74,7 @@ def wrap(model: Any, source: Mapping[str, object], input_names: list[str], outpu
     """
     import torch
 
-    ((kind, _),) = source.items()
+    ((kind, section),) = source.items()
     described = source_kind(kind)
     if described.adapter is not None:
         return described.adapter(model, input_names)
@@ -86,6 +86,7 @@ def wrap(model: Any, source: Mapping[str, object], input_names: list[str], outpu
         outputs = [n for n in output_names if not n.startswith(PRESENT_PREFIX)]
         return wrap_with_past(model, tokens, outputs, sum(n.startswith(PAST_PREFIX) for n in input_names) // 2)
     params = set(inspect.signature(model.forward).parameters) if hf else set()
+    pooled = hf and isinstance(section, Mapping) and section.get("task") in POOLED_TASKS
 
     class Wrapped(torch.nn.Module):  # type: ignore[misc]
         def __init__(self) -> None:
@@ -103,6 +104,13 @@ def wrap(model: Any, source: Mapping[str, object], input_names: list[str], outpu
             if "use_cache" in params:
                 kwargs["use_cache"] = False
             out = self.model(**kwargs, return_dict=True)
+            if pooled:
+                tokens = out["last_hidden_state"]
+                mask = kwargs.get("attention_mask", torch.ones_like(tensors["input_ids"]))
+                weights = torch.as_tensor(mask).unsqueeze(-1).to(tokens.dtype)
+                pooled_out = (tokens * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+                named = {"sentence_embedding": pooled_out, "token_embeddings": tokens}
+                return tuple(named[name] if name in named else out[name] for name in output_names)
             return tuple(out[name] for name in output_names)
 
     return Wrapped().eval()
