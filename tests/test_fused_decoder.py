@@ -48,6 +48,17 @@ CONFIGS: dict[str, Any] = {
     "qwen3": lambda: transformers.Qwen3Config(**TINY, head_dim=16),  # per-head q/k norms
     "phi3": lambda: transformers.Phi3Config(**TINY, pad_token_id=0),  # packed qkv and gate_up
     "gemma": lambda: transformers.GemmaConfig(**TINY, head_dim=16),  # (1 + w) norms, scaled embeddings, tanh GELU
+    # sandwich norms, alternating window 4 and full layers, soft-capped scores and logits: caps
+    # small enough (and weights large enough) that tanh bends them, so a missing cap fails
+    "gemma2": lambda: transformers.Gemma2Config(
+        **TINY,
+        head_dim=16,
+        sliding_window=4,
+        query_pre_attn_scalar=16,
+        attn_logit_softcapping=1.0,
+        final_logit_softcapping=3.0,
+        initializer_range=0.2,
+    ),
     "gpt2": lambda: transformers.GPT2Config(vocab_size=1000, n_embd=64, n_layer=2, n_head=4, n_positions=128),
 }
 
@@ -59,7 +70,8 @@ def expected_fusions(family: str, layers: int) -> dict[str, int]:
         "Attention": layers,
         "RotaryEmbedding": 2 * layers,
         "SkipSimplifiedLayerNormalization": 2 * layers,
-        "SimplifiedLayerNormalization": 1,
+        # Gemma 2 also normalises each attention's and MLP's output before its residual add
+        "SimplifiedLayerNormalization": 1 + (2 * layers if family == "gemma2" else 0),
     }
 
 
@@ -169,13 +181,9 @@ def test_a_left_padded_batch_matches_pytorch(family: str, tmp_path: Path) -> Non
     # exp(), so sessions that keep denormals, as this one does, do not slow down on it)
     made = {o: n for n in graph.graph.node for o in n.output}
     masks = [made[n.input[3]] for n in graph.graph.node if n.op_type == "Attention"]
+    windowed = {"mistral-window": ["visible4"], "gemma2": ["visible4", "visible"]}.get(family, ["visible"])
     assert {(m.op_type, *m.input) for m in masks} == {
-        (
-            "Where",
-            "/model/attn_mask/visible4" if family == "mistral-window" else "/model/attn_mask/visible",
-            "mask_seen",
-            "mask_masked",
-        )
+        ("Where", f"/model/attn_mask/{visible}", "mask_seen", "mask_masked") for visible in windowed
     }
     assert {
         t.name: onnx.numpy_helper.to_array(t).item() for t in graph.graph.initializer if t.name.startswith("mask_")
@@ -440,7 +448,7 @@ def test_int4_multiplies_in_int8_keeps_lm_head_in_full_precision_and_packs_the_e
             "name: x\nsource: {huggingface: {model: m, task: text-generation, offline: random-init, config: "
             "{model_type: falcon}}}\nexport: {with_past: true}\noptimize: {decoder: fused}\n",
             "optimize.decoder: no fused graph for model_type 'falcon' (there is one for llama, mistral, qwen2, "
-            "qwen3, phi3, gemma, gpt2); use decoder: auto or export",
+            "qwen3, phi3, gemma, gemma2, gpt2); use decoder: auto or export",
         ),
         (
             "name: x\nsource: {huggingface: {model: m, task: text-generation, offline: random-init, config: "

@@ -40,6 +40,7 @@ FAMILIES = {
     "qwen3": {"qk_norm": True},
     "phi3": {"packed": True},
     "gemma": {"gemma": True},
+    "gemma2": {"gemma": True, "sandwich": True},
     "gpt2": {"gpt2": True},
 }
 assert tuple(FAMILIES) == FUSED_DECODERS, "name a new family in onnxbuild/recipe/families.py too"
@@ -88,7 +89,8 @@ def build(model: Any, exported: onnx.ModelProto) -> Built:
     heads = int(config.num_attention_heads)
     kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-    act = str(getattr(config, "hidden_act", "silu"))
+    # Gemma 2 names its activation hidden_activation (hidden_act is None there)
+    act = str(getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None) or "silu")
     if act not in ("silu", "gelu_pytorch_tanh", "gelu"):
         raise StepError(
             f"optimize.decoder: fused: activation {act!r} of {kind} has no fused graph here; "
@@ -257,6 +259,8 @@ def build(model: Any, exported: onnx.ModelProto) -> Built:
         if window not in masks:  # once per window, shared by its layers
             masks[window] = _additive(g, visible if window < 0 else _windowed(g, visible, window), window)
         mask = masks[window]
+        # Gemma 2 caps the scores (cap * tanh(scores / cap)) before the softmax: Attention's softcap
+        softcap = getattr(config, "attn_logit_softcapping", None)
         (out, _, _) = node(
             "Attention",
             [q, k, v, mask, f"past_key_values.{i}.key", f"past_key_values.{i}.value"],
@@ -265,6 +269,7 @@ def build(model: Any, exported: onnx.ModelProto) -> Built:
             q_num_heads=heads,
             kv_num_heads=kv_heads,
             scale=float(getattr(attn, "scaling", head_dim**-0.5)),
+            **({"softcap": float(softcap)} if softcap else {}),
         )
         fused["Attention"] += 1
         (o,) = node(
@@ -273,16 +278,22 @@ def build(model: Any, exported: onnx.ModelProto) -> Built:
             [f"{p}/attn/o_proj/output"],
             f"{p}/attn/o_proj/MatMul",
         )
+        # Gemma 2's sandwich: the attention's and the MLP's outputs are normalised before their
+        # residual adds, and the MLP's input by its own pre_feedforward norm
+        if family.get("sandwich"):
+            o = _plain_norm(node, weight, fused, f"{p}/post_attention_layernorm", o, layer.post_attention_layernorm, i)
+        before_mlp = layer.pre_feedforward_layernorm if family.get("sandwich") else layer.post_attention_layernorm
+        name = "pre_feedforward_layernorm" if family.get("sandwich") else "post_attention_layernorm"
         x, residual = _norm(
             node,
             weight,
             fused,
-            f"{p}/post_attention_layernorm",
+            f"{p}/{name}",
             o,
             residual,
-            norm_weight(layer.post_attention_layernorm),
-            eps(layer.post_attention_layernorm),
-            f"model.layers.{i}.post_attention_layernorm.weight",
+            norm_weight(before_mlp),
+            eps(before_mlp),
+            f"model.layers.{i}.{name}.weight",
         )
         # gate and up stay two MatMuls: one packed [hidden, 2 x intermediate] MatMul and a Split
         # measured 3-5% slower at a 128-token prefill on 2 cores (MLAS tiles the wider N worse,
@@ -322,6 +333,10 @@ def build(model: Any, exported: onnx.ModelProto) -> Built:
             [f"{p}/mlp/down_proj/output"],
             f"{p}/mlp/down_proj/MatMul",
         )
+        if family.get("sandwich"):
+            hidden = _plain_norm(
+                node, weight, fused, f"{p}/post_feedforward_layernorm", hidden, layer.post_feedforward_layernorm, i
+            )
     x, _ = _norm(
         node,
         weight,
@@ -333,7 +348,14 @@ def build(model: Any, exported: onnx.ModelProto) -> Built:
         eps(inner.norm),
         "model.norm.weight",
     )
-    node("MatMul", [x, weight("lm_head.weight", _linear_t(model.lm_head))], ["logits"], "/lm_head/MatMul")
+    cap = getattr(config, "final_logit_softcapping", None)
+    scores = "/lm_head/output" if cap else "logits"
+    node("MatMul", [x, weight("lm_head.weight", _linear_t(model.lm_head))], [scores], "/lm_head/MatMul")
+    if cap:  # Gemma 2: logits = cap * tanh(logits / cap)
+        limit = constant(inits, "final_logit_softcap", float(cap), "float32")
+        (scaled,) = node("Div", [scores, limit], ["/lm_head/capped_in"], "/lm_head/softcap/Div")
+        (bent,) = node("Tanh", [scaled], ["/lm_head/capped_tanh"], "/lm_head/softcap/Tanh")
+        node("Mul", [bent, limit], ["logits"], "/lm_head/softcap/Mul")
 
     return Built(g.model(exported, opset=23), {k: v for k, v in fused.items() if v}, kind)
 
@@ -641,6 +663,15 @@ def _norm(
     )
     fused["SkipSimplifiedLayerNormalization"] += 1
     return y, total
+
+
+def _plain_norm(node: _NodeFn, weight: _WeightFn, fused: dict[str, int], prefix: str, x: str, module: Any, layer: int) -> str:
+    """A Gemma RMSNorm (weights + 1) of ``x`` alone, with no residual to fuse in."""
+    gamma = module.weight.detach().float().numpy() + 1.0
+    epsilon = float(getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6)))
+    wname = f"model.layers.{layer}.{prefix.rsplit('/', 1)[-1]}.weight"
+    y, _ = _norm(node, weight, fused, prefix, x, None, gamma, epsilon, wname)
+    return y
 
 
 def _head_norm(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-FUSED_DECODERS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gpt2")
+FUSED_DECODERS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2")
 
 WINDOW_DEFAULTS: dict[str, int] = {
     "mistral": 4096,

@@ -37,7 +37,7 @@ OWN_KEYS = ("level", "decoder", "transformer", "float16")
 
 # 5: skip_layer_norm (Sum + LayerNormalization on CPU-only recipes); 6-8: fused decoders with ONNX Attention
 # (opset 23); 9: their masks additive (fusion/decoder.MASKED); 10: all-zero q/k/v biases left out
-VERSION = 10
+VERSION = 11
 PACKAGES = ("onnxruntime", "onnx", "torch", "transformers")
 
 FUSED_OPS = (
