@@ -1,6 +1,6 @@
 """Decoders beside onnxruntime-genai's model builder, in one run (`make bench` calls this).
 
-For each recipe (default: recipes/llama-125m.yaml and recipes/qwen2-125m.yaml): build it with
+For each recipe (default: recipes/llama-125m.yaml, recipes/qwen2-125m.yaml and recipes/mistral-125m.yaml, a sliding window of 64): build it with
 onnxbuild, save the same seeded weights as a Hugging Face folder, build that folder with the
 model builder (fp32, int4 at its default block 32 and at block 128; CPU) in a separate virtual environment (onnxruntime-genai
 ships its own onnxruntime), then time every file with this environment's onnxruntime, one
@@ -286,4 +286,4 @@ def genai_loads(genai: str, artifacts: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["recipes/llama-125m.yaml", "recipes/qwen2-125m.yaml"])
+    main(sys.argv[1:] or ["recipes/llama-125m.yaml", "recipes/qwen2-125m.yaml", "recipes/mistral-125m.yaml"])
