@@ -1,5 +1,5 @@
 """The coverage table (#41): one tiny random-init config per model type people ship
-(tests/data/coverage.yaml), each built with onnxbuild's defaults: exported, checked, validated
+(tests/data/coverage/table.yaml), each built with onnxbuild's defaults: exported, checked, validated
 against PyTorch at several shapes and, for decoders and encoder-decoders, its greedy generation
 compared with transformers' ``generate()``. A transformers upgrade that breaks a family fails
 here in that family's row.
@@ -22,7 +22,7 @@ import onnxbuild
 pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).resolve().parent
-TABLE: dict[str, dict[str, Any]] = yaml.safe_load((HERE / "data" / "coverage.yaml").read_text(encoding="utf-8"))[
+TABLE: dict[str, dict[str, Any]] = yaml.safe_load((HERE / "data" / "coverage" / "table.yaml").read_text(encoding="utf-8"))[
     "models"
 ]
 GENERATED = ("text-generation", "text2text-generation", "automatic-speech-recognition")

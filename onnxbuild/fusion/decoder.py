@@ -10,7 +10,7 @@ copied from the export, so validation and generation feed it exactly as they fee
 export. Node names follow ``/model/layers.{i}/...`` and ``/lm_head/MatMul`` so that a
 quantize variant can keep chosen layers in higher precision by name.
 
-One module (~650 lines): one builder writes every layer and the model around it, sharing the
+One module (~720 lines): one builder writes every layer and the model around it, sharing the
 names, the mask and the cache layout; what differs between the families (FAMILIES below: Qwen2's
 biases, Qwen3's q/k norms, Phi-3's packed weights, Gemma's scaled embedding, GPT-2's own layer)
 is a parameter of it.
@@ -259,8 +259,8 @@ def build(model: Any, exported: onnx.ModelProto) -> Built:
         if window not in masks:  # once per window, shared by its layers
             masks[window] = _additive(g, visible if window < 0 else _windowed(g, visible, window), window)
         mask = masks[window]
-        # Gemma 2 caps the scores (cap * tanh(scores / cap)) before the softmax: Attention's softcap
-        softcap = getattr(config, "attn_logit_softcapping", None)
+        # Gemma 2 caps the scores (cap * tanh(scores / cap)) before the softmax: Attention's
+        # softcap, whose 0 (the others') is no cap
         (out, _, _) = node(
             "Attention",
             [q, k, v, mask, f"past_key_values.{i}.key", f"past_key_values.{i}.value"],
@@ -269,7 +269,7 @@ def build(model: Any, exported: onnx.ModelProto) -> Built:
             q_num_heads=heads,
             kv_num_heads=kv_heads,
             scale=float(getattr(attn, "scaling", head_dim**-0.5)),
-            **({"softcap": float(softcap)} if softcap else {}),
+            softcap=float(getattr(config, "attn_logit_softcapping", None) or 0.0),
         )
         fused["Attention"] += 1
         (o,) = node(
@@ -665,7 +665,9 @@ def _norm(
     return y, total
 
 
-def _plain_norm(node: _NodeFn, weight: _WeightFn, fused: dict[str, int], prefix: str, x: str, module: Any, layer: int) -> str:
+def _plain_norm(
+    node: _NodeFn, weight: _WeightFn, fused: dict[str, int], prefix: str, x: str, module: _Weighted, layer: int
+) -> str:
     """A Gemma RMSNorm (weights + 1) of ``x`` alone, with no residual to fuse in."""
     gamma = module.weight.detach().float().numpy() + 1.0
     epsilon = float(getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6)))

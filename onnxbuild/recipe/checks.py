@@ -156,9 +156,15 @@ def shape_problems(c: Checking, section: str, need: Sequence[str], *, optional_n
                 )
         for d in shape:
             if d not in c.dims and d not in c.optional:
+                fixed = d in ("height", "width") and c.traced and source_kind(c.source).fixed_image_size(c.src)
+                config = c.src.get("config")
+                kind = config.get("model_type") if isinstance(config, Mapping) else None
                 yield (
                     (section, "shapes", i, d),
-                    "unknown dimension (the inputs use: "
+                    f"a {kind} model takes images of its config.image_size "
+                    f"only (its export fixes them); remove {d}, only the batch varies"
+                    if fixed
+                    else "unknown dimension (the inputs use: "
                     f"{', '.join([*need, *sorted(c.optional)]) or 'no symbolic dimensions'})",
                     True,
                 )

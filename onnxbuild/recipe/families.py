@@ -31,10 +31,32 @@ NO_POSITION_IDS = frozenset({"bloom", "mpt"})
 """ALiBi decoders: positions come from the attention mask, and the forward takes no position_ids
 (TorchScript drops an unused input, so the file would lack one the recipe lists)."""
 
-DYNAMO_ONLY = frozenset({"cohere", "cohere2", "glm", "glm4"})
-"""Types TorchScript cannot export: their interleaved rotary (``torch.stack((-x2, x1), -1)`` of
-strided slices) fails its symbolic ``cat`` ("All tensors must have the same rank"), while the
-dynamo exporter traces it. Their ``export.exporter`` defaults to dynamo."""
+DYNAMO_ONLY = frozenset({"cohere", "cohere2", "glm", "glm4", "ernie4_5", "helium", "apertus"})
+"""Types TorchScript cannot export, while the dynamo exporter traces them: an interleaved rotary
+(``torch.stack((-x2, x1), -1)`` of strided slices) fails its symbolic ``cat`` ("All tensors must
+have the same rank"); Apertus' xIELU activation uses ``expm1``, which it has no symbolic for.
+Their ``export.exporter`` defaults to dynamo."""
+
+RECURRENT = frozenset(
+    {
+        "mamba",
+        "mamba2",
+        "falcon_mamba",
+        "jamba",
+        "bamba",
+        "zamba",
+        "zamba2",
+        "falcon_h1",
+        "granitemoehybrid",
+        "nemotron_h",
+        "qwen3_next",
+        "recurrent_gemma",
+        "minimax",
+        "rwkv",
+    }
+)
+"""Decoders whose cache is a recurrent state (state-space or linear-attention layers), which a
+with-past export of keys and values cannot carry: refused at the recipe for text-generation."""
 
 
 def model_type(config: object) -> str | None:

@@ -175,7 +175,19 @@ TASKS: dict[str, TaskInfo] = {
 POOLED_TASKS = frozenset({"sentence-similarity"})
 """Tasks whose wrapper mean-pools the encoder's last_hidden_state into ``sentence_embedding``."""
 
-CTC_TYPES = frozenset({"wav2vec2", "wav2vec2-conformer", "hubert", "wavlm", "data2vec-audio", "unispeech", "unispeech-sat", "sew", "sew-d"})
+CTC_TYPES = frozenset(
+    {
+        "wav2vec2",
+        "wav2vec2-conformer",
+        "hubert",
+        "wavlm",
+        "data2vec-audio",
+        "unispeech",
+        "unispeech-sat",
+        "sew",
+        "sew-d",
+    }
+)
 """Speech encoders whose automatic-speech-recognition head is CTC: one file, raw audio in,
 a score per vocabulary entry per frame out (AutoModelForCTC), not an encoder and a decoder."""
 CTC_TASK: TaskInfo = {
@@ -219,6 +231,10 @@ FIXED_SIZE_IMAGES = frozenset(
         "siglip_vision_model",
         "yolos",
         "levit",
+        # MobileViT unfolds its feature maps into patches with sizes computed in Python from the
+        # map's shape (math.ceil, int), which tracing fixes: another size fails a Reshape.
+        "mobilevit",
+        "mobilevitv2",
         # Swin pads to whole windows with Python conditionals, which tracing fixes at the export size.
         "swin",
         "swinv2",

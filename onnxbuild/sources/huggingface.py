@@ -5,7 +5,7 @@ files' digest, a Hub model is the commit its revision resolved to, and random-in
 weights are "random-init + seed + config digest". So a later build with real weights
 is a different artifact, and says so.
 
-One module (~580 lines): the places a model comes from (the Hub, a folder, a package, a GGUF
+One module (~680 lines): the places a model comes from (the Hub, a folder, a package, a GGUF
 file) and the source protocol's hooks all apply those identity and offline rules, which a split
 would repeat.
 """
@@ -482,6 +482,7 @@ def check(src: HuggingfaceSource, doc: Mapping[str, object]) -> Iterable[Problem
         )
     from onnxbuild.recipe.tasks import IMAGE_TASKS
 
+    yield from _check_model_type(src)
     labels = _config(src).get("num_labels")
     if src.get("task") == "question-answering" and labels is not None and labels != 2:
         yield (
@@ -507,6 +508,33 @@ def check(src: HuggingfaceSource, doc: Mapping[str, object]) -> Iterable[Problem
                 f"a {config['model_type']} model takes images of the one size its position embeddings were made for; "
                 "give config.image_size (224 for the base models)"
             ),
+            False,
+        )
+
+
+def _check_model_type(src: HuggingfaceSource) -> Iterable[Problem]:
+    """The recipe's config names a model type the task's Auto class builds (read from the
+    installed transformers' own table, recipe/automap.py), and, for a decoder with its cache,
+    one whose cache is keys and values."""
+    from onnxbuild.recipe.automap import loads
+    from onnxbuild.recipe.families import RECURRENT, model_type
+    from onnxbuild.recipe.tasks import TASKS
+
+    kind = model_type(_config(src))
+    if kind is None or src.get("task") not in TASKS:
+        return
+    auto = task(src)["auto_class"]
+    key = ("source", "huggingface", "config", "model_type")
+    if loads(auto, kind) is False:
+        others = sorted(t for t, info in TASKS.items() if loads(info["auto_class"], kind))
+        hint = f"tasks that build a {kind}: {', '.join(others)}" if others else "no task onnxbuild exports builds one"
+        yield key, f"transformers has no {auto} for model type {kind!r}, which task {src['task']} uses ({hint})", False
+    elif kind in RECURRENT and src.get("task") == "text-generation":
+        yield (
+            key,
+            f"a {kind} is not supported yet for text-generation: its state-space or linear-attention layers keep a "
+            "recurrent state instead of the key/value cache onnxbuild's decoder files carry, and their traced "
+            "convolution fixes the sequence length",
             False,
         )
 

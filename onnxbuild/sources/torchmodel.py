@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from onnxbuild.errors import StepError
-from onnxbuild.recipe.sections import ExportSection, Tensor
 from onnxbuild.recipe.families import model_type
+from onnxbuild.recipe.sections import ExportSection, Tensor
 from onnxbuild.recipe.tasks import POOLED_TASKS, TOKEN_INPUTS, task_info
 from onnxbuild.sources import source_kind
 from onnxbuild.sources.decoder import PAST_PREFIX, PRESENT_PREFIX

@@ -177,7 +177,11 @@ def _traceable_experts(model: PreTrainedModel) -> None:
     experts' weights and multiplies in one batch: Gather and MatMul, exact for every routing.
     The PyTorch reference validation compares against keeps the model's own implementation."""
     can = getattr(type(model), "_can_set_experts_implementation", None)
-    if callable(can) and can() and any(v not in (None, "batched_mm") for v in model.get_experts_implementation().values()):
+    if (
+        callable(can)
+        and can()
+        and any(v not in (None, "batched_mm") for v in model.get_experts_implementation().values())
+    ):
         model.set_experts_implementation("batched_mm")
 
 
