@@ -22,9 +22,8 @@ import onnxbuild
 pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).resolve().parent
-TABLE: dict[str, dict[str, Any]] = yaml.safe_load((HERE / "data" / "coverage" / "table.yaml").read_text(encoding="utf-8"))[
-    "models"
-]
+TABLE_FILE = HERE / "data" / "coverage" / "table.yaml"
+TABLE: dict[str, dict[str, Any]] = yaml.safe_load(TABLE_FILE.read_text(encoding="utf-8"))["models"]
 GENERATED = ("text-generation", "text2text-generation", "automatic-speech-recognition")
 CTC = ("wav2vec2", "hubert")
 
