@@ -5,6 +5,7 @@
    wall time (target < 3 min) and peak memory of any step process (target < 4 GB).
 3. Export overhead: the export step through onnxbuild vs a bare torch.onnx.export
    script of the same model in one run (target < 10 %).
+4. Whisper-tiny's greedy generation over its two files, tokens/s beside PyTorch's generate().
 
 Machines here are shared and noisy: compare figures from one run, not across runs.
 """
@@ -152,6 +153,9 @@ def main() -> None:
             extra = f", embedding cosine mean {cos['mean']:.4f} min {cos['min']:.4f}" if cos else ""
             print(f"    {r['variant']:<10} p50 {r['p50_ms']:7.1f} ms = {r['ratio_to_pytorch']:.2f}x PyTorch{extra}")
         print("  target: int8 mean cosine >= 0.99 at <= 0.35x PyTorch")
+
+        run([onnxbuild, "make", "recipes/whisper-tiny.yaml"], work, env)
+        print_seq2seq("whisper-tiny", json.loads((work / "artifacts" / "whisper-tiny" / "benchmark.json").read_text()))
         screenshots(work, onnxbuild, env)
 
     executors()
@@ -222,6 +226,26 @@ def print_benchmark(bench: dict, validation: dict) -> None:
         "  target (seq 128, a CPU with native bf16): fastest validated <= 0.5x PyTorch bf16; its decode step no "
         "slower than int8's (today's above; the int8 of before issue 21 below)"
     )
+
+
+def print_seq2seq(name: str, bench: dict) -> None:
+    """An encoder-decoder's generation beside PyTorch's generate(): tokens/s of a whole greedy
+    generation (the encoder once, then the decoder steps), the first token and one decoder step."""
+    rows = bench.get("decode", [])
+    torch_row = next((d for d in rows if d["engine"] == "pytorch"), None)
+    for d in rows:
+        who = "PyTorch generate()" if d["engine"] == "pytorch" else f"{d['variant']} (ORT loop)"
+        than = (
+            f" = {d['tokens_per_s'] / torch_row['tokens_per_s']:.2f}x PyTorch's tokens/s"
+            if torch_row and d is not torch_row
+            else ""
+        )
+        print(
+            f"{name} batch {d['shape'].get('batch', 1)}, {d['new_tokens']} tokens: {who:<22} "
+            f"{d['tokens_per_s']:6.1f} tokens/s{than}; first token {d['prefill_p50_ms']:.1f} ms, "
+            f"decoder step {d['decode_p50_ms']:.2f} ms"
+        )
+    print(f"  target: every fp32 variant's tokens/s >= PyTorch generate()'s ({name}, random-init weights)")
 
 
 def screenshots(work: Path, onnxbuild: str, env: dict[str, str]) -> None:

@@ -155,19 +155,24 @@ def test_an_encoder_decoder_is_two_files_and_generates_as_transformers_does(buil
     folder = built / recipe
     encoder, decoder = signature(folder / "encoder_model.onnx"), signature(folder / "decoder_model.onnx")
     assert not (folder / "model.onnx").exists()
+    cross = [f"past_{kv}_cross_{i}" for i in (0, 1) for kv in ("key", "value")]
     if recipe == "tiny-whisper":  # 64 frames of 16 mel bins in, 32 positions out (a stride-2 convolution)
-        assert encoder == {"input_features": ["batch", 16, 64], "last_hidden_state": ["batch", 32, 64]}
-        assert decoder["encoder_hidden_states"] == ["batch", 32, 64] and "encoder_attention_mask" not in decoder
+        assert {n: encoder[n] for n in ("input_features", "last_hidden_state")} == {
+            "input_features": ["batch", 16, 64],
+            "last_hidden_state": ["batch", 32, 64],
+        }
+        assert all(decoder[n] == ["batch", 4, 32, 16] for n in cross) and "encoder_attention_mask" not in decoder
     else:
-        assert encoder == {
+        assert {n: encoder[n] for n in ("input_ids", "attention_mask", "last_hidden_state")} == {
             "input_ids": ["batch", "sequence"],
             "attention_mask": ["batch", "sequence"],
             "last_hidden_state": ["batch", "sequence", 64],
         }
-        assert decoder["encoder_hidden_states"] == ["batch", "sequence", 64] and decoder["encoder_attention_mask"] == [
-            "batch",
-            "sequence",
-        ]
+        assert all(decoder[n] == ["batch", 4, "sequence", 16] for n in cross)
+        assert decoder["encoder_attention_mask"] == ["batch", "sequence"]
+    # the encoder projects each decoder layer's cross keys and values once; the decoder reads them, not hidden states
+    assert [n for n in encoder if "cross" in n] == [n.replace("past", "present") for n in cross]
+    assert "encoder_hidden_states" not in decoder
     assert decoder["input_ids"] == ["batch", "decoder_sequence"]
     assert (
         decoder["past_key_values.1.value"] == ["batch", 4, "past_sequence", 16]
@@ -193,6 +198,7 @@ def test_an_encoder_decoder_is_two_files_and_generates_as_transformers_does(buil
     assert [s["shape"] for s in shapes] == want
     assert {
         "encoder.last_hidden_state",
+        "encoder.present_value_cross_1",
         "decoder.logits",
         "decoder.present.1.value",
         "decoder.next_step.logits",

@@ -1,6 +1,8 @@
 """Running an encoder-decoder (two ONNX files, laid out as sources/seq2seq.py exports them): the
-encoder once, then the decoder token by token through its cache, on ONNX Runtime; and the same
-loops on the PyTorch model, for the generate step's comparisons.
+encoder once (its hidden states projected into every decoder layer's cross keys and values),
+then the decoder token by token through its self-attention cache, reading those cross keys and
+values at each step, on ONNX Runtime; and the same loops on the PyTorch model, for the generate
+step's comparisons.
 """
 
 from __future__ import annotations
@@ -13,7 +15,14 @@ from onnxbuild.errors import StepError
 from onnxbuild.runtimes import sessions
 from onnxbuild.runtimes.decoding import Generation
 from onnxbuild.sources.decoder import PastLayout
-from onnxbuild.sources.seq2seq import ENCODER_OUTPUT, decoder_module, encoder_module, layout_of, start_token
+from onnxbuild.sources.seq2seq import (
+    cross_inputs,
+    cross_outputs,
+    decoder_module,
+    encoder_module,
+    layout_of,
+    start_token,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -50,9 +59,10 @@ class OrtSeq2Seq:
                 ) from None
         return cls(loaded[0], loaded[1], layout_from_session(loaded[1]))
 
-    def encode(self, feeds: dict[str, NDArray[np.generic]]) -> NDArray[np.generic]:
-        hidden: NDArray[np.generic] = self.encoder.run([ENCODER_OUTPUT], feeds)[0]
-        return hidden
+    def encode(self, feeds: dict[str, NDArray[np.generic]]) -> list[NDArray[np.generic]]:
+        """Every decoder layer's cross key and value, [batch, heads, encoder positions, head_dim]."""
+        cross: list[NDArray[np.generic]] = self.encoder.run(cross_outputs(self.layout), feeds)
+        return cross
 
     @property
     def masked(self) -> bool:
@@ -69,15 +79,16 @@ class OrtSeq2Seq:
     def step(
         self,
         ids: NDArray[np.int64],
-        hidden: NDArray[np.generic],
+        cross: list[NDArray[np.generic]],
         mask: NDArray[np.generic] | None,
         past: list[NDArray[np.generic]],
     ) -> tuple[NDArray[np.generic], list[NDArray[np.generic]]]:
+        """New tokens through the decoder: (logits, the grown self-attention cache)."""
         feeds = {
             "input_ids": ids,
-            "encoder_hidden_states": hidden,
             **({"encoder_attention_mask": mask} if self.masked else {}),
             **dict(zip(self.layout.past_names, past, strict=True)),
+            **dict(zip(cross_inputs(self.layout), cross, strict=True)),
         }
         out = self.decoder.run(None, feeds)
         return out[0], list(out[1:])
@@ -98,15 +109,15 @@ class OrtSeq2Seq:
 
         choose = choose or greedy
 
-        hidden = self.encode(feeds)
+        cross = self.encode(feeds)
         mask = feeds.get("attention_mask")
-        batch = hidden.shape[0]
+        batch = cross[0].shape[0]
         past = self.empty_past(batch)
         cur = np.full((batch, 1), start, dtype=np.int64)
         tokens, steps = [], []
         finished = np.zeros(batch, dtype=bool)
         for _ in range(max_new_tokens):
-            logits, past = self.step(cur, hidden, mask, past)
+            logits, past = self.step(cur, cross, mask, past)
             last = np.asarray(logits[:, -1, :], dtype=np.float32)
             steps.append(last)
             nxt = np.where(finished, eos if eos is not None else 0, choose(last))
@@ -130,18 +141,18 @@ def torch_generate(
     layout = layout_of(model.config)
     names = list(feeds)
     masked = "attention_mask" in names
-    encoder, decoder = encoder_module(model, names), decoder_module(model, layout, masked)
+    encoder, decoder = encoder_module(model, names, layout), decoder_module(model, layout, masked)
     mask = (torch.from_numpy(feeds["attention_mask"]),) if masked else ()
     tokens, steps = [], []
     with torch.inference_mode():
-        (hidden,) = encoder(*(torch.from_numpy(feeds[n]) for n in names))
+        hidden, *cross = encoder(*(torch.from_numpy(feeds[n]) for n in names))
         batch = hidden.shape[0]
         past: list[torch.Tensor] = [
             torch.zeros((batch, layout.kv_heads, 0, layout.head_dim)) for _ in layout.past_names
         ]
         cur = torch.full((batch, 1), start_token(model.config), dtype=torch.long)
         for _ in range(max_new_tokens):
-            logits, *past = decoder(cur, hidden, *mask, *past)
+            logits, *past = decoder(cur, *mask, *past, *cross)
             last = logits[:, -1, :].float().numpy()
             steps.append(last)
             nxt = choose(last)

@@ -1,30 +1,43 @@
-"""Encoder-decoder models (T5, BART, Marian): two ONNX files and the wrappers that trace them
-(the loops that run them are in runtimes/seq2seq_decoding.py, their validation in
+"""Encoder-decoder models (T5, BART, Marian, Whisper): two ONNX files and the wrappers that
+trace them (the loops that run them are in runtimes/seq2seq_decoding.py, their validation in
 steps/validating/seq2seq.py).
 
-The layout is Optimum's and onnxruntime-genai's: ``encoder_model.onnx`` turns the text's
-tokens into hidden states once; ``decoder_model.onnx`` takes new decoder tokens, the
-encoder's hidden states and mask, and the decoder's self-attention cache, and returns the
-logits and the grown cache. A first step is a call with an empty cache (past_sequence 0),
-so one decoder file serves the first and every later step. Cross-attention keys and values
-are computed from the hidden states in each call: one file instead of two, at the cost of
-two small matmuls per layer and step.
+The layout is onnxruntime-genai's for Whisper (Optimum's file names): ``encoder_model.onnx``
+turns the text's tokens (or Whisper's log-mel features) into hidden states once and projects
+them, also once, into every decoder layer's cross-attention keys and values
+(``present_key_cross_{i}`` / ``present_value_cross_{i}``). ``decoder_model.onnx`` takes new
+decoder tokens, the encoder's mask (where the model takes one), its self-attention cache
+(``past_key_values.{i}.key`` / ``.value``) and those cross keys and values
+(``past_key_cross_{i}`` / ``past_value_cross_{i}``), and returns the logits and the grown
+self-attention cache (``present.{i}.key`` / ``.value``). The hidden states themselves are not
+a decoder input: each step reads the projected keys and values, so no step recomputes them
+over every encoder position (as transformers' generate() does not). A first step is a call
+with an empty self cache (past_sequence 0), so one decoder file serves every step.
 
-Axes: the encoder's ``input_ids`` / ``attention_mask`` are [batch, sequence]; the decoder's
-``input_ids`` [batch, decoder_sequence]; its past [batch, heads, past_sequence, head_dim].
+Axes: the encoder's ``input_ids`` / ``attention_mask`` are [batch, sequence]; the cross keys
+and values [batch, heads, sequence, head_dim] (Whisper: a fixed number of encoder positions);
+the decoder's ``input_ids`` [batch, decoder_sequence]; its past [batch, heads, past_sequence,
+head_dim].
+
+The export runs attention through :func:`fusable_attention`: eager attention's arithmetic
+with the query scaled before QK^T, the order ONNX Runtime's bart attention fusion matches.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import Tensor
 from onnxbuild.recipe.tasks import DECODER_FILE, ENCODER_FILE
 from onnxbuild.sources.decoder import PastLayout
 
 if TYPE_CHECKING:
     import torch
+    from transformers import DynamicCache, PreTrainedModel
 
 ENCODER, DECODER = ENCODER_FILE, DECODER_FILE
 
@@ -32,13 +45,33 @@ ENCODER, DECODER = ENCODER_FILE, DECODER_FILE
 ENCODER_OUTPUT = "last_hidden_state"
 
 
-DECODER_INPUTS = ("input_ids", "encoder_hidden_states", "encoder_attention_mask")
+CROSS_PRESENT = "present_{kv}_cross_{i}"
+"""The encoder's cross-attention outputs (onnxruntime-genai's Whisper names)."""
+
+
+CROSS_PAST = "past_{kv}_cross_{i}"
+"""The decoder's cross-attention inputs."""
+
+
+FUSABLE = "onnxbuild_fusable"
+"""The attention implementation the export registers with transformers (:func:`fusable_attention`)."""
+
+
+def cross_outputs(layout: PastLayout) -> list[str]:
+    """The encoder file's cross keys and values, layer by layer, key before value."""
+    return [CROSS_PRESENT.format(kv=kv, i=i) for i in range(layout.layers) for kv in ("key", "value")]
+
+
+def cross_inputs(layout: PastLayout) -> list[str]:
+    """The decoder file's cross keys and values, in :func:`cross_outputs`' order."""
+    return [CROSS_PAST.format(kv=kv, i=i) for i in range(layout.layers) for kv in ("key", "value")]
 
 
 def layout_of(config: Any) -> PastLayout:
-    """The decoder's self-attention cache: T5 names its sizes num_decoder_layers / num_heads /
-    d_kv, BART and Marian decoder_layers / decoder_attention_heads / d_model. ``config`` is a
-    transformers config; Any, as steps/benchmarking/pytorch.py passes a torch.nn.Module's."""
+    """The decoder's self-attention cache (and its cross-attention's heads): T5 names its
+    sizes num_decoder_layers / num_heads / d_kv, BART, Marian and Whisper decoder_layers /
+    decoder_attention_heads / d_model. ``config`` is a transformers config; Any, as
+    steps/benchmarking/pytorch.py passes a torch.nn.Module's."""
     layers = int(
         getattr(config, "num_decoder_layers", None)
         or getattr(config, "decoder_layers", None)
@@ -54,47 +87,96 @@ def _cache_arg(model: torch.nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def encoder_module(model: Any, names: list[str]) -> torch.nn.Module:
-    """(the export's inputs: input_ids and attention_mask, or Whisper's input_features) -> (hidden states,).
-    ``model`` is a transformers model; Any, as steps/benchmarking/pytorch.py holds it as a torch.nn.Module."""
+def cross_projections(model: PreTrainedModel) -> list[tuple[torch.nn.Module, torch.nn.Module]]:
+    """Each decoder layer's cross-attention key and value projections: BART's family
+    (Marian, Whisper, Pegasus...) ``layers[i].encoder_attn.k_proj / v_proj``, T5's
+    ``block[i].layer[1].EncDecAttention.k / v``. The export checks them against the keys and
+    values against the model's own decoder (:func:`check_decoder`)."""
+    decoder = model.get_decoder()  # type: ignore[no-untyped-call]
+    layers = getattr(decoder, "layers", None)
+    if layers is not None and all(hasattr(layer, "encoder_attn") for layer in layers):
+        return [(layer.encoder_attn.k_proj, layer.encoder_attn.v_proj) for layer in layers]
+    blocks = getattr(decoder, "block", None)
+    if blocks is not None and all(hasattr(block.layer[1], "EncDecAttention") for block in blocks):
+        return [(block.layer[1].EncDecAttention.k, block.layer[1].EncDecAttention.v) for block in blocks]
+    raise StepError(
+        f"{type(model).__name__}: onnxbuild finds no cross-attention key/value projections in its decoder "
+        "(it knows BART's layers[i].encoder_attn.k_proj and T5's block[i].layer[1].EncDecAttention.k); "
+        "this encoder-decoder type cannot be exported as two files yet"
+    )
+
+
+def encoder_module(model: Any, names: list[str], layout: PastLayout) -> torch.nn.Module:
+    """(the export's inputs: input_ids and attention_mask, or Whisper's input_features) ->
+    (hidden states, then each layer's cross key and value [batch, heads, sequence, head_dim]).
+    ``model`` is a transformers model; Any, as steps/benchmarking/pytorch.py holds it as a
+    torch.nn.Module."""
     import torch
+
+    projections = cross_projections(model)
 
     class Encoder(torch.nn.Module):  # type: ignore[misc]
         def __init__(self) -> None:
             super().__init__()
             self.encoder = model.get_encoder()
+            self.projections = torch.nn.ModuleList([p for pair in projections for p in pair])
 
-        def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor]:
-            return (self.encoder(**dict(zip(names, args, strict=True)), return_dict=True).last_hidden_state,)
+        def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            hidden = self.encoder(**dict(zip(names, args, strict=True)), return_dict=True).last_hidden_state
+            shape = (hidden.shape[0], -1, layout.kv_heads, layout.head_dim)
+            cross = [p(hidden).view(shape).transpose(1, 2) for p in self.projections]
+            return (hidden, *cross)
 
     return Encoder().eval()
 
 
+def _filled(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache:
+    """A DynamicCache holding these keys and values as they are. Built layer by layer:
+    DynamicCache(ddp_cache_data=...) concatenates each onto an empty tensor (the trace then
+    constant-folds the past away as an input), and its config= sizes Whisper's cache by the
+    encoder's layers."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    cache = DynamicCache()
+    for keys, values in pairs:
+        layer = DynamicLayer()  # type: ignore[no-untyped-call]
+        layer.keys, layer.values, layer.is_initialized, layer.device = keys, values, True, keys.device
+        cache.layers.append(layer)
+    return cache
+
+
 def decoder_module(model: Any, layout: PastLayout, masked: bool) -> torch.nn.Module:
-    """(input_ids, encoder_hidden_states, [encoder_attention_mask,] past...) -> (logits, presents...).
-    Whisper's encoder states have no padding, so its decoder takes no mask (``masked`` false)."""
+    """(input_ids, [encoder_attention_mask,] self past..., cross keys and values...) ->
+    (logits, presents...). Whisper's encoder states have no padding, so its decoder takes no
+    mask (``masked`` false)."""
     import torch
-    from transformers import DynamicCache, EncoderDecoderCache
+    from transformers import EncoderDecoderCache
 
     cache_arg = _cache_arg(model)
+    count = 2 * layout.layers
 
     class Decoder(torch.nn.Module):  # type: ignore[misc]
         def __init__(self) -> None:
             super().__init__()
             self.model = model
 
-        def forward(
-            self, input_ids: torch.Tensor, encoder_hidden_states: torch.Tensor, *rest: torch.Tensor
-        ) -> tuple[torch.Tensor, ...]:
-            config = self.model.config
-            mask, past = (rest[0], rest[1:]) if masked else (None, rest)
-            own = DynamicCache(
-                ddp_cache_data=[(past[2 * i], past[2 * i + 1]) for i in range(layout.layers)], config=config
+        def forward(self, input_ids: torch.Tensor, *rest: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            mask, rest = (rest[0], rest[1:]) if masked else (None, rest)
+            past, cross = rest[:count], rest[count:]
+            # A filled cross cache marks every layer updated (EncoderDecoderCache.is_updated),
+            # so attention reads these keys and values and never projects encoder states.
+            cache = EncoderDecoderCache(
+                _filled([(past[2 * i], past[2 * i + 1]) for i in range(layout.layers)]),
+                _filled([(cross[2 * i], cross[2 * i + 1]) for i in range(layout.layers)]),
             )
-            cache = EncoderDecoderCache(own, DynamicCache(config=config))
+            # The model still wants encoder states for their batch size and as a flag that
+            # the encoder ran; their values are never read (checked: random values give the
+            # same logits), so a view of the first cross key stands in for them.
+            stand_in = cross[0].transpose(1, 2).flatten(2)
             out = self.model(
                 decoder_input_ids=input_ids,
-                encoder_outputs=(encoder_hidden_states,),
+                encoder_outputs=(stand_in,),
                 use_cache=True,
                 **({"attention_mask": mask} if masked else {}),
                 return_dict=True,
@@ -109,21 +191,108 @@ def decoder_module(model: Any, layout: PastLayout, masked: bool) -> torch.nn.Mod
     return Decoder().eval()
 
 
+def check_decoder(
+    model: PreTrainedModel,
+    decoder: torch.nn.Module,
+    layout: PastLayout,
+    ids: torch.Tensor,
+    hidden: torch.Tensor,
+    mask: torch.Tensor | None,
+    cross: list[torch.Tensor],
+) -> None:
+    """The export's guard on :func:`cross_projections` and the decoder wrapper: the decoder on
+    the encoder wrapper's cross keys and values (and an empty cache) gives the logits the model
+    gives on the encoder's hidden states (a type whose cross attention normalizes or rotates
+    its keys, or reads the hidden states some other way, would not)."""
+    import torch
+
+    empty = [torch.zeros((ids.shape[0], layout.kv_heads, 0, layout.head_dim)) for _ in layout.past_names]
+    with torch.no_grad():
+        own = model(
+            decoder_input_ids=ids,
+            encoder_outputs=(hidden,),
+            **({"attention_mask": mask} if mask is not None else {}),
+            return_dict=True,
+        )["logits"]
+        got = decoder(ids, *([mask] if mask is not None else []), *empty, *cross)[0]
+    if own.shape != got.shape or not torch.allclose(own, got, rtol=1e-4, atol=1e-5):
+        raise StepError(
+            f"{type(model).__name__}: its decoder gives other logits on the cross-attention keys and values "
+            "onnxbuild projects from the encoder than on the encoder's hidden states (max abs diff "
+            f"{(own - got).abs().max().item() if own.shape == got.shape else 'n/a (shapes differ)'}); this "
+            "encoder-decoder type cannot be exported as two files yet"
+        )
+
+
 def decoder_io(
-    layout: PastLayout, hidden: int, encoder_length: int | str, masked: bool
+    layout: PastLayout, encoder_length: int | str, masked: bool
 ) -> tuple[list[Tensor], list[str], dict[str, dict[int, str]]]:
     """The decoder file's input specs, output names and dynamic axes."""
+    cross: list[Tensor] = [
+        {"name": n, "dtype": "float32", "shape": ["batch", layout.kv_heads, encoder_length, layout.head_dim]}
+        for n in cross_inputs(layout)
+    ]
     inputs: list[Tensor] = [
         {"name": "input_ids", "dtype": "int64", "shape": ["batch", "decoder_sequence"]},
-        {"name": "encoder_hidden_states", "dtype": "float32", "shape": ["batch", encoder_length, hidden]},
         *([Tensor(name="encoder_attention_mask", dtype="int64", shape=["batch", "sequence"])] if masked else []),
         *layout.past_specs(),
+        *cross,
     ]
     outputs = ["logits", *layout.present_names]
     axes = {t["name"]: {i: d for i, d in enumerate(t["shape"]) if isinstance(d, str)} for t in inputs}
     axes["logits"] = {0: "batch", 1: "decoder_sequence"}
     axes.update({n: {0: "batch", 2: "total_sequence"} for n in layout.present_names})
     return inputs, outputs, axes
+
+
+def _fusable(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    position_bias: torch.Tensor | None = None,
+    **kwargs: object,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eager attention (no dropout: the export runs in eval mode) with the query scaled
+    before QK^T and no Mul after it: ONNX Runtime's bart attention fusion matches this
+    order, and transformers' eager (scores * scaling) it does not. T5 passes scaling 1.0
+    and its relative position bias."""
+    import torch
+
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    if scaling != 1.0:
+        query = query * scaling
+    scores = torch.matmul(query, key.transpose(2, 3))
+    if position_bias is not None:
+        scores = scores + position_bias
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    weights = torch.softmax(scores, dim=-1)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+
+@contextlib.contextmanager
+def fusable_attention(model: PreTrainedModel) -> Iterator[None]:
+    """The model's eager attention as :func:`_fusable` while the files are traced (the same
+    arithmetic, ordered for ONNX Runtime's fusions); an sdpa model is left as it is."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    before = model.config._attn_implementation
+    if before != "eager":
+        yield
+        return
+    AttentionInterface.register(FUSABLE, _fusable)
+    AttentionMaskInterface.register(FUSABLE, eager_mask)
+    model.set_attn_implementation(FUSABLE)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(before)
 
 
 def start_token(config: Any) -> int:

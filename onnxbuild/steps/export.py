@@ -53,7 +53,9 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
     from transformers import PreTrainedModel
 
-VERSION = 5
+# 6: an encoder-decoder's cross-attention keys and values computed once, by the encoder file, and
+# its attention traced in the order ONNX Runtime's fusions match (sources/seq2seq.py)
+VERSION = 6
 PACKAGES = ("torch", "transformers", "onnx", "onnxscript")
 
 PROTOBUF_LIMIT = 2_000_000_000
@@ -207,8 +209,10 @@ def _seq2seq(
     record: dict[str, object],
     export: ExportSection,
 ) -> StepResult:
-    """An encoder-decoder model as encoder_model.onnx and decoder_model.onnx (TorchScript:
-    the decoder's cache is rebuilt from flat tensors, which it traces faithfully)."""
+    """An encoder-decoder model as encoder_model.onnx (hidden states and every layer's cross
+    keys and values) and decoder_model.onnx (TorchScript: the decoder's caches are rebuilt
+    from flat tensors, which it traces faithfully), attention traced in the order ONNX
+    Runtime's fusions match (sources/seq2seq.fusable_attention)."""
     import torch
 
     from onnxbuild.sources import seq2seq
@@ -218,7 +222,7 @@ def _seq2seq(
     masked = "attention_mask" in names
     sample = make_inputs(input_specs(source, export, natural=False), export["sample"], seed=0, vocab=vocab_size(model))
     args = tuple(torch.from_numpy(sample[n]) for n in names)
-    encoder, decoder = seq2seq.encoder_module(model, names), seq2seq.decoder_module(model, layout, masked)
+    encoder, decoder = seq2seq.encoder_module(model, names, layout), seq2seq.decoder_module(model, layout, masked)
     batch = args[0].shape[0]
     # export.sample sizes the encoder's inputs; the decoder is traced with a non-empty cache
     # so its past axis is not constant-folded as zero
@@ -232,31 +236,34 @@ def _seq2seq(
     mask = (torch.from_numpy(sample["attention_mask"]),) if masked else ()
     with torch.no_grad():
         try:
-            (hidden,) = encoder(*args)
-            decoder(decoder_ids, hidden, *mask, *past)
+            hidden, *cross = encoder(*args)
+            decoder(decoder_ids, *mask, *past, *cross)
         except Exception as exc:
             raise StepError(
                 f"the model failed on the export sample ({_describe(sample)}): {type(exc).__name__}: "
                 f"{brief(exc, limit=400)}"
             ) from None
+        seq2seq.check_decoder(model, decoder, layout, decoder_ids, hidden, mask[0] if mask else None, cross)
     # the encoder's output length: its input's sequence axis, or fixed (Whisper's 30 s of frames)
     length: int | str = "sequence" if masked else int(hidden.shape[1])
-    dec_inputs, dec_outputs, dec_axes = seq2seq.decoder_io(layout, int(hidden.shape[-1]), length, masked)
+    dec_inputs, dec_outputs, dec_axes = seq2seq.decoder_io(layout, length, masked)
     in_axes = {t["name"]: {i: d for i, d in enumerate(t["shape"]) if isinstance(d, str)} for t in export["inputs"]}
     out_axes = {0: "batch", **({1: "sequence"} if masked else {})}
+    cross_axes = {0: "batch", **({2: "sequence"} if masked else {})}
+    enc_outputs = [seq2seq.ENCODER_OUTPUT, *seq2seq.cross_outputs(layout)]
     jobs = [
         (
             seq2seq.ENCODER,
             encoder,
             args,
             names,
-            [seq2seq.ENCODER_OUTPUT],
-            {**in_axes, seq2seq.ENCODER_OUTPUT: out_axes},
+            enc_outputs,
+            {**in_axes, seq2seq.ENCODER_OUTPUT: out_axes, **dict.fromkeys(enc_outputs[1:], cross_axes)},
         ),
         (
             seq2seq.DECODER,
             decoder,
-            (decoder_ids, hidden, *mask, *past),
+            (decoder_ids, *mask, *past, *cross),
             [t["name"] for t in dec_inputs],
             dec_outputs,
             dec_axes,
@@ -269,17 +276,18 @@ def _seq2seq(
         with tempfile.TemporaryDirectory(dir=ctx.output_dir) as tmp:
             raw = Path(tmp) / name
             try:
-                torch.onnx.export(
-                    module,
-                    traced,
-                    str(raw),
-                    dynamo=False,
-                    input_names=inputs,
-                    output_names=outputs,
-                    dynamic_axes=axes,
-                    opset_version=export["opset"],
-                    do_constant_folding=export["constant_folding"],
-                )
+                with seq2seq.fusable_attention(model):
+                    torch.onnx.export(
+                        module,
+                        traced,
+                        str(raw),
+                        dynamo=False,
+                        input_names=inputs,
+                        output_names=outputs,
+                        dynamic_axes=axes,
+                        opset_version=export["opset"],
+                        do_constant_folding=export["constant_folding"],
+                    )
             except Exception as exc:
                 raise StepError(
                     f"torch.onnx.export of {name} failed: {type(exc).__name__}: {brief(exc, lines=4, limit=600)}"
@@ -289,7 +297,7 @@ def _seq2seq(
     sizes = ", ".join(f"{name} {ctx.output(name).stat().st_size / 1e6:.1f} MB" for name, *_ in jobs)
     summary = (
         f"torchscript exporter, opset {export['opset']}: {sizes}; decoder cache {layout.layers} layers x "
-        f"{layout.kv_heads} heads x {layout.head_dim}"
+        f"{layout.kv_heads} heads x {layout.head_dim}, cross keys and values from the encoder"
     )
     return StepResult(summary=summary, data={"exporter": "torchscript", "opset": export["opset"]}, extra_outputs=extra)
 

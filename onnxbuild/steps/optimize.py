@@ -4,6 +4,11 @@ Order: transformer fusions first (they match the exporter's patterns), then ORT'
 graph optimizations saved offline. Levels ``extended`` and above fuse into kernels of
 a particular provider and CPU, so the key of this step includes the target provider and
 a fingerprint of the CPU's features, and the report says so.
+
+One module (~470 lines): planning, the passes one file goes through (a fused decoder graph,
+ONNX Runtime's transformer fusions, float16, the SkipLayerNormalization split, the graph
+level), an encoder-decoder's files one by one and the report over all of them share the
+step's params and staging folder; the fused decoder graphs themselves are in fusion/.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from onnxbuild.errors import StepError
 from onnxbuild.recipe.families import FUSED_DECODERS
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.recipe.sections import TARGETS, OptimizeSection, Provider
+from onnxbuild.recipe.tasks import DECODER_FILE
 from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD, variant
 from onnxbuild.sources import is_decoder, section_for, source_kind
 from onnxbuild.spec import Checking, Found, Planning, StepInput, StepKind, Variant
@@ -36,8 +42,11 @@ OWN_KEYS = ("level", "decoder", "transformer", "float16")
 ``skip_layer_norm`` enters resolved against the providers, as the ``skip_layer_norm`` param."""
 
 # 5: skip_layer_norm (Sum + LayerNormalization on CPU-only recipes); 6-8: fused decoders with ONNX Attention
-# (opset 23); 9: their masks additive (fusion/decoder.MASKED); 10: all-zero q/k/v biases left out
-VERSION = 11
+# (opset 23); 9: their masks additive (fusion/decoder.MASKED); 10: all-zero q/k/v biases left out; 11: bart's
+# fusions with MultiHeadAttention (an encoder-decoder's cross attention), an encoder-decoder's decoder file
+# fused with its decoder's head count, fused ops per file in optimize.json; 12: fused Gemma 2 (sandwich
+# norms, soft-capping), Attention's softcap written on every fused decoder
+VERSION = 12
 PACKAGES = ("onnxruntime", "onnx", "torch", "transformers")
 
 FUSED_OPS = (
@@ -148,28 +157,36 @@ def measured(params: Mapping[str, object]) -> str:
     return f"optimize level {level} is fused for this CPU and provider" if level in HARDWARE_BOUND else ""
 
 
-def model_dims(source: dict[str, dict[str, object]] | None, recipe_dir: Path) -> tuple[int, int]:
-    """(num_heads, hidden_size) from the transformers config, when the source has one."""
+def model_dims(source: dict[str, dict[str, object]] | None, recipe_dir: Path, file: str = MODEL) -> tuple[int, int]:
+    """(num_heads, hidden_size) from the transformers config, when the source has one: an
+    encoder-decoder's decoder file (``file``) has its decoder's heads (BART's family names
+    them apart from the encoder's; T5's are the same)."""
     if not source:
         return 0, 0
     ((kind, src),) = source.items()
     config = source_kind(kind).config(src, recipe_dir)
+    first = ("decoder_attention_heads",) if file == DECODER_FILE else ()
     heads = next(
-        (config[k] for k in ("num_attention_heads", "n_head", "num_heads", "encoder_attention_heads") if k in config), 0
+        (
+            config[k]
+            for k in (*first, "num_attention_heads", "n_head", "num_heads", "encoder_attention_heads")
+            if k in config
+        ),
+        0,
     )  # T5, BART/Whisper
     hidden = next((config[k] for k in ("hidden_size", "n_embd", "d_model") if k in config), 0)
     return int(heads or 0), int(hidden or 0)
 
 
-def model_type_for(source: dict[str, dict[str, object]] | None) -> str:
-    """onnxruntime's transformer optimizer's model type for a transformers source's config."""
+def model_type_for(source: dict[str, dict[str, object]] | None, recipe_dir: Path) -> str:
+    """onnxruntime's transformer optimizer's model type for a transformers source's config
+    (the recipe's, or the one the source names: a Hub id's)."""
     if not source:
         return "bert"
     ((kind, src),) = source.items()
     if not source_kind(kind).transformers:
         return "bert"
-    config = src.get("config")  # a mapping or None
-    model_type = str(config.get("model_type", "")) if isinstance(config, dict) else ""
+    model_type = str(source_kind(kind).config(src, recipe_dir).get("model_type") or "")
     if model_type in ("gpt2", "bert", "bart", "t5", "gpt_neox", "phi", "clip", "vit", "swin"):
         return model_type
     if model_type in ("whisper", "marian", "mbart"):
@@ -186,23 +203,30 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
 
 
 def _each_file(ctx: StepContext, spec: StepSpec, opt: OptimizeSection) -> StepResult:
-    """An encoder-decoder: each file through the same passes; the report sums their nodes."""
+    """An encoder-decoder: each file through the same passes; the report sums their nodes and
+    gives each file's fused ops."""
+    import onnx
+
     before: Counter[str] = Counter()
     outs = []
     files: dict[str, dict[str, object]] = {}
     report: dict[str, object] = {}
     for name in spec.params["files"]:
         out = ctx.output(f"optimized/{name}")
-        report, one = _optimize(ctx, spec, opt, ctx.input(name), out)
+        report, one = _optimize(ctx, spec, opt, ctx.input(name), out, name)
         before.update(one)
         outs.append(out)
-        files[name] = {"transformer": report["transformer"]}
+        after = _histogram(onnx.load_model(str(out), load_external_data=False))
+        files[name] = {
+            "transformer": report["transformer"],
+            "fused_ops": {op: after[op] for op in FUSED_OPS if op in after},
+        }
     report["files"] = files
     return _finish(ctx, spec, opt, report, dict(before), outs)
 
 
 def _optimize(
-    ctx: StepContext, spec: StepSpec, opt: OptimizeSection, src_path: Path, out: Path
+    ctx: StepContext, spec: StepSpec, opt: OptimizeSection, src_path: Path, out: Path, file: str = MODEL
 ) -> tuple[dict[str, object], dict[str, int]]:
     """One file through the fused decoder (a decoder's), ORT's transformer fusions, fp16 and the graph level."""
     import onnx
@@ -226,11 +250,15 @@ def _optimize(
         from onnxruntime.transformers.optimizer import optimize_model
 
         t = opt["transformer"]
-        heads, hidden = model_dims(source, ctx.recipe_dir)
+        heads, hidden = model_dims(source, ctx.recipe_dir, file)
         heads = t["num_heads"] or heads
         hidden = t["hidden_size"] or hidden
-        model_type = t.get("model_type") or model_type_for(source)
+        model_type = t.get("model_type") or model_type_for(source, ctx.recipe_dir)
         options = FusionOptions(model_type)
+        if model_type == "bart":
+            # Cross attention (keys and values from the encoder file) and a decoder's self
+            # attention over its cache fuse only as MultiHeadAttention; the recipe may say otherwise.
+            options.use_multi_head_attention = True
         for key, value in t["fusion_options"].items():
             if not hasattr(options, key):
                 raise StepError(

@@ -54,7 +54,7 @@ def _seq2seq_pytorch(
 
     layout = seq2seq.layout_of(model.config)
     masked = "attention_mask" in names
-    encoder, decoder = seq2seq.encoder_module(model, names), seq2seq.decoder_module(model, layout, masked)
+    encoder, decoder = seq2seq.encoder_module(model, names, layout), seq2seq.decoder_module(model, layout, masked)
     start = seq2seq.start_token(model.config)
     n = int(bench["decode_tokens"])
 
@@ -66,7 +66,7 @@ def _seq2seq_pytorch(
         batch = args[0].shape[0]
         first_ids = torch.full((batch, 1), start, dtype=torch.long)
         with torch.inference_mode():
-            (hidden,) = encoder(*args)
+            cross = encoder(*args)[1:]
             empty = [torch.zeros((batch, layout.kv_heads, 0, layout.head_dim)) for _ in layout.past_names]
             past = [torch.randn((batch, layout.kv_heads, cached, layout.head_dim)) for _ in layout.past_names]
 
@@ -76,16 +76,15 @@ def _seq2seq_pytorch(
                 e: list[torch.Tensor] = empty,
                 ids: torch.Tensor = first_ids,
             ) -> None:
-                (h,) = encoder(*a)
-                decoder(ids, h, *m, *e)
+                decoder(ids, *m, *e, *encoder(*a)[1:])
 
             def step(
-                h: torch.Tensor = hidden,
+                c: tuple[torch.Tensor, ...] = cross,
                 m: tuple[torch.Tensor, ...] = mask,
                 pk: list[torch.Tensor] = past,
                 ids: torch.Tensor = first_ids,
             ) -> None:
-                decoder(ids, h, *m, *pk)
+                decoder(ids, *m, *pk, *c)
 
             prefill, one = _timed_at(bench, first, sizes), _timed_at(bench, step, sizes)
         total = _generation_time(lambda f=feeds: seq2seq_decoding.hf_generate(model, f, n, stop_at_eos=False))

@@ -83,8 +83,8 @@ def _seq2seq_benchmark(
         created = time.perf_counter() - t0
         for sizes, feeds in zip(shapes, feeds_by_shape, strict=True):
             mask_np = feeds.get("attention_mask")
-            hidden_np = runner.encode(feeds)
-            batch = hidden_np.shape[0]
+            cross_np = runner.encode(feeds)
+            batch = cross_np[0].shape[0]
             ids = np.full((batch, 1), start, dtype=np.int64)
             rng = np.random.default_rng(7)
             past_np = [
@@ -97,7 +97,7 @@ def _seq2seq_benchmark(
                 sizes,
             )
             one = _timed_at(
-                bench, lambda h=hidden_np, m=mask_np, pk=past_np, i=ids, r=runner: r.step(i, h, m, pk), sizes
+                bench, lambda c=cross_np, m=mask_np, pk=past_np, i=ids, r=runner: r.step(i, c, m, pk), sizes
             )
             total = _generation_time(lambda f=feeds, r=runner: r.generate(f, start, n, None))
             row = _row(

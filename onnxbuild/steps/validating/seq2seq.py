@@ -1,5 +1,6 @@
-"""Validating an encoder-decoder variant end to end: the encoder, the decoder's first call on each
-engine's own hidden states, and one more token through its cache, ONNX Runtime against PyTorch.
+"""Validating an encoder-decoder variant end to end: the encoder (hidden states and cross keys
+and values), the decoder's first call on each engine's own cross keys and values, and one more
+token through its cache, ONNX Runtime against PyTorch.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import ExportSection, ValidateSection
 from onnxbuild.recipe.tasks import DEFAULT_DECODER_SEQUENCE
 from onnxbuild.runtimes.seq2seq_decoding import OrtSeq2Seq
-from onnxbuild.sources.seq2seq import decoder_module, encoder_module, layout_of
+from onnxbuild.sources.seq2seq import ENCODER_OUTPUT, cross_outputs, decoder_module, encoder_module, layout_of
 
 if TYPE_CHECKING:
     import numpy as np
@@ -54,9 +55,10 @@ def validate_files(
     paths: list[Path],
     compare: Compare,
 ) -> Checked:
-    """Each shape end to end, ONNX Runtime against PyTorch: the encoder's hidden states; the
-    decoder's first call (``decoder_sequence`` tokens, empty cache) on each engine's own
-    hidden states, logits and grown cache; then one more token through that cache."""
+    """Each shape end to end, ONNX Runtime against PyTorch: the encoder's hidden states and
+    cross keys and values; the decoder's first call (``decoder_sequence`` tokens, empty
+    cache) on each engine's own cross keys and values, logits and grown cache; then one more
+    token through that cache."""
     import numpy as np
     import torch
 
@@ -66,7 +68,8 @@ def validate_files(
     layout = layout_of(model.config)
     names = [t["name"] for t in export["inputs"]]
     masked = "attention_mask" in names
-    encoder, decoder = encoder_module(model, names), decoder_module(model, layout, masked)
+    encoder, decoder = encoder_module(model, names, layout), decoder_module(model, layout, masked)
+    encoder_outputs = [ENCODER_OUTPUT, *cross_outputs(layout)]
     vocab = int(model.config.vocab_size)
     specs = input_specs(source, export, natural=True)
     rtol, atol = float(validate["rtol"]), float(validate["atol"])
@@ -91,11 +94,12 @@ def validate_files(
         with torch.no_grad():
             t_mask = (torch.from_numpy(mask),) if mask is not None else ()
             try:
-                (t_hidden,) = encoder(*(torch.from_numpy(feeds[n]) for n in names))
+                t_encoded = encoder(*(torch.from_numpy(feeds[n]) for n in names))
+                t_cross = t_encoded[1:]
                 empty = [torch.zeros((batch, layout.kv_heads, 0, layout.head_dim)) for _ in layout.past_names]
-                t_first = decoder(torch.from_numpy(decoder_ids), t_hidden, *t_mask, *empty)
+                t_first = decoder(torch.from_numpy(decoder_ids), *t_mask, *empty, *t_cross)
                 t_next_id = t_first[0][:, -1:].argmax(-1)
-                t_second = decoder(t_next_id, t_hidden, *t_mask, *t_first[1:])
+                t_second = decoder(t_next_id, *t_mask, *t_first[1:], *t_cross)
             except Exception as exc:
                 shown = ", ".join(f"{d}={v}" for d, v in sizes.items())
                 raise StepError(
@@ -103,15 +107,16 @@ def validate_files(
                     f"{str(exc)[:300]})"
                 ) from None
         try:
-            hidden = ort_model.encode(feeds)
-            first_logits, first_past = ort_model.step(decoder_ids, hidden, mask, ort_model.empty_past(batch))
-            second_logits, _ = ort_model.step(t_next_id.numpy(), hidden, mask, first_past)
+            encoded = ort_model.encoder.run(encoder_outputs, feeds)
+            cross = encoded[1:]
+            first_logits, first_past = ort_model.step(decoder_ids, cross, mask, ort_model.empty_past(batch))
+            second_logits, _ = ort_model.step(t_next_id.numpy(), cross, mask, first_past)
         except Exception as exc:
             result["error"] = f"ONNX Runtime refused the inputs: {str(exc)[:500]}"
             results.append(result)
             continue
         pairs = [
-            ("encoder.last_hidden_state", t_hidden, hidden),
+            *((f"encoder.{name}", t, o) for name, t, o in zip(encoder_outputs, t_encoded, encoded, strict=True)),
             ("decoder.logits", t_first[0], first_logits),
             *(
                 (f"decoder.{name}", t, o)
