@@ -466,7 +466,7 @@ def check(c: Checking) -> Iterable[Found]:
     gen = c.doc.get("generate")
     if gen is None:
         return
-    if not c.with_past and not c.two_files:
+    if not c.with_past and not c.two_files and not c.three_files:
         yield (
             ("generate",),
             "generates through the KV cache; add export.with_past: true (a huggingface text-generation model)",
