@@ -116,6 +116,27 @@ def text_config(model: Any) -> Any:
     return model.config.get_text_config()
 
 
+def seeded_images(model: Any, count: int, seed: int) -> NDArray[np.float32]:
+    """``count`` seeded images of the vision tower's size, as a processor gives them: 8-bit
+    pixels scaled to [-1, 1] (make_inputs' images)."""
+    import numpy as np
+
+    vision = model.config.vision_config
+    size = vision.image_size
+    height, width = (size, size) if isinstance(size, int) else size
+    shape = (count, int(getattr(vision, "num_channels", 3)), int(height), int(width))
+    pixels = np.random.default_rng(seed).integers(0, 256, size=shape).astype(np.float32) / 255.0
+    return ((pixels - 0.5) / 0.5).astype(np.float32)
+
+
+def tokens_per_image(model: Any) -> int:
+    """How many placeholder tokens one image's features fill (one image through the vision tower)."""
+    import torch
+
+    with torch.no_grad():
+        return int(family(model).features(model, torch.from_numpy(seeded_images(model, 1, seed=0))).shape[0])
+
+
 def layout_of(model: Any) -> PastLayout:
     """The language model's KV cache, as it writes it: one token through an empty cache."""
     import torch
@@ -263,9 +284,12 @@ class Prompt:
 
 
 def with_images(text: list[int], images: int, per_image: int, token: int) -> list[int]:
-    """A prompt's ids with ``images`` images' tokens: where it holds image tokens, each stands
-    for one image and becomes ``per_image`` of them (LLaVA's processor expands ``<image>`` so);
-    a prompt with none gets them after its first token (its BOS, where it has one)."""
+    """A prompt's ids with ``images`` images' tokens: where it holds one image token per image,
+    each becomes ``per_image`` of them (LLaVA's processor expands ``<image>`` so); a prompt that
+    holds every image's tokens already is kept; one with none gets them after its first token
+    (its BOS, where it has one)."""
+    if text.count(token) == images * per_image:
+        return list(text)
     if token in text:
         out: list[int] = []
         for t in text:
