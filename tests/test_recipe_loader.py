@@ -273,7 +273,9 @@ BAD: list[Any] = [
         [
             "r.yaml:5:11: source.huggingface.task: must be one of: feature-extraction, text-classification, "
             "token-classification, question-answering, fill-mask, text-generation, text2text-generation, "
-            'automatic-speech-recognition, image-classification, image-feature-extraction (got "generation")'
+            "automatic-speech-recognition, image-classification, image-feature-extraction, object-detection, "
+            "semantic-segmentation, audio-classification, zero-shot-image-classification, multiple-choice, "
+            'sentence-similarity, image-text-to-text (got "generation")'
         ],
         id="task-enum",
     ),

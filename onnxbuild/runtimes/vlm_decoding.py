@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from onnxbuild.errors import StepError
 from onnxbuild.runtimes import sessions
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     import numpy as np
     import onnxruntime
     from numpy.typing import NDArray
+    from transformers import PreTrainedModel
 
     from onnxbuild.runtimes.decoding import Chooser
 
@@ -139,7 +140,7 @@ class OrtVlm:
 
 
 def torch_generate(
-    model: Any, prompt: Prompt, pixel_values: NDArray[np.generic], max_new_tokens: int, choose: Chooser
+    model: PreTrainedModel, prompt: Prompt, pixel_values: NDArray[np.generic], max_new_tokens: int, choose: Chooser
 ) -> Generation:
     """The same loop on the PyTorch model through the export's own wrappers, for the seeded
     sampling comparison (no end-of-text stop, so both make as many tokens)."""
@@ -174,7 +175,11 @@ def torch_generate(
 
 
 def hf_generate(
-    model: Any, prompt: Prompt, pixel_values: NDArray[np.generic], max_new_tokens: int, stop_at_eos: bool = True
+    model: PreTrainedModel,
+    prompt: Prompt,
+    pixel_values: NDArray[np.generic],
+    max_new_tokens: int,
+    stop_at_eos: bool = True,
 ) -> Generation:
     """transformers' own greedy generate() with the images, with none of the generation
     config's extra rules: what a greedy loop over the files computes, stopping at end-of-text

@@ -5,7 +5,7 @@ files' digest, a Hub model is the commit its revision resolved to, and random-in
 weights are "random-init + seed + config digest". So a later build with real weights
 is a different artifact, and says so.
 
-One module (~580 lines): the places a model comes from (the Hub, a folder, a package, a GGUF
+One module (~680 lines): the places a model comes from (the Hub, a folder, a package, a GGUF
 file) and the source protocol's hooks all apply those identity and offline rules, which a split
 would repeat.
 """
@@ -501,7 +501,9 @@ def check(src: HuggingfaceSource, doc: Mapping[str, object]) -> Iterable[Problem
     if seq2seq(src):
         yield from _check_seq2seq(src, doc)
     if vlm(src):
-        yield from _check_vlm(src)
+        from onnxbuild.sources.vlm import recipe_problems
+
+        yield from recipe_problems(_config(src), image_size(src), src.get("dtype", "float32"))
         return
     if src.get("task") not in IMAGE_TASKS:
         return
@@ -531,34 +533,6 @@ def _check_seq2seq(src: HuggingfaceSource, doc: Mapping[str, object]) -> Iterabl
             ("source", "huggingface", "dtype"),
             "encoder-decoder models export in float32 (their decoder cache is float32); remove dtype",
             False,
-        )
-
-
-def _check_vlm(src: HuggingfaceSource) -> Iterable[Problem]:
-    """What a vision-language model's three files take: a family whose split is known, float32,
-    and the vision tower's one image size, from the recipe's config."""
-    from onnxbuild.sources.vlm import MODEL_TYPES
-
-    if src.get("dtype", "float32") != "float32":
-        yield (
-            ("source", "huggingface", "dtype"),
-            "image-text-to-text models export in float32 (their decoder cache is float32); remove dtype",
-            False,
-        )
-    config = _config(src)
-    model_type = config.get("model_type")
-    if config and model_type not in MODEL_TYPES:
-        yield (
-            ("source", "huggingface", "config", "model_type"),
-            f"image-text-to-text exports {', '.join(MODEL_TYPES)} so far (got {model_type!r})",
-            False,
-        )
-    elif image_size(src) is None:
-        yield (
-            ("source", "huggingface", "config") if config else ("source", "huggingface"),
-            "an image-text-to-text model takes images of its vision tower's one size: give "
-            "config.vision_config.image_size (336 for llava-1.5)",
-            not config,
         )
 
 

@@ -22,19 +22,21 @@ does), and how transformers itself computes them, which validation holds the fil
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import Tensor
 from onnxbuild.recipe.tasks import EMBEDDING_FILE, VISION_FILE, VLM_DECODER_FILE
 from onnxbuild.sources.decoder import PastLayout
+from onnxbuild.sources.kind import Problem
 
 if TYPE_CHECKING:
     import numpy as np
     import torch
     from numpy.typing import NDArray
+    from transformers import PretrainedConfig, PreTrainedModel
 
 FILES = (VISION_FILE, EMBEDDING_FILE, VLM_DECODER_FILE)
 FEATURES = "image_features"
@@ -42,7 +44,7 @@ EMBEDS = "inputs_embeds"
 PIXELS = "pixel_values"
 
 
-def _llava_features(model: Any, pixel_values: torch.Tensor) -> torch.Tensor:
+def _llava_features(model: PreTrainedModel, pixel_values: torch.Tensor) -> torch.Tensor:
     """LLaVA's get_image_features without its per-image list: the chosen hidden layer (CLS
     dropped under the "default" strategy), projected, every image's tokens in one list."""
     import torch
@@ -55,14 +57,17 @@ def _llava_features(model: Any, pixel_values: torch.Tensor) -> torch.Tensor:
     if config.vision_feature_select_strategy == "default":
         chosen = [h[:, 1:] for h in chosen]
     features: torch.Tensor = model.model.multi_modal_projector(torch.cat(chosen, dim=-1))
-    return features.reshape(-1, features.shape[-1])
+    # flatten, not reshape(-1, hidden): TorchScript's export then keeps the hidden size fixed
+    return features.flatten(0, 1)
 
 
-def _llava_reference(model: Any, pixel_values: torch.Tensor) -> torch.Tensor:
+def _llava_reference(model: PreTrainedModel, pixel_values: torch.Tensor) -> torch.Tensor:
     """transformers' own image features, concatenated as its forward concatenates them."""
     import torch
 
-    per_image: list[torch.Tensor] = list(model.get_image_features(pixel_values=pixel_values).pooler_output)
+    # LLaVA's own method, which PreTrainedModel does not declare
+    found = getattr(model, "get_image_features")(pixel_values=pixel_values)  # noqa: B009
+    per_image: list[torch.Tensor] = list(found.pooler_output)
     return torch.cat(per_image, dim=0)
 
 
@@ -76,9 +81,9 @@ class Family:
     """How one family of vision-language models is split into the three files."""
 
     model_types: tuple[str, ...]
-    features: Callable[[Any, torch.Tensor], torch.Tensor]
+    features: Callable[[PreTrainedModel, torch.Tensor], torch.Tensor]
     """[num_images, C, H, W] -> [num_image_tokens, hidden], traceable with a dynamic image count."""
-    reference: Callable[[Any, torch.Tensor], torch.Tensor]
+    reference: Callable[[PreTrainedModel, torch.Tensor], torch.Tensor]
     """The same through transformers' own API: what the vision file is validated against."""
     pixels: Callable[[torch.Tensor, list[int]], dict[str, torch.Tensor]]
     """The keyword pixel arguments of transformers' forward and generate(), given the images
@@ -95,7 +100,33 @@ def family_of(model_type: object) -> Family | None:
     return next((f for f in FAMILIES if model_type in f.model_types), None)
 
 
-def family(model: Any) -> Family:
+def recipe_problems(config: Mapping[str, object], size: tuple[int, int] | None, dtype: str) -> Iterable[Problem]:
+    """What the three files take, said at the recipe (the huggingface source kind's check): a
+    family whose split is known, float32, and the vision tower's one image size (``size``, from
+    the recipe's config.vision_config.image_size)."""
+    if dtype != "float32":
+        yield (
+            ("source", "huggingface", "dtype"),
+            "image-text-to-text models export in float32 (their decoder cache is float32); remove dtype",
+            False,
+        )
+    model_type = config.get("model_type")
+    if config and model_type not in MODEL_TYPES:
+        yield (
+            ("source", "huggingface", "config", "model_type"),
+            f"image-text-to-text exports {', '.join(MODEL_TYPES)} so far (got {model_type!r})",
+            False,
+        )
+    elif size is None:
+        yield (
+            ("source", "huggingface", "config") if config else ("source", "huggingface"),
+            "an image-text-to-text model takes images of its vision tower's one size: give "
+            "config.vision_config.image_size (336 for llava-1.5)",
+            not config,
+        )
+
+
+def family(model: PreTrainedModel) -> Family:
     found = family_of(getattr(model.config, "model_type", None))
     if found is None:
         raise StepError(
@@ -105,18 +136,18 @@ def family(model: Any) -> Family:
     return found
 
 
-def image_token(model: Any) -> int:
+def image_token(model: PreTrainedModel) -> int:
     """The placeholder id the prompt holds once per image feature."""
     config = model.config
     found = getattr(config, "image_token_id", None)
     return int(found if found is not None else config.image_token_index)
 
 
-def text_config(model: Any) -> Any:
+def text_config(model: PreTrainedModel) -> PretrainedConfig:
     return model.config.get_text_config()
 
 
-def seeded_images(model: Any, count: int, seed: int) -> NDArray[np.float32]:
+def seeded_images(model: PreTrainedModel, count: int, seed: int) -> NDArray[np.float32]:
     """``count`` seeded images of the vision tower's size, as a processor gives them: 8-bit
     pixels scaled to [-1, 1] (make_inputs' images)."""
     import numpy as np
@@ -129,7 +160,7 @@ def seeded_images(model: Any, count: int, seed: int) -> NDArray[np.float32]:
     return ((pixels - 0.5) / 0.5).astype(np.float32)
 
 
-def tokens_per_image(model: Any) -> int:
+def tokens_per_image(model: PreTrainedModel) -> int:
     """How many placeholder tokens one image's features fill (one image through the vision tower)."""
     import torch
 
@@ -137,11 +168,11 @@ def tokens_per_image(model: Any) -> int:
         return int(family(model).features(model, torch.from_numpy(seeded_images(model, 1, seed=0))).shape[0])
 
 
-def layout_of(model: Any) -> PastLayout:
+def layout_of(model: PreTrainedModel) -> PastLayout:
     """The language model's KV cache, as it writes it: one token through an empty cache."""
     import torch
 
-    lm = model.get_decoder()
+    lm = model.get_decoder()  # type: ignore[no-untyped-call]
     hidden = int(text_config(model).hidden_size)
     with torch.no_grad():
         out = lm(
@@ -155,7 +186,7 @@ def layout_of(model: Any) -> PastLayout:
     return PastLayout(layers=len(cache.layers), kv_heads=int(first.shape[1]), head_dim=int(first.shape[3]))
 
 
-def vision_module(model: Any) -> torch.nn.Module:
+def vision_module(model: PreTrainedModel) -> torch.nn.Module:
     """(pixel_values,) -> (image_features,)."""
     import torch
 
@@ -172,7 +203,7 @@ def vision_module(model: Any) -> torch.nn.Module:
     return Vision().eval()
 
 
-def embedding_module(model: Any) -> torch.nn.Module:
+def embedding_module(model: PreTrainedModel) -> torch.nn.Module:
     """(input_ids, image_features) -> (inputs_embeds,)."""
     import torch
 
@@ -193,7 +224,7 @@ def embedding_module(model: Any) -> torch.nn.Module:
     return Embedding().eval()
 
 
-def decoder_module(model: Any, layout: PastLayout) -> torch.nn.Module:
+def decoder_module(model: PreTrainedModel, layout: PastLayout) -> torch.nn.Module:
     """(inputs_embeds, attention_mask, position_ids, past...) -> (logits, presents...)."""
     import torch
     from transformers import DynamicCache
@@ -201,8 +232,8 @@ def decoder_module(model: Any, layout: PastLayout) -> torch.nn.Module:
     class Decoder(torch.nn.Module):  # type: ignore[misc]
         def __init__(self) -> None:
             super().__init__()
-            self.lm = model.get_decoder()
-            self.head = model.get_output_embeddings()
+            self.lm = model.get_decoder()  # type: ignore[no-untyped-call]
+            self.head = model.get_output_embeddings()  # type: ignore[no-untyped-call]
 
         def forward(
             self,
@@ -326,7 +357,7 @@ def split_images(images: int, batch: int) -> list[int]:
     return [images // batch + (1 if r < images % batch else 0) for r in range(batch)]
 
 
-def genai_config(config: Any, layout: PastLayout, per_image: int) -> str:
+def genai_config(config: PretrainedConfig, layout: PastLayout, per_image: int) -> str:
     """genai_config.json for onnxruntime-genai's multimodal runner (type phi3v: a vision, an
     embedding and a decoder file, the decoder taking inputs_embeds). Written from genai's
     documented keys; not run through onnxruntime-genai here (not installed)."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import ExportSection, ValidateSection
@@ -32,6 +32,7 @@ from onnxbuild.runtimes.vlm_decoding import OrtVlm
 if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import NDArray
+    from transformers import PreTrainedModel
 
     from onnxbuild.report.validation import OutputComparison
 
@@ -49,7 +50,7 @@ class Checked:
 
 
 def validate_files(
-    model: Any,
+    model: PreTrainedModel,
     source: Mapping[str, object],
     export: ExportSection,
     validate: ValidateSection,
