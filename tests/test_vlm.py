@@ -1,9 +1,9 @@
-"""Vision-language models (task image-text-to-text, #41): a tiny random-init LLaVA built as
-vision.onnx, embedding.onnx and decoder.onnx, each file validated against transformers' own
-part at three shapes (1, 2 and 5 images; 5 over 3 left-padded rows), the chain against the
-whole model, greedy generation identical to transformers' generate() with the image, and
-``onnxbuild run --image``. The step kinds with no way with three files yet refuse the recipe.
-About 30 s here, one build shared by the module."""
+"""Vision-language models (task image-text-to-text, #41): a tiny random-init LLaVA and
+Idefics3 built as vision.onnx, embedding.onnx and decoder.onnx, each file validated against
+transformers' own part at three shapes (1, 2 and 5 images; 5 over 3 left-padded rows), the
+chain against the whole model, greedy generation identical to transformers' generate() with
+the image, and ``onnxbuild run --image``. The step kinds with no way with three files yet
+refuse the recipe. About 45 s here, one build of both shared by the module."""
 
 from __future__ import annotations
 
@@ -21,19 +21,27 @@ from onnxbuild.errors import RecipeError
 from onnxbuild.sources.vlm import prompts, split_images, with_images
 from tests.helpers_cli import run as cli
 
-RECIPE = Path(__file__).resolve().parent / "data" / "vlm" / "tiny-llava.yaml"
+DATA = Path(__file__).resolve().parent / "data" / "vlm"
+RECIPE = DATA / "tiny-llava.yaml"
+FAMILIES = ("tiny-llava", "tiny-idefics3")
 FILES = ("vision.onnx", "embedding.onnx", "decoder.onnx")
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One build of the tiny LLaVA recipe (shared: read, don't change)."""
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One build of the tiny LLaVA and Idefics3 recipes (shared: read, don't change)."""
     root = tmp_path_factory.mktemp("vlm")
-    shutil.copy(RECIPE, root / RECIPE.name)
+    for name in FAMILIES:
+        shutil.copy(DATA / f"{name}.yaml", root / f"{name}.yaml")
     settings = onnxbuild.Settings(cache_dir=root / "cache", artifacts_dir=root / "artifacts")
-    report = onnxbuild.build([root / RECIPE.name], settings)
+    report = onnxbuild.build([root / f"{name}.yaml" for name in FAMILIES], settings)
     assert report.ok, report.failures()
-    return root / "artifacts" / "tiny-llava"
+    return root / "artifacts"
+
+
+@pytest.fixture
+def built(artifacts: Path) -> Path:
+    return artifacts / "tiny-llava"
 
 
 def read(path: Path) -> Any:
@@ -76,8 +84,9 @@ def test_a_vision_language_model_is_three_files_in_genai_layout(built: Path) -> 
     ).is_file()
 
 
-def test_each_file_and_the_chain_are_validated_at_one_two_and_five_images(built: Path) -> None:
-    model = read(built / "reports" / "validation.json")["variants"]["model"]
+@pytest.mark.parametrize("recipe", FAMILIES)
+def test_each_file_and_the_chain_are_validated_at_one_two_and_five_images(artifacts: Path, recipe: str) -> None:
+    model = read(artifacts / recipe / "reports" / "validation.json")["variants"]["model"]
     assert model["passed"] and model["top1"]["agreement"] == 1.0
     assert [s["shape"] for s in model["shapes"]] == [
         {"batch": 1, "num_images": 1, "sequence": 1},
@@ -99,8 +108,9 @@ def test_each_file_and_the_chain_are_validated_at_one_two_and_five_images(built:
         assert max(c["max_abs_diff"] for c in outputs.values()) < 1e-4
 
 
-def test_greedy_tokens_after_an_image_are_transformers_generate_tokens(built: Path) -> None:
-    generation = read(built / "reports" / "generation.json")
+@pytest.mark.parametrize("recipe", FAMILIES)
+def test_greedy_tokens_after_an_image_are_transformers_generate_tokens(artifacts: Path, recipe: str) -> None:
+    generation = read(artifacts / recipe / "reports" / "generation.json")
     model = generation["variants"]["model"]
     tokens = generation["pytorch"]["greedy_tokens"]
     assert generation["passed"] and model["greedy"]["identical"] and model["greedy"]["tokens"] == tokens
@@ -171,8 +181,9 @@ def test_kinds_without_a_way_with_three_files_refuse_the_recipe(tmp_path: Path, 
     ("config", "message"),
     [
         (
-            "{model_type: idefics3, image_token_id: 250}",
-            "source.huggingface.config.model_type: image-text-to-text exports llava so far (got 'idefics3')",
+            "{model_type: qwen2_vl, image_token_id: 250}",
+            "source.huggingface.config.model_type: image-text-to-text exports llava, idefics3, smolvlm so far "
+            "(got 'qwen2_vl')",
         ),
         (
             "{model_type: llava, vision_config: {model_type: clip_vision_model}}",
@@ -211,3 +222,47 @@ def test_rows_with_fewer_images_are_left_padded_as_generate_pads() -> None:
     assert found.input_ids.tolist() == [[1, 9, 9, 5], [1, 9, 9, 6], [0, 1, 9, 7]]
     assert found.attention_mask.tolist() == [[1, 1, 1, 1], [1, 1, 1, 1], [0, 1, 1, 1]]
     assert found.position_ids.tolist() == [[0, 1, 2, 3], [0, 1, 2, 3], [1, 0, 1, 2]]
+
+
+def test_smolvlm_takes_idefics3s_split() -> None:
+    """SmolVLM is Idefics3's architecture under its own type: the same vision path, checked here
+    against transformers' own features and whole forward without an export."""
+    import torch
+    import transformers
+
+    from onnxbuild.sources import vlm
+
+    text = {
+        "model_type": "llama",
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    }
+    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
+    config = transformers.AutoConfig.for_model(
+        "smolvlm",
+        text_config=text,
+        vision_config={**vision, "image_size": 56, "patch_size": 14},
+        image_token_id=250,
+        scale_factor=2,
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForImageTextToText.from_config(config, attn_implementation="eager").eval()
+    pixels = torch.from_numpy(vlm.seeded_images(model, 3, seed=0))
+    prompt = prompts([[1, 5, 6], [1, 7]], [2, 1], vlm.tokens_per_image(model), 250, pad=0)
+    layout = vlm.layout_of(model)
+    with torch.no_grad():
+        (features,) = vlm.vision_module(model)(pixels)
+        assert torch.equal(features, vlm.family(model).reference(model, pixels)) and features.shape == (12, 64)
+        ids, mask = torch.from_numpy(prompt.input_ids), torch.from_numpy(prompt.attention_mask)
+        positions = torch.from_numpy(prompt.position_ids)
+        (embeds,) = vlm.embedding_module(model)(ids, features)
+        empty = [torch.zeros((2, layout.kv_heads, 0, layout.head_dim)) for _ in layout.past_names]
+        logits = vlm.decoder_module(model, layout)(embeds, mask, positions, *empty)[0]
+        whole = model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, **vlm.family(model).pixels(pixels, [2, 1])
+        ).logits
+    assert torch.allclose(logits[mask == 1], whole[mask == 1], atol=1e-5)

@@ -170,7 +170,7 @@ TASKS: dict[str, TaskInfo] = {
         "top1": False,
         "per_token": True,
     },
-    # A vision-language model (LLaVA): three files (onnxbuild/sources/vlm.py). The inputs are
+    # A vision-language model (LLaVA, Idefics3): three files (onnxbuild/sources/vlm.py). The inputs are
     # what validation sizes: images (each the vision tower's one size, from vision_config) and a
     # prompt whose text tokens follow each row's image tokens.
     "image-text-to-text": {

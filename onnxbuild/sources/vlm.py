@@ -1,11 +1,13 @@
-"""Vision-language models (LLaVA): three ONNX files and the wrappers that trace them (the loops
-that run them are in runtimes/vlm_decoding.py, their validation in steps/validating/vlm.py).
+"""Vision-language models (LLaVA, Idefics3, SmolVLM): three ONNX files and the wrappers that
+trace them (the loops that run them are in runtimes/vlm_decoding.py, their validation in
+steps/validating/vlm.py).
 
 The layout is onnxruntime-genai's for its multimodal types (phi3v):
 
 - ``vision.onnx``: ``pixel_values`` [num_images, channels, height, width] -> ``image_features``
-  [num_image_tokens, hidden]: the vision tower, the feature layer LLaVA selects and the
-  projector into the language model's embedding space, every image's tokens in one list.
+  [num_image_tokens, hidden]: the vision tower and the projection into the language model's
+  embedding space (LLaVA's chosen feature layer; Idefics3's pixel shuffle), every image's
+  tokens in one list.
 - ``embedding.onnx``: ``input_ids`` [batch, sequence] and ``image_features`` -> ``inputs_embeds``
   [batch, sequence, hidden]: the token embeddings with the image tokens' rows replaced, in
   order, by the features (transformers' ``masked_scatter``, as NonZero + ScatterND). A decode
@@ -15,22 +17,25 @@ The layout is onnxruntime-genai's for its multimodal types (phi3v):
   and the cache ``past_key_values.{i}.key|value`` -> ``logits`` and ``present.{i}.key|value``: the
   language model and its head. A prefill is a call with an empty cache.
 
-Each family says how its images become features in a form a trace keeps dynamic (the number
-of images must not be unrolled into a Python list, as transformers' ``get_image_features``
-does), and how transformers itself computes them, which validation holds the file to.
+Each family (sources/vlm_families.py) says how its images become features in a form a trace
+keeps dynamic, and how transformers itself computes them, which validation holds the file to.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import Tensor
 from onnxbuild.recipe.tasks import EMBEDDING_FILE, VISION_FILE, VLM_DECODER_FILE
 from onnxbuild.sources.decoder import PastLayout
 from onnxbuild.sources.kind import Problem
+
+# the families are this module's too: callers import them from here
+from onnxbuild.sources.vlm_families import MODEL_TYPES as MODEL_TYPES
+from onnxbuild.sources.vlm_families import PIXELS as PIXELS
+from onnxbuild.sources.vlm_families import family as family
 
 if TYPE_CHECKING:
     import numpy as np
@@ -41,63 +46,6 @@ if TYPE_CHECKING:
 FILES = (VISION_FILE, EMBEDDING_FILE, VLM_DECODER_FILE)
 FEATURES = "image_features"
 EMBEDS = "inputs_embeds"
-PIXELS = "pixel_values"
-
-
-def _llava_features(model: PreTrainedModel, pixel_values: torch.Tensor) -> torch.Tensor:
-    """LLaVA's get_image_features without its per-image list: the chosen hidden layer (CLS
-    dropped under the "default" strategy), projected, every image's tokens in one list."""
-    import torch
-
-    config = model.config
-    out = model.model.vision_tower(pixel_values, output_hidden_states=True, return_dict=True)
-    layer = config.vision_feature_layer
-    layers = [layer] if isinstance(layer, int) else list(layer)
-    chosen = [out.hidden_states[i] for i in layers]
-    if config.vision_feature_select_strategy == "default":
-        chosen = [h[:, 1:] for h in chosen]
-    features: torch.Tensor = model.model.multi_modal_projector(torch.cat(chosen, dim=-1))
-    # flatten, not reshape(-1, hidden): TorchScript's export then keeps the hidden size fixed
-    return features.flatten(0, 1)
-
-
-def _llava_reference(model: PreTrainedModel, pixel_values: torch.Tensor) -> torch.Tensor:
-    """transformers' own image features, concatenated as its forward concatenates them."""
-    import torch
-
-    # LLaVA's own method, which PreTrainedModel does not declare
-    found = getattr(model, "get_image_features")(pixel_values=pixel_values)  # noqa: B009
-    per_image: list[torch.Tensor] = list(found.pooler_output)
-    return torch.cat(per_image, dim=0)
-
-
-def _llava_pixels(pixel_values: torch.Tensor, counts: list[int]) -> dict[str, torch.Tensor]:
-    """The pixel arguments transformers' LLaVA takes: every image in one batch."""
-    return {PIXELS: pixel_values}
-
-
-@dataclass(frozen=True)
-class Family:
-    """How one family of vision-language models is split into the three files."""
-
-    model_types: tuple[str, ...]
-    features: Callable[[PreTrainedModel, torch.Tensor], torch.Tensor]
-    """[num_images, C, H, W] -> [num_image_tokens, hidden], traceable with a dynamic image count."""
-    reference: Callable[[PreTrainedModel, torch.Tensor], torch.Tensor]
-    """The same through transformers' own API: what the vision file is validated against."""
-    pixels: Callable[[torch.Tensor, list[int]], dict[str, torch.Tensor]]
-    """The keyword pixel arguments of transformers' forward and generate(), given the images
-    and how many belong to each row."""
-
-
-FAMILIES = (Family(("llava",), _llava_features, _llava_reference, _llava_pixels),)
-"""The families exported so far; a model type outside them is refused at the recipe."""
-
-MODEL_TYPES = tuple(t for f in FAMILIES for t in f.model_types)
-
-
-def family_of(model_type: object) -> Family | None:
-    return next((f for f in FAMILIES if model_type in f.model_types), None)
 
 
 def recipe_problems(config: Mapping[str, object], size: tuple[int, int] | None, dtype: str) -> Iterable[Problem]:
@@ -124,16 +72,6 @@ def recipe_problems(config: Mapping[str, object], size: tuple[int, int] | None, 
             "config.vision_config.image_size (336 for llava-1.5)",
             not config,
         )
-
-
-def family(model: PreTrainedModel) -> Family:
-    found = family_of(getattr(model.config, "model_type", None))
-    if found is None:
-        raise StepError(
-            f"source.huggingface.config.model_type: image-text-to-text exports {', '.join(MODEL_TYPES)} so far "
-            f"(got {model.config.model_type!r})"
-        )
-    return found
 
 
 def image_token(model: PreTrainedModel) -> int:
@@ -165,7 +103,8 @@ def tokens_per_image(model: PreTrainedModel) -> int:
     import torch
 
     with torch.no_grad():
-        return int(family(model).features(model, torch.from_numpy(seeded_images(model, 1, seed=0))).shape[0])
+        (features,) = vision_module(model)(torch.from_numpy(seeded_images(model, 1, seed=0)))
+    return int(features.shape[0])
 
 
 def layout_of(model: PreTrainedModel) -> PastLayout:
@@ -188,19 +127,7 @@ def layout_of(model: PreTrainedModel) -> PastLayout:
 
 def vision_module(model: PreTrainedModel) -> torch.nn.Module:
     """(pixel_values,) -> (image_features,)."""
-    import torch
-
-    features = family(model).features
-
-    class Vision(torch.nn.Module):  # type: ignore[misc]
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor]:
-            return (features(self.model, pixel_values),)
-
-    return Vision().eval()
+    return family(model).vision(model)
 
 
 def embedding_module(model: PreTrainedModel) -> torch.nn.Module:
