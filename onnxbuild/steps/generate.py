@@ -8,7 +8,7 @@ texts), runs a teacher-forced pass (the variant reads PyTorch's tokens and predi
 next one: the agreement rate quantized variants are held to), and a seeded-sampling
 comparison in which both engines draw with the same random numbers.
 
-One module (~520 lines): the three comparisons share the prompt, the decode loop's state and
+One module (~580 lines): the three comparisons share the prompt, the decode loop's state and
 the verdict they feed (about a fifth of it is the report's TypedDicts); the decode loops
 themselves are in runtimes/.
 """
