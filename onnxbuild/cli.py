@@ -866,6 +866,12 @@ def cache_keygen(private_key: Path) -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True)
 @click.option("--top-k", type=click.IntRange(min=0), default=50, show_default=True)
+@click.option(
+    "--image",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="For a vision-language model: a .npy of pixel values ([3, H, W] or [N, 3, H, W]) or a picture (Pillow).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print ids, text and timing as JSON.")
 def run_command(
     artifact: str,
@@ -877,17 +883,24 @@ def run_command(
     seed: int,
     temperature: float,
     top_k: int,
+    image: str | None,
     as_json: bool,
 ) -> None:
-    """Generate from a built decoder (a recipe with export.with_past: true).
+    """Generate from a built decoder (a recipe with export.with_past: true), encoder-decoder
+    or vision-language model (task image-text-to-text, with --image).
 
     ARTIFACT is the artifact folder (artifacts/<name>) or a model.onnx. With tokenizer
     files in the folder the prompt is text (the chat template applied when the tokenizer
-    has one); without them, the prompt is token ids.
+    has one); without them, the prompt is token ids. For a vision-language model each image
+    token in the prompt stands for one image (or the prompt holds every image's tokens); a
+    prompt with none gets the image after its first token. A picture is resized to the
+    vision tower's size and scaled to [-1, 1]; a .npy file is taken as the pixel values the
+    model's processor would give.
 
     \b
-    Example:
+    Examples:
       onnxbuild run artifacts/gpt2 --prompt "464 2068 7586" --max-new-tokens 16
+      onnxbuild run artifacts/tiny-llava --image cat.npy --prompt "1 319 1967"
     """
     from onnxbuild.runtimes.decoding import Sampling
     from onnxbuild.runtimes.generation import run
@@ -899,6 +912,7 @@ def run_command(
         variant=variant,
         chat=not no_chat_template,
         sampling=Sampling(seed, temperature, top_k) if sample else None,
+        image=image,
     )
     if as_json:
         payload = {

@@ -240,6 +240,9 @@ class Checking:
     """A text decoder (``export.with_past`` and the fused graphs apply)."""
     two_files: bool
     """Its variants are an encoder and a decoder file."""
+    three_files: bool
+    """Its variants are a vision, an embedding and a decoder file (image-text-to-text): the kinds
+    that have no way with them yet refuse the recipe (``refuse_three_files``)."""
     max_positions: int | None
     """How many positions the model has, where its config says."""
     variants: tuple[str, ...]

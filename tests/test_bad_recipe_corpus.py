@@ -171,8 +171,8 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
         "source.huggingface.task: must be one of: feature-extraction, text-classification, token-classification, "
         "question-answering, fill-mask, text-generation, text2text-generation, automatic-speech-recognition, "
         "image-classification, image-feature-extraction, object-detection, semantic-segmentation, "
-        "audio-classification, zero-shot-image-classification, multiple-choice, sentence-similarity "
-        '(got "translation")',
+        "audio-classification, zero-shot-image-classification, multiple-choice, sentence-similarity, "
+        'image-text-to-text (got "translation")',
     ),
     "enum-exporter": ("9:20", 'export.exporter: must be one of: torchscript, dynamo (got "onnx")'),
     "enum-on-fail": ("9:21", 'validate.on_fail: must be one of: error, warn (got "ignore")'),

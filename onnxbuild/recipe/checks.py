@@ -40,6 +40,7 @@ def checking(doc: dict[str, JsonValue], kinds: Sequence[StepKind]) -> Checking:
         traced_kinds=f"{', '.join(others)} and {last}" if others else last,
         decoder=is_decoder(sources),
         two_files=described.seq2seq(src),
+        three_files=described.vlm(src),
         max_positions=next(
             (config[k] for k in ("n_positions", "max_position_embeddings") if isinstance(config.get(k), int)), None
         ),
@@ -139,6 +140,16 @@ def traced_only(c: Checking, section: str) -> Iterable[Found]:
             f"applies only to {c.traced_kinds} sources (this recipe's source is {c.untraced_what}); remove it",
             True,
         )
+
+
+THREE_FILES = "not yet for image-text-to-text (three files)"
+"""How a kind that has no way with a vision-language model's three files yet says so."""
+
+
+def refuse_three_files(c: Checking, section: str) -> Iterable[Found]:
+    """A section a vision-language model's three files cannot take yet, refused at its key."""
+    if c.three_files and c.doc.get(section) not in (None, []):  # benchmark: {} asks for the defaults
+        yield (section,), f"{THREE_FILES}; remove {section}", True
 
 
 def shape_problems(c: Checking, section: str, need: Sequence[str], *, optional_needed: bool = True) -> Iterable[Found]:

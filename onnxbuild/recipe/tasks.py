@@ -170,6 +170,19 @@ TASKS: dict[str, TaskInfo] = {
         "top1": False,
         "per_token": True,
     },
+    # A vision-language model (LLaVA, Idefics3): three files (onnxbuild/sources/vlm.py). The inputs are
+    # what validation sizes: images (each the vision tower's one size, from vision_config) and a
+    # prompt whose text tokens follow each row's image tokens.
+    "image-text-to-text": {
+        "auto_class": "AutoModelForImageTextToText",
+        "inputs": [
+            {"name": "pixel_values", "dtype": "float32", "shape": ["num_images", CHANNELS, "height", "width"]},
+            {"name": "input_ids", "dtype": "int64", "shape": _TOKENS},
+        ],
+        "outputs": ["logits"],
+        "top1": True,
+        "per_token": True,
+    },
 }
 
 POOLED_TASKS = frozenset({"sentence-similarity"})
@@ -215,6 +228,11 @@ ENCODER_FILE, DECODER_FILE = "encoder_model.onnx", "decoder_model.onnx"
 DEFAULT_DECODER_SEQUENCE = 4
 """Decoder tokens of an encoder-decoder's export sample (its validation varies them too)."""
 SEQ2SEQ_TASKS = frozenset({"text2text-generation", "automatic-speech-recognition"})
+VLM_TASKS = frozenset({"image-text-to-text"})
+VISION_FILE, EMBEDDING_FILE, VLM_DECODER_FILE = "vision.onnx", "embedding.onnx", "decoder.onnx"
+"""A vision-language model's three files (onnxruntime-genai's names for its phi3v-type models)."""
+DEFAULT_NUM_IMAGES = 2
+"""Images of a vision-language model's export sample (validation's default shapes take 1, 2 and 5)."""
 IMAGE_TASKS = frozenset(t for t, info in TASKS.items() if any(i["name"] == "pixel_values" for i in info["inputs"]))
 
 FIXED_SIZE_IMAGES = frozenset(

@@ -1,10 +1,10 @@
-"""``onnxbuild run``: a quick generation from a built decoder or encoder-decoder, for trying
-an artifact by hand.
+"""``onnxbuild run``: a quick generation from a built decoder, encoder-decoder or
+vision-language model, for trying an artifact by hand.
 
-It reads only the artifact folder (model.onnx with past inputs, or encoder_model.onnx and
-decoder_model.onnx; config.json, generation_config.json and tokenizer files when the build
-wrote them), so it works on a folder copied to another machine, without the recipe or the
-cache.
+It reads only the artifact folder (model.onnx with past inputs; encoder_model.onnx and
+decoder_model.onnx; or vision.onnx, embedding.onnx and decoder.onnx; config.json,
+generation_config.json and tokenizer files when the build wrote them), so it works on a folder
+copied to another machine, without the recipe or the cache.
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ from onnxbuild.runtimes import sessions
 from onnxbuild.sources.decoder import PAST_PREFIX
 
 if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+
     from onnxbuild.runtimes.decoding import Sampling
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
@@ -76,12 +79,18 @@ def run(
     variant: str = "model",
     chat: bool = True,
     sampling: Sampling | None = None,
+    image: str | Path | None = None,
 ) -> RunResult:
     import numpy as np
     import onnxruntime as ort
 
     from onnxbuild.runtimes.decoding import OrtDecoder, greedy
 
+    three = vision_language(artifact, variant)
+    if three is not None:
+        return _run_vlm(three, prompt, image, max_new_tokens, sampling)
+    if image is not None:
+        raise UsageError(f"--image: {artifact} is not a vision-language model (it has no vision.onnx)")
     pair = encoder_decoder(artifact, variant)
     if pair is not None:
         return _run_seq2seq(*pair, prompt, max_new_tokens, sampling)
@@ -251,6 +260,135 @@ def _run_seq2seq(
     new = [int(t) for t in out.tokens[0]]
     text = tokenizer.decode(new, skip_special_tokens=True) if tokenizer is not None else None
     return RunResult(decoder, ids, new, text, False, seconds, bool(isinstance(eos, int) and new and new[-1] == eos))
+
+
+def vision_language(artifact: str | Path, variant: str) -> tuple[list[Path], Path] | None:
+    """(vision, embedding and decoder files, folder with config.json) when ``artifact`` is a
+    vision-language model's artifact folder."""
+    from onnxbuild.sources.vlm import FILES
+
+    folder = Path(artifact)
+    if not (folder.is_dir() and (folder / FILES[0]).is_file()):
+        return None
+    where = folder if variant == "model" else folder / variant
+    if not all((where / f).is_file() for f in FILES):
+        raise UsageError(
+            f"{folder} has no variant {variant!r} ({', '.join(FILES)} under {where}); variants here: model"
+        )
+    return [where / f for f in FILES], folder
+
+
+def load_image(path: str | Path, shape: list[int | str]) -> NDArray[np.float32]:
+    """``--image``: a .npy file of pixel values as the model's processor gives them ([C, H, W],
+    or [N, C, H, W] for several images), or an image file PIL opens (PNG, JPEG), resized to the
+    vision tower's size and scaled to [-1, 1] (mean and std 0.5; a model whose processor
+    normalises otherwise wants its own .npy)."""
+    import numpy as np
+
+    channels, height, width = shape[1:]
+    wanted = f"[{channels}, {height}, {width}] or [images, {channels}, {height}, {width}]"
+    name = Path(path)
+    pixels: NDArray[np.float32]
+    if not name.is_file():
+        raise UsageError(f"--image: {path}: no such file")
+    if name.suffix.lower() == ".npy":
+        try:
+            pixels = np.load(name).astype(np.float32)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--image: {path} is no readable .npy file ({brief(exc)})") from None
+    else:
+        try:
+            from PIL import Image
+        except ImportError:
+            raise UsageError(
+                f"--image: reading {name.suffix or 'this'} files needs Pillow (pip install pillow); "
+                f"or give a .npy file of pixel values {wanted}"
+            ) from None
+        try:
+            with Image.open(name) as opened:
+                picture = opened.convert("RGB" if channels == 3 else "L")
+                resized = picture.resize((int(width), int(height)))
+        except OSError as exc:
+            raise UsageError(f"--image: PIL cannot read {path} ({brief(exc)})") from None
+        array = np.asarray(resized, dtype=np.float32) / 255.0
+        array = array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
+        pixels = ((array - 0.5) / 0.5).astype(np.float32)
+    pixels = pixels[None] if pixels.ndim == 3 else pixels
+    if pixels.ndim != 4 or list(pixels.shape[1:]) != [channels, height, width]:
+        raise UsageError(f"--image: {path} holds pixel values of shape {list(pixels.shape)}; this model takes {wanted}")
+    return pixels
+
+
+def _run_vlm(
+    found: tuple[list[Path], Path],
+    prompt: str,
+    image: str | Path | None,
+    max_new_tokens: int,
+    sampling: Sampling | None,
+) -> RunResult:
+    """Images and a prompt for a vision-language model: each image token in the prompt stands
+    for one image, unless the prompt holds every image's tokens already (sources/vlm.py's
+    ``with_images``; a prompt with none gets them after its first token)."""
+    import numpy as np
+
+    from onnxbuild.errors import StepError
+    from onnxbuild.runtimes.vlm_decoding import OrtVlm
+    from onnxbuild.sources.vlm import prompts
+
+    paths, folder = found
+    try:
+        runner = OrtVlm.load(paths)
+    except StepError as exc:
+        raise UsageError(str(exc)) from None
+    if image is None:
+        raise UsageError(f"--image: {folder} is a vision-language model; give an image (a .npy file or a picture)")
+    pixels = load_image(image, runner.image_shape)
+    config = _json(folder / "config.json")
+    genai = _json(folder / "genai_config.json").get("model", {})
+    text = config.get("text_config") or {}
+    token = genai.get("image_token_id", config.get("image_token_id", config.get("image_token_index")))
+    per_image = genai.get("vision", {}).get("num_image_tokens")
+    if not isinstance(token, int) or not isinstance(per_image, int):
+        raise UsageError(f"{folder}: genai_config.json names no image_token_id and num_image_tokens; rebuild it")
+    tokenizer = _tokenizer(folder)
+    if tokenizer is not None:
+        ids = list(tokenizer.encode(prompt))
+    else:
+        try:
+            ids = [int(t) for t in prompt.replace(",", " ").split()]
+        except ValueError:
+            raise UsageError(
+                f"{folder} has no tokenizer files, so --prompt must be token ids (e.g. --prompt '1 319 1967')"
+            ) from None
+    if not ids:
+        raise UsageError("--prompt: no tokens to start from; give some text or token ids")
+    vocab = int(text.get("vocab_size") or 0)
+    if vocab and max(ids) >= vocab:
+        raise UsageError(f"--prompt: token id {max(ids)} is outside the vocabulary (size {vocab})")
+    images = int(pixels.shape[0])
+    if ids.count(token) not in (0, images, images * per_image):
+        raise UsageError(
+            f"--prompt holds {ids.count(token)} image token(s) but --image gives {images} image(s): "
+            f"give one image token per image ({images}), every image's tokens ({images * per_image}), or none"
+        )
+    full = prompts([ids], [images], per_image, token, pad=0)
+    eos = _json(folder / "generation_config.json").get("eos_token_id", text.get("eos_token_id"))
+    eos = eos[0] if isinstance(eos, list) and eos else eos
+    t0 = time.perf_counter()
+    out = runner.generate(
+        full,
+        pixels,
+        max_new_tokens,
+        eos if isinstance(eos, int) else None,
+        sampling.chooser() if sampling is not None else None,
+    )
+    seconds = time.perf_counter() - t0
+    new = [int(t) for t in out.tokens[0]]
+    decoded = tokenizer.decode(new, skip_special_tokens=True) if tokenizer is not None else None
+    prompt_ids = [int(i) for i in np.asarray(full.input_ids[0])]
+    return RunResult(
+        paths[-1], prompt_ids, new, decoded, False, seconds, bool(isinstance(eos, int) and new and new[-1] == eos)
+    )
 
 
 def _json(path: Path) -> dict[str, Any]:

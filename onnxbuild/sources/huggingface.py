@@ -404,6 +404,8 @@ def varied_dims(src: HuggingfaceSource) -> tuple[str, ...]:
     mistake is caught: batch and sequence for text, batch and the image size (where the
     model takes any) for images."""
     dims = [d for t in default_io(src)[0] for d in t["shape"] if isinstance(d, str)]
+    if vlm(src):  # the vision tower's one image size: only the count of images varies
+        dims = [d for d in dims if d not in ("height", "width")]
     if seq2seq(src):
         dims.append("decoder_sequence")
     return tuple(dict.fromkeys(dims))
@@ -436,6 +438,8 @@ def image_size(src: HuggingfaceSource) -> tuple[int, int] | None:
 def fixed_image_size(src: HuggingfaceSource) -> bool:
     from onnxbuild.recipe.tasks import FIXED_SIZE_IMAGES
 
+    if vlm(src):  # its vision tower's position embeddings fix the size (vision_config.image_size)
+        return True
     model_type = _config(src).get("model_type")
     return isinstance(model_type, str) and model_type in FIXED_SIZE_IMAGES
 
@@ -457,6 +461,11 @@ def sample_defaults(src: HuggingfaceSource) -> dict[str, int]:
         from onnxbuild.recipe.tasks import DEFAULT_DECODER_SEQUENCE
 
         return {"decoder_sequence": DEFAULT_DECODER_SEQUENCE}
+    if vlm(src):
+        from onnxbuild.recipe.tasks import DEFAULT_NUM_IMAGES
+
+        # one prompt holding two images; validation's third shape (5 images over 3 rows) pads
+        return {"num_images": DEFAULT_NUM_IMAGES, "batch": 1}
     size = image_size(src)
     return {"height": size[0], "width": size[1]} if size and not fixed_image_size(src) else {}
 
@@ -492,6 +501,11 @@ def check(src: HuggingfaceSource, doc: Mapping[str, object]) -> Iterable[Problem
         )
     if seq2seq(src):
         yield from _check_seq2seq(src, doc)
+    if vlm(src):
+        from onnxbuild.sources.vlm import recipe_problems
+
+        yield from recipe_problems(_config(src), image_size(src), src.get("dtype", "float32"))
+        return
     if src.get("task") not in IMAGE_TASKS:
         return
     config = _config(src)
@@ -566,8 +580,12 @@ def default_io(src: HuggingfaceSource) -> tuple[list[Tensor], list[str]]:
     inputs = [t.copy() for t in info["inputs"]]
     size = image_size(src) if fixed_image_size(src) else None
     config = _config(src)
+    vision = config.get("vision_config")
     for t in inputs:
-        if CHANNELS in t["shape"]:
+        if CHANNELS in t["shape"] and vlm(src):
+            channels = _positive(vision if isinstance(vision, dict) else {}, "num_channels", 3)
+            t["shape"] = [t["shape"][0], channels, *(size or ("height", "width"))]
+        elif CHANNELS in t["shape"]:
             t["shape"] = ["batch", _positive(config, "num_channels", 3), *(size or ("height", "width"))]
         if FRAMES in t["shape"]:
             # WhisperConfig's defaults (80 bins, 1500 positions) when the recipe's config is silent
@@ -591,10 +609,19 @@ def seq2seq(src: HuggingfaceSource) -> bool:
     return src.get("task") in SEQ2SEQ_TASKS and _config(src).get("model_type") not in CTC_TYPES
 
 
+def vlm(src: HuggingfaceSource) -> bool:
+    """A vision-language model: three files, vision.onnx, embedding.onnx and decoder.onnx."""
+    from onnxbuild.recipe.tasks import VLM_TASKS
+
+    return src.get("task") in VLM_TASKS
+
+
 def files(src: HuggingfaceSource) -> tuple[str, ...]:
     """The ONNX files one variant of this model is made of."""
-    from onnxbuild.recipe.tasks import DECODER_FILE, ENCODER_FILE
+    from onnxbuild.recipe.tasks import DECODER_FILE, EMBEDDING_FILE, ENCODER_FILE, VISION_FILE, VLM_DECODER_FILE
 
+    if vlm(src):
+        return (VISION_FILE, EMBEDDING_FILE, VLM_DECODER_FILE)
     return (ENCODER_FILE, DECODER_FILE) if seq2seq(src) else ("model.onnx",)
 
 
@@ -637,7 +664,7 @@ def takes_positions(src: HuggingfaceSource) -> bool:
 def exporter(src: HuggingfaceSource) -> str | None:
     from onnxbuild.recipe.families import DYNAMO_ONLY, model_type
 
-    return "dynamo" if model_type(_config(src)) in DYNAMO_ONLY and not seq2seq(src) else None
+    return "dynamo" if model_type(_config(src)) in DYNAMO_ONLY and not seq2seq(src) and not vlm(src) else None
 
 
 def with_sdpa(src: HuggingfaceSource) -> HuggingfaceSource:
@@ -665,6 +692,7 @@ KIND = SourceKind(
     fixed_image_size=fixed_image_size,
     files=files,
     seq2seq=seq2seq,
+    vlm=vlm,
     top1=top1,
     decoder=decoder,
     gguf=is_gguf,

@@ -277,6 +277,8 @@ class SourceKind(Generic[S]):
     """The ONNX files of one variant when more than model.onnx."""
     seq2seq: Callable[[S], bool] = _never
     """Those files are an encoder and a decoder."""
+    vlm: Callable[[S], bool] = _never
+    """Those files are a vision encoder, an embedding and a decoder (image-text-to-text)."""
     top1: Callable[[S], bool] = _never
     """A top-1 agreement floor applies to its outputs."""
     decoder: Callable[[S], bool] = _never

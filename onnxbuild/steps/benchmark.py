@@ -27,7 +27,7 @@ from typing import Any, cast
 from onnxbuild import environment
 from onnxbuild._util import format_ms, pick, pretty_json
 from onnxbuild.errors import StepError
-from onnxbuild.recipe.checks import shape_problems
+from onnxbuild.recipe.checks import refuse_three_files, shape_problems
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.recipe.resolve import symbolic_dims
 from onnxbuild.recipe.sections import (
@@ -471,6 +471,9 @@ def resolve(doc: dict[str, Any], out: dict[str, Any]) -> None:
 
 def check(c: Checking) -> Iterable[Found]:
     """Its shapes size what the inputs vary (validation's extra dimensions are no input)."""
+    yield from refuse_three_files(c, "benchmark")
+    if c.three_files:
+        return
     if c.traced:
         yield from shape_problems(c, "benchmark", c.export_dims, optional_needed=False)
 

@@ -115,6 +115,10 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     ((kind, src),) = source.items()
     if source_kind(kind).seq2seq(src):
         return _seq2seq(ctx, model, source, record, export)
+    if source_kind(kind).vlm(src):
+        from onnxbuild.steps.exporting.vlm import export_files
+
+        return export_files(ctx, model, source, record, export)
     export = full_export(export, model)
     names = [t["name"] for t in export["inputs"]]
     if described.transformers:

@@ -8,7 +8,7 @@ texts), runs a teacher-forced pass (the variant reads PyTorch's tokens and predi
 next one: the agreement rate quantized variants are held to), and a seeded-sampling
 comparison in which both engines draw with the same random numbers.
 
-One module (~520 lines): the three comparisons share the prompt, the decode loop's state and
+One module (~580 lines): the three comparisons share the prompt, the decode loop's state and
 the verdict they feed (about a fifth of it is the report's TypedDicts); the decode loops
 themselves are in runtimes/.
 """
@@ -25,6 +25,7 @@ from onnxbuild.recipe.sections import ExportSection, GenerateSection
 from onnxbuild.recipe.variants import SOURCE_RECORD
 from onnxbuild.report.generation import Comparison, GenerationReport, VariantGeneration, markdown
 from onnxbuild.runtimes import sessions
+from onnxbuild.sources import source_kind
 from onnxbuild.spec import Checking, Found, Planning, StepInput, StepKind
 from onnxbuild.steps import export as export_kind
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, VariantParam, read_source_record
@@ -289,6 +290,86 @@ def _seq2seq(
     )
 
 
+def _vlm(
+    ctx: StepContext,
+    spec: StepSpec,
+    gen: GenerateSection,
+    variants: list[VariantParam],
+    model: PreTrainedModel,
+    record: dict[str, object],
+) -> StepResult:
+    """A vision-language model: one seeded image and the prompt, greedy decoding over
+    vision.onnx, embedding.onnx and decoder.onnx against transformers' generate() with the
+    image (stopping at end-of-text, as both do), per-step logits compared, and a teacher-forced
+    pass over PyTorch's tokens."""
+    import numpy as np
+
+    from onnxbuild.runtimes.decoding import Sampling
+    from onnxbuild.runtimes.vlm_decoding import OrtVlm, hf_generate, torch_generate
+    from onnxbuild.sources import vlm
+
+    params = cast(GenerateParams, spec.params)
+    token, text = vlm.image_token(model), vlm.text_config(model)
+    vocab = int(text.vocab_size)
+    ids, tokenizer = prompt_ids(gen, params["source"], record, ctx.recipe_dir, vocab)
+    if gen["prompt"] is None and gen["prompt_ids"] is None:
+        ids = vlm.text_ids(ids, vocab, token)  # seeded text: the image's tokens are placed, not drawn
+    images = max(1, int((ids == token).sum()))  # each image token in the prompt stands for one image
+    pixels = vlm.seeded_images(model, images, seed=int(gen["seed"]))
+    prompt = vlm.prompts(ids.tolist(), [images], vlm.tokens_per_image(model), token, pad=0)
+    n = int(gen["max_new_tokens"])
+    reference = hf_generate(model, prompt, pixels, n)
+    sampling = (
+        Sampling(gen["seed"], float(gen["sampling"]["temperature"]), int(gen["sampling"]["top_k"]))
+        if gen["sampling"] is not None
+        else None
+    )
+    sampled_ref = torch_generate(model, prompt, pixels, n, sampling.chooser()) if sampling else None
+    eos = getattr(text, "eos_token_id", None)
+    del model
+    results: dict[str, VariantGeneration] = {}
+    problems: list[str] = []
+    for variant in variants:
+        runner = OrtVlm.load([ctx.input(f) for f in variant["files"]])
+        got = runner.generate(prompt, pixels, n, eos)
+        greedy_cmp = _aligned(reference, got)
+        # PyTorch's text so far after the prompt: each of its next tokens predicted in one pass
+        forced = np.concatenate([prompt.input_ids, reference.tokens[:, :-1]], axis=1)
+        length = forced.shape[1]
+        logits, _ = runner.step(
+            runner.embed(forced, runner.features(pixels)),
+            np.ones((1, length), dtype=np.int64),
+            np.arange(length, dtype=np.int64)[None],
+            runner.empty_past(1),
+        )
+        predicted = np.asarray(logits)[:, prompt.input_ids.shape[1] - 1 :, :].argmax(-1)
+        entry: VariantGeneration = {
+            "precision": variant["precision"],
+            "greedy": greedy_cmp,
+            "teacher_forced_agreement": float((predicted == reference.tokens).mean()),
+        }
+        if sampling and sampled_ref is not None:
+            entry["sampling"] = compare_runs(sampled_ref, runner.generate(prompt, pixels, n, None, sampling.chooser()))
+        problem = _judge(entry, variant, gen, reference, tokenizer, skip_special=False)
+        if problem:
+            problems.append(problem)
+        results[variant["name"]] = entry
+    return _finish(
+        ctx,
+        spec,
+        record,
+        gen,
+        prompt.input_ids[0].tolist(),
+        reference,
+        sampled_ref,
+        tokenizer,
+        results,
+        problems,
+        f"{reference.tokens.shape[1]} new tokens after {images} image(s)",
+        skip_special=False,
+    )
+
+
 def _judge(
     entry: VariantGeneration,
     variant: VariantParam,
@@ -402,6 +483,9 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     vocab = vocab_size(model) or 0
     if params.get("audio"):  # the prompt is seeded audio features (no tokenizer is loaded for speech yet)
         return _seq2seq(ctx, spec, gen, variants, model, None, None, record)
+    ((kind, src),) = source.items()
+    if source_kind(kind).vlm(src):
+        return _vlm(ctx, spec, gen, variants, model, record)
     prompt, tokenizer = prompt_ids(gen, source, record, ctx.recipe_dir, vocab)
     n = int(gen["max_new_tokens"])
     if any(v.get("files") for v in variants):
@@ -466,7 +550,7 @@ def check(c: Checking) -> Iterable[Found]:
     gen = c.doc.get("generate")
     if gen is None:
         return
-    if not c.with_past and not c.two_files:
+    if not c.with_past and not c.two_files and not c.three_files:
         yield (
             ("generate",),
             "generates through the KV cache; add export.with_past: true (a huggingface text-generation model)",

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, cast
 from onnxbuild import environment
 from onnxbuild._util import pick, pretty_json
 from onnxbuild.errors import StepError
+from onnxbuild.recipe.checks import refuse_three_files
 from onnxbuild.recipe.families import FUSED_DECODERS
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.recipe.sections import TARGETS, OptimizeSection, Provider
@@ -436,6 +437,7 @@ def _histogram(model: onnx.ModelProto) -> dict[str, int]:
 
 def check(c: Checking) -> Iterable[Found]:
     """A fused decoder graph exists for the model's architecture and needs its KV cache."""
+    yield from refuse_three_files(c, "optimize")
     if ((c.doc.get("optimize") or {}).get("decoder")) != "fused":
         return
     config = c.src.get("config")

@@ -18,6 +18,7 @@ from typing import cast
 
 from onnxbuild._util import pick
 from onnxbuild.errors import StepError
+from onnxbuild.recipe.checks import refuse_three_files
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.recipe.sections import QuantizeSection
 from onnxbuild.recipe.variants import SOURCE_RECORD, TEXT_GATES, variant, vocab_size
@@ -285,6 +286,7 @@ def _each_file(ctx: StepContext, spec: StepSpec, q: QuantizeSection) -> StepResu
 
 def check(c: Checking) -> Iterable[Found]:
     """gguf needs a GGUF source and the fused graph; a budget needs its figures and text."""
+    yield from refuse_three_files(c, "quantize")
     entries = [(i, q) for i, q in enumerate(c.doc.get("quantize") or []) if isinstance(q, dict)]
     for i, q in entries:
         if c.two_files and q.get("method") == "static":

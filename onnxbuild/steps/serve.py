@@ -28,15 +28,17 @@ file and its decode steps on the decode file.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TypedDict, cast
 
 from onnxbuild._util import pretty_json
 from onnxbuild.errors import StepError
+from onnxbuild.recipe.checks import refuse_three_files
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.recipe.sections import VariantValidate
 from onnxbuild.runtimes.generation import PREFILL_FILE
-from onnxbuild.spec import Planning, StepInput, StepKind, Variant
+from onnxbuild.spec import Checking, Found, Planning, StepInput, StepKind, Variant
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 from onnxbuild.steps.validating import rules
 
@@ -188,5 +190,11 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     )
 
 
-KIND = StepKind(name="serve", version=VERSION, packages=PACKAGES, plan=plan, run=run, memory=MEMORY, variants=variants)
+def check(c: Checking) -> Iterable[Found]:
+    yield from refuse_three_files(c, "serve")
+
+
+KIND = StepKind(
+    name="serve", version=VERSION, packages=PACKAGES, plan=plan, run=run, memory=MEMORY, variants=variants, check=check
+)
 """What this kind says of itself (onnxbuild.spec.StepKind)."""

@@ -195,8 +195,10 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     record = read_source_record(ctx)
     model = load_source_model(source, record, ctx.recipe_dir)
     if params.get("files"):
-        from onnxbuild.steps.validating.seq2seq import validate_files
+        from onnxbuild.steps.validating import seq2seq, vlm
 
+        ((kind, src),) = source.items()
+        validate_files = vlm.validate_files if source_kind(kind).vlm(src) else seq2seq.validate_files
         checked = validate_files(model, source, export, validate, [ctx.input(f) for f in params["files"]], compare)
         shape_results = [cast(ShapeResult, c) for c in checked.results]
         return _finish(

@@ -63,7 +63,7 @@ def check(c: Checking) -> Iterable[Found]:
     a text decoder."""
     yield from traced_only(c, "export")
     export = c.doc.get("export", {})
-    if export.get("with_past") and not c.decoder and not c.two_files:  # two files: their own check speaks
+    if export.get("with_past") and not c.decoder and not c.two_files and not c.three_files:  # their own checks speak
         what = f"task {c.src['task']}" if c.src.get("task") else f"a {c.source} source"
         yield (
             ("export", "with_past"),
@@ -72,6 +72,8 @@ def check(c: Checking) -> Iterable[Found]:
         )
     if c.two_files:
         yield from _check_two_files(c, export)
+    if c.three_files:
+        yield from _check_three_files(export)
     if not c.traced:
         return
     described = source_kind(c.source)
@@ -136,6 +138,34 @@ def finds(c: Checking) -> Checking:
         dims=tuple(validation_dims(c.source, c.src, inputs)) if c.traced else (),
         optional=frozenset({"past_sequence"} if with_past else ()),
     )
+
+
+def _check_three_files(export: Mapping[str, object]) -> Iterable[Found]:
+    """A vision-language model's three files take what sources/vlm.py gives them."""
+    inputs = export.get("inputs")
+    if isinstance(inputs, list):
+        names = [str(t.get("name")) for t in inputs if isinstance(t, dict)]
+        if names != ["pixel_values", "input_ids"]:
+            yield (
+                ("export", "inputs"),
+                "an image-text-to-text model's inputs are pixel_values [num_images, channels, height, width] "
+                f"and input_ids [batch, sequence] (got {', '.join(names) or 'none'}); "
+                "remove export.inputs for the defaults",
+                False,
+            )
+    if export.get("with_past"):
+        yield (
+            ("export", "with_past"),
+            "an image-text-to-text model's decoder.onnx always takes its cache (past_key_values.*); remove with_past",
+            True,
+        )
+    if export.get("exporter") == "dynamo":
+        yield (
+            ("export", "exporter"),
+            "an image-text-to-text model exports with torchscript (the decoder's cache is traced from flat tensors); "
+            "remove exporter: dynamo",
+            False,
+        )
 
 
 def _check_two_files(c: Checking, export: Mapping[str, object]) -> Iterable[Found]:

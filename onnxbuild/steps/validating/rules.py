@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
-from onnxbuild.recipe.checks import shape_problems, traced_only
+from onnxbuild.recipe.checks import THREE_FILES, shape_problems, traced_only
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.recipe.resolve import (
     DEFAULT_ATOL,
@@ -20,7 +20,7 @@ from onnxbuild.recipe.resolve import (
     validation_dims,
     with_defaults,
 )
-from onnxbuild.recipe.sections import ValidateSection
+from onnxbuild.recipe.sections import TARGETS, ValidateSection
 from onnxbuild.recipe.tasks import IMAGE_TASKS
 from onnxbuild.recipe.variants import TEXT_GATES, VARIANT_TOLERANCES
 from onnxbuild.sources import source_kind
@@ -138,6 +138,12 @@ def check(c: Checking) -> Iterable[Found]:
                 f"remove validate.{key}",
                 True,
             )
+    for key in ("sentences", "accuracy") if c.three_files else ():
+        if validate.get(key) is not None:
+            yield ("validate", key), f"{THREE_FILES}; remove validate.{key}", True
+    for i, provider in enumerate(c.doc.get("providers") or [] if c.three_files else []):
+        if isinstance(provider, dict) and provider.get("name") in TARGETS:
+            yield ("providers", i, "name"), f"{THREE_FILES}; remove the {provider['name']} target", False
     yield from shape_problems(c, "validate", c.dims)
     if validate.get("sentences") is not None and not source_kind(c.source).transformers:
         yield (
