@@ -88,3 +88,31 @@ def test_whisper_decodes_from_cross_keys_the_encoder_computed_once_and_fuses_its
     files = read(folder / "reports" / "optimize.json")["files"]
     assert files["decoder_model.onnx"]["fused_ops"]["MultiHeadAttention"] == 4
     assert all(c["ok"] for c in read(folder / "reports" / "expect" / "optimized.json")["checks"])
+
+
+@pytest.mark.parametrize(("recipe", "attention"), [("tiny-t5", 6), ("tiny-marian", 6)])
+def test_eager_attention_ort_misses_is_written_as_onnx_attention(
+    recipe: str, attention: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """T5 (position bias and mask added one after the other) and Marian (a biased key
+    projection, a masked cross attention) match none of ORT's attention patterns on
+    transformers 5 graphs; fusion/attention.py writes each as ONNX's Attention: 2 encoder
+    self-attentions, the decoder's 2 self- and 2 cross-attentions, and no Softmax left."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    doc = yaml.safe_load((TASKS / f"{recipe}.yaml").read_text(encoding="utf-8"))
+    doc.pop("quantize", None)
+    doc["validate"] = {"shapes": [{"batch": 2, "sequence": 5, "decoder_sequence": 3}]}
+    doc["optimize"] = {"level": "basic", "transformer": {}}
+    doc["expect"] = {"optimized": {"ops": {"Attention": attention}, "absent": ["Softmax"]}}
+    path = tmp_path / f"{recipe}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    settings = onnxbuild.Settings(cache_dir=tmp_path / "cache", artifacts_dir=tmp_path / "artifacts")
+    report = onnxbuild.build([path], settings)
+    assert report.ok, report.failures()
+    folder = tmp_path / "artifacts" / recipe
+    files = read(folder / "reports" / "optimize.json")["files"]
+    assert [files[f]["attention_rewritten"] for f in ("encoder_model.onnx", "decoder_model.onnx")] == [2, 4]
+    counts = [ops(folder / "optimized" / f)["Attention"] for f in ("encoder_model.onnx", "decoder_model.onnx")]
+    assert counts == [2, 4]
+    generation = read(folder / "reports" / "generation.json")["variants"]
+    assert generation["optimized"]["greedy"]["identical"] and generation["model"]["greedy"]["identical"]

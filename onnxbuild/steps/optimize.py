@@ -46,8 +46,9 @@ OWN_KEYS = ("level", "decoder", "transformer", "float16")
 # (opset 23); 9: their masks additive (fusion/decoder.MASKED); 10: all-zero q/k/v biases left out; 11: bart's
 # fusions with MultiHeadAttention (an encoder-decoder's cross attention), an encoder-decoder's decoder file
 # fused with its decoder's head count, fused ops per file in optimize.json; 12: fused Gemma 2 (sandwich
-# norms, soft-capping), Attention's softcap written on every fused decoder
-VERSION = 12
+# norms, soft-capping), Attention's softcap written on every fused decoder; 13: an encoder-decoder's eager
+# attention left by ORT's optimizer written as ONNX's Attention (fusion/attention.py)
+VERSION = 13
 PACKAGES = ("onnxruntime", "onnx", "torch", "transformers")
 
 FUSED_OPS = (
@@ -221,6 +222,7 @@ def _each_file(ctx: StepContext, spec: StepSpec, opt: OptimizeSection) -> StepRe
         files[name] = {
             "transformer": report["transformer"],
             "fused_ops": {op: after[op] for op in FUSED_OPS if op in after},
+            "attention_rewritten": report.pop("attention_fusion", 0),
         }
     report["files"] = files
     return _finish(ctx, spec, opt, report, dict(before), outs)
@@ -299,6 +301,17 @@ def _optimize(
             "hidden_size": hidden,
             "opt_level": t["opt_level"],
         }
+    if opt["transformer"] is not None and fused_graph is None and file != MODEL:
+        # an encoder-decoder's files: the eager attention ORT's patterns missed (T5's, BART's)
+        # as ONNX's Attention (fusion/attention.py)
+        from onnxbuild.fusion.attention import fuse
+
+        rewritten, count = fuse(onnx.load_model(str(current)))
+        if count:
+            staged = ctx.output_dir / "stage-attention.onnx"
+            onnx.save_model(rewritten, str(staged))
+            current = staged
+        report["attention_fusion"] = count
     if opt["float16"] is not None:
         from onnxruntime.transformers.onnx_model import OnnxModel
 
