@@ -133,6 +133,8 @@ PARTS_OF_KINDS = {
     "validating": "validate",
     "quantizing": "quantize",
     "exporting": "export",
+    "vlm": "huggingface",  # sources/vlm*.py: the huggingface kind's vision-language files and their checks
+    "vlm_families": "huggingface",
 }
 PACKAGE_LISTS = ("PACKAGES", "REPORTED")
 """Tuples of distribution names (the ``onnx`` package is not the onnx source kind)."""

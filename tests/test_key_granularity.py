@@ -103,6 +103,8 @@ TRY_FIRST_AT: dict[str, list[Any]] = {
     "expect.all.inputs.input_ids": ["int64[batch, tokens]"],
     "quantize[0].calibration.text": ["calibration.txt"],
     "serve[0].decode": ["model"],  # the other two variants: the prefill's, or a file named twice
+    # another type with GPT-2's config keys (a made-up one is refused at the recipe)
+    "source.huggingface.config.model_type": ["gpt_bigcode"],
 }
 
 NO_OTHER_VALUE: dict[str, str] = {

@@ -203,6 +203,8 @@ CTC_TYPES = frozenset(
 )
 """Speech encoders whose automatic-speech-recognition head is CTC: one file, raw audio in,
 a score per vocabulary entry per frame out (AutoModelForCTC), not an encoder and a decoder."""
+WHISPER_LAYOUT = frozenset({"whisper"})
+"""Speech encoder-decoders whose files onnxbuild writes (log-mel [batch, bins, frames] in)."""
 CTC_TASK: TaskInfo = {
     "auto_class": "AutoModelForCTC",
     "inputs": _WAVEFORM,

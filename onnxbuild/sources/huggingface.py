@@ -502,7 +502,7 @@ def check(src: HuggingfaceSource, doc: Mapping[str, object]) -> Iterable[Problem
     if seq2seq(src):
         yield from _check_seq2seq(src, doc)
     if vlm(src):
-        from onnxbuild.sources.vlm import recipe_problems
+        from onnxbuild.sources.vlm_families import recipe_problems
 
         yield from recipe_problems(_config(src), image_size(src), src.get("dtype", "float32"))
         return
@@ -532,7 +532,7 @@ def _check_model_type(src: HuggingfaceSource) -> Iterable[Problem]:
     one whose cache is keys and values."""
     from onnxbuild.recipe.automap import loads
     from onnxbuild.recipe.families import RECURRENT, model_type
-    from onnxbuild.recipe.tasks import TASKS
+    from onnxbuild.recipe.tasks import CTC_TYPES, TASKS, WHISPER_LAYOUT
 
     kind = model_type(_config(src))
     if kind is None or src.get("task") not in TASKS:
@@ -543,6 +543,14 @@ def _check_model_type(src: HuggingfaceSource) -> Iterable[Problem]:
         others = sorted(t for t, info in TASKS.items() if loads(info["auto_class"], kind))
         hint = f"tasks that build a {kind}: {', '.join(others)}" if others else "no task onnxbuild exports builds one"
         yield key, f"transformers has no {auto} for model type {kind!r}, which task {src['task']} uses ({hint})", False
+    elif src.get("task") == "automatic-speech-recognition" and kind not in CTC_TYPES | WHISPER_LAYOUT:
+        yield (
+            key,
+            f"automatic-speech-recognition exports Whisper's two files (log-mel [batch, bins, frames] of 30 s in) "
+            f"and CTC models (wav2vec2, HuBERT, ...); a {kind} is not supported yet (Speech2Text's encoder, for "
+            "one, takes [batch, frames, features] and shortens the sequence 4 times)",
+            False,
+        )
     elif kind in RECURRENT and src.get("task") == "text-generation":
         yield (
             key,

@@ -5,11 +5,12 @@ that file is validated against, and the pixel arguments transformers' forward ta
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from onnxbuild.errors import StepError
+from onnxbuild.sources.kind import Problem
 
 if TYPE_CHECKING:
     import torch
@@ -167,3 +168,29 @@ def family(model: PreTrainedModel) -> Family:
             f"(got {model.config.model_type!r})"
         )
     return found
+
+
+def recipe_problems(config: Mapping[str, object], size: tuple[int, int] | None, dtype: str) -> Iterable[Problem]:
+    """What the three files take, said at the recipe (the huggingface source kind's check): a
+    family whose split is known, float32, and the vision tower's one image size (``size``, from
+    the recipe's config.vision_config.image_size)."""
+    if dtype != "float32":
+        yield (
+            ("source", "huggingface", "dtype"),
+            "image-text-to-text models export in float32 (their decoder cache is float32); remove dtype",
+            False,
+        )
+    model_type = config.get("model_type")
+    if config and model_type not in MODEL_TYPES:
+        yield (
+            ("source", "huggingface", "config", "model_type"),
+            f"image-text-to-text exports {', '.join(MODEL_TYPES)} so far (got {model_type!r})",
+            False,
+        )
+    elif size is None:
+        yield (
+            ("source", "huggingface", "config") if config else ("source", "huggingface"),
+            "an image-text-to-text model takes images of its vision tower's one size: give "
+            "config.vision_config.image_size (336 for llava-1.5)",
+            not config,
+        )

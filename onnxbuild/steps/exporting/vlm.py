@@ -33,7 +33,7 @@ def export_files(
     import torch
 
     from onnxbuild.sources import vlm
-    from onnxbuild.steps.export import _describe, _finalise, companion_files
+    from onnxbuild.steps.exporting.files import companion_files, describe, finalise
 
     layout = vlm.layout_of(model)
     token = vlm.image_token(model)
@@ -67,7 +67,7 @@ def export_files(
             decoder(embeds, mask, positions, *past)
         except Exception as exc:
             raise StepError(
-                f"the model failed on the export sample ({_describe(sample)}): {type(exc).__name__}: "
+                f"the model failed on the export sample ({describe(sample)}): {type(exc).__name__}: "
                 f"{brief(exc, limit=400)}"
             ) from None
     _, channels, height, width = pixels.shape
@@ -98,7 +98,7 @@ def export_files(
                 raise StepError(
                     f"torch.onnx.export of {name} failed: {type(exc).__name__}: {brief(exc, lines=4, limit=600)}"
                 ) from None
-            extra += _finalise(raw, out, export, params)
+            extra += finalise(raw, out, export, params)
     extra += companion_files(ctx, model, source, record, export)
     ctx.output("genai_config.json").write_text(vlm.genai_config(model.config, layout, per_image), encoding="utf-8")
     extra += ("genai_config.json",)
