@@ -75,7 +75,7 @@ print(json.dumps(out))
 SAVE_HF = r"""
 import json, sys
 from pathlib import Path
-from onnxbuild.recipe.loader import load_recipe
+from onnxbuild import load_recipe
 from onnxbuild.sources.huggingface import load_model
 recipe = load_recipe(sys.argv[1])
 record = json.loads((Path(sys.argv[2]) / "reports" / "source.json").read_text())
