@@ -122,28 +122,21 @@ def run(
     generation = _json(folder / "generation_config.json")
     tokenizer = _tokenizer(folder)
     used_template = False
-    if tokenizer is not None:
-        if chat and getattr(tokenizer, "chat_template", None):
-            ids = tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
-            )
-            ids = list(ids["input_ids"]) if isinstance(ids, dict) or hasattr(ids, "keys") else list(ids)
-            used_template = True
-        else:
-            ids = tokenizer.encode(prompt)
+    if tokenizer is not None and chat and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+        )
+        ids = list(ids["input_ids"]) if isinstance(ids, dict) or hasattr(ids, "keys") else list(ids)
+        used_template = True
     else:
-        try:
-            ids = [int(t) for t in prompt.replace(",", " ").split()]
-        except ValueError:
-            raise UsageError(
-                f"{folder} has no tokenizer files, so --prompt must be token ids (e.g. --prompt '464 2068 7586'); "
-                "a recipe whose model folder has a tokenizer copies it beside model.onnx"
-            ) from None
-    if not ids:
-        raise UsageError("--prompt: no tokens to start from; give some text or token ids")
-    vocab = int(config.get("vocab_size") or 0)
-    if vocab and max(ids) >= vocab:
-        raise UsageError(f"--prompt: token id {max(ids)} is outside the vocabulary (size {vocab})")
+        ids = _prompt_ids(
+            prompt,
+            folder,
+            tokenizer,
+            "464 2068 7586",
+            "; a recipe whose model folder has a tokenizer copies it beside model.onnx",
+        )
+    _check_ids(ids, config)
     context = int(config.get("n_positions") or config.get("max_position_embeddings") or 0)
     if context and len(ids) + max_new_tokens > context:
         raise UsageError(
@@ -225,20 +218,8 @@ def _run_seq2seq(
             )
         feeds = {"input_features": features}
     else:
-        if tokenizer is not None:
-            ids = list(tokenizer.encode(prompt))
-        else:
-            try:
-                ids = [int(t) for t in prompt.replace(",", " ").split()]
-            except ValueError:
-                raise UsageError(
-                    f"{folder} has no tokenizer files, so --prompt must be token ids (e.g. --prompt '13 8774 55')"
-                ) from None
-        if not ids:
-            raise UsageError("--prompt: no tokens to start from; give some text or token ids")
-        vocab = int(config.get("vocab_size") or 0)
-        if vocab and max(ids) >= vocab:
-            raise UsageError(f"--prompt: token id {max(ids)} is outside the vocabulary (size {vocab})")
+        ids = _prompt_ids(prompt, folder, tokenizer, "13 8774 55")
+        _check_ids(ids, config)
         feeds = {
             "input_ids": np.asarray([ids], dtype=np.int64),
             "attention_mask": np.ones((1, len(ids)), dtype=np.int64),
@@ -351,20 +332,8 @@ def _run_vlm(
     if not isinstance(token, int) or not isinstance(per_image, int):
         raise UsageError(f"{folder}: genai_config.json names no image_token_id and num_image_tokens; rebuild it")
     tokenizer = _tokenizer(folder)
-    if tokenizer is not None:
-        ids = list(tokenizer.encode(prompt))
-    else:
-        try:
-            ids = [int(t) for t in prompt.replace(",", " ").split()]
-        except ValueError:
-            raise UsageError(
-                f"{folder} has no tokenizer files, so --prompt must be token ids (e.g. --prompt '1 319 1967')"
-            ) from None
-    if not ids:
-        raise UsageError("--prompt: no tokens to start from; give some text or token ids")
-    vocab = int(text.get("vocab_size") or 0)
-    if vocab and max(ids) >= vocab:
-        raise UsageError(f"--prompt: token id {max(ids)} is outside the vocabulary (size {vocab})")
+    ids = _prompt_ids(prompt, folder, tokenizer, "1 319 1967")
+    _check_ids(ids, text)
     images = int(pixels.shape[0])
     if ids.count(token) not in (0, images, images * per_image):
         raise UsageError(
@@ -389,6 +358,27 @@ def _run_vlm(
     return RunResult(
         paths[-1], prompt_ids, new, decoded, False, seconds, bool(isinstance(eos, int) and new and new[-1] == eos)
     )
+
+
+def _prompt_ids(prompt: str, folder: Path, tokenizer: Any, example: str, hint: str = "") -> list[int]:
+    """``--prompt`` as token ids: the folder's tokenizer encodes text, else it is the ids themselves."""
+    if tokenizer is not None:
+        return list(tokenizer.encode(prompt))
+    try:
+        return [int(t) for t in prompt.replace(",", " ").split()]
+    except ValueError:
+        raise UsageError(
+            f"{folder} has no tokenizer files, so --prompt must be token ids (e.g. --prompt '{example}'){hint}"
+        ) from None
+
+
+def _check_ids(ids: list[int], config: dict[str, Any]) -> None:
+    """Some tokens, each inside the vocabulary of ``config`` (a model's or its text model's)."""
+    if not ids:
+        raise UsageError("--prompt: no tokens to start from; give some text or token ids")
+    vocab = int(config.get("vocab_size") or 0)
+    if vocab and max(ids) >= vocab:
+        raise UsageError(f"--prompt: token id {max(ids)} is outside the vocabulary (size {vocab})")
 
 
 def _json(path: Path) -> dict[str, Any]:

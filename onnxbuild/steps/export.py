@@ -45,7 +45,7 @@ from onnxbuild.sources.torchmodel import (
 from onnxbuild.spec import Planning, StepInput, StepKind
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 from onnxbuild.steps.exporting import rules
-from onnxbuild.steps.exporting.files import companion_files, describe, finalise
+from onnxbuild.steps.exporting.files import companion_files, describe, export_file, finalise
 
 if TYPE_CHECKING:
     import torch
@@ -272,27 +272,8 @@ def _seq2seq(
     extra: tuple[str, ...] = ()
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     for name, module, traced, inputs, outputs, axes in jobs:
-        out = ctx.output(name)
-        with tempfile.TemporaryDirectory(dir=ctx.output_dir) as tmp:
-            raw = Path(tmp) / name
-            try:
-                with seq2seq.fusable_attention(model):
-                    torch.onnx.export(
-                        module,
-                        traced,
-                        str(raw),
-                        dynamo=False,
-                        input_names=inputs,
-                        output_names=outputs,
-                        dynamic_axes=axes,
-                        opset_version=export["opset"],
-                        do_constant_folding=export["constant_folding"],
-                    )
-            except Exception as exc:
-                raise StepError(
-                    f"torch.onnx.export of {name} failed: {type(exc).__name__}: {brief(exc, lines=4, limit=600)}"
-                ) from None
-            extra += finalise(raw, out, export, params)
+        io = (inputs, outputs, axes)
+        extra += export_file(ctx, name, module, traced, io, export, params, seq2seq.fusable_attention(model))
     extra += companion_files(ctx, model, source, record, export)
     sizes = ", ".join(f"{name} {ctx.output(name).stat().st_size / 1e6:.1f} MB" for name, *_ in jobs)
     summary = (

@@ -6,9 +6,11 @@ onnxruntime-genai read beside it."""
 from __future__ import annotations
 
 import tempfile
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from onnxbuild._util import brief
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import ExportSection
 from onnxbuild.steps.base import StepContext
@@ -16,6 +18,7 @@ from onnxbuild.steps.base import StepContext
 if TYPE_CHECKING:
     import numpy as np
     import onnx
+    import torch
     from numpy.typing import NDArray
     from transformers import PreTrainedModel
 
@@ -59,6 +62,45 @@ def companion_files(
         )
         written.append("genai_config.json")
     return tuple(written[1:])
+
+
+def export_file(
+    ctx: StepContext,
+    name: str,
+    module: torch.nn.Module,
+    args: tuple[torch.Tensor, ...],
+    io: tuple[list[str], list[str], dict[str, dict[int, str]]],
+    export: ExportSection,
+    param_bytes: int,
+    around: AbstractContextManager[object] | None = None,
+) -> tuple[str, ...]:
+    """One of a model's several files (an encoder-decoder's two, a vision-language model's three)
+    traced by TorchScript, ``io`` its input names, output names and dynamic axes, inside
+    ``around`` (an attention implementation set for the trace), then finished as every exported
+    file is; its external-data files' names."""
+    import torch
+
+    inputs, outputs, axes = io
+    with tempfile.TemporaryDirectory(dir=ctx.output_dir) as tmp:
+        raw = Path(tmp) / name
+        try:
+            with around if around is not None else nullcontext():
+                torch.onnx.export(
+                    module,
+                    args,
+                    str(raw),
+                    dynamo=False,
+                    input_names=inputs,
+                    output_names=outputs,
+                    dynamic_axes=axes,
+                    opset_version=export["opset"],
+                    do_constant_folding=export["constant_folding"],
+                )
+        except Exception as exc:
+            raise StepError(
+                f"torch.onnx.export of {name} failed: {type(exc).__name__}: {brief(exc, lines=4, limit=600)}"
+            ) from None
+        return finalise(raw, ctx.output(name), export, param_bytes)
 
 
 def finalise(raw: Path, out: Path, export: ExportSection, param_bytes: int) -> tuple[str, ...]:

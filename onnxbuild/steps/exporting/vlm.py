@@ -4,8 +4,6 @@ genai_config.json onnxruntime-genai reads them by."""
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from onnxbuild._util import brief
@@ -33,7 +31,7 @@ def export_files(
     import torch
 
     from onnxbuild.sources import vlm
-    from onnxbuild.steps.exporting.files import companion_files, describe, finalise
+    from onnxbuild.steps.exporting.files import companion_files, describe, export_file
 
     layout = vlm.layout_of(model)
     token = vlm.image_token(model)
@@ -79,26 +77,7 @@ def export_files(
     extra: tuple[str, ...] = ()
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     for name, (io, module, traced) in zip(vlm.FILES, jobs, strict=True):
-        out = ctx.output(name)
-        with tempfile.TemporaryDirectory(dir=ctx.output_dir) as tmp:
-            raw = Path(tmp) / name
-            try:
-                torch.onnx.export(
-                    module,
-                    traced,
-                    str(raw),
-                    dynamo=False,
-                    input_names=io.input_names,
-                    output_names=io.outputs,
-                    dynamic_axes=io.axes,
-                    opset_version=export["opset"],
-                    do_constant_folding=export["constant_folding"],
-                )
-            except Exception as exc:
-                raise StepError(
-                    f"torch.onnx.export of {name} failed: {type(exc).__name__}: {brief(exc, lines=4, limit=600)}"
-                ) from None
-            extra += finalise(raw, out, export, params)
+        extra += export_file(ctx, name, module, traced, (io.input_names, io.outputs, io.axes), export, params)
     extra += companion_files(ctx, model, source, record, export)
     ctx.output("genai_config.json").write_text(vlm.genai_config(model.config, layout, per_image), encoding="utf-8")
     extra += ("genai_config.json",)
