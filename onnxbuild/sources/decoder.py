@@ -192,6 +192,33 @@ def genai_pipeline(
     return dict(doc)
 
 
+def genai_decoder(
+    filename: str, config: transformers.PretrainedConfig, layout: PastLayout, inputs: dict[str, str]
+) -> dict[str, object]:
+    """genai_config.json's ``model.decoder``: the file, its cache's size and names, and which of
+    its inputs genai feeds (``inputs``: genai's name -> the file's); ``config`` is the language
+    model's (a vision-language model's text config)."""
+    return {
+        "filename": filename,
+        "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
+        "head_size": layout.head_dim,
+        "hidden_size": int(config.hidden_size),
+        "num_attention_heads": int(config.num_attention_heads),
+        "num_hidden_layers": layout.layers,
+        "num_key_value_heads": layout.kv_heads,
+        "inputs": {
+            **inputs,
+            "past_key_names": "past_key_values.%d.key",
+            "past_value_names": "past_key_values.%d.value",
+        },
+        "outputs": {
+            "logits": "logits",
+            "present_key_names": "present.%d.key",
+            "present_value_names": "present.%d.value",
+        },
+    }
+
+
 def genai_config(config: transformers.PretrainedConfig, layout: PastLayout, input_names: Iterable[str]) -> str:
     """genai_config.json for onnxruntime-genai: where the decoder's inputs and outputs are and
     how big its cache is (greedy search by default; the caller's generator params override).
@@ -215,25 +242,7 @@ def genai_config(config: transformers.PretrainedConfig, layout: PastLayout, inpu
             "pad_token_id": getattr(config, "pad_token_id", None) or eos,
             "context_length": context,
             "vocab_size": int(config.vocab_size),
-            "decoder": {
-                "filename": "model.onnx",
-                "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
-                "head_size": layout.head_dim,
-                "hidden_size": int(config.hidden_size),
-                "num_attention_heads": int(config.num_attention_heads),
-                "num_hidden_layers": layout.layers,
-                "num_key_value_heads": layout.kv_heads,
-                "inputs": {
-                    **inputs,
-                    "past_key_names": "past_key_values.%d.key",
-                    "past_value_names": "past_key_values.%d.value",
-                },
-                "outputs": {
-                    "logits": "logits",
-                    "present_key_names": "present.%d.key",
-                    "present_value_names": "present.%d.value",
-                },
-            },
+            "decoder": genai_decoder("model.onnx", config, layout, inputs),
         },
         "search": {
             "do_sample": False,

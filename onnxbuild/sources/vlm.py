@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from onnxbuild.recipe.sections import Tensor
 from onnxbuild.recipe.tasks import EMBEDDING_FILE, VISION_FILE, VLM_DECODER_FILE
-from onnxbuild.sources.decoder import PastLayout
+from onnxbuild.sources.decoder import PastLayout, genai_decoder
 
 # the families are this module's too: callers import them from here
 from onnxbuild.sources.vlm_families import MODEL_TYPES as MODEL_TYPES
@@ -291,27 +291,12 @@ def genai_config(config: PretrainedConfig, layout: PastLayout, per_image: int) -
                 "inputs": {"input_ids": "input_ids", "image_features": FEATURES},
                 "outputs": {"inputs_embeds": EMBEDS},
             },
-            "decoder": {
-                "filename": VLM_DECODER_FILE,
-                "session_options": session,
-                "head_size": layout.head_dim,
-                "hidden_size": int(text.hidden_size),
-                "num_attention_heads": int(text.num_attention_heads),
-                "num_hidden_layers": layout.layers,
-                "num_key_value_heads": layout.kv_heads,
-                "inputs": {
-                    "inputs_embeds": EMBEDS,
-                    "attention_mask": "attention_mask",
-                    "position_ids": "position_ids",
-                    "past_key_names": "past_key_values.%d.key",
-                    "past_value_names": "past_key_values.%d.value",
-                },
-                "outputs": {
-                    "logits": "logits",
-                    "present_key_names": "present.%d.key",
-                    "present_value_names": "present.%d.value",
-                },
-            },
+            "decoder": genai_decoder(
+                VLM_DECODER_FILE,
+                text,
+                layout,
+                {"inputs_embeds": EMBEDS, "attention_mask": "attention_mask", "position_ids": "position_ids"},
+            ),
         },
         "search": {
             "do_sample": False,
