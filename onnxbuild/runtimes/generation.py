@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from onnxbuild._util import brief
 from onnxbuild.errors import UsageError
@@ -360,7 +361,11 @@ def _run_vlm(
     )
 
 
-def _prompt_ids(prompt: str, folder: Path, tokenizer: Any, example: str, hint: str = "") -> list[int]:
+class _Encodes(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+
+
+def _prompt_ids(prompt: str, folder: Path, tokenizer: _Encodes | None, example: str, hint: str = "") -> list[int]:
     """``--prompt`` as token ids: the folder's tokenizer encodes text, else it is the ids themselves."""
     if tokenizer is not None:
         return list(tokenizer.encode(prompt))
@@ -372,12 +377,12 @@ def _prompt_ids(prompt: str, folder: Path, tokenizer: Any, example: str, hint: s
         ) from None
 
 
-def _check_ids(ids: list[int], config: dict[str, Any]) -> None:
+def _check_ids(ids: list[int], config: Mapping[str, object]) -> None:
     """Some tokens, each inside the vocabulary of ``config`` (a model's or its text model's)."""
     if not ids:
         raise UsageError("--prompt: no tokens to start from; give some text or token ids")
-    vocab = int(config.get("vocab_size") or 0)
-    if vocab and max(ids) >= vocab:
+    vocab = config.get("vocab_size")
+    if isinstance(vocab, int) and vocab and max(ids) >= vocab:
         raise UsageError(f"--prompt: token id {max(ids)} is outside the vocabulary (size {vocab})")
 
 

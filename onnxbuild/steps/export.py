@@ -8,10 +8,8 @@ becomes a runtime Transpose that quantization cannot touch).
 Reproducibility: seeded weights, a fixed external-data file name, and for the dynamo
 exporter the node metadata it writes (stack traces with absolute paths) removed.
 
-One module (~460 lines): the export of a torch model (TorchScript or dynamo), of an
-encoder-decoder's two files and through a source's own converter (tf2onnx) share the sample
-inputs and the finishing of the file; the recipe rules are in steps/exporting/rules.py, and
-what other kinds read of the section (``section``, ``signature``...) stays here, by the kind.
+The recipe rules are in steps/exporting/rules.py, the finishing of each written file in
+steps/exporting/files.py, a vision-language model's three files in steps/exporting/vlm.py.
 """
 
 from __future__ import annotations

@@ -46,6 +46,17 @@ def cases(shapes: list[dict[str, int]], with_past: bool, padded: bool = False) -
 
 
 @dataclass(frozen=True)
+class Checked:
+    """Validation results of a variant made of several files (an encoder-decoder's two, a
+    vision-language model's three): one entry per shape, in the validate step's ShapeResult
+    form, and the top-1 counts over every compared position."""
+
+    results: list[dict[str, object]]  # validate.py casts each to ShapeResult
+    top1_hits: int
+    top1_total: int
+
+
+@dataclass(frozen=True)
 class RealTokens:
     """For a left-padded case: each output at the real tokens only (a padded query attends to
     nothing, and what a runtime writes there is not defined): outputs laid out [batch,

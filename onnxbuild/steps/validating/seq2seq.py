@@ -6,7 +6,6 @@ token through its cache, ONNX Runtime against PyTorch.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -15,6 +14,7 @@ from onnxbuild.recipe.sections import ExportSection, ValidateSection
 from onnxbuild.recipe.tasks import DEFAULT_DECODER_SEQUENCE
 from onnxbuild.runtimes.seq2seq_decoding import OrtSeq2Seq
 from onnxbuild.sources.seq2seq import ENCODER_OUTPUT, cross_outputs, decoder_module, encoder_module, layout_of
+from onnxbuild.steps.validating.cases import Checked
 
 if TYPE_CHECKING:
     import numpy as np
@@ -35,16 +35,6 @@ class Seq2SeqModel(Protocol):
 
     @property
     def config(self) -> _Config: ...
-
-
-@dataclass(frozen=True)
-class Checked:
-    """Validation results of an encoder-decoder variant: one entry per shape, in the
-    validate step's ShapeResult form, and the top-1 counts over every decoder position."""
-
-    results: list[dict[str, object]]  # validate.py casts each to ShapeResult
-    top1_hits: int
-    top1_total: int
 
 
 def validate_files(

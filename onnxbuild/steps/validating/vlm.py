@@ -21,13 +21,13 @@ next-step positions.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import ExportSection, ValidateSection
 from onnxbuild.runtimes.vlm_decoding import OrtVlm
+from onnxbuild.steps.validating.cases import Checked
 
 if TYPE_CHECKING:
     import numpy as np
@@ -37,16 +37,6 @@ if TYPE_CHECKING:
     from onnxbuild.report.validation import OutputComparison
 
     Compare = Callable[[NDArray[np.generic], NDArray[np.generic], float, float], OutputComparison]
-
-
-@dataclass(frozen=True)
-class Checked:
-    """Validation results of a vision-language variant: one entry per shape, in the validate
-    step's ShapeResult form, and the top-1 counts over every compared position."""
-
-    results: list[dict[str, object]]  # validate.py casts each to ShapeResult
-    top1_hits: int
-    top1_total: int
 
 
 def validate_files(
