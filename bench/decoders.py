@@ -6,7 +6,8 @@ model builder (fp32, int4 at its default block 32 and at block 128; CPU) in a se
 ships its own onnxruntime), then time every file with this environment's onnxruntime, one
 file per process, alternating, best of three rounds:
 
-  prefill: 128 tokens with an empty past;  decode: one token after a past of 128;
+  prefill: 128 tokens with an empty past;  decode: one token after a past of 128, and after
+  a past of 1024 (where a sliding window's layers read fewer keys than a full layer);
   each with ONNX Runtime's defaults and with denormals flushed to zero
   (session.set_denormal_as_zero, which onnxbuild's benchmark, validate and `onnxbuild run`
   set; onnxruntime-genai's config has no key for it). Both files of a pair get the same setting.
@@ -33,6 +34,7 @@ TIME_ONE = r"""
 import json, sys, time
 import numpy as np, onnxruntime as ort
 path, layers, kv, head_dim, vocab = sys.argv[1], *map(int, sys.argv[2:6])
+LONG = 1024
 def time_both(s):
     names = {i.name: i for i in s.get_inputs()}
     dtype = np.float16 if "float16" in names["past_key_values.0.key"].type else np.float32
@@ -52,13 +54,18 @@ def time_both(s):
     step = np.array([[7]])
     def decode():
         s.run(None, feeds(step, 128, past))
+    # a long past (random values: the time does not depend on them), where a sliding window's
+    # layers read a window of keys and a full layer the whole past
+    long_past = {k: np.random.default_rng(2).standard_normal((1, kv, LONG, head_dim)).astype(dtype) for k in empty}
+    def decode_long():
+        s.run(None, feeds(step, LONG, long_past))
     def p50(fn, n):
         for _ in range(2): fn()
         t = []
         for _ in range(n):
             a = time.perf_counter(); fn(); t.append((time.perf_counter() - a) * 1000)
         return sorted(t)[len(t) // 2]
-    return {"prefill_ms": p50(prefill, 8), "decode_ms": p50(decode, 30)}
+    return {"prefill_ms": p50(prefill, 8), "decode_ms": p50(decode, 30), "decode_long_ms": p50(decode_long, 30)}
 def session(flush):
     options = ort.SessionOptions(); options.log_severity_level = 3
     if flush:
@@ -211,13 +218,13 @@ def main(recipes: list[str]) -> None:
         print(f"{name} (batch 1; best of {ROUNDS} rounds of p50; one process per file):")
         print(f"  {'':<24} {'denormals as they come':>31}   {'denormals flushed (onnxbuild run)':>33}")
         print(
-            f"  {'file':<24} {'prefill 128':>12} {'decode after 128':>17}   {'prefill 128':>14} "
-            f"{'decode after 128':>17}"
+            f"  {'file':<24} {'prefill 128':>12} {'decode after 128':>17} {'after 1024':>11}   {'prefill 128':>14} "
+            f"{'decode after 128':>17} {'after 1024':>11}"
         )
         for label, t in best.items():
             print(
-                f"  {label:<24} {t['prefill_ms']:>9.1f} ms {t['decode_ms']:>14.2f} ms   "
-                f"{t['prefill_ms_daz']:>11.1f} ms {t['decode_ms_daz']:>14.2f} ms"
+                f"  {label:<24} {t['prefill_ms']:>9.1f} ms {t['decode_ms']:>14.2f} ms {t['decode_long_ms']:>8.2f} ms   "
+                f"{t['prefill_ms_daz']:>11.1f} ms {t['decode_ms_daz']:>14.2f} ms {t['decode_long_ms_daz']:>8.2f} ms"
             )
         for line in verdicts(best):
             print(f"  {line}")
@@ -251,8 +258,10 @@ def verdicts(best: dict[str, dict[str, float]]) -> list[str]:
         for key, label in (
             ("prefill_ms", "prefill"),
             ("decode_ms", "decode"),
+            ("decode_long_ms", "decode after 1024"),
             ("prefill_ms_daz", "prefill flushed"),
             ("decode_ms_daz", "decode flushed"),
+            ("decode_long_ms_daz", "decode after 1024 flushed"),
         ):
             mine = min(best[o][key] for o in ours if o in best)
             gap = 100 * (mine / best[theirs][key] - 1)

@@ -398,8 +398,10 @@ def smollm2_section(data: dict[str, Any], source: str) -> list[str]:
 DECODER_COLUMNS = {
     "prefill_ms": ("prefill 128", 1),
     "decode_ms": ("decode after 128", 2),
+    "decode_long_ms": ("decode after 1024", 2),
     "prefill_ms_daz": ("prefill, denormals flushed", 1),
     "decode_ms_daz": ("decode, denormals flushed", 2),
+    "decode_long_ms_daz": ("decode after 1024, flushed", 2),
 }
 
 

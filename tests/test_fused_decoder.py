@@ -180,7 +180,15 @@ def test_a_left_padded_batch_matches_pytorch(family: str, tmp_path: Path) -> Non
     # every Attention adds a finite mask (MASKED, not the float minimum: a normal float after
     # exp(), so sessions that keep denormals, as this one does, do not slow down on it)
     made = {o: n for n in graph.graph.node for o in n.output}
-    masks = [made[n.input[3]] for n in graph.graph.node if n.op_type == "Attention"]
+    attention = [n for n in graph.graph.node if n.op_type == "Attention"]
+    # a sliding layer's Attention reads its mask's, keys' and values' last positions (Slice), a
+    # full layer's the whole of them
+    sliced = {i for i, n in enumerate(attention) if made[n.input[3]].op_type == "Slice"}
+    for i, n in enumerate(attention):
+        reads = [made.get(name) for name in n.input[4:6]]
+        assert [r.op_type if r else "input" for r in reads] == (["Slice"] * 2 if i in sliced else ["input"] * 2)
+    assert len(sliced) == {"mistral-window": config.num_hidden_layers, "gemma2": 1}.get(family, 0)
+    masks = [made[made[n.input[3]].input[0]] if i in sliced else made[n.input[3]] for i, n in enumerate(attention)]
     windowed = {"mistral-window": ["visible4"], "gemma2": ["visible4", "visible"]}.get(family, ["visible"])
     assert {(m.op_type, *m.input) for m in masks} == {
         ("Where", f"/model/attn_mask/{visible}", "mask_seen", "mask_masked") for visible in windowed

@@ -136,6 +136,7 @@ def build(model: Any, exported: onnx.ModelProto) -> Built:
     # what attention needs besides Q, K, V: who sees whom, and the rotary tables
     visible = _visible(g)
     masks: dict[int, str] = {}  # window (-1: none) -> its additive mask
+    masks_sliced: dict[str, str] = {}  # a window's mask -> its columns from the window's start
     positions = int(getattr(config, "max_position_embeddings", 2048))
     with torch.no_grad():
         probe = torch.zeros(1, 1, head_dim, dtype=torch.float32)
@@ -259,18 +260,39 @@ def build(model: Any, exported: onnx.ModelProto) -> Built:
         if window not in masks:  # once per window, shared by its layers
             masks[window] = _additive(g, visible if window < 0 else _windowed(g, visible, window), window)
         mask = masks[window]
+        past_k, past_v = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
+        present: list[str] = [f"present.{i}.key", f"present.{i}.value"]
+        if window >= 0:
+            # a sliding layer's queries see at most the last window-1 past keys: Attention reads
+            # only those (and their mask columns), as the model builder's windowed
+            # GroupQueryAttention does, so a decode step costs the window, not the whole past;
+            # the present stays the whole past + new (the cache layout every layer shares)
+            start = _window_start(g, window)
+            if f"{mask}/window" not in masks_sliced:
+                masks_sliced[f"{mask}/window"] = _slice_from(g, mask, start, 3, f"/model/attn_mask/recent{window}")
+            for kv_name, new, whole in ((past_k, k, present[0]), (past_v, v, present[1])):
+                _concat_past(g, inits, f"{p}/attn", kv_name, new, kv_heads, head_dim, whole)
+            past_k = _slice_from(g, past_k, start, 2, f"{p}/attn/recent_key")
+            past_v = _slice_from(g, past_v, start, 2, f"{p}/attn/recent_value")
+            # (this ONNX Runtime's Attention wants present outputs whenever it takes a past:
+            # the window's own, unused)
+            mask, present = (
+                masks_sliced[f"{mask}/window"],
+                [f"{p}/attn/recent_present_key", f"{p}/attn/recent_present_value"],
+            )
         # Gemma 2 caps the scores (cap * tanh(scores / cap)) before the softmax: Attention's
         # softcap, whose 0 (the others') is no cap
-        (out, _, _) = node(
+        node(
             "Attention",
-            [q, k, v, mask, f"past_key_values.{i}.key", f"past_key_values.{i}.value"],
-            [f"{p}/attn/output", f"present.{i}.key", f"present.{i}.value"],
+            [q, k, v, mask, past_k, past_v],
+            [f"{p}/attn/output", *present],
             f"{p}/attn/Attention",
             q_num_heads=heads,
             kv_num_heads=kv_heads,
             scale=float(getattr(attn, "scaling", head_dim**-0.5)),
             softcap=float(getattr(config, "attn_logit_softcapping", None) or 0.0),
         )
+        out = f"{p}/attn/output"
         fused["Attention"] += 1
         (o,) = node(
             "MatMul",
@@ -471,6 +493,58 @@ def _additive(g: Graph, visible: str, window: int) -> str:
         "Where", [visible, seen, masked], [f"/model/attn_mask/additive{suffix}"], f"/model/attn_mask/Additive{suffix}"
     )
     return str(out)
+
+
+def _window_start(g: Graph, window: int) -> str:
+    """The first cache position a sliding window's queries can see, as Slice's ``starts``:
+    max(past - (window - 1), 0). Keys before it are outside every query's window (the mask
+    is by cache index, as transformers' sliding mask is), so leaving them out changes nothing."""
+    name = f"/model/attn_mask/start{window}"
+    if any(name in n.output for n in g.nodes):
+        return name
+    (back,) = g.node(
+        "Sub",
+        ["/model/attn_mask/past", constant(g.inits, f"window_keep{window}", window - 1)],
+        [f"/model/attn_mask/back{window}"],
+        f"/model/attn_mask/Back{window}",
+    )
+    (first,) = g.node(
+        "Max",
+        [back, constant(g.inits, "zero_i64", 0)],
+        [f"/model/attn_mask/first{window}"],
+        f"/model/attn_mask/First{window}",
+    )
+    g.node("Unsqueeze", [first, constant(g.inits, "axes_0", [0])], [name], f"/model/attn_mask/Start{window}")
+    return name
+
+
+def _slice_from(g: Graph, x: str, start: str, axis: int, out: str) -> str:
+    """``x[..., start:, ...]`` along ``axis``."""
+    (sliced,) = g.node(
+        "Slice",
+        [x, start, constant(g.inits, "int64_max", [2**63 - 1]), constant(g.inits, f"axis_{axis}", [axis])],
+        [out],
+        f"{out}/Slice",
+    )
+    return str(sliced)
+
+
+def _concat_past(
+    g: Graph, inits: list[onnx.TensorProto], prefix: str, past: str, new: str, kv_heads: int, head_dim: int, out: str
+) -> None:
+    """``out`` = the cache ``past`` [batch, kv_heads, past, head_dim] followed by the new tokens'
+    ``new`` [batch, sequence, kv_heads * head_dim]: what Attention's present would be."""
+    kind = "key" if out.endswith("key") else "value"
+    (heads,) = g.node(
+        "Reshape",
+        [new, constant(inits, f"kv_heads_shape.{kv_heads}.{head_dim}", [0, 0, kv_heads, head_dim])],
+        [f"{prefix}/{kind}_heads"],
+        f"{prefix}/{kind}_heads/Reshape",
+    )
+    (cache_order,) = g.node(
+        "Transpose", [heads], [f"{prefix}/{kind}_new"], f"{prefix}/{kind}_new/Transpose", perm=[0, 2, 1, 3]
+    )
+    g.node("Concat", [past, cache_order], [out], f"{prefix}/{kind}_present/Concat", axis=2)
 
 
 def _windowed(g: Graph, visible: str, window: int) -> str:

@@ -47,8 +47,9 @@ OWN_KEYS = ("level", "decoder", "transformer", "float16")
 # fusions with MultiHeadAttention (an encoder-decoder's cross attention), an encoder-decoder's decoder file
 # fused with its decoder's head count, fused ops per file in optimize.json; 12: fused Gemma 2 (sandwich
 # norms, soft-capping), Attention's softcap written on every fused decoder; 13: an encoder-decoder's eager
-# attention left by ORT's optimizer written as ONNX's Attention (fusion/attention.py)
-VERSION = 13
+# attention left by ORT's optimizer written as ONNX's Attention (fusion/attention.py); 14: a fused decoder's
+# sliding layers read only their window's past (Slice before Attention, the present concatenated apart)
+VERSION = 14
 PACKAGES = ("onnxruntime", "onnx", "torch", "transformers")
 
 FUSED_OPS = (
