@@ -32,7 +32,8 @@ from onnxbuild.steps.quantizing.int8 import _dynamic, _static, excluded
 from onnxbuild.steps.quantizing.nbits import _weight_only, bits_of
 from onnxbuild.steps.validating import rules
 
-VERSION = 5
+# 6: weight-only methods also quantize a mixture of experts' tables (onnxbuild/quant/experts.py)
+VERSION = 6
 
 
 PACKAGES = ("onnxruntime", "onnx", "numpy")
@@ -206,6 +207,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
             "DynamicQuantizeMatMul",
             "QLinearMatMul",
             "MatMulNBits",
+            "GatherBlockQuantized",
             "QAttention",
             "DynamicQuantizeLinear",
             "QuantizeLinear",

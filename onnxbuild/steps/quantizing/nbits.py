@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from onnxbuild.quant.experts import experts_into_blocks
 from onnxbuild.recipe.sections import QuantizeSection
 from onnxbuild.steps.quantizing.int8 import excluded
 
@@ -76,6 +77,8 @@ def _weight_only_proto(
         from onnxbuild.quant.split_zero import split_float_zero_points
 
         split_float_zero_points(quant.model.model)
+    # a mixture of experts' tables are Gathers, not MatMuls: the quantizer above leaves them float
+    experts_into_blocks(quant.model.model, bits, q["block_size"], q["symmetric"], excluded(model, q))
     kept, fallback = keep_bits
     if kept and fallback is not None:  # the budget's kept MatMuls, at 8 bits
         again = MatMulNBitsQuantizer(
