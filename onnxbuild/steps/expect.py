@@ -194,8 +194,12 @@ def weight_shares(models: list[onnx.ModelProto], files: list[Path]) -> dict[str,
     GatherBlockQuantized's data) counts as int4 whatever its storage type."""
     sizes: Counter[str] = Counter()
     for model in models:
-        packed = {n.input[1] for n in model.graph.node if n.op_type == "MatMulNBits" and len(n.input) > 1}
-        packed |= {n.input[0] for n in model.graph.node if n.op_type == "GatherBlockQuantized"}
+
+        def four(n: onnx.NodeProto) -> bool:  # both ops' bits default to 4; weight_only may say 8
+            return next((a.i for a in n.attribute if a.name == "bits"), 4) == 4
+
+        packed = {n.input[1] for n in model.graph.node if n.op_type == "MatMulNBits" and len(n.input) > 1 and four(n)}
+        packed |= {n.input[0] for n in model.graph.node if n.op_type == "GatherBlockQuantized" and four(n)}
         for t in model.graph.initializer:
             dtype = "int4" if t.name in packed else DTYPES.get(t.data_type, f"type {t.data_type}")
             sizes[dtype] += _tensor_bytes(t)
