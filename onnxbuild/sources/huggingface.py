@@ -389,6 +389,10 @@ def load_model(src: HuggingfaceSource, record: Mapping[str, object], recipe_dir:
         ) from None
     model = model.to(dtype)
     model.eval()
+    from onnxbuild.sources.seq2seq import composite, lift_decoder_ids
+
+    if composite(model.config):
+        lift_decoder_ids(model.config)
     loaded: transformers.PreTrainedModel = model
     return loaded
 
@@ -423,9 +427,20 @@ def _positive(config: Mapping[str, object], key: str, default: int) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
 
 
+def _image_to_text(src: HuggingfaceSource) -> bool:
+    return src.get("task") == "image-to-text"
+
+
+def _encoder_config(src: HuggingfaceSource) -> dict[str, Any]:
+    """An image-to-text model's image encoder's config (config.encoder of a vision-encoder-decoder)."""
+    encoder = _config(src).get("encoder")
+    return encoder if isinstance(encoder, dict) else {}
+
+
 def image_size(src: HuggingfaceSource) -> tuple[int, int] | None:
-    """(height, width) from the recipe's config.image_size (an int or a pair), if it says."""
-    config = _config(src)
+    """(height, width) from the recipe's config.image_size (an int or a pair), if it says: a
+    vision-language model's in its vision_config, an image-to-text model's in its encoder's."""
+    config = _encoder_config(src) if _image_to_text(src) else _config(src)
     vision = config.get("vision_config")
     size = config.get("image_size", vision.get("image_size") if isinstance(vision, dict) else None)
     if isinstance(size, int) and not isinstance(size, bool) and size > 0:
@@ -438,7 +453,10 @@ def image_size(src: HuggingfaceSource) -> tuple[int, int] | None:
 def fixed_image_size(src: HuggingfaceSource) -> bool:
     from onnxbuild.recipe.tasks import FIXED_SIZE_IMAGES
 
-    if vlm(src):  # its vision tower's position embeddings fix the size (vision_config.image_size)
+    if vlm(src) or _image_to_text(src):
+        # a vision tower's position embeddings fix the size (vision_config.image_size); an
+        # image-to-text encoder is one of FIXED_SIZE_IMAGES (checked), and its decoder's cross
+        # keys and values then have a fixed number of positions
         return True
     model_type = _config(src).get("model_type")
     return isinstance(model_type, str) and model_type in FIXED_SIZE_IMAGES
@@ -501,6 +519,9 @@ def check(src: HuggingfaceSource, doc: Mapping[str, object]) -> Iterable[Problem
         )
     if seq2seq(src):
         yield from _check_seq2seq(src, doc)
+    if _image_to_text(src):
+        yield from _check_image_to_text(src)
+        return
     if vlm(src):
         from onnxbuild.sources.vlm_families import recipe_problems
 
@@ -532,7 +553,7 @@ def _check_model_type(src: HuggingfaceSource) -> Iterable[Problem]:
     one whose cache is keys and values."""
     from onnxbuild.recipe.automap import loads
     from onnxbuild.recipe.families import RECURRENT, model_type
-    from onnxbuild.recipe.tasks import CTC_TYPES, TASKS, WHISPER_LAYOUT
+    from onnxbuild.recipe.tasks import CTC_TYPES, IMAGE_TO_TEXT_TYPES, TASKS, WHISPER_LAYOUT
 
     kind = model_type(_config(src))
     if kind is None or src.get("task") not in TASKS:
@@ -543,6 +564,21 @@ def _check_model_type(src: HuggingfaceSource) -> Iterable[Problem]:
         others = sorted(t for t, info in TASKS.items() if loads(info["auto_class"], kind))
         hint = f"tasks that build a {kind}: {', '.join(others)}" if others else "no task onnxbuild exports builds one"
         yield key, f"transformers has no {auto} for model type {kind!r}, which task {src['task']} uses ({hint})", False
+    elif src.get("task") == "image-to-text" and kind not in IMAGE_TO_TEXT_TYPES:
+        yield (
+            key,
+            f"image-to-text exports a vision-encoder-decoder (an image encoder and a text decoder, "
+            f"transformers' VisionEncoderDecoderModel) as an encoder and a decoder file; a {kind} is not one"
+            + (" (a vision-language model: use task image-text-to-text)" if loads(auto, kind) else ""),
+            False,
+        )
+    elif src.get("task") == "image-text-to-text" and kind in IMAGE_TO_TEXT_TYPES:
+        yield (
+            key,
+            f"a {kind} is an image encoder with a text decoder, exported by task image-to-text "
+            "(an encoder and a decoder file), not image-text-to-text",
+            False,
+        )
     elif src.get("task") == "automatic-speech-recognition" and kind not in CTC_TYPES | WHISPER_LAYOUT:
         yield (
             key,
@@ -572,6 +608,66 @@ def _check_seq2seq(src: HuggingfaceSource, doc: Mapping[str, object]) -> Iterabl
         )
 
 
+def _check_image_to_text(src: HuggingfaceSource) -> Iterable[Problem]:
+    """A vision-encoder-decoder's parts onnxbuild exports: an image encoder of one image size
+    (its config.image_size given), and a text decoder whose cross-attention it projects
+    (recipe/tasks.IMAGE_TO_TEXT_DECODERS), GPT-2's with its cross-attention layers."""
+    from onnxbuild.recipe.families import model_type
+    from onnxbuild.recipe.tasks import FIXED_SIZE_IMAGES, IMAGE_TO_TEXT_DECODERS, IMAGE_TO_TEXT_TYPES
+
+    config = _config(src)
+    if model_type(config) not in IMAGE_TO_TEXT_TYPES:
+        return  # no config (a Hub id or a folder: transformers says), or refused by _check_model_type
+    key = ("source", "huggingface", "config")
+    encoder, decoder = config.get("encoder"), config.get("decoder")
+    for part, sub in (("encoder", encoder), ("decoder", decoder)):
+        if not isinstance(sub, dict) or model_type(sub) is None:
+            yield (
+                (*key, part) if isinstance(sub, dict) else key,
+                f"a vision-encoder-decoder's config holds its {part}'s own config, with its model_type "
+                f"(e.g. {part}: {{model_type: {'vit' if part == 'encoder' else 'gpt2'}, ...}})",
+                not isinstance(sub, dict),
+            )
+    if not isinstance(encoder, dict) or not isinstance(decoder, dict):
+        return
+    kind = model_type(encoder)
+    if kind is not None and kind not in FIXED_SIZE_IMAGES:
+        yield (
+            (*key, "encoder", "model_type"),
+            f"image-to-text exports image encoders that take one image size ({', '.join(sorted(FIXED_SIZE_IMAGES))}), "
+            f"whose positions the decoder's cross keys and values are laid out for; a {kind} encoder is not supported yet",
+            False,
+        )
+    elif kind is not None and "image_size" in encoder and image_size(src) is None:
+        yield (
+            (*key, "encoder", "image_size"),
+            "must be a positive integer or a [height, width] pair of them (e.g. 384)",
+            False,
+        )
+    elif kind is not None and image_size(src) is None:
+        yield (
+            (*key, "encoder"),
+            f"a {kind} encoder takes images of the one size its position embeddings were made for; "
+            "give config.encoder.image_size (384 for TrOCR's base models)",
+            False,
+        )
+    text = model_type(decoder)
+    if text is not None and text not in IMAGE_TO_TEXT_DECODERS:
+        yield (
+            (*key, "decoder", "model_type"),
+            f"image-to-text exports {', '.join(sorted(IMAGE_TO_TEXT_DECODERS))} decoders so far (their cross-attention "
+            f"is projected once, in the encoder file); a {text} decoder is not supported yet",
+            False,
+        )
+    elif text is not None and IMAGE_TO_TEXT_DECODERS[text] and decoder.get("add_cross_attention") is not True:
+        yield (
+            (*key, "decoder"),
+            f"a {text} decoder reads the image through cross-attention layers it builds only with "
+            "add_cross_attention: true; add it to config.decoder",
+            False,
+        )
+
+
 def task(src: HuggingfaceSource) -> TaskInfo:
     """The recipe's task as this model does it (recipe/tasks.py)."""
     from onnxbuild.recipe.tasks import task_info
@@ -594,7 +690,8 @@ def default_io(src: HuggingfaceSource) -> tuple[list[Tensor], list[str]]:
             channels = _positive(vision if isinstance(vision, dict) else {}, "num_channels", 3)
             t["shape"] = [t["shape"][0], channels, *(size or ("height", "width"))]
         elif CHANNELS in t["shape"]:
-            t["shape"] = ["batch", _positive(config, "num_channels", 3), *(size or ("height", "width"))]
+            channels = _positive(_encoder_config(src) if _image_to_text(src) else config, "num_channels", 3)
+            t["shape"] = ["batch", channels, *(size or ("height", "width"))]
         if FRAMES in t["shape"]:
             # WhisperConfig's defaults (80 bins, 1500 positions) when the recipe's config is silent
             t["shape"] = [
