@@ -231,7 +231,8 @@ def _run_seq2seq(
         pixels = load_image(image, list(wants["pixel_values"]))
         if pixels.shape[0] != 1:
             raise UsageError(f"--image: {image} holds {pixels.shape[0]} images; give one")
-        text = config.get("decoder") if isinstance(config.get("decoder"), dict) else {}
+        text = config.get("decoder")
+        text = text if isinstance(text, dict) else {}
         context = int(text.get("n_positions") or text.get("max_position_embeddings") or 0)
         if context and max_new_tokens >= context:
             raise UsageError(

@@ -455,7 +455,7 @@ def fixed_image_size(src: HuggingfaceSource) -> bool:
 
     if vlm(src) or _image_to_text(src):
         # a vision tower's position embeddings fix the size (vision_config.image_size); an
-        # image-to-text encoder is one of FIXED_SIZE_IMAGES (checked), and its decoder's cross
+        # image-to-text encoder is one of IMAGE_TO_TEXT_ENCODERS (checked), and its decoder's cross
         # keys and values then have a fixed number of positions
         return True
     model_type = _config(src).get("model_type")
@@ -572,13 +572,6 @@ def _check_model_type(src: HuggingfaceSource) -> Iterable[Problem]:
             + (" (a vision-language model: use task image-text-to-text)" if loads(auto, kind) else ""),
             False,
         )
-    elif src.get("task") == "image-text-to-text" and kind in IMAGE_TO_TEXT_TYPES:
-        yield (
-            key,
-            f"a {kind} is an image encoder with a text decoder, exported by task image-to-text "
-            "(an encoder and a decoder file), not image-text-to-text",
-            False,
-        )
     elif src.get("task") == "automatic-speech-recognition" and kind not in CTC_TYPES | WHISPER_LAYOUT:
         yield (
             key,
@@ -609,11 +602,11 @@ def _check_seq2seq(src: HuggingfaceSource, doc: Mapping[str, object]) -> Iterabl
 
 
 def _check_image_to_text(src: HuggingfaceSource) -> Iterable[Problem]:
-    """A vision-encoder-decoder's parts onnxbuild exports: an image encoder of one image size
-    (its config.image_size given), and a text decoder whose cross-attention it projects
-    (recipe/tasks.IMAGE_TO_TEXT_DECODERS), GPT-2's with its cross-attention layers."""
+    """A vision-encoder-decoder's parts onnxbuild exports (recipe/tasks.py): an image encoder
+    of one image size (its config.image_size given), and a text decoder whose cross-attention
+    it projects, GPT-2's with its cross-attention layers."""
     from onnxbuild.recipe.families import model_type
-    from onnxbuild.recipe.tasks import FIXED_SIZE_IMAGES, IMAGE_TO_TEXT_DECODERS, IMAGE_TO_TEXT_TYPES
+    from onnxbuild.recipe.tasks import IMAGE_TO_TEXT_DECODERS, IMAGE_TO_TEXT_ENCODERS, IMAGE_TO_TEXT_TYPES
 
     config = _config(src)
     if model_type(config) not in IMAGE_TO_TEXT_TYPES:
@@ -631,11 +624,12 @@ def _check_image_to_text(src: HuggingfaceSource) -> Iterable[Problem]:
     if not isinstance(encoder, dict) or not isinstance(decoder, dict):
         return
     kind = model_type(encoder)
-    if kind is not None and kind not in FIXED_SIZE_IMAGES:
+    if kind is not None and kind not in IMAGE_TO_TEXT_ENCODERS:
         yield (
             (*key, "encoder", "model_type"),
-            f"image-to-text exports image encoders that take one image size ({', '.join(sorted(FIXED_SIZE_IMAGES))}), "
-            f"whose positions the decoder's cross keys and values are laid out for; a {kind} encoder is not supported yet",
+            f"image-to-text exports {', '.join(sorted(IMAGE_TO_TEXT_ENCODERS))} encoders so far (each takes one "
+            f"image size, whose positions the decoder's cross keys and values are laid out for); a {kind} encoder "
+            "is not supported yet",
             False,
         )
     elif kind is not None and "image_size" in encoder and image_size(src) is None:

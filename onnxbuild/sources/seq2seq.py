@@ -1,10 +1,11 @@
 """Encoder-decoder models (T5, BART, Marian, Whisper, and a VisionEncoderDecoderModel's image
-encoder with its text decoder): two ONNX files and the wrappers that trace them (the loops that run them are in runtimes/seq2seq_decoding.py, their validation in
+encoder with its text decoder): two ONNX files and the wrappers that trace them (the loops
+that run them are in runtimes/seq2seq_decoding.py, their validation in
 steps/validating/seq2seq.py).
 
 The layout is onnxruntime-genai's for Whisper (Optimum's file names): ``encoder_model.onnx``
-turns the text's tokens (Whisper's log-mel features, an image's pixels) into hidden states once and projects
-them, also once, into every decoder layer's cross-attention keys and values
+turns the text's tokens (Whisper's log-mel features, an image's pixels) into hidden states once
+and projects them, also once, into every decoder layer's cross-attention keys and values
 (``present_key_cross_{i}`` / ``present_value_cross_{i}``). ``decoder_model.onnx`` takes new
 decoder tokens, the encoder's mask (where the model takes one), its self-attention cache
 (``past_key_values.{i}.key`` / ``.value``) and those cross keys and values
@@ -15,7 +16,7 @@ over every encoder position (as transformers' generate() does not). A first step
 with an empty self cache (past_sequence 0), so one decoder file serves every step.
 
 Axes: the encoder's ``input_ids`` / ``attention_mask`` are [batch, sequence]; the cross keys
-and values [batch, heads, sequence, head_dim] (Whisper: a fixed number of encoder positions);
+and values [batch, heads, sequence, head_dim] (Whisper, an image: a fixed number of positions);
 the decoder's ``input_ids`` [batch, decoder_sequence]; its past [batch, heads, past_sequence,
 head_dim].
 
