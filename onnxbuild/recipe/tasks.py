@@ -244,15 +244,6 @@ SEQ2SEQ_TASKS = frozenset({"text2text-generation", "automatic-speech-recognition
 IMAGE_TO_TEXT_TYPES = frozenset({"vision-encoder-decoder"})
 """The model types image-to-text exports (AutoModelForImageTextToText also builds LLaVA and the
 other vision-language models of image-text-to-text, which are not encoder-decoders)."""
-IMAGE_TO_TEXT_ENCODERS = frozenset({"vit", "deit", "beit", "data2vec-vision", "swin", "swinv2", "donut-swin"})
-"""A VisionEncoderDecoderModel's image encoders onnxbuild exports (each built and validated here
-with a GPT-2 decoder): each takes its config's one image size, so the decoder's cross keys and
-values have a fixed number of positions."""
-IMAGE_TO_TEXT_DECODERS = {"gpt2": True, "trocr": False, "bart": False, "mbart": False}
-"""Its text decoders whose cross-attention onnxbuild projects in the encoder file
-(sources/seq2seq.cross_projections: GPT-2's crossattention.c_attn, TrOCR's, BART's and mBART's
-(Donut's) encoder_attn), each with whether its config must say add_cross_attention: true
-(GPT-2 builds no cross-attention layers otherwise)."""
 VLM_TASKS = frozenset({"image-text-to-text"})
 VISION_FILE, EMBEDDING_FILE, VLM_DECODER_FILE = "vision.onnx", "embedding.onnx", "decoder.onnx"
 """A vision-language model's three files (onnxruntime-genai's names for its phi3v-type models)."""

@@ -5,7 +5,7 @@ files' digest, a Hub model is the commit its revision resolved to, and random-in
 weights are "random-init + seed + config digest". So a later build with real weights
 is a different artifact, and says so.
 
-One module (~680 lines): the places a model comes from (the Hub, a folder, a package, a GGUF
+One module (~750 lines): the places a model comes from (the Hub, a folder, a package, a GGUF
 file) and the source protocol's hooks all apply those identity and offline rules, which a split
 would repeat.
 """
@@ -431,7 +431,7 @@ def _image_to_text(src: HuggingfaceSource) -> bool:
     return src.get("task") == "image-to-text"
 
 
-def _encoder_config(src: HuggingfaceSource) -> dict[str, Any]:
+def _encoder_config(src: HuggingfaceSource) -> Mapping[str, object]:
     """An image-to-text model's image encoder's config (config.encoder of a vision-encoder-decoder)."""
     encoder = _config(src).get("encoder")
     return encoder if isinstance(encoder, dict) else {}
@@ -455,8 +455,8 @@ def fixed_image_size(src: HuggingfaceSource) -> bool:
 
     if vlm(src) or _image_to_text(src):
         # a vision tower's position embeddings fix the size (vision_config.image_size); an
-        # image-to-text encoder is one of IMAGE_TO_TEXT_ENCODERS (checked), and its decoder's cross
-        # keys and values then have a fixed number of positions
+        # image-to-text encoder is one of sources/vision_encoder_decoder.ENCODERS (checked), and
+        # the decoder's cross keys and values then have a fixed number of positions
         return True
     model_type = _config(src).get("model_type")
     return isinstance(model_type, str) and model_type in FIXED_SIZE_IMAGES
@@ -520,7 +520,9 @@ def check(src: HuggingfaceSource, doc: Mapping[str, object]) -> Iterable[Problem
     if seq2seq(src):
         yield from _check_seq2seq(src, doc)
     if _image_to_text(src):
-        yield from _check_image_to_text(src)
+        from onnxbuild.sources import vision_encoder_decoder
+
+        yield from vision_encoder_decoder.recipe_problems(_config(src), image_size(src))
         return
     if vlm(src):
         from onnxbuild.sources.vlm_families import recipe_problems
@@ -597,67 +599,6 @@ def _check_seq2seq(src: HuggingfaceSource, doc: Mapping[str, object]) -> Iterabl
         yield (
             ("source", "huggingface", "dtype"),
             "encoder-decoder models export in float32 (their decoder cache is float32); remove dtype",
-            False,
-        )
-
-
-def _check_image_to_text(src: HuggingfaceSource) -> Iterable[Problem]:
-    """A vision-encoder-decoder's parts onnxbuild exports (recipe/tasks.py): an image encoder
-    of one image size (its config.image_size given), and a text decoder whose cross-attention
-    it projects, GPT-2's with its cross-attention layers."""
-    from onnxbuild.recipe.families import model_type
-    from onnxbuild.recipe.tasks import IMAGE_TO_TEXT_DECODERS, IMAGE_TO_TEXT_ENCODERS, IMAGE_TO_TEXT_TYPES
-
-    config = _config(src)
-    if model_type(config) not in IMAGE_TO_TEXT_TYPES:
-        return  # no config (a Hub id or a folder: transformers says), or refused by _check_model_type
-    key = ("source", "huggingface", "config")
-    encoder, decoder = config.get("encoder"), config.get("decoder")
-    for part, sub in (("encoder", encoder), ("decoder", decoder)):
-        if not isinstance(sub, dict) or model_type(sub) is None:
-            yield (
-                (*key, part) if isinstance(sub, dict) else key,
-                f"a vision-encoder-decoder's config holds its {part}'s own config, with its model_type "
-                f"(e.g. {part}: {{model_type: {'vit' if part == 'encoder' else 'gpt2'}, ...}})",
-                not isinstance(sub, dict),
-            )
-    if not isinstance(encoder, dict) or not isinstance(decoder, dict):
-        return
-    kind = model_type(encoder)
-    if kind is not None and kind not in IMAGE_TO_TEXT_ENCODERS:
-        yield (
-            (*key, "encoder", "model_type"),
-            f"image-to-text exports {', '.join(sorted(IMAGE_TO_TEXT_ENCODERS))} encoders so far (each takes one "
-            f"image size, whose positions the decoder's cross keys and values are laid out for); a {kind} encoder "
-            "is not supported yet",
-            False,
-        )
-    elif kind is not None and "image_size" in encoder and image_size(src) is None:
-        yield (
-            (*key, "encoder", "image_size"),
-            "must be a positive integer or a [height, width] pair of them (e.g. 384)",
-            False,
-        )
-    elif kind is not None and image_size(src) is None:
-        yield (
-            (*key, "encoder"),
-            f"a {kind} encoder takes images of the one size its position embeddings were made for; "
-            "give config.encoder.image_size (384 for TrOCR's base models)",
-            False,
-        )
-    text = model_type(decoder)
-    if text is not None and text not in IMAGE_TO_TEXT_DECODERS:
-        yield (
-            (*key, "decoder", "model_type"),
-            f"image-to-text exports {', '.join(sorted(IMAGE_TO_TEXT_DECODERS))} decoders so far (their cross-attention "
-            f"is projected once, in the encoder file); a {text} decoder is not supported yet",
-            False,
-        )
-    elif text is not None and IMAGE_TO_TEXT_DECODERS[text] and decoder.get("add_cross_attention") is not True:
-        yield (
-            (*key, "decoder"),
-            f"a {text} decoder reads the image through cross-attention layers it builds only with "
-            "add_cross_attention: true; add it to config.decoder",
             False,
         )
 

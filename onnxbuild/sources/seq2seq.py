@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import Tensor
@@ -74,8 +74,8 @@ COMPOSITE = "vision-encoder-decoder"
 cross-attention, joined by transformers' VisionEncoderDecoderModel."""
 
 
-def composite(config: Any) -> bool:
-    """A VisionEncoderDecoderModel's config (:data:`COMPOSITE`); Any as for :func:`layout_of`."""
+def composite(config: object) -> bool:
+    """A VisionEncoderDecoderModel's config (:data:`COMPOSITE`)."""
     return getattr(config, "model_type", None) == COMPOSITE
 
 
@@ -125,7 +125,7 @@ def cross_projections(model: PreTrainedModel) -> list[tuple[torch.nn.Module, tor
         return [(block.layer[1].EncDecAttention.k, block.layer[1].EncDecAttention.v) for block in blocks]
     h = getattr(decoder, "h", None)
     if h is not None and all(hasattr(block, "crossattention") for block in h):
-        return [_split_conv1d(block.crossattention.c_attn) for block in h]
+        return [_split_conv1d(block.crossattention.c_attn.weight, block.crossattention.c_attn.bias) for block in h]
     raise StepError(
         f"{type(model).__name__}: onnxbuild finds no cross-attention key/value projections in its decoder "
         "(it knows BART's layers[i].encoder_attn.k_proj, T5's block[i].layer[1].EncDecAttention.k and GPT-2's "
@@ -134,13 +134,13 @@ def cross_projections(model: PreTrainedModel) -> list[tuple[torch.nn.Module, tor
     )
 
 
-def _split_conv1d(conv: Any) -> tuple[torch.nn.Module, torch.nn.Module]:
+def _split_conv1d(weight: torch.Tensor, bias: torch.Tensor) -> tuple[torch.nn.Module, torch.nn.Module]:
     """GPT-2's cross-attention ``c_attn`` (a transformers Conv1D: x @ weight + bias, weight
     [in, 2 x out], keys then values) as two Linear layers holding its halves, so the encoder
     file projects keys and values as every other family's do."""
     import torch
 
-    weight, bias = conv.weight.detach(), conv.bias.detach()
+    weight, bias = weight.detach(), bias.detach()
     size = weight.shape[1] // 2
     halves = []
     for part in (slice(0, size), slice(size, 2 * size)):
@@ -362,21 +362,30 @@ def fusable_attention(model: PreTrainedModel) -> Iterator[None]:
         model.set_attn_implementation(before)
 
 
-def lift_decoder_ids(config: Any) -> None:
+class Composite(Protocol):
+    """A VisionEncoderDecoderModel's config, as :func:`lift_decoder_ids` reads it."""
+
+    @property
+    def decoder(self) -> object: ...
+
+
+def lift_decoder_ids(config: Composite) -> None:
     """A VisionEncoderDecoderModel's config as transformers' own examples set it up before
     generating: its vocabulary size and its start, end and padding tokens on the outer config,
     taken from the decoder's where the outer one has none (the start token from the decoder's
     decoder_start_token_id, else its bos_token_id, as generate() falls back). Every step reads
     these there (and config.json carries them for ``onnxbuild run``)."""
     text = config.decoder
-    if getattr(config, "vocab_size", None) is None:
-        config.vocab_size = text.vocab_size
-    if getattr(config, "decoder_start_token_id", None) is None:
-        start = getattr(text, "decoder_start_token_id", None)
-        config.decoder_start_token_id = start if start is not None else getattr(text, "bos_token_id", None)
-    for name in ("eos_token_id", "pad_token_id"):
+    start = getattr(text, "decoder_start_token_id", None)
+    taken = {
+        "vocab_size": getattr(text, "vocab_size", None),
+        "decoder_start_token_id": start if start is not None else getattr(text, "bos_token_id", None),
+        "eos_token_id": getattr(text, "eos_token_id", None),
+        "pad_token_id": getattr(text, "pad_token_id", None),
+    }
+    for name, value in taken.items():
         if getattr(config, name, None) is None:
-            setattr(config, name, getattr(text, name, None))
+            setattr(config, name, value)
 
 
 def start_token(config: Any) -> int:
