@@ -846,7 +846,11 @@ def cache_keygen(private_key: Path) -> None:
 @cli.command(name="run")
 @click.argument("artifact")
 @click.option(
-    "--prompt", "-p", required=True, help="Text (with a tokenizer in the folder) or token ids such as '464 2068'."
+    "--prompt",
+    "-p",
+    default=None,
+    help="Text (with a tokenizer in the folder) or token ids such as '464 2068'; every model but an image-to-text "
+    "one needs it.",
 )
 @click.option(
     "--max-new-tokens",
@@ -870,12 +874,13 @@ def cache_keygen(private_key: Path) -> None:
     "--image",
     type=click.Path(dir_okay=False),
     default=None,
-    help="For a vision-language model: a .npy of pixel values ([3, H, W] or [N, 3, H, W]) or a picture (Pillow).",
+    help="For a vision-language or image-to-text model: a .npy of pixel values ([3, H, W] or [N, 3, H, W]) or a "
+    "picture (Pillow).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print ids, text and timing as JSON.")
 def run_command(
     artifact: str,
-    prompt: str,
+    prompt: str | None,
     max_new_tokens: int,
     variant: str,
     no_chat_template: bool,
@@ -887,7 +892,8 @@ def run_command(
     as_json: bool,
 ) -> None:
     """Generate from a built decoder (a recipe with export.with_past: true), encoder-decoder
-    or vision-language model (task image-text-to-text, with --image).
+    or vision-language model (task image-text-to-text, with --image). An image-to-text model
+    (an image encoder and a text decoder) takes --image and no prompt.
 
     ARTIFACT is the artifact folder (artifacts/<name>) or a model.onnx. With tokenizer
     files in the folder the prompt is text (the chat template applied when the tokenizer
@@ -901,6 +907,7 @@ def run_command(
     Examples:
       onnxbuild run artifacts/gpt2 --prompt "464 2068 7586" --max-new-tokens 16
       onnxbuild run artifacts/tiny-llava --image cat.npy --prompt "1 319 1967"
+      onnxbuild run artifacts/tiny-vit-gpt2 --image cat.png
     """
     from onnxbuild.runtimes.decoding import Sampling
     from onnxbuild.runtimes.generation import run

@@ -172,7 +172,7 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
         "question-answering, fill-mask, text-generation, text2text-generation, automatic-speech-recognition, "
         "image-classification, image-feature-extraction, object-detection, semantic-segmentation, "
         "audio-classification, zero-shot-image-classification, multiple-choice, sentence-similarity, "
-        'image-text-to-text (got "translation")',
+        'image-text-to-text, image-to-text (got "translation")',
     ),
     "enum-exporter": ("9:20", 'export.exporter: must be one of: torchscript, dynamo (got "onnx")'),
     "enum-on-fail": ("9:21", 'validate.on_fail: must be one of: error, warn (got "ignore")'),
@@ -272,6 +272,27 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
         "11:3",
         "generate.prompt: a speech model's prompt is audio: generation starts from seeded features of the "
         "export's shape; remove it",
+    ),
+    "image-to-text-llava": (
+        "8:26",
+        "source.huggingface.config.model_type: image-to-text exports a vision-encoder-decoder (an image encoder and "
+        "a text decoder, transformers' VisionEncoderDecoderModel) as an encoder and a decoder file; a llava is not "
+        "one (a vision-language model: use task image-text-to-text)",
+    ),
+    "image-to-text-gpt2-no-cross-attention": (
+        "11:16",
+        "source.huggingface.config.decoder: a gpt2 decoder reads the image through cross-attention layers it "
+        "builds only with add_cross_attention: true; add it to config.decoder",
+    ),
+    "image-to-text-text-prompt": (
+        "14:3",
+        "generate.prompt_ids: an image-to-text model's prompt is an image: generation starts from seeded pixels "
+        "of the export's shape; remove it",
+    ),
+    "image-text-to-text-vision-encoder-decoder": (
+        "8:26",
+        "source.huggingface.config.model_type: image-text-to-text exports llava, idefics3, smolvlm so far (got "
+        "'vision-encoder-decoder'); an image encoder with a text decoder is task image-to-text",
     ),
     "cosine-without-sentences": (
         "9:12",

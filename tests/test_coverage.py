@@ -24,7 +24,13 @@ pytestmark = pytest.mark.slow
 HERE = Path(__file__).resolve().parent
 TABLE_FILE = HERE / "data" / "coverage" / "table.yaml"
 TABLE: dict[str, dict[str, Any]] = yaml.safe_load(TABLE_FILE.read_text(encoding="utf-8"))["models"]
-GENERATED = ("text-generation", "text2text-generation", "automatic-speech-recognition", "image-text-to-text")
+GENERATED = (
+    "text-generation",
+    "text2text-generation",
+    "automatic-speech-recognition",
+    "image-text-to-text",
+    "image-to-text",
+)
 CTC = ("wav2vec2", "hubert")
 
 

@@ -275,7 +275,7 @@ BAD: list[Any] = [
             "token-classification, question-answering, fill-mask, text-generation, text2text-generation, "
             "automatic-speech-recognition, image-classification, image-feature-extraction, object-detection, "
             "semantic-segmentation, audio-classification, zero-shot-image-classification, multiple-choice, "
-            'sentence-similarity, image-text-to-text (got "generation")'
+            'sentence-similarity, image-text-to-text, image-to-text (got "generation")'
         ],
         id="task-enum",
     ),

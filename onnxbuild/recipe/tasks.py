@@ -183,6 +183,17 @@ TASKS: dict[str, TaskInfo] = {
         "top1": True,
         "per_token": True,
     },
+    # An image encoder (ViT, DeiT, Swin) and a text decoder with cross-attention (GPT-2,
+    # TrOCR): transformers' VisionEncoderDecoderModel, built by AutoModelForImageTextToText (its
+    # table maps vision-encoder-decoder there; AutoModelForVision2Seq is gone in transformers 5).
+    # Two files as for text2text-generation, pixel_values into the encoder at its one size.
+    "image-to-text": {
+        "auto_class": "AutoModelForImageTextToText",
+        "inputs": _IMAGE,
+        "outputs": ["logits"],
+        "top1": True,
+        "per_token": True,
+    },
 }
 
 POOLED_TASKS = frozenset({"sentence-similarity"})
@@ -229,7 +240,10 @@ ENCODER_FILE, DECODER_FILE = "encoder_model.onnx", "decoder_model.onnx"
 """An encoder-decoder's two files (Optimum's and onnxruntime-genai's names)."""
 DEFAULT_DECODER_SEQUENCE = 4
 """Decoder tokens of an encoder-decoder's export sample (its validation varies them too)."""
-SEQ2SEQ_TASKS = frozenset({"text2text-generation", "automatic-speech-recognition"})
+SEQ2SEQ_TASKS = frozenset({"text2text-generation", "automatic-speech-recognition", "image-to-text"})
+IMAGE_TO_TEXT_TYPES = frozenset({"vision-encoder-decoder"})
+"""The model types image-to-text exports (AutoModelForImageTextToText also builds LLaVA and the
+other vision-language models of image-text-to-text, which are not encoder-decoders)."""
 VLM_TASKS = frozenset({"image-text-to-text"})
 VISION_FILE, EMBEDDING_FILE, VLM_DECODER_FILE = "vision.onnx", "embedding.onnx", "decoder.onnx"
 """A vision-language model's three files (onnxruntime-genai's names for its phi3v-type models)."""

@@ -1,5 +1,5 @@
-"""``onnxbuild run``: a quick generation from a built decoder, encoder-decoder or
-vision-language model, for trying an artifact by hand.
+"""``onnxbuild run``: a quick generation from a built decoder, encoder-decoder (text, speech or
+an image in) or vision-language model, for trying an artifact by hand.
 
 It reads only the artifact folder (model.onnx with past inputs; encoder_model.onnx and
 decoder_model.onnx; or vision.onnx, embedding.onnx and decoder.onnx; config.json,
@@ -74,7 +74,7 @@ def model_path(artifact: str | Path, variant: str) -> Path:
 
 def run(
     artifact: str | Path,
-    prompt: str,
+    prompt: str | None,
     *,
     max_new_tokens: int = 32,
     variant: str = "model",
@@ -89,12 +89,16 @@ def run(
 
     three = vision_language(artifact, variant)
     if three is not None:
-        return _run_vlm(three, prompt, image, max_new_tokens, sampling)
-    if image is not None:
-        raise UsageError(f"--image: {artifact} is not a vision-language model (it has no vision.onnx)")
+        return _run_vlm(three, _given(prompt), image, max_new_tokens, sampling)
     pair = encoder_decoder(artifact, variant)
     if pair is not None:
-        return _run_seq2seq(*pair, prompt, max_new_tokens, sampling)
+        return _run_seq2seq(*pair, prompt, max_new_tokens, sampling, image)
+    if image is not None:
+        raise UsageError(
+            f"--image: {artifact} takes no image (a vision-language model has vision.onnx, an image-to-text model "
+            "an encoder_model.onnx of pixel_values)"
+        )
+    prompt = _given(prompt)
     path = model_path(artifact, variant)
     folder = path.parent if (path.parent / "config.json").is_file() or variant == "model" else path.parent.parent
     options = sessions.options()
@@ -184,10 +188,24 @@ def encoder_decoder(artifact: str | Path, variant: str) -> tuple[Path, Path, Pat
     return where / ENCODER_FILE, where / DECODER_FILE, folder
 
 
+def _given(prompt: str | None) -> str:
+    """``--prompt``, which every model but an image-to-text one needs."""
+    if prompt is None:
+        raise UsageError("--prompt: give the prompt (text, or token ids such as '464 2068')")
+    return prompt
+
+
 def _run_seq2seq(
-    encoder: Path, decoder: Path, folder: Path, prompt: str, max_new_tokens: int, sampling: Sampling | None
+    encoder: Path,
+    decoder: Path,
+    folder: Path,
+    prompt: str | None,
+    max_new_tokens: int,
+    sampling: Sampling | None,
+    image: str | Path | None = None,
 ) -> RunResult:
-    """Text (or token ids) in for T5/BART/Marian; a .npy file of log-mel features for Whisper."""
+    """Text (or token ids) in for T5/BART/Marian; a .npy file of log-mel features for Whisper;
+    ``--image`` for an image-to-text model (its decoder starts from its start token alone)."""
     import numpy as np
 
     from onnxbuild.errors import StepError
@@ -202,7 +220,30 @@ def _run_seq2seq(
     wants = {i.name: i.shape for i in runner.encoder.get_inputs()}
     tokenizer = _tokenizer(folder)
     ids: list[int] = []
-    if "input_features" in wants:
+    if "pixel_values" in wants:
+        if image is None:
+            raise UsageError(f"--image: {folder} is an image-to-text model; give an image (a .npy file or a picture)")
+        if prompt is not None:
+            raise UsageError(
+                f"--prompt: {folder} is an image-to-text model, whose text starts from its decoder's start token; "
+                "give only --image"
+            )
+        pixels = load_image(image, list(wants["pixel_values"]))
+        if pixels.shape[0] != 1:
+            raise UsageError(f"--image: {image} holds {pixels.shape[0]} images; give one")
+        text = config.get("decoder")
+        text = text if isinstance(text, dict) else {}
+        context = int(text.get("n_positions") or text.get("max_position_embeddings") or 0)
+        if context and max_new_tokens >= context:
+            raise UsageError(
+                f"--max-new-tokens: the decoder's context is {context} tokens, its start token included; "
+                f"ask for at most {context - 1}"
+            )
+        feeds: dict[str, NDArray[np.generic]] = {"pixel_values": pixels}
+    elif image is not None:
+        raise UsageError(f"--image: {folder} takes no image (its encoder takes {', '.join(wants)})")
+    elif "input_features" in wants:
+        prompt = _given(prompt)
         shape = list(wants["input_features"])
         try:
             features = np.load(prompt).astype(np.float32)
@@ -219,7 +260,7 @@ def _run_seq2seq(
             )
         feeds = {"input_features": features}
     else:
-        ids = _prompt_ids(prompt, folder, tokenizer, "13 8774 55")
+        ids = _prompt_ids(_given(prompt), folder, tokenizer, "13 8774 55")
         _check_ids(ids, config)
         feeds = {
             "input_ids": np.asarray([ids], dtype=np.int64),

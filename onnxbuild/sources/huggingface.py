@@ -5,7 +5,7 @@ files' digest, a Hub model is the commit its revision resolved to, and random-in
 weights are "random-init + seed + config digest". So a later build with real weights
 is a different artifact, and says so.
 
-One module (~680 lines): the places a model comes from (the Hub, a folder, a package, a GGUF
+One module (~750 lines): the places a model comes from (the Hub, a folder, a package, a GGUF
 file) and the source protocol's hooks all apply those identity and offline rules, which a split
 would repeat.
 """
@@ -389,6 +389,10 @@ def load_model(src: HuggingfaceSource, record: Mapping[str, object], recipe_dir:
         ) from None
     model = model.to(dtype)
     model.eval()
+    from onnxbuild.sources.seq2seq import composite, lift_decoder_ids
+
+    if composite(model.config):
+        lift_decoder_ids(model.config)
     loaded: transformers.PreTrainedModel = model
     return loaded
 
@@ -423,9 +427,20 @@ def _positive(config: Mapping[str, object], key: str, default: int) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
 
 
+def _image_to_text(src: HuggingfaceSource) -> bool:
+    return src.get("task") == "image-to-text"
+
+
+def _encoder_config(src: HuggingfaceSource) -> Mapping[str, object]:
+    """An image-to-text model's image encoder's config (config.encoder of a vision-encoder-decoder)."""
+    encoder = _config(src).get("encoder")
+    return encoder if isinstance(encoder, dict) else {}
+
+
 def image_size(src: HuggingfaceSource) -> tuple[int, int] | None:
-    """(height, width) from the recipe's config.image_size (an int or a pair), if it says."""
-    config = _config(src)
+    """(height, width) from the recipe's config.image_size (an int or a pair), if it says: a
+    vision-language model's in its vision_config, an image-to-text model's in its encoder's."""
+    config = _encoder_config(src) if _image_to_text(src) else _config(src)
     vision = config.get("vision_config")
     size = config.get("image_size", vision.get("image_size") if isinstance(vision, dict) else None)
     if isinstance(size, int) and not isinstance(size, bool) and size > 0:
@@ -438,7 +453,10 @@ def image_size(src: HuggingfaceSource) -> tuple[int, int] | None:
 def fixed_image_size(src: HuggingfaceSource) -> bool:
     from onnxbuild.recipe.tasks import FIXED_SIZE_IMAGES
 
-    if vlm(src):  # its vision tower's position embeddings fix the size (vision_config.image_size)
+    if vlm(src) or _image_to_text(src):
+        # a vision tower's position embeddings fix the size (vision_config.image_size); an
+        # image-to-text encoder is one of sources/vision_encoder_decoder.ENCODERS (checked), and
+        # the decoder's cross keys and values then have a fixed number of positions
         return True
     model_type = _config(src).get("model_type")
     return isinstance(model_type, str) and model_type in FIXED_SIZE_IMAGES
@@ -501,6 +519,11 @@ def check(src: HuggingfaceSource, doc: Mapping[str, object]) -> Iterable[Problem
         )
     if seq2seq(src):
         yield from _check_seq2seq(src, doc)
+    if _image_to_text(src):
+        from onnxbuild.sources import vision_encoder_decoder
+
+        yield from vision_encoder_decoder.recipe_problems(_config(src), image_size(src))
+        return
     if vlm(src):
         from onnxbuild.sources.vlm_families import recipe_problems
 
@@ -532,7 +555,7 @@ def _check_model_type(src: HuggingfaceSource) -> Iterable[Problem]:
     one whose cache is keys and values."""
     from onnxbuild.recipe.automap import loads
     from onnxbuild.recipe.families import RECURRENT, model_type
-    from onnxbuild.recipe.tasks import CTC_TYPES, TASKS, WHISPER_LAYOUT
+    from onnxbuild.recipe.tasks import CTC_TYPES, IMAGE_TO_TEXT_TYPES, TASKS, WHISPER_LAYOUT
 
     kind = model_type(_config(src))
     if kind is None or src.get("task") not in TASKS:
@@ -543,6 +566,14 @@ def _check_model_type(src: HuggingfaceSource) -> Iterable[Problem]:
         others = sorted(t for t, info in TASKS.items() if loads(info["auto_class"], kind))
         hint = f"tasks that build a {kind}: {', '.join(others)}" if others else "no task onnxbuild exports builds one"
         yield key, f"transformers has no {auto} for model type {kind!r}, which task {src['task']} uses ({hint})", False
+    elif src.get("task") == "image-to-text" and kind not in IMAGE_TO_TEXT_TYPES:
+        yield (
+            key,
+            f"image-to-text exports a vision-encoder-decoder (an image encoder and a text decoder, "
+            f"transformers' VisionEncoderDecoderModel) as an encoder and a decoder file; a {kind} is not one"
+            + (" (a vision-language model: use task image-text-to-text)" if loads(auto, kind) else ""),
+            False,
+        )
     elif src.get("task") == "automatic-speech-recognition" and kind not in CTC_TYPES | WHISPER_LAYOUT:
         yield (
             key,
@@ -594,7 +625,8 @@ def default_io(src: HuggingfaceSource) -> tuple[list[Tensor], list[str]]:
             channels = _positive(vision if isinstance(vision, dict) else {}, "num_channels", 3)
             t["shape"] = [t["shape"][0], channels, *(size or ("height", "width"))]
         elif CHANNELS in t["shape"]:
-            t["shape"] = ["batch", _positive(config, "num_channels", 3), *(size or ("height", "width"))]
+            channels = _positive(_encoder_config(src) if _image_to_text(src) else config, "num_channels", 3)
+            t["shape"] = ["batch", channels, *(size or ("height", "width"))]
         if FRAMES in t["shape"]:
             # WhisperConfig's defaults (80 bins, 1500 positions) when the recipe's config is silent
             t["shape"] = [

@@ -1,10 +1,11 @@
-"""Encoder-decoder models (T5, BART, Marian, Whisper): two ONNX files and the wrappers that
-trace them (the loops that run them are in runtimes/seq2seq_decoding.py, their validation in
+"""Encoder-decoder models (T5, BART, Marian, Whisper, and a VisionEncoderDecoderModel's image
+encoder with its text decoder): two ONNX files and the wrappers that trace them (the loops
+that run them are in runtimes/seq2seq_decoding.py, their validation in
 steps/validating/seq2seq.py).
 
 The layout is onnxruntime-genai's for Whisper (Optimum's file names): ``encoder_model.onnx``
-turns the text's tokens (or Whisper's log-mel features) into hidden states once and projects
-them, also once, into every decoder layer's cross-attention keys and values
+turns the text's tokens (Whisper's log-mel features, an image's pixels) into hidden states once
+and projects them, also once, into every decoder layer's cross-attention keys and values
 (``present_key_cross_{i}`` / ``present_value_cross_{i}``). ``decoder_model.onnx`` takes new
 decoder tokens, the encoder's mask (where the model takes one), its self-attention cache
 (``past_key_values.{i}.key`` / ``.value``) and those cross keys and values
@@ -15,7 +16,7 @@ over every encoder position (as transformers' generate() does not). A first step
 with an empty self cache (past_sequence 0), so one decoder file serves every step.
 
 Axes: the encoder's ``input_ids`` / ``attention_mask`` are [batch, sequence]; the cross keys
-and values [batch, heads, sequence, head_dim] (Whisper: a fixed number of encoder positions);
+and values [batch, heads, sequence, head_dim] (Whisper, an image: a fixed number of positions);
 the decoder's ``input_ids`` [batch, decoder_sequence]; its past [batch, heads, past_sequence,
 head_dim].
 
@@ -28,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import Tensor
@@ -67,11 +68,28 @@ def cross_inputs(layout: PastLayout) -> list[str]:
     return [CROSS_PAST.format(kv=kv, i=i) for i in range(layout.layers) for kv in ("key", "value")]
 
 
+COMPOSITE = "vision-encoder-decoder"
+"""The model type whose config holds its encoder's and decoder's own configs (``config.encoder``,
+``config.decoder``): an image model (ViT, DeiT, Swin) and a text decoder (GPT-2, TrOCR) with
+cross-attention, joined by transformers' VisionEncoderDecoderModel."""
+
+
+def composite(config: object) -> bool:
+    """A VisionEncoderDecoderModel's config (:data:`COMPOSITE`)."""
+    return getattr(config, "model_type", None) == COMPOSITE
+
+
 def layout_of(config: Any) -> PastLayout:
     """The decoder's self-attention cache (and its cross-attention's heads): T5 names its
     sizes num_decoder_layers / num_heads / d_kv, BART, Marian and Whisper decoder_layers /
-    decoder_attention_heads / d_model. ``config`` is a transformers config; Any, as
+    decoder_attention_heads / d_model; a VisionEncoderDecoderModel's decoder has its own
+    config (GPT-2's n_layer / n_head / n_embd and TrOCR's decoder_layers / ... / d_model, both
+    read through transformers' standard names). ``config`` is a transformers config; Any, as
     steps/benchmarking/pytorch.py passes a torch.nn.Module's."""
+    if composite(config):
+        text = config.decoder
+        heads = int(text.num_attention_heads)
+        return PastLayout(layers=int(text.num_hidden_layers), kv_heads=heads, head_dim=int(text.hidden_size) // heads)
     layers = int(
         getattr(config, "num_decoder_layers", None)
         or getattr(config, "decoder_layers", None)
@@ -89,42 +107,78 @@ def _cache_arg(model: torch.nn.Module) -> str:
 
 def cross_projections(model: PreTrainedModel) -> list[tuple[torch.nn.Module, torch.nn.Module]]:
     """Each decoder layer's cross-attention key and value projections: BART's family
-    (Marian, Whisper, Pegasus...) ``layers[i].encoder_attn.k_proj / v_proj``, T5's
-    ``block[i].layer[1].EncDecAttention.k / v``. The export checks them against the keys and
-    values against the model's own decoder (:func:`check_decoder`)."""
+    (Marian, Whisper, Pegasus..., and TrOCR's decoder) ``layers[i].encoder_attn.k_proj /
+    v_proj``, T5's ``block[i].layer[1].EncDecAttention.k / v``, and GPT-2's with
+    add_cross_attention ``h[i].crossattention.c_attn`` (keys and values in one Conv1D, split
+    here into two Linear layers of the same weights). The export checks them against the
+    model's own decoder (:func:`check_decoder`)."""
     decoder = model.get_decoder()  # type: ignore[no-untyped-call]
+    if composite(model.config):
+        # a causal LM with cross-attention (GPT2LMHeadModel, TrOCRForCausalLM): its layers are
+        # inside its base model (transformer.h, model.decoder.layers)
+        decoder = decoder.get_decoder()
     layers = getattr(decoder, "layers", None)
     if layers is not None and all(hasattr(layer, "encoder_attn") for layer in layers):
         return [(layer.encoder_attn.k_proj, layer.encoder_attn.v_proj) for layer in layers]
     blocks = getattr(decoder, "block", None)
     if blocks is not None and all(hasattr(block.layer[1], "EncDecAttention") for block in blocks):
         return [(block.layer[1].EncDecAttention.k, block.layer[1].EncDecAttention.v) for block in blocks]
+    h = getattr(decoder, "h", None)
+    if h is not None and all(hasattr(block, "crossattention") for block in h):
+        return [_split_conv1d(block.crossattention.c_attn.weight, block.crossattention.c_attn.bias) for block in h]
     raise StepError(
         f"{type(model).__name__}: onnxbuild finds no cross-attention key/value projections in its decoder "
-        "(it knows BART's layers[i].encoder_attn.k_proj and T5's block[i].layer[1].EncDecAttention.k); "
-        "this encoder-decoder type cannot be exported as two files yet"
+        "(it knows BART's layers[i].encoder_attn.k_proj, T5's block[i].layer[1].EncDecAttention.k and GPT-2's "
+        "h[i].crossattention.c_attn with add_cross_attention); this encoder-decoder type cannot be exported as "
+        "two files yet"
     )
 
 
+def _split_conv1d(weight: torch.Tensor, bias: torch.Tensor) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """GPT-2's cross-attention ``c_attn`` (a transformers Conv1D: x @ weight + bias, weight
+    [in, 2 x out], keys then values) as two Linear layers holding its halves, so the encoder
+    file projects keys and values as every other family's do."""
+    import torch
+
+    weight, bias = weight.detach(), bias.detach()
+    size = weight.shape[1] // 2
+    halves = []
+    for part in (slice(0, size), slice(size, 2 * size)):
+        linear = torch.nn.Linear(weight.shape[0], size, dtype=weight.dtype, device=weight.device)
+        with torch.no_grad():
+            linear.weight.copy_(weight[:, part].T)
+            linear.bias.copy_(bias[part])
+        halves.append(linear)
+    return halves[0], halves[1]
+
+
 def encoder_module(model: Any, names: list[str], layout: PastLayout) -> torch.nn.Module:
-    """(the export's inputs: input_ids and attention_mask, or Whisper's input_features) ->
-    (hidden states, then each layer's cross key and value [batch, heads, sequence, head_dim]).
-    ``model`` is a transformers model; Any, as steps/benchmarking/pytorch.py holds it as a
-    torch.nn.Module."""
+    """(the export's inputs: input_ids and attention_mask, Whisper's input_features, or an
+    image's pixel_values) -> (hidden states, then each layer's cross key and value [batch,
+    heads, sequence, head_dim]). A VisionEncoderDecoderModel whose encoder and decoder widths
+    differ first maps the image encoder's states to the decoder's (``enc_to_dec_proj``, as its
+    forward does): the cross keys and values are computed from those, while
+    ``last_hidden_state`` stays the image encoder's own. ``model`` is a transformers model;
+    Any, as steps/benchmarking/pytorch.py holds it as a torch.nn.Module."""
     import torch
 
     projections = cross_projections(model)
+    # present exactly when VisionEncoderDecoderModel.forward applies it (the widths differ and
+    # the decoder's config names no cross_attention_hidden_size)
+    to_decoder = getattr(model, "enc_to_dec_proj", None) if composite(model.config) else None
 
     class Encoder(torch.nn.Module):  # type: ignore[misc]
         def __init__(self) -> None:
             super().__init__()
             self.encoder = model.get_encoder()
+            self.to_decoder = to_decoder if to_decoder is not None else torch.nn.Identity()
             self.projections = torch.nn.ModuleList([p for pair in projections for p in pair])
 
         def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
             hidden = self.encoder(**dict(zip(names, args, strict=True)), return_dict=True).last_hidden_state
+            states = self.to_decoder(hidden)
             shape = (hidden.shape[0], -1, layout.kv_heads, layout.head_dim)
-            cross = [p(hidden).view(shape).transpose(1, 2) for p in self.projections]
+            cross = [p(states).view(shape).transpose(1, 2) for p in self.projections]
             return (hidden, *cross)
 
     return Encoder().eval()
@@ -153,7 +207,11 @@ def decoder_module(model: Any, layout: PastLayout, masked: bool) -> torch.nn.Mod
     import torch
     from transformers import EncoderDecoderCache
 
-    cache_arg = _cache_arg(model)
+    # A VisionEncoderDecoderModel's forward would map the stand-in below through
+    # enc_to_dec_proj (it expects the image encoder's width): its decoder, a causal LM with
+    # cross-attention, is called directly instead, as that forward calls it.
+    text = model.decoder if composite(model.config) else None
+    cache_arg = _cache_arg(text if text is not None else model)
     count = 2 * layout.layers
 
     class Decoder(torch.nn.Module):  # type: ignore[misc]
@@ -174,14 +232,23 @@ def decoder_module(model: Any, layout: PastLayout, masked: bool) -> torch.nn.Mod
             # the encoder ran; their values are never read (checked: random values give the
             # same logits), so a view of the first cross key stands in for them.
             stand_in = cross[0].transpose(1, 2).flatten(2)
-            out = self.model(
-                decoder_input_ids=input_ids,
-                encoder_outputs=(stand_in,),
-                use_cache=True,
-                **({"attention_mask": mask} if masked else {}),
-                return_dict=True,
-                **{cache_arg: cache},
-            )
+            if text is not None:
+                out = text(
+                    input_ids=input_ids,
+                    encoder_hidden_states=stand_in,
+                    use_cache=True,
+                    return_dict=True,
+                    **{cache_arg: cache},
+                )
+            else:
+                out = self.model(
+                    decoder_input_ids=input_ids,
+                    encoder_outputs=(stand_in,),
+                    use_cache=True,
+                    **({"attention_mask": mask} if masked else {}),
+                    return_dict=True,
+                    **{cache_arg: cache},
+                )
             grown = out.get("past_key_values") if out.get("past_key_values") is not None else out.get("cache")
             flat: list[torch.Tensor] = []
             for layer in grown.self_attention_cache.layers:
@@ -293,6 +360,32 @@ def fusable_attention(model: PreTrainedModel) -> Iterator[None]:
         yield
     finally:
         model.set_attn_implementation(before)
+
+
+class Composite(Protocol):
+    """A VisionEncoderDecoderModel's config, as :func:`lift_decoder_ids` reads it."""
+
+    @property
+    def decoder(self) -> object: ...
+
+
+def lift_decoder_ids(config: Composite) -> None:
+    """A VisionEncoderDecoderModel's config as transformers' own examples set it up before
+    generating: its vocabulary size and its start, end and padding tokens on the outer config,
+    taken from the decoder's where the outer one has none (the start token from the decoder's
+    decoder_start_token_id, else its bos_token_id, as generate() falls back). Every step reads
+    these there (and config.json carries them for ``onnxbuild run``)."""
+    text = config.decoder
+    start = getattr(text, "decoder_start_token_id", None)
+    taken = {
+        "vocab_size": getattr(text, "vocab_size", None),
+        "decoder_start_token_id": start if start is not None else getattr(text, "bos_token_id", None),
+        "eos_token_id": getattr(text, "eos_token_id", None),
+        "pad_token_id": getattr(text, "pad_token_id", None),
+    }
+    for name, value in taken.items():
+        if getattr(config, name, None) is None:
+            setattr(config, name, value)
 
 
 def start_token(config: Any) -> int:

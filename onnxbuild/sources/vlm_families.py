@@ -184,7 +184,12 @@ def recipe_problems(config: Mapping[str, object], size: tuple[int, int] | None, 
     if config and model_type not in MODEL_TYPES:
         yield (
             ("source", "huggingface", "config", "model_type"),
-            f"image-text-to-text exports {', '.join(MODEL_TYPES)} so far (got {model_type!r})",
+            f"image-text-to-text exports {', '.join(MODEL_TYPES)} so far (got {model_type!r})"
+            + (
+                "; an image encoder with a text decoder is task image-to-text"
+                if model_type == "vision-encoder-decoder"
+                else ""
+            ),
             False,
         )
     elif size is None:

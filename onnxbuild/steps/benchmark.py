@@ -474,6 +474,16 @@ def check(c: Checking) -> Iterable[Found]:
     yield from refuse_three_files(c, "benchmark")
     if c.three_files:
         return
+    if c.task == "image-to-text" and c.doc.get("benchmark") is not None:
+        # its PyTorch baseline loads the model with sdpa attention, which TrOCR's decoder has
+        # not, and the encoder-decoder benchmark has not been run on an image model yet
+        yield (
+            ("benchmark",),
+            "not yet for image-to-text (its encoder-decoder benchmark has not been run on an image encoder); "
+            "remove benchmark",
+            True,
+        )
+        return
     if c.traced:
         yield from shape_problems(c, "benchmark", c.export_dims, optional_needed=False)
 

@@ -43,7 +43,7 @@ from onnxbuild.sources.torchmodel import (
 from onnxbuild.spec import Planning, StepInput, StepKind
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 from onnxbuild.steps.exporting import rules
-from onnxbuild.steps.exporting.files import companion_files, describe, export_file, finalise
+from onnxbuild.steps.exporting.files import companion_files, describe, export_file, finalise, pin_output_dims
 
 if TYPE_CHECKING:
     import torch
@@ -249,15 +249,9 @@ def _seq2seq(
     out_axes = {0: "batch", **({1: "sequence"} if masked else {})}
     cross_axes = {0: "batch", **({2: "sequence"} if masked else {})}
     enc_outputs = [seq2seq.ENCODER_OUTPUT, *seq2seq.cross_outputs(layout)]
+    enc_axes = {**in_axes, seq2seq.ENCODER_OUTPUT: out_axes, **dict.fromkeys(enc_outputs[1:], cross_axes)}
     jobs = [
-        (
-            seq2seq.ENCODER,
-            encoder,
-            args,
-            names,
-            enc_outputs,
-            {**in_axes, seq2seq.ENCODER_OUTPUT: out_axes, **dict.fromkeys(enc_outputs[1:], cross_axes)},
-        ),
+        (seq2seq.ENCODER, encoder, args, names, enc_outputs, enc_axes),
         (
             seq2seq.DECODER,
             decoder,
@@ -272,6 +266,9 @@ def _seq2seq(
     for name, module, traced, inputs, outputs, axes in jobs:
         io = (inputs, outputs, axes)
         extra += export_file(ctx, name, module, traced, io, export, params, seq2seq.fusable_attention(model))
+    # an image encoder's outputs have a fixed number of positions (patches and a class token)
+    sizes_of = {n: tuple(t.shape) for n, t in zip(enc_outputs, (hidden, *cross), strict=True)}
+    pin_output_dims(ctx.output(seq2seq.ENCODER), sizes_of, enc_axes)
     extra += companion_files(ctx, model, source, record, export)
     sizes = ", ".join(f"{name} {ctx.output(name).stat().st_size / 1e6:.1f} MB" for name, *_ in jobs)
     summary = (

@@ -54,8 +54,10 @@ class GenerateParams(_GenerateNamed, total=False):
     """What :func:`plan` puts in the step's params."""
 
     audio: bool
+    image: bool
     export: ExportSection | None
-    """A speech model's whole export section (``export_kind.whole``), beside ``audio``."""
+    """A speech (image-to-text) model's whole export section (``export_kind.whole``), beside
+    ``audio`` (``image``)."""
 
 
 def plan(p: Planning) -> list[StepSpec]:
@@ -71,8 +73,9 @@ def plan(p: Planning) -> list[StepSpec]:
                 "generate": r["generate"],
                 "source": r["source"],
                 "variants": [v.as_param() for v in p.variants],
-                # speech in: the prompt is seeded features of the export's shape
-                **({"audio": True, **export_kind.whole(r)} if _audio(r["source"]) else {}),
+                # speech (an image) in: the prompt is seeded features (pixels) of the export's shape
+                **({"audio": True, **export_kind.whole(r)} if _task(r["source"]) == AUDIO else {}),
+                **({"image": True, **export_kind.whole(r)} if _task(r["source"]) == IMAGE else {}),
             },
             deps=tuple(dict.fromkeys(["source", *(v.step for v in p.variants)])),
             inputs=(StepInput("source", SOURCE_RECORD), *(StepInput(v.step, f) for v in p.variants for f in v.paths)),
@@ -81,9 +84,13 @@ def plan(p: Planning) -> list[StepSpec]:
     ]
 
 
-def _audio(source: dict[str, dict[str, object]]) -> bool:
+AUDIO, IMAGE = "automatic-speech-recognition", "image-to-text"
+"""The encoder-decoder tasks whose encoder takes no text: generation starts from a seeded input."""
+
+
+def _task(source: dict[str, dict[str, object]]) -> object:
     ((_, src),) = source.items()
-    return bool(src.get("task") == "automatic-speech-recognition")
+    return src.get("task")
 
 
 def prompt_ids(
@@ -210,7 +217,8 @@ def _aligned(ref: Generation, got: Generation) -> Comparison:
 
 
 def encoder_feeds(spec: StepSpec, model: PreTrainedModel) -> dict[str, NDArray[np.generic]]:
-    """One seeded input (Whisper's audio features) at the export's sample size, batch 1."""
+    """One seeded input (Whisper's audio features, an image-to-text model's pixels) at the
+    export's sample size, batch 1."""
     from onnxbuild.sources.torchmodel import make_inputs
 
     export = export_kind.required(spec.params)
@@ -481,7 +489,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     record = read_source_record(ctx)
     model = load_source_model(source, record, ctx.recipe_dir)
     vocab = vocab_size(model) or 0
-    if params.get("audio"):  # the prompt is seeded audio features (no tokenizer is loaded for speech yet)
+    if params.get("audio") or params.get("image"):  # the prompt is seeded features or pixels (no tokenizer yet)
         return _seq2seq(ctx, spec, gen, variants, model, None, None, record)
     ((kind, src),) = source.items()
     if source_kind(kind).vlm(src):
@@ -556,13 +564,14 @@ def check(c: Checking) -> Iterable[Found]:
             "generates through the KV cache; add export.with_past: true (a huggingface text-generation model)",
             True,
         )
-    if c.two_files and c.task == "automatic-speech-recognition" and isinstance(gen, dict):
+    if c.two_files and c.task in (AUDIO, IMAGE) and isinstance(gen, dict):
+        what = "a speech model's prompt is audio" if c.task == AUDIO else "an image-to-text model's prompt is an image"
+        seeded = "features" if c.task == AUDIO else "pixels"
         for key in ("prompt", "prompt_ids"):
             if gen.get(key) is not None:
                 yield (
                     ("generate", key),
-                    "a speech model's prompt is audio: "
-                    "generation starts from seeded features of the export's shape; remove it",
+                    f"{what}: generation starts from seeded {seeded} of the export's shape; remove it",
                     True,
                 )
     if gen.get("prompt") is not None and gen.get("prompt_ids") is not None:

@@ -6,6 +6,7 @@ onnxruntime-genai read beside it."""
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -101,6 +102,27 @@ def export_file(
                 f"torch.onnx.export of {name} failed: {type(exc).__name__}: {brief(exc, lines=4, limit=600)}"
             ) from None
         return finalise(raw, ctx.output(name), export, param_bytes)
+
+
+def pin_output_dims(path: Path, traced: Mapping[str, tuple[int, ...]], axes: Mapping[str, Mapping[int, str]]) -> None:
+    """Output dimensions the exporter could not infer, which it names after a node
+    ("LayerNormalizationlast_hidden_state_dim_1": ViT's class token is concatenated by a traced
+    Expand), set to their traced sizes where ``axes`` declares them fixed; the file is rewritten
+    only where one is."""
+    import onnx
+
+    model = onnx.load_model(str(path), load_external_data=False)
+    pinned = False
+    for value in model.graph.output:
+        sizes = traced.get(value.name)
+        if sizes is None:
+            continue
+        for i, dim in enumerate(value.type.tensor_type.shape.dim):
+            if i < len(sizes) and i not in axes.get(value.name, {}) and dim.HasField("dim_param"):
+                dim.dim_value = sizes[i]  # a oneof: clears the exporter's name
+                pinned = True
+    if pinned:
+        onnx.save_model(model, str(path))
 
 
 def finalise(raw: Path, out: Path, export: ExportSection, param_bytes: int) -> tuple[str, ...]:
