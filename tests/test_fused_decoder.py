@@ -119,7 +119,11 @@ def test_each_family_matches_pytorch_at_prefill_and_decode(family: str, tmp_path
     kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     rng = np.random.default_rng(0)
-    batch, seq = 2, 7
+    # a windowed family's decode step comes after a past of more than 3 windows (4 here), where
+    # its sliding layers read only their window (fusion/decoder._sliding_attention), and is two
+    # tokens, so the window's first key is the first query's
+    windowed = family in ("mistral-window", "gemma2")
+    batch, seq, new = 2, 14 if windowed else 7, 2 if windowed else 1
     ids = rng.integers(0, 1000, (batch, seq))
     past = {
         f"past_key_values.{i}.{k}": np.zeros((batch, kv, 0, head_dim), np.float32)
@@ -138,7 +142,7 @@ def test_each_family_matches_pytorch_at_prefill_and_decode(family: str, tmp_path
     with torch.no_grad():
         ref = model(input_ids=torch.tensor(ids), use_cache=True)
     assert np.abs(prefill[0] - ref.logits.numpy()).max() < 1e-4
-    step = rng.integers(0, 1000, (batch, 1))
+    step = rng.integers(0, 1000, (batch, new))
     cache = {
         f"past_key_values.{i}.{k}": prefill[1 + 2 * i + j]
         for i in range(layers)
@@ -148,15 +152,16 @@ def test_each_family_matches_pytorch_at_prefill_and_decode(family: str, tmp_path
         None,
         {
             "input_ids": step,
-            "attention_mask": np.ones((batch, seq + 1), np.int64),
-            "position_ids": np.full((batch, 1), seq),
+            "attention_mask": np.ones((batch, seq + new), np.int64),
+            "position_ids": np.tile(np.arange(seq, seq + new), (batch, 1)),
             **cache,
         },
     )
     with torch.no_grad():
         ref2 = model(input_ids=torch.tensor(step), past_key_values=ref.past_key_values, use_cache=True)
     assert np.abs(decode[0] - ref2.logits.numpy()).max() < 1e-4
-    assert decode[1].shape == (batch, kv, seq + 1, head_dim)  # the cache layout the export uses
+    # the cache layout the export uses, every layer's the whole past + new
+    assert {d.shape for d in decode[1:]} == {(batch, kv, seq + new, head_dim)}
 
 
 @pytest.mark.parametrize("family", list(CONFIGS))
@@ -180,15 +185,23 @@ def test_a_left_padded_batch_matches_pytorch(family: str, tmp_path: Path) -> Non
     # every Attention adds a finite mask (MASKED, not the float minimum: a normal float after
     # exp(), so sessions that keep denormals, as this one does, do not slow down on it)
     made = {o: n for n in graph.graph.node for o in n.output}
+    # a sliding layer is an If: the plain Attention over the whole past while it is short, and
+    # once it is long, an Attention on the last positions (Slice) of the present, which the
+    # branch concatenates itself, and of the mask
+    ifs = [n for n in graph.graph.node if n.op_type == "If"]
+    assert len(ifs) == {"mistral-window": config.num_hidden_layers, "gemma2": 1}.get(family, 0)
+    for n in ifs:
+        branches = {a.name: a.g for a in n.attribute}
+        recent = {o: m for m in branches["then_branch"].node for o in m.output}
+        (windowed_attention,) = [m for m in branches["then_branch"].node if m.op_type == "Attention"]
+        assert [recent[x].op_type for x in windowed_attention.input[1:4]] == ["Slice"] * 3
+        assert [recent[recent[x].input[0]].op_type for x in windowed_attention.input[1:3]] == ["Concat"] * 2
     attention = [n for n in graph.graph.node if n.op_type == "Attention"]
-    # a sliding layer's Attention reads its mask's, keys' and values' last positions (Slice), a
-    # full layer's the whole of them
-    sliced = {i for i, n in enumerate(attention) if made[n.input[3]].op_type == "Slice"}
-    for i, n in enumerate(attention):
-        reads = [made.get(name) for name in n.input[4:6]]
-        assert [r.op_type if r else "input" for r in reads] == (["Slice"] * 2 if i in sliced else ["input"] * 2)
-    assert len(sliced) == {"mistral-window": config.num_hidden_layers, "gemma2": 1}.get(family, 0)
-    masks = [made[made[n.input[3]].input[0]] if i in sliced else made[n.input[3]] for i, n in enumerate(attention)]
+    attention += [m for n in ifs for m in next(a.g for a in n.attribute if a.name == "else_branch").node]
+    assert {tuple(n.input[4:6]) for n in attention} == {
+        (f"past_key_values.{i}.key", f"past_key_values.{i}.value") for i in range(config.num_hidden_layers)
+    }
+    masks = [made[n.input[3]] for n in attention]
     windowed = {"mistral-window": ["visible4"], "gemma2": ["visible4", "visible"]}.get(family, ["visible"])
     assert {(m.op_type, *m.input) for m in masks} == {
         ("Where", f"/model/attn_mask/{visible}", "mask_seen", "mask_masked") for visible in windowed
