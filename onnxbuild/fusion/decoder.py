@@ -263,7 +263,7 @@ def build(model: Any, exported: onnx.ModelProto) -> Built:
         present = [f"present.{i}.key", f"present.{i}.value"]
         # Gemma 2 caps the scores (cap * tanh(scores / cap)) before the softmax: Attention's
         # softcap, whose 0 (the others') is no cap
-        attrs = {
+        attrs: dict[str, Any] = {
             "q_num_heads": heads,
             "kv_num_heads": kv_heads,
             "scale": float(getattr(attn, "scaling", head_dim**-0.5)),
@@ -275,7 +275,6 @@ def build(model: Any, exported: onnx.ModelProto) -> Built:
             node(*whole, **attrs)
         else:
             _sliding_attention(g, p, window, whole, heads, kv_heads, head_dim, attrs)
-        out = f"{p}/attn/output"
         fused["Attention"] += 1
         (o,) = node(
             "MatMul",
