@@ -11,6 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    import onnx
     from numpy.typing import ArrayLike
 
 CHUNK = 1 << 20
@@ -221,3 +224,15 @@ def json_changes(old: object, new: object, prefix: str = "") -> list[tuple[str, 
     if old is MISSING or new is MISSING or old != new:
         return [(prefix, old, new)]
     return []
+
+
+def every_node(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """The graph's nodes and, depth first, those of their subgraphs (an ``If``'s branches: a
+    fused decoder's sliding layers hold their Attention there)."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.HasField("g"):
+                yield from every_node(attr.g)
+            for sub in attr.graphs:
+                yield from every_node(sub)

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict, cast
 
-from onnxbuild._util import pretty_json
+from onnxbuild._util import every_node, pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import Contract
 from onnxbuild.spec import Checking, Found, Planning, StepInput, StepKind
@@ -137,7 +137,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     files = [ctx.input(f) for f in params["files"]]
     models = [onnx.load_model(str(f), load_external_data=False) for f in files]
     main = models[-1]
-    ops: Counter[str] = Counter(n.op_type for m in models for n in m.graph.node)
+    ops: Counter[str] = Counter(n.op_type for m in models for n in every_node(m.graph))
     checks: list[RuleCheck] = []
 
     def rule(name: str, expected: object, actual: object, ok: bool) -> None:

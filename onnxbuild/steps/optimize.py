@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from onnxbuild import environment
-from onnxbuild._util import pick, pretty_json
+from onnxbuild._util import every_node, pick, pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.checks import refuse_three_files
 from onnxbuild.recipe.families import FUSED_DECODERS
@@ -48,8 +48,9 @@ OWN_KEYS = ("level", "decoder", "transformer", "float16")
 # fused with its decoder's head count, fused ops per file in optimize.json; 12: fused Gemma 2 (sandwich
 # norms, soft-capping), Attention's softcap written on every fused decoder; 13: an encoder-decoder's eager
 # attention left by ORT's optimizer written as ONNX's Attention (fusion/attention.py); 14: a fused decoder's
-# sliding layers read only their window's past (Slice before Attention, the present concatenated apart)
-VERSION = 14
+# sliding layers read only their window's past (Slice before Attention, the present concatenated apart); 15: only
+# once the past is over 3 windows (an If per sliding layer)
+VERSION = 15
 PACKAGES = ("onnxruntime", "onnx", "torch", "transformers")
 
 FUSED_OPS = (
@@ -446,7 +447,7 @@ def _fused_decoder(ctx: StepContext, spec: StepSpec, exported: onnx.ModelProto) 
 
 
 def _histogram(model: onnx.ModelProto) -> dict[str, int]:
-    return dict(Counter(n.op_type for n in model.graph.node))
+    return dict(Counter(n.op_type for n in every_node(model.graph)))
 
 
 def check(c: Checking) -> Iterable[Found]:
