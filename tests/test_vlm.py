@@ -2,8 +2,9 @@
 Idefics3 built as vision.onnx, embedding.onnx and decoder.onnx, each file validated against
 transformers' own part at three shapes (1, 2 and 5 images; 5 over 3 left-padded rows), the
 chain against the whole model, greedy generation identical to transformers' generate() with
-the image, and ``onnxbuild run --image``. The step kinds with no way with three files yet
-refuse the recipe. About 45 s here, one build of both shared by the module."""
+the image, and ``onnxbuild run --image``; int8, int4 and fp16 variants of the three files (slow).
+The step kinds with no way with three files yet refuse the recipe. About 45 s here, one build
+of both shared by the module."""
 
 from __future__ import annotations
 
@@ -160,9 +161,7 @@ def test_a_decode_step_embeds_a_generated_image_token_as_text(built: Path) -> No
 @pytest.mark.parametrize(
     ("section", "yaml"),
     [
-        ("quantize", "quantize:\n  - {name: int8, method: dynamic}\n"),
         ("optimize", "optimize: {level: basic}\n"),
-        ("convert", "convert:\n  - {name: fp16}\n"),
         ("benchmark", "benchmark: {}\n"),
     ],
 )
@@ -266,3 +265,58 @@ def test_smolvlm_takes_idefics3s_split() -> None:
             input_ids=ids, attention_mask=mask, position_ids=positions, **vlm.family(model).pixels(pixels, [2, 1])
         ).logits
     assert torch.allclose(logits[mask == 1], whole[mask == 1], atol=1e-5)
+
+
+VARIANTS = """quantize:
+  - {name: int8, method: dynamic}
+  # random weights give near-flat logits, where 4-bit noise flips argmaxes (0.41 here)
+  - {name: int4, method: int4, block_size: 32, validate: {top1_min: 0.3}}
+  - {name: static, method: static}
+convert:
+  - {name: fp16}
+"""
+
+
+def test_a_static_int8_of_three_files_is_refused_at_the_recipe(tmp_path: Path) -> None:
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(RECIPE.read_text(encoding="utf-8") + VARIANTS, encoding="utf-8")
+    with pytest.raises(RecipeError) as exc:
+        onnxbuild.load_recipe(recipe)
+    line = len(RECIPE.read_text(encoding="utf-8").splitlines()) + 5
+    assert [str(p) for p in exc.value.problems] == [
+        f"{recipe}:{line}:28: quantize[2].method: static calibration of a vision-language model is not "
+        "supported; use method: dynamic (or int4)"
+    ]
+
+
+@pytest.mark.slow
+def test_int8_int4_and_fp16_variants_quantize_all_three_files_and_are_validated(tmp_path: Path) -> None:
+    """Each variant is the three files made the same way (and genai_config.json beside them),
+    validated file by file and end to end, and generated from; ``onnxbuild run`` takes one."""
+    recipe = tmp_path / "tiny-llava.yaml"
+    recipe.write_text(
+        RECIPE.read_text(encoding="utf-8") + VARIANTS.replace("  - {name: static, method: static}\n", ""),
+        encoding="utf-8",
+    )
+    settings = onnxbuild.Settings(cache_dir=tmp_path / "cache", artifacts_dir=tmp_path / "artifacts")
+    report = onnxbuild.build([recipe], settings)
+    assert report.ok, report.failures()
+    built = tmp_path / "artifacts" / "tiny-llava"
+    ops = {
+        v: {n.op_type for f in FILES for n in onnx.load(str(built / v / f), load_external_data=False).graph.node}
+        for v in ("int8", "int4")
+    }
+    assert {"MatMulInteger", "DynamicQuantizeLinear"} <= ops["int8"] and "MatMulNBits" in ops["int4"]
+    for v in ("int8", "int4", "fp16"):
+        assert sorted(p.name for p in (built / v).iterdir()) == sorted([*FILES, "genai_config.json"])
+    validation = read(built / "reports" / "validation.json")["variants"]
+    assert {v: validation[v]["passed"] for v in ("model", "int8", "int4", "fp16")} == dict.fromkeys(
+        ("model", "int8", "int4", "fp16"), True
+    )
+    greedy = read(built / "reports" / "generation.json")["variants"]
+    assert [greedy[v]["greedy"]["identical"] for v in ("model", "int8", "fp16")] == [True] * 3
+    image = tmp_path / "image.npy"
+    np.save(image, np.zeros((3, 28, 28), dtype=np.float32))
+    result = cli("run", str(built / "int4"), "--image", str(image), "--prompt", "1 250 7", "-n", "3", "--json")
+    assert result.exit_code == 0, result.output
+    assert len(json.loads(result.stdout)["new_ids"]) == 3

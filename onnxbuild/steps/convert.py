@@ -20,15 +20,13 @@ and runtimes with float16 units, and is validated here on the CPU like every oth
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal, TypedDict, cast
 
 from onnxbuild.errors import StepError
-from onnxbuild.recipe.checks import refuse_three_files
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.recipe.variants import variant
-from onnxbuild.spec import Checking, Found, Planning, StepInput, StepKind, Variant
+from onnxbuild.spec import Planning, StepInput, StepKind, Variant
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 from onnxbuild.steps.validating import rules
 
@@ -117,10 +115,6 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     )
 
 
-def check(c: Checking) -> Iterable[Found]:
-    yield from refuse_three_files(c, "convert")
-
-
 KIND = StepKind(
     name="convert",
     version=VERSION,
@@ -129,6 +123,5 @@ KIND = StepKind(
     run=run,
     memory=MEMORY,
     variants=variants,
-    check=check,
 )
 """What this kind says of itself (onnxbuild.spec.StepKind)."""

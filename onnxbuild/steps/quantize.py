@@ -18,7 +18,6 @@ from typing import cast
 
 from onnxbuild._util import pick
 from onnxbuild.errors import StepError
-from onnxbuild.recipe.checks import refuse_three_files
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.recipe.sections import QuantizeSection
 from onnxbuild.recipe.variants import SOURCE_RECORD, TEXT_GATES, variant, vocab_size
@@ -280,21 +279,26 @@ def _each_file(ctx: StepContext, spec: StepSpec, q: QuantizeSection) -> StepResu
         parts.append(f"{Path(name).name} {src.stat().st_size / 1e6:.1f} -> {out.stat().st_size / 1e6:.1f} MB")
     for extra in ctx.output(q["name"]).glob("*.onnx.data"):
         extra.unlink()
+    from onnxbuild.steps.optimize import genai_beside
+
+    # a vision-language model's genai_config.json names its three files, the same in the variant's folder
+    beside = genai_beside(ctx, files[-1], q["name"])
     return StepResult(
         summary=f"{q['method']}: {'; '.join(parts)} ({size_out / size_in:.0%})",
         data={"bytes_in": size_in, "bytes_out": size_out},
+        extra_outputs=beside,
     )
 
 
 def check(c: Checking) -> Iterable[Found]:
     """gguf needs a GGUF source and the fused graph; a budget needs its figures and text."""
-    yield from refuse_three_files(c, "quantize")
     entries = [(i, q) for i, q in enumerate(c.doc.get("quantize") or []) if isinstance(q, dict)]
     for i, q in entries:
-        if c.two_files and q.get("method") == "static":
+        if (c.two_files or c.three_files) and q.get("method") == "static":
+            what = "an encoder-decoder" if c.two_files else "a vision-language model"
             yield (
                 ("quantize", i, "method"),
-                "static calibration of an encoder-decoder is not supported; use method: dynamic (or int4)",
+                f"static calibration of {what} is not supported; use method: dynamic (or int4)",
                 False,
             )
     for i, q in entries if c.traced else ():
