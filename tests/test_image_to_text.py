@@ -20,17 +20,10 @@ import pytest
 import yaml
 
 import onnxbuild
+from tests.helpers_artifacts import signature
 from tests.helpers_cli import run as cli
 
 DATA = Path(__file__).resolve().parent / "data" / "image-to-text"
-
-
-def signature(path: Path) -> dict[str, list[int | str]]:
-    graph = onnx.load(str(path), load_external_data=False).graph
-    return {
-        v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
-        for v in [*graph.input, *graph.output]
-    }
 
 
 def read(path: Path) -> Any:

@@ -15,16 +15,9 @@ import pytest
 import yaml
 
 import onnxbuild
+from tests.helpers_artifacts import signature
 
 TASKS = Path(__file__).resolve().parent / "data" / "tasks"
-
-
-def signature(path: Path) -> dict[str, list[int | str]]:
-    graph = onnx.load(str(path), load_external_data=False).graph
-    return {
-        v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
-        for v in [*graph.input, *graph.output]
-    }
 
 
 def ops(path: Path) -> dict[str, int]:

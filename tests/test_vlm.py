@@ -20,6 +20,7 @@ import pytest
 import onnxbuild
 from onnxbuild.errors import RecipeError
 from onnxbuild.sources.vlm import prompts, split_images, with_images
+from tests.helpers_artifacts import signature
 from tests.helpers_cli import run as cli
 
 DATA = Path(__file__).resolve().parent / "data" / "vlm"
@@ -47,14 +48,6 @@ def built(artifacts: Path) -> Path:
 
 def read(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8"))
-
-
-def signature(path: Path) -> dict[str, list[int | str]]:
-    graph = onnx.load(str(path), load_external_data=False).graph
-    return {
-        v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
-        for v in [*graph.input, *graph.output]
-    }
 
 
 def test_a_vision_language_model_is_three_files_in_genai_layout(built: Path) -> None:
