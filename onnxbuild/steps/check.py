@@ -20,7 +20,7 @@ from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 if TYPE_CHECKING:
     import onnx
 
-VERSION = 1
+VERSION = 2  # 2: a model with external data checked with its weights as inputs (hard-linked .data)
 PACKAGES = ("onnx",)
 
 
@@ -68,12 +68,23 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
 
 def _check(path: Path, name: str, scratch: Path) -> CheckReport:
     import onnx
+    from onnx.external_data_helper import uses_external_data
 
+    model = onnx.load_model(str(path), load_external_data=False)
+    external = [t for t in model.graph.initializer if uses_external_data(t)]
     try:
-        onnx.checker.check_model(str(path), full_check=True)
+        if external:
+            # A model over 2 GB keeps its weights in a .data file, which the engine hard-links
+            # into the step's folder (no copy of gigabytes), and the checker refuses a data file
+            # with more than one link ("a potential hardlink attack"). So the graph is checked
+            # with those weights as inputs of their types and shapes, and the data file's extents
+            # here.
+            onnx.checker.check_model(_weights_as_inputs(model, external), full_check=True)
+        else:
+            onnx.checker.check_model(str(path), full_check=True)
     except Exception as exc:
         raise StepError(f"the ONNX checker rejected {name}: {brief(exc, lines=3, limit=600)}") from None
-    model = onnx.load_model(str(path), load_external_data=False)
+    _check_extents(external, path.parent, name)
     inferred = scratch / "inferred.onnx"
     try:
         onnx.shape_inference.infer_shapes_path(str(path), str(inferred), strict_mode=True, check_type=True)
@@ -82,6 +93,52 @@ def _check(path: Path, name: str, scratch: Path) -> CheckReport:
     finally:
         inferred.unlink(missing_ok=True)
     return inspect(model, path)
+
+
+def _weights_as_inputs(model: onnx.ModelProto, external: list[onnx.TensorProto]) -> onnx.ModelProto:
+    """A copy of ``model`` (loaded without its external data) whose external weights are graph
+    inputs of the same types and shapes."""
+    import onnx
+
+    names = {t.name for t in external}
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    kept = [t for t in out.graph.initializer if t.name not in names]
+    del out.graph.initializer[:]
+    out.graph.initializer.extend(kept)
+    out.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in external)
+    return out
+
+
+def _check_extents(external: list[onnx.TensorProto], folder: Path, name: str) -> None:
+    """Each external weight's bytes lie in a file beside the model, inside it."""
+    import math
+
+    import onnx
+    from onnx import helper
+
+    for t in external:
+        info = {e.key: e.value for e in t.external_data}
+        location = info.get("location", "")
+        data = folder / location
+        if not location or Path(location).is_absolute() or ".." in Path(location).parts or not data.is_file():
+            raise StepError(
+                f"{name}: weight {t.name!r} is stored in {location!r}, which is not a file beside the model; "
+                "keep the .onnx and its .data files together"
+            )
+        offset = int(info.get("offset", 0))
+        # without a length the tensor runs to its size (packed 4-bit types: half a byte each)
+        bits = (
+            4
+            if t.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4)
+            else 8 * helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+        )
+        length = int(info.get("length", math.ceil(math.prod(t.dims) * bits / 8)))
+        if offset + length > data.stat().st_size:
+            raise StepError(
+                f"{name}: weight {t.name!r} reads bytes {offset}..{offset + length} of {location}, "
+                f"which holds {data.stat().st_size}: the data file is truncated or not this model's"
+            )
 
 
 def inspect(model: onnx.ModelProto, path: Path) -> CheckReport:
