@@ -126,7 +126,8 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
             produced = wrapped(*args)
         except Exception as exc:
             raise StepError(
-                f"the model failed on the export sample ({describe(sample)}): {type(exc).__name__}: {str(exc)[:400]}"
+                f"the model failed on the export sample ({describe(sample)}): {type(exc).__name__}: "
+                f"{str(exc)[:400]}{_known_fix(exc)}"
             ) from None
     if len(produced) != len(export["outputs"]):
         raise StepError(f"export.outputs names {len(export['outputs'])} outputs but the model returns {len(produced)}")
@@ -185,6 +186,20 @@ def _traceable_experts(model: PreTrainedModel) -> None:
         model.set_experts_implementation("batched_mm")
 
 
+KNOWN_FIXES = {
+    "no padding token is defined": (
+        "a decoder's text-classification head scores each row's last non-padding token, so it needs "
+        "config.pad_token_id: set source.huggingface.config.pad_token_id (its tokenizer's pad id, or its eos id)"
+    ),
+}
+"""What to do about a failure transformers reports in its own words (the text it raises -> the fix)."""
+
+
+def _known_fix(exc: BaseException) -> str:
+    """``; <the fix>`` for a failure whose cause is known, else nothing."""
+    return next((f"; {fix}" for text, fix in KNOWN_FIXES.items() if text in str(exc)), "")
+
+
 def _takes_every_input(model: PreTrainedModel, names: list[str]) -> None:
     """Every input the export lists is one the model's forward takes by name: TorchScript drops
     an input the model ignores (a ``**kwargs`` swallows it), and the file would then lack it."""
@@ -239,7 +254,7 @@ def _seq2seq(
         except Exception as exc:
             raise StepError(
                 f"the model failed on the export sample ({describe(sample)}): {type(exc).__name__}: "
-                f"{brief(exc, limit=400)}"
+                f"{brief(exc, limit=400)}{_known_fix(exc)}"
             ) from None
         seq2seq.check_decoder(model, decoder, layout, decoder_ids, hidden, mask[0] if mask else None, cross)
     # the encoder's output length: its input's sequence axis, or fixed (Whisper's 30 s of frames)
