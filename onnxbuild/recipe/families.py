@@ -31,11 +31,14 @@ NO_POSITION_IDS = frozenset({"bloom", "mpt"})
 """ALiBi decoders: positions come from the attention mask, and the forward takes no position_ids
 (TorchScript drops an unused input, so the file would lack one the recipe lists)."""
 
-DYNAMO_ONLY = frozenset({"cohere", "cohere2", "glm", "glm4", "ernie4_5", "helium", "apertus"})
+DYNAMO_ONLY = frozenset(
+    {"cohere", "cohere2", "glm", "glm4", "ernie4_5", "helium", "apertus", "mobilevitv2", "dinov2_with_registers"}
+)
 """Types TorchScript cannot export, while the dynamo exporter traces them: an interleaved rotary
 (``torch.stack((-x2, x1), -1)`` of strided slices) fails its symbolic ``cat`` ("All tensors must
-have the same rank"); Apertus' xIELU activation uses ``expm1``, which it has no symbolic for.
-Their ``export.exporter`` defaults to dynamo."""
+have the same rank"); Apertus' xIELU activation uses ``expm1``, MobileViTV2 ``col2im`` and
+DINOv2 with registers an antialiased bicubic resize (``_upsample_bicubic2d_aa``), which it has no
+symbolic for. Their ``export.exporter`` defaults to dynamo."""
 
 RECURRENT = frozenset(
     {

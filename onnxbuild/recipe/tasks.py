@@ -273,6 +273,17 @@ FIXED_SIZE_IMAGES = frozenset(
         "swin",
         "swinv2",
         "donut-swin",
+        # (found building every AutoModelForImageClassification type) FocalNet and MobileNetV2 pad
+        # with sizes computed in Python (traced: another size gives other numbers, 90% of FocalNet's
+        # logits off at 129x129); I-JEPA, Perceiver and PVT do not interpolate their position
+        # embeddings (PyTorch itself refuses another size); DINOv2 with registers' dynamo export
+        # fixes the size.
+        "focalnet",
+        "mobilenet_v2",
+        "ijepa",
+        "perceiver",
+        "pvt",
+        "dinov2_with_registers",
     }
 )
 """Model types whose absolute position embeddings fix the image size (config.image_size):
