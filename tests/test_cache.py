@@ -90,7 +90,7 @@ SOURCE_KEY = "13cd47ecd881e16a4f9882bf3ef4a4f0314b9018db21dbb0d99ab59a405439b9"
 
 CHECK_INGREDIENTS: dict[str, Any] = {
     "kind": "check",
-    "version": 1,
+    "version": 2,
     "params": {},
     "outputs": ["reports/check.json", "reports/check.md"],
     "inputs": {"source:model.onnx": "0" * 64},
@@ -100,9 +100,9 @@ CHECK_INGREDIENTS: dict[str, Any] = {
 }
 CHECK_CANONICAL = (
     '{"files":{},"identity":{},"inputs":{"source:model.onnx":"' + "0" * 64 + '"},'
-    '"kind":"check","outputs":["reports/check.json","reports/check.md"],"packages":{"onnx":"1.23.2"},"params":{},"version":1}'
+    '"kind":"check","outputs":["reports/check.json","reports/check.md"],"packages":{"onnx":"1.23.2"},"params":{},"version":2}'
 )
-CHECK_KEY = "3139e06e840add4829c18b28df9b2133e647c607d14c8c28427acab7d2716893"
+CHECK_KEY = "e0489206b10022249d79aa72f1f94807ee3ea3502783159fec0aa11121ff6b3d"
 
 
 def test_key_is_sha256_of_canonical_json_pinned() -> None:

@@ -135,6 +135,7 @@ PARTS_OF_KINDS = {
     "exporting": "export",
     "vlm": "huggingface",  # sources/vlm*.py: the huggingface kind's vision-language files and their checks
     "vlm_families": "huggingface",
+    "vision_encoder_decoder": "huggingface",  # its image-to-text tables and checks
 }
 PACKAGE_LISTS = ("PACKAGES", "REPORTED")
 """Tuples of distribution names (the ``onnx`` package is not the onnx source kind)."""

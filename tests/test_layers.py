@@ -95,11 +95,21 @@ def test_kinds_import_no_engine_module(module: str) -> None:
 
 SOURCE_KIND_MODULES = tuple(
     f"onnxbuild.sources.{k}"
-    for k in ("onnx", "graph", "huggingface", "pytorch", "tensorflow", "gguf_header", "vlm_families")
+    for k in (
+        "onnx",
+        "graph",
+        "huggingface",
+        "pytorch",
+        "tensorflow",
+        "gguf_header",
+        "vlm_families",
+        "vision_encoder_decoder",
+    )
 )
 """The source kinds, and gguf_header, the huggingface kind's reader of a GGUF file's header (core
-too: it imports only errors, and the kind calls it when it records the source), and
-vlm_families, its table of vision-language families and their recipe rules."""
+too: it imports only errors, and the kind calls it when it records the source), vlm_families,
+its table of vision-language families and their recipe rules, and vision_encoder_decoder, its
+image-to-text tables, recipe rules and the decoder ids lifted onto a loaded model's config."""
 
 
 def test_the_core_imports_nothing_above_it() -> None:

@@ -10,16 +10,16 @@ copied from the export, so validation and generation feed it exactly as they fee
 export. Node names follow ``/model/layers.{i}/...`` and ``/lm_head/MatMul`` so that a
 quantize variant can keep chosen layers in higher precision by name.
 
-One module (~720 lines): one builder writes every layer and the model around it, sharing the
+One module (~870 lines): one builder writes every layer and the model around it, sharing the
 names, the mask and the cache layout; what differs between the families (FAMILIES below: Qwen2's
-biases, Qwen3's q/k norms, Phi-3's packed weights, Gemma's scaled embedding, GPT-2's own layer)
-is a parameter of it.
+biases, Qwen3's q/k norms, Phi-3's packed weights, Gemma's scaled embedding, GPT-2's own layer,
+a sliding layer's windowed attention) is a parameter of it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -263,7 +263,7 @@ def build(model: Any, exported: onnx.ModelProto) -> Built:
         present = [f"present.{i}.key", f"present.{i}.value"]
         # Gemma 2 caps the scores (cap * tanh(scores / cap)) before the softmax: Attention's
         # softcap, whose 0 (the others') is no cap
-        attrs: dict[str, Any] = {
+        attrs: _AttentionAttrs = {
             "q_num_heads": heads,
             "kv_num_heads": kv_heads,
             "scale": float(getattr(attn, "scaling", head_dim**-0.5)),
@@ -362,6 +362,15 @@ def build(model: Any, exported: onnx.ModelProto) -> Built:
         node("Mul", [bent, limit], ["logits"], "/lm_head/softcap/Mul")
 
     return Built(g.model(exported, opset=23), {k: v for k, v in fused.items() if v}, kind)
+
+
+class _AttentionAttrs(TypedDict):
+    """ONNX Attention's attributes as every layer of one model writes them."""
+
+    q_num_heads: int
+    kv_num_heads: int
+    scale: float
+    softcap: float
 
 
 class _Weighted(Protocol):
@@ -485,7 +494,7 @@ def _sliding_attention(
     heads: int,
     kv_heads: int,
     head_dim: int,
-    attrs: dict[str, Any],
+    attrs: _AttentionAttrs,
 ) -> None:
     """A sliding layer's attention: over the whole past under its windowed mask while the past
     is short, over the window's keys alone once it is long.

@@ -389,7 +389,7 @@ def load_model(src: HuggingfaceSource, record: Mapping[str, object], recipe_dir:
         ) from None
     model = model.to(dtype)
     model.eval()
-    from onnxbuild.sources.seq2seq import composite, lift_decoder_ids
+    from onnxbuild.sources.vision_encoder_decoder import composite, lift_decoder_ids
 
     if composite(model.config):
         lift_decoder_ids(model.config)

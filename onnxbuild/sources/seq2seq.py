@@ -29,12 +29,13 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import Tensor
 from onnxbuild.recipe.tasks import DECODER_FILE, ENCODER_FILE
 from onnxbuild.sources.decoder import PastLayout
+from onnxbuild.sources.vision_encoder_decoder import composite
 
 if TYPE_CHECKING:
     import torch
@@ -66,17 +67,6 @@ def cross_outputs(layout: PastLayout) -> list[str]:
 def cross_inputs(layout: PastLayout) -> list[str]:
     """The decoder file's cross keys and values, in :func:`cross_outputs`' order."""
     return [CROSS_PAST.format(kv=kv, i=i) for i in range(layout.layers) for kv in ("key", "value")]
-
-
-COMPOSITE = "vision-encoder-decoder"
-"""The model type whose config holds its encoder's and decoder's own configs (``config.encoder``,
-``config.decoder``): an image model (ViT, DeiT, Swin) and a text decoder (GPT-2, TrOCR) with
-cross-attention, joined by transformers' VisionEncoderDecoderModel."""
-
-
-def composite(config: object) -> bool:
-    """A VisionEncoderDecoderModel's config (:data:`COMPOSITE`)."""
-    return getattr(config, "model_type", None) == COMPOSITE
 
 
 def layout_of(config: Any) -> PastLayout:
@@ -360,32 +350,6 @@ def fusable_attention(model: PreTrainedModel) -> Iterator[None]:
         yield
     finally:
         model.set_attn_implementation(before)
-
-
-class Composite(Protocol):
-    """A VisionEncoderDecoderModel's config, as :func:`lift_decoder_ids` reads it."""
-
-    @property
-    def decoder(self) -> object: ...
-
-
-def lift_decoder_ids(config: Composite) -> None:
-    """A VisionEncoderDecoderModel's config as transformers' own examples set it up before
-    generating: its vocabulary size and its start, end and padding tokens on the outer config,
-    taken from the decoder's where the outer one has none (the start token from the decoder's
-    decoder_start_token_id, else its bos_token_id, as generate() falls back). Every step reads
-    these there (and config.json carries them for ``onnxbuild run``)."""
-    text = config.decoder
-    start = getattr(text, "decoder_start_token_id", None)
-    taken = {
-        "vocab_size": getattr(text, "vocab_size", None),
-        "decoder_start_token_id": start if start is not None else getattr(text, "bos_token_id", None),
-        "eos_token_id": getattr(text, "eos_token_id", None),
-        "pad_token_id": getattr(text, "pad_token_id", None),
-    }
-    for name, value in taken.items():
-        if getattr(config, name, None) is None:
-            setattr(config, name, value)
 
 
 def start_token(config: Any) -> int:

@@ -1,11 +1,13 @@
 """A vision-encoder-decoder (task image-to-text: transformers' VisionEncoderDecoderModel) as the
 recipe layer knows it, without importing transformers: the image encoders and text decoders
 onnxbuild exports as an encoder-decoder's two files (sources/seq2seq.py), and the recipe's
-problems with the config's parts, said before anything is built."""
+problems with the config's parts, said before anything is built, and the decoder's token ids
+lifted onto a loaded model's config."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Protocol
 
 from onnxbuild.recipe.families import model_type
 from onnxbuild.recipe.tasks import IMAGE_TO_TEXT_TYPES
@@ -76,3 +78,40 @@ def recipe_problems(config: Mapping[str, object], size: tuple[int, int] | None) 
             "add_cross_attention: true; add it to config.decoder",
             False,
         )
+
+
+COMPOSITE = "vision-encoder-decoder"
+"""The model type whose config holds its encoder's and decoder's own configs (``config.encoder``,
+``config.decoder``): an image model (ViT, DeiT, Swin) and a text decoder (GPT-2, TrOCR) with
+cross-attention, joined by transformers' VisionEncoderDecoderModel."""
+
+
+def composite(config: object) -> bool:
+    """A VisionEncoderDecoderModel's config (:data:`COMPOSITE`)."""
+    return getattr(config, "model_type", None) == COMPOSITE
+
+
+class Composite(Protocol):
+    """A VisionEncoderDecoderModel's config, as :func:`lift_decoder_ids` reads it."""
+
+    @property
+    def decoder(self) -> object: ...
+
+
+def lift_decoder_ids(config: Composite) -> None:
+    """A VisionEncoderDecoderModel's config as transformers' own examples set it up before
+    generating: its vocabulary size and its start, end and padding tokens on the outer config,
+    taken from the decoder's where the outer one has none (the start token from the decoder's
+    decoder_start_token_id, else its bos_token_id, as generate() falls back). Every step reads
+    these there (and config.json carries them for ``onnxbuild run``)."""
+    text = config.decoder
+    start = getattr(text, "decoder_start_token_id", None)
+    taken = {
+        "vocab_size": getattr(text, "vocab_size", None),
+        "decoder_start_token_id": start if start is not None else getattr(text, "bos_token_id", None),
+        "eos_token_id": getattr(text, "eos_token_id", None),
+        "pad_token_id": getattr(text, "pad_token_id", None),
+    }
+    for name, value in taken.items():
+        if getattr(config, name, None) is None:
+            setattr(config, name, value)
