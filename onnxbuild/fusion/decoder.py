@@ -514,54 +514,47 @@ def _sliding_attention(
     op, ins, outs, name = whole
     q, k, v, mask, past_k, past_v = ins
     out, present_k, present_v = outs
-    long_past = _long_past(g, window)
+    long_past, start = _long_past(g, window)
 
     plain = Graph()
     plain.node(op, ins, [f"{out}/plain", f"{present_k}/plain", f"{present_v}/plain"], name, **attrs)
 
     recent = Graph()
-    start = f"/model/attn_mask/start{window}"
+
+    def to_heads(x: str, n: int, tag: str, ordered: str) -> str:
+        """[batch, sequence, n * head_dim] as [batch, n, sequence, head_dim]."""
+        (split,) = recent.node(
+            "Reshape",
+            [x, constant(g.inits, f"heads_shape.{n}.{head_dim}", [0, 0, n, head_dim])],
+            [f"{p}/attn/{tag}_heads"],
+            f"{p}/attn/{tag}_heads/Reshape",
+        )
+        return recent.node(
+            "Transpose", [split], [f"{p}/attn/{ordered}"], f"{p}/attn/{ordered}/Transpose", perm=[0, 2, 1, 3]
+        )[0]
+
+    def from_start(x: str, axis: int, tag: str) -> str:
+        """``x`` from the window's first position on along ``axis``."""
+        limit, along = constant(g.inits, "int64_max", [2**63 - 1]), constant(g.inits, f"axis_{axis}", [axis])
+        return recent.node("Slice", [x, start, limit, along], [f"{p}/attn/{tag}"], f"{p}/attn/{tag}/Slice")[0]
+
     for past, new, kind, whole_past in (
         (past_k, k, "key", f"{present_k}/recent"),
         (past_v, v, "value", f"{present_v}/recent"),
     ):
-        (heads_of,) = recent.node(
-            "Reshape",
-            [new, constant(g.inits, f"heads_shape.{kv_heads}.{head_dim}", [0, 0, kv_heads, head_dim])],
-            [f"{p}/attn/{kind}_heads"],
-            f"{p}/attn/{kind}_heads/Reshape",
-        )
-        (ordered,) = recent.node(
-            "Transpose", [heads_of], [f"{p}/attn/{kind}_new"], f"{p}/attn/{kind}_new/Transpose", perm=[0, 2, 1, 3]
-        )
+        ordered = to_heads(new, kv_heads, kind, f"{kind}_new")
         recent.node("Concat", [past, ordered], [whole_past], f"{p}/attn/{kind}_present/Concat", axis=2)
-        recent.node(
-            "Slice",
-            [
-                whole_past,
-                start,
-                constant(g.inits, "int64_max", [2**63 - 1]),
-                constant(g.inits, "axis_2", [2]),
-            ],
-            [f"{p}/attn/recent_{kind}"],
-            f"{p}/attn/recent_{kind}/Slice",
-        )
-    recent.node(
-        "Slice",
-        [mask, start, constant(g.inits, "int64_max", [2**63 - 1]), constant(g.inits, "axis_3", [3])],
-        [f"{p}/attn/recent_mask"],
-        f"{p}/attn/recent_mask/Slice",
-    )
-    (q_heads,) = recent.node(
-        "Reshape",
-        [q, constant(g.inits, f"heads_shape.{heads}.{head_dim}", [0, 0, heads, head_dim])],
-        [f"{p}/attn/query_heads"],
-        f"{p}/attn/query_heads/Reshape",
-    )
-    (q4,) = recent.node("Transpose", [q_heads], [f"{p}/attn/query"], f"{p}/attn/query/Transpose", perm=[0, 2, 1, 3])
+        from_start(whole_past, 2, f"recent_{kind}")
+    # each layer slices the mask again: outside the If it would copy a prefill's whole mask
+    from_start(mask, 3, "recent_mask")
     (o4,) = recent.node(
         op,
-        [q4, f"{p}/attn/recent_key", f"{p}/attn/recent_value", f"{p}/attn/recent_mask"],
+        [
+            to_heads(q, heads, "query", "query"),
+            f"{p}/attn/recent_key",
+            f"{p}/attn/recent_value",
+            f"{p}/attn/recent_mask",
+        ],
         [f"{p}/attn/output_heads"],
         f"{name}_recent",
         **attrs,
@@ -595,12 +588,12 @@ def _sliding_attention(
     )
 
 
-def _long_past(g: Graph, window: int) -> str:
+def _long_past(g: Graph, window: int) -> tuple[str, str]:
     """Whether the past is long enough for a sliding layer to read only its window
     (:func:`_sliding_attention`), and the window's first position: both once per window."""
-    name = f"/model/attn_mask/long_past{window}"
+    name, start = f"/model/attn_mask/long_past{window}", f"/model/attn_mask/start{window}"
     if any(name in n.output for n in g.nodes):
-        return name
+        return name, start
     (back,) = g.node(
         "Sub",
         ["/model/attn_mask/past", constant(g.inits, f"window_keep{window}", window - 1)],
@@ -618,7 +611,7 @@ def _long_past(g: Graph, window: int) -> str:
     g.node(
         "Unsqueeze",
         [first, constant(g.inits, "axes_0", [0])],
-        [f"/model/attn_mask/start{window}"],
+        [start],
         f"/model/attn_mask/Start{window}",
     )
     g.node(
@@ -627,7 +620,7 @@ def _long_past(g: Graph, window: int) -> str:
         [name],
         f"/model/attn_mask/LongPast{window}",
     )
-    return name
+    return name, start
 
 
 def _windowed(g: Graph, visible: str, window: int) -> str:
