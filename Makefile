@@ -16,6 +16,12 @@ install:
 	@# onnxruntime-web for the web target, pinned by onnxbuild/web/package-lock.json; without npm it is skipped
 	@if command -v npm >/dev/null 2>&1; then npm ci --prefix onnxbuild/web --no-audit --no-fund --ignore-scripts --loglevel=error; \
 	else echo "npm not found: the web target (onnxruntime-web) will be skipped"; fi
+	@# QEMU's user-mode x86 emulator runs ONNX Runtime as on an AVX2-only CPU (tests/test_int8_portable.py); without it those tests are skipped
+	@if command -v qemu-x86_64 >/dev/null 2>&1; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-user >/dev/null) \
+	  || echo "could not install qemu-user: the AVX2 int8 tests will be skipped"; \
+	else echo "qemu-x86_64 not found (and no root apt-get): the AVX2 int8 tests will be skipped"; fi
 	@# headless Chromium renders report.html in tests/test_report_html.py; without it that test is skipped
 	@if command -v chromium >/dev/null 2>&1; then :; \
 	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \

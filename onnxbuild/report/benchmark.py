@@ -162,7 +162,11 @@ def markdown(report_: Mapping[str, object]) -> str:
         lines += [
             "Denormals flushed to zero on both sides: ONNX Runtime sessions with `session.set_denormal_as_zero=1` "
             "(its CPU attention kernels slow down on the denormals a causal prefill produces), PyTorch with "
-            "`torch.set_flush_denormal(True)`. Set the same in your own session to get these figures.",
+            "`torch.set_flush_denormal(True)`. To get these figures, set the same on your ONNX Runtime "
+            "sessions. Both set the flags on the calling thread and leave them set: OpenVINO rows run with "
+            "them cleared for each call and restored after it (onnxbuild/runtimes/fpenv.py), since OpenVINO "
+            "2026.4's CPU plugin fails on AVX2-only CPUs under them; do the same where one thread runs "
+            "ONNX Runtime or PyTorch and then OpenVINO.",
             "",
         ]
     if any(r.get("provider") == "openvino" and "p50_ms" in r for r in report["results"]):

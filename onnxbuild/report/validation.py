@@ -155,6 +155,28 @@ def text_summary(q: TextQuality) -> str:
     )
 
 
+def _drop_or_pin(variant: str, target: str, package: str) -> str:
+    return (
+        f"If {variant} need not run there, drop it from providers[{target}].options.variants; "
+        f"otherwise pin {package} to a version that runs it"
+    )
+
+
+def numeric_failure(results: list[ShapeResult]) -> bool:
+    """Whether a shape failed on a number (an output, or a target's output, outside its
+    tolerances) rather than on an engine that refused the inputs or the graph: only then is
+    loosening atol/rtol advice worth giving."""
+    for r in results:
+        if r["passed"] or r["error"]:
+            continue
+        if not all(c["passed"] for c in r["outputs"].values()):
+            return True
+        for target in (r.get("web"), r.get("openvino")):
+            if target is not None and not target["passed"] and not target["error"]:
+                return True
+    return False
+
+
 def failure_message(
     results: list[ShapeResult],
     variant: str,
@@ -177,7 +199,7 @@ def failure_message(
             if web["error"]:
                 return (
                     f"validation of {variant} in onnxruntime-web (the web target) failed at shape {shape}: "
-                    f"{web['error']}"
+                    f"{web['error']}. {_drop_or_pin(variant, 'web', 'onnxruntime-web (onnxbuild/web/package.json)')}"
                 )
             name, c = next((n, c) for n, c in web["outputs"].items() if not c["passed"])
             return (
@@ -193,7 +215,7 @@ def failure_message(
         ):
             where = f"validation of {variant} on OpenVINO ({openvino['precision']} inference) failed at shape {shape}"
             if ov["error"]:
-                return f"{where}: {ov['error']}"
+                return f"{where}: {ov['error']}. {_drop_or_pin(variant, 'openvino', 'the openvino package')}"
             name, c = next((n, c) for n, c in ov["outputs"].items() if not c["passed"])
             return (
                 f"{where}: output {name}: {c['mismatch_fraction']:.2%} of elements outside "
@@ -220,7 +242,10 @@ def failure_message(
             f"predictions at all shapes is below top1_min {top1['min']:g}"
         )
     if openvino is not None and openvino["error"]:
-        return f"validation of {variant} on OpenVINO failed: {openvino['error']}"
+        return (
+            f"validation of {variant} on OpenVINO failed: {openvino['error']}. "
+            f"{_drop_or_pin(variant, 'openvino', 'the openvino package')}"
+        )
     if openvino is not None and openvino["top1"] is not None and not openvino["top1"]["passed"]:
         t = openvino["top1"]
         return (
@@ -270,6 +295,7 @@ class VariantReport(TypedDict, total=False):
     openvino: OpenVinoVerdict | None
     web: str
     left_padding: str
+    int8_kernels: str | None
 
 
 class ValidationReport(TypedDict, total=False):
@@ -388,6 +414,8 @@ def _variant_figures(variant: str, v: VariantReport, reference: str | None) -> l
         lines += [f"{variant}: {v['left_padding']}.", ""]
     if v.get("web"):
         lines += [f"{variant}: web target: {v['web']}.", ""]
+    if v.get("int8_kernels"):
+        lines += [f"{variant}: {v['int8_kernels']}.", ""]
     if o := v.get("openvino"):
         lines += [
             f"{variant}: openvino target: {o['note']}" + (f"; error: {o['error']}" if o["error"] else "") + ".",
@@ -402,6 +430,7 @@ def _variant_figures(variant: str, v: VariantReport, reference: str | None) -> l
             ]
     if t := v.get("top1"):
         floor = f" (at least {t['min']:g})" if t["min"] is not None else ""
+        floor += f" ({t['note']})" if t.get("note") else ""
         lines += [
             f"{variant}: top-1 agreement over all {t['tokens']} predictions (tokens or classes): "
             f"**{t['agreement']:.3f}**{floor}: {'pass' if t['passed'] else 'FAIL'}",

@@ -52,16 +52,16 @@ if TYPE_CHECKING:
     OvPort: TypeAlias = "ov.Output | ov.ConstOutput"
 
 from onnxbuild._util import brief
-from onnxbuild.runtimes import sessions
+from onnxbuild.runtimes import fpenv, sessions
 from onnxbuild.runtimes.sessions import Kept
 from onnxbuild.sources.decoder import PAST_PREFIX as PAST
 from onnxbuild.sources.decoder import PRESENT_PREFIX as PRESENT
 
 NAME = "openvino"
-RUNNER = 2
+RUNNER = 3
 """How this module runs a variant, in the validate step's key for the variants it checks on
 OpenVINO (only theirs rerun when it changes). 2: a decoder with fused attention holds its KV
-cache in the model (above)."""
+cache in the model (above); 3: every call with the thread's denormal flags cleared (fpenv.py)."""
 Precision = Literal["auto", "f32", "bf16", "f16"]
 
 
@@ -80,6 +80,20 @@ def unavailable() -> str | None:
     if "CPU" not in devices:
         return f"OpenVINO has no CPU device here (it has: {', '.join(devices) or 'none'})"
     return None
+
+
+ISA_CAP = "ONEDNN_MAX_CPU_ISA"
+"""oneDNN's cap on the instruction sets its kernels use, which OpenVINO's CPU plugin honours: how
+``make test-slow`` runs OpenVINO as on an AVX2-only CPU (``AVX2``) on a machine with AVX-512."""
+_BF16_ISAS = ("AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX10", "ALL", "DEFAULT")
+
+
+def isa_cap_without_bf16() -> bool:
+    """Whether ONEDNN_MAX_CPU_ISA caps the plugin below native bf16 (AVX2, AVX512_CORE, ...)."""
+    import os
+
+    cap = os.environ.get(ISA_CAP, "").strip().upper()
+    return bool(cap) and not cap.startswith(_BF16_ISAS)
 
 
 def version() -> str:
@@ -250,7 +264,8 @@ class Session:
         given = {port: feeds[p.name] for port, p in self.inputs if port is not None}
         given[self.beam] = np.arange(self.batch, dtype=np.int32)  # each row reads its own cache row
         self.generation += 1  # from here the variables are this call's, whether it succeeds or not
-        result = self.request.infer(given, share_inputs=True, share_outputs=True)
+        with fpenv.clean():
+            result = self.request.infer(given, share_inputs=True, share_outputs=True)
         self.calls += 1
         got = {p.name: np.array(result[port]) if copy else result[port] for port, p in self.outputs if port is not None}
         for past, state in self.states.items():
@@ -294,9 +309,10 @@ class Session:
         # copies into fresh arrays first; with a second copy on top GPT-2's 128-token prefill
         # (model.onnx, bf16) took 62 ms instead of 42. share_inputs: read the arrays in place
         # as ONNX Runtime does (GPT-2's decode step copied its 9.4 MB past: 11.5 -> 9.4 ms).
-        result = self.request.infer(
-            {port: feeds[p.name] for port, p in self.inputs}, share_inputs=True, share_outputs=True
-        )
+        with fpenv.clean():
+            result = self.request.infer(
+                {port: feeds[p.name] for port, p in self.inputs}, share_inputs=True, share_outputs=True
+            )
         self.calls += 1
         return {p.name: np.array(result[port]) if copy else result[port] for port, p in self.outputs}
 
@@ -444,6 +460,12 @@ def load(
     """Compile ``path`` for OpenVINO's CPU plugin (latency hint, ``threads`` inference threads;
     ``profile``: with OpenVINO's per-node counters on, for ``Session.kernels``, never for a timed
     row; ``stateful``: hold a decoder's KV cache in the model where that helps, see above)."""
+    # the plugin's threads start inside this call and take its flags; each call clears them again
+    with fpenv.clean():
+        return _load(path, precision=precision, threads=threads, profile=profile, stateful=stateful)
+
+
+def _load(path: Path, *, precision: Precision, threads: int | None, profile: bool, stateful: bool) -> Session:
     import onnx
     import openvino as ov
 
@@ -451,6 +473,8 @@ def load(
     config: dict[str, object] = {"PERFORMANCE_HINT": "LATENCY"}
     if threads:
         config["INFERENCE_NUM_THREADS"] = int(threads)
+    if precision == "auto" and isa_cap_without_bf16():
+        precision = "f32"  # the plugin reads bf16 from cpuid, past the cap, and finds no bf16 kernel under it
     if precision != "auto":
         config["INFERENCE_PRECISION_HINT"] = precision
     if profile:

@@ -49,9 +49,10 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel
 
+# 7: TorchScript's expand shapes without their Where (steps/exporting/expand_shapes.py)
 # 6: an encoder-decoder's cross-attention keys and values computed once, by the encoder file, and
 # its attention traced in the order ONNX Runtime's fusions match (sources/seq2seq.py)
-VERSION = 6
+VERSION = 7
 PACKAGES = ("torch", "transformers", "onnx", "onnxscript")
 
 

@@ -15,6 +15,7 @@ from onnxbuild._util import brief
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import ExportSection
 from onnxbuild.steps.base import StepContext
+from onnxbuild.steps.exporting import expand_shapes
 
 if TYPE_CHECKING:
     import numpy as np
@@ -137,15 +138,17 @@ def finalise(raw: Path, out: Path, export: ExportSection, param_bytes: int) -> t
             f"export.external_data: never, but the weights take {param_bytes / 1e9:.2f} GB "
             "and protobuf caps a file at 2 GB; use auto"
         )
+    model = onnx.load_model(str(raw), load_external_data=True)
+    rewritten = expand_shapes.run(model)  # OpenVINO on AVX2 with denormals flushed (expand_shapes.py)
     if (
         export["exporter"] == "torchscript"
+        and not rewritten
         and not external
         and not any(raw.parent.glob("*.data"))
         and len(list(raw.parent.iterdir())) == 1
     ):
         raw.replace(out)  # TorchScript output is already deterministic; don't re-serialise it
         return ()
-    model = onnx.load_model(str(raw), load_external_data=True)
     strip_metadata(model)
     if external:
         location = f"{out.name}.data"  # model.onnx.data: a fixed name, so the bytes are reproducible

@@ -28,6 +28,10 @@ if TYPE_CHECKING:
     """An output as it is compared: at the real tokens only, for a left-padded case (``RealTokens.keep``)."""
 
 
+REFUSED = "{engine} could not run the graph (not a numeric difference)"
+"""How a target's error at one case begins: the engine refused the file, it computed no number."""
+
+
 class _OpenVinoRequired(TypedDict):
     precision: openvino_target.Precision
     runner: int
@@ -158,7 +162,8 @@ def _openvino_target(
             rtol,
             None,
             "failed",
-            error=f"OpenVINO cannot compile the model: {brief(exc, lines=None, limit=400)}",
+            error=f"OpenVINO {openvino_target.version()} cannot compile the model (not a numeric difference): "
+            f"{brief(exc, lines=None, limit=400)}",
         )
     used = session.precision
     default_atol, default_rtol = (
@@ -193,9 +198,10 @@ def _openvino_case(
         assert session is not None  # validate.py runs only a compiled target
         got = {n: keep(n, v) for n, v in zip(names, session.run(names, feeds), strict=True)}
     except Exception as exc:
+        engine = f"OpenVINO {openvino_target.version()}"
         return {
             "passed": False,
-            "error": f"OpenVINO refused the inputs: {brief(exc, lines=None, limit=400)}",
+            "error": f"{REFUSED.format(engine=engine)}: {brief(exc, lines=None, limit=400)}",
             "outputs": {},
             "max_abs_diff_vs_cpu": None,
             "top1_agreement": None,
