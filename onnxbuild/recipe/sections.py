@@ -135,7 +135,7 @@ QuantizeSection = TypedDict(
         "budget": Budget | None,
         "from": Literal["model", "optimized"],  # a keyword: hence the functional form
         "per_channel": bool,
-        "reduce_range": bool | None,
+        "reduce_range": bool,
         "weight_type": Literal["int8", "uint8"],
         "activation_type": Literal["uint8", "int8"],
         "op_types": list[str] | None,

@@ -40,18 +40,54 @@ Feed = Union["NDArray[np.generic]", Kept]
 """A session input: an array, or (a stateful OpenVINO session's past) a marker for the cache it holds."""
 
 SESSION_CONFIG: dict[str, str] = {"session.set_denormal_as_zero": "1"}
-"""Session config entries set on every session that runs an artifact; benchmark.json lists them."""
+"""Session config entries set on every session that runs an artifact, on every CPU."""
+U8S8_EXACT = {"session.x64quantprecision": "1"}
+"""Set too where :func:`u8s8_saturates`: ONNX Runtime then multiplies int8 weights as uint8
+(u8u8), exactly, where its u8s8 kernels would saturate (onnxbuild/quant/u8s8.py). On a VNNI
+CPU it would change no number and halve int8 speed (GPT-2 int8 prefill at 128 tokens: 60 ms
+without, 122-133 with, AMD EPYC Zen 4), so it is set only where it is needed."""
+
+
+def u8s8_saturates() -> bool:
+    """Whether ONNX Runtime's u8s8 int8 kernels add products in 16 bits with saturation here:
+    an x86 CPU without VNNI (AVX2, AVX-512 without VNNI). Read from cpuid through numpy, which
+    an emulated CPU (QEMU's EPYC-Milan) answers as the real one would; AVX-VNNI and AMX, which
+    numpy does not list, from /proc/cpuinfo."""
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    import importlib
+
+    try:
+        cpu: dict[str, bool] = importlib.import_module("numpy._core._multiarray_umath").__cpu_features__
+    except (ImportError, AttributeError):  # numpy < 2: read /proc/cpuinfo alone
+        cpu = {}
+    if cpu.get("AVX512VNNI"):
+        return False
+    from onnxbuild.environment import cpu_info
+
+    flags = set(cpu_info()[1].split())
+    if not cpu:
+        return not flags & {"avx512_vnni", "avx_vnni", "amx_int8"}
+    return not flags & {"avx_vnni", "amx_int8"}
+
+
+def config() -> dict[str, str]:
+    """Every session config entry set here: SESSION_CONFIG, and U8S8_EXACT where u8s8 saturates.
+    benchmark.json lists them."""
+    return {**SESSION_CONFIG, **(U8S8_EXACT if u8s8_saturates() else {})}
 
 
 def options(threads: int = 0) -> onnxruntime.SessionOptions:
-    """``onnxruntime.SessionOptions`` with SESSION_CONFIG, warnings off and ``threads`` intra-op
-    threads (0: ONNX Runtime's default)."""
+    """``onnxruntime.SessionOptions`` with :func:`config`, warnings off and ``threads``
+    intra-op threads (0: ONNX Runtime's default)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.log_severity_level = 3
     so.intra_op_num_threads = threads
-    for key, value in SESSION_CONFIG.items():
+    for key, value in config().items():
         so.add_session_config_entry(key, value)
     return so
 

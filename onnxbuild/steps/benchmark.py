@@ -383,7 +383,7 @@ def _finish(
             "iterations": bench["iterations"],
             "min_time_s": bench["min_time_s"],
             "threads": threads,
-            "session_config": dict(sessions.SESSION_CONFIG),
+            "session_config": sessions.config(),
         },
         "baseline": baseline,
         "providers": providers_report,

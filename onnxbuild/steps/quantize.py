@@ -31,9 +31,8 @@ from onnxbuild.steps.quantizing.int8 import _dynamic, _static, excluded
 from onnxbuild.steps.quantizing.nbits import _weight_only, bits_of
 from onnxbuild.steps.validating import rules
 
-# 7: int8 weights in 7 bits wherever uint8 activations meet them (reduce_range: null, quant/u8s8.py)
 # 6: weight-only methods also quantize a mixture of experts' tables (onnxbuild/quant/experts.py)
-VERSION = 7
+VERSION = 6
 
 
 PACKAGES = ("onnxruntime", "onnx", "numpy")

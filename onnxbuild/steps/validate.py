@@ -29,7 +29,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, TypedDict, cast
 
 from onnxbuild._util import brief, pick, pretty_json
-from onnxbuild.environment import cpu_info
 from onnxbuild.errors import StepError
 from onnxbuild.quant import u8s8
 from onnxbuild.recipe.sections import (
@@ -244,7 +243,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     rtol, atol = float(validate["rtol"]), float(validate["atol"])
     results: list[ShapeResult] = []
     model_file = ctx.input(params.get("model_path", "model.onnx"))
-    kernels = u8s8.note(model_file, cpu_info()[1])
+    kernels = u8s8.note(model_file)
     web_target = bool(params.get("web"))
     web_note = ""
     if web_target:

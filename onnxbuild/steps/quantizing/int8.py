@@ -28,22 +28,12 @@ def _dynamic(src: Path, out: Path, q: QuantizeSection) -> None:
         str(out),
         op_types_to_quantize=q["op_types"],
         per_channel=q["per_channel"],
-        reduce_range=seven_bit_weights(q),
+        reduce_range=q["reduce_range"],
         weight_type=QuantType.QInt8 if q["weight_type"] == "int8" else QuantType.QUInt8,
         nodes_to_exclude=excluded(src, q) or None,
         # Needed on ORT-optimized models ("Unable to find data type for weight_name").
         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
     )
-
-
-def seven_bit_weights(q: QuantizeSection) -> bool:
-    """``reduce_range`` as the recipe gives it, or where it leaves it null: 7-bit weights
-    wherever uint8 activations meet int8 weights (every dynamic int8, a static one with uint8
-    activations), the kernels that saturate on x86 without VNNI (onnxbuild/quant/u8s8.py)."""
-    if q["reduce_range"] is not None:
-        return q["reduce_range"]
-    u8_activations = q["method"] == "dynamic" or q["activation_type"] == "uint8"
-    return u8_activations and q["weight_type"] == "int8"
 
 
 def excluded(model: onnx.ModelProto | Path, q: QuantizeSection, *, each_must_match: bool = True) -> list[str]:
@@ -153,7 +143,7 @@ def _static(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: QuantizeS
         quant_format=QuantFormat.QDQ,
         op_types_to_quantize=q["op_types"],
         per_channel=q["per_channel"],
-        reduce_range=seven_bit_weights(q),
+        reduce_range=q["reduce_range"],
         activation_type=QuantType.QInt8 if q["activation_type"] == "int8" else QuantType.QUInt8,
         weight_type=QuantType.QInt8 if q["weight_type"] == "int8" else QuantType.QUInt8,
         nodes_to_exclude=excluded(src, q) or None,
