@@ -12,6 +12,8 @@ import re
 from collections.abc import Mapping
 from typing import Literal, TypedDict, cast
 
+from onnxbuild.quant.weightcheck import WeightCheck
+
 
 class OutputComparison(TypedDict):
     """One output at one shape: ONNX Runtime against the source model, numpy.allclose-style."""
@@ -186,8 +188,20 @@ def failure_message(
     top1: Mapping[str, object] | None = None,
     openvino: OpenVinoVerdict | None = None,
     text: TextQuality | None = None,
+    weights: WeightCheck | None = None,
+    base: str | None = None,
 ) -> str:
-    """One sentence naming the first check that failed: a shape, then accuracy, then embeddings, then text."""
+    """One sentence naming the first check that failed: the weights, a shape, then accuracy,
+    then embeddings, then text."""
+    if weights is not None and weights["failed"]:
+        w = max(weights["failed"], key=lambda f: f["rel_error"])
+        more = f" (and {len(weights['failed']) - 1} more)" if len(weights["failed"]) > 1 else ""
+        return (
+            f"validation of {variant} failed: its weight {w['name']}{more}, dequantized, is "
+            f"{w['rel_error']:.3g} of its norm away from {base or 'its base'}'s float weight, where "
+            f"{w['bits']}-bit rounding stays under {w['rel_max']:g}: a wrong weight, scale or zero point, "
+            "not rounding"
+        )
     for r in results:
         if r["passed"]:
             continue
@@ -296,6 +310,7 @@ class VariantReport(TypedDict, total=False):
     web: str
     left_padding: str
     int8_kernels: str | None
+    weights: WeightCheck | None
 
 
 class ValidationReport(TypedDict, total=False):
@@ -414,6 +429,15 @@ def _variant_figures(variant: str, v: VariantReport, reference: str | None) -> l
         lines += [f"{variant}: {v['left_padding']}.", ""]
     if v.get("web"):
         lines += [f"{variant}: web target: {v['web']}.", ""]
+    if (w := v.get("weights")) and w["worst"] is not None:
+        worst = w["worst"]
+        skipped = f"; {len(w['not_checked'])} not checked (no float weight of that name)" if w["not_checked"] else ""
+        lines += [
+            f"{variant}: weights check: {w['checked']} quantized tensors dequantized against the base file's, "
+            f"worst {worst['name']} at relative error {worst['rel_error']:.3f} (at most {worst['rel_max']:g})"
+            f"{skipped}: {'pass' if w['passed'] else 'FAIL'}.",
+            "",
+        ]
     if v.get("int8_kernels"):
         lines += [f"{variant}: {v['int8_kernels']}.", ""]
     if o := v.get("openvino"):

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, TypedDict, cast
 
 from onnxbuild._util import brief, pick, pretty_json
 from onnxbuild.errors import StepError
-from onnxbuild.quant import u8s8
+from onnxbuild.quant import u8s8, weightcheck
+from onnxbuild.quant.weightcheck import WeightCheck
 from onnxbuild.recipe.sections import (
     ExportSection,
     Tensor,
@@ -244,6 +245,10 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     results: list[ShapeResult] = []
     model_file = ctx.input(params.get("model_path", "model.onnx"))
     kernels = u8s8.note(model_file)
+    base = params.get("base")
+    weights = weightcheck.check(model_file, ctx.input(base["path"])) if base else None
+    if weights is not None and not weights["checked"] and not weights["not_checked"]:
+        weights = None  # nothing quantized in it (fp16): no check to report
     web_target = bool(params.get("web"))
     web_note = ""
     if web_target:
@@ -370,6 +375,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         failing,
         text,
         kernels,
+        weights,
     )
 
 
@@ -435,6 +441,7 @@ def _finish(
     failing: dict[str, NDArray[np.generic]] | None = None,
     text: TextQuality | None = None,
     kernels: str | None = None,
+    weights: WeightCheck | None = None,
 ) -> StepResult:
     """The verdict, the report files and the step's summary (``left_out``: the recipe turned
     the left-padded case off, which the report and summary say; ``failing``: the inputs of
@@ -463,6 +470,7 @@ def _finish(
         all(r["passed"] for r in results)
         and all(c is None or c["passed"] for c in (accuracy, embeddings, top1, text))
         and (openvino is None or openvino["passed"])
+        and (weights is None or weights["passed"])
     )
     report = {
         "passed": passed,
@@ -485,6 +493,7 @@ def _finish(
                 "openvino": openvino,
                 "left_padding": LEFT_OUT if left_out else None,
                 "int8_kernels": kernels,
+                "weights": weights,
             }
         },
     }
@@ -518,6 +527,10 @@ def _finish(
         data["text"] = {
             k: text[k] for k in ("perplexity", "perplexity_reference", "ppl_increase", "kld_mean", "top1_agreement")
         }
+    if weights is not None and weights["worst"] is not None:
+        w = weights["worst"]
+        summary += f"; weights check: {weights['checked']} tensors, worst relative error {w['rel_error']:.3f}"
+        data["weights_checked"] = weights["checked"]
     if kernels:
         summary += f"; {kernels}"
         data["int8_kernels"] = kernels
@@ -529,7 +542,15 @@ def _finish(
     if passed:
         return StepResult(summary=summary, data=data)
     message = failure_message(
-        results, variant, accuracy=accuracy, embeddings=embeddings, top1=top1, openvino=openvino, text=text
+        results,
+        variant,
+        accuracy=accuracy,
+        embeddings=embeddings,
+        top1=top1,
+        openvino=openvino,
+        text=text,
+        weights=weights,
+        base=(spec.params.get("base") or {}).get("variant"),
     )
     if warn_only:
         return StepResult(summary=summary, data=data, warnings=(message + " (validate.on_fail: warn)",))

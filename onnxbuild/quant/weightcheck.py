@@ -1,0 +1,171 @@
+"""The weights check: every quantized weight of a variant, dequantized, against the float
+weight of the file it was made from.
+
+An output gate cannot see a wrong weight on random-init weights: their logits are near-flat,
+and in a tiny Llama's int4 variant a scale made 2x or -1x too large in a middle layer moved
+the logits no more than 4-bit rounding does (relative error 0.132 against 0.132, top-1 0.75
+against 0.78). The weights themselves can be checked at any size, with any weights: a
+quantizer maps each weight to within a step or so of its value, so the dequantized tensor's
+relative error ``||deq - w|| / ||w||`` stays at the bits' rounding noise (4-bit blocks of 32:
+about 0.08; 8 bits: about 0.005) and a wrong scale, sign or tensor lands far above it. One
+tensor is read at a time (external data included), so the check holds no model twice.
+
+Read here: MatMulNBits (4 or 8 bits, in blocks, with or without zero points, integer or float
+as HQQ writes them), and the int8 tensors of onnxruntime's dynamic and static quantizers
+(``<w>_quantized`` with ``<w>_scale`` and ``<w>_zero_point``). A quantized tensor whose float
+weight the base file does not hold under its name (a GGUF's own blocks, an expert table) is
+counted as not checked.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
+    from numpy.typing import NDArray
+
+REL_MAX = {4: 0.25, 8: 0.03}
+"""The largest relative error a right tensor of so many bits may have: about 3x the rounding
+noise of a Gaussian block (4 bits, blocks of 32: 0.08; 8 bits: 0.005), far below a wrong
+scale's (2x: 1.0; -1x: 2.0)."""
+
+
+class WorstTensor(TypedDict):
+    name: str
+    bits: int
+    rel_error: float
+    rel_max: float
+
+
+class WeightCheck(TypedDict):
+    """reports/validation/<variant>.json's ``weights``: what was checked and the worst tensor."""
+
+    checked: int
+    not_checked: list[str]
+    worst: WorstTensor | None
+    failed: list[WorstTensor]
+    passed: bool
+
+
+@dataclass(frozen=True)
+class _File:
+    model: onnx.ModelProto
+    folder: Path
+    tensors: dict[str, onnx.TensorProto]
+
+    def array(self, name: str) -> NDArray[np.generic]:
+        """One initializer as an array, its external data read for it alone."""
+        from onnx import external_data_helper, numpy_helper
+
+        tensor = self.tensors[name]
+        if external_data_helper.uses_external_data(tensor):
+            copy = type(tensor)()
+            copy.CopyFrom(tensor)
+            external_data_helper.load_external_data_for_tensor(copy, str(self.folder))
+            return numpy_helper.to_array(copy)
+        return numpy_helper.to_array(tensor)
+
+
+def _open(path: Path) -> _File:
+    import onnx
+
+    model = onnx.load_model(str(path), load_external_data=False)
+    return _File(model, path.parent, {t.name: t for t in model.graph.initializer})
+
+
+def _nbits(node: onnx.NodeProto, file: _File) -> tuple[str, int, NDArray[np.float64]] | None:
+    """A MatMulNBits node's float weight name, bits and dequantized [K, N] weight."""
+    import numpy as np
+    from onnx import helper
+
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    bits, block, k, n = int(attrs["bits"]), int(attrs["block_size"]), int(attrs["K"]), int(attrs["N"])
+    packed_name = node.input[1]
+    suffix = f"_Q{bits}"
+    if not packed_name.endswith(suffix) or packed_name not in file.tensors:
+        return None
+    blocks = math.ceil(k / block)
+    packed = file.array(packed_name).astype(np.uint8).reshape(n, blocks, -1)
+    unpacked = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(n, blocks, -1) if bits == 4 else packed
+    q = unpacked[:, :, :block].astype(np.float64)
+    scales = file.array(node.input[2]).astype(np.float64).reshape(n, blocks)
+    zero: NDArray[np.float64] = np.full((n, blocks), 2.0 ** (bits - 1))
+    if len(node.input) > 3 and node.input[3]:
+        zp = file.array(node.input[3])
+        if zp.dtype == np.uint8 and bits == 4:  # two per byte, low nibble first, rows padded to a byte
+            row = zp.astype(np.uint8).reshape(n, -1)
+            zero = np.stack([row & 0x0F, row >> 4], axis=-1).reshape(n, -1)[:, :blocks].astype(np.float64)
+        else:
+            zero = zp.astype(np.float64).reshape(n, blocks)
+    deq = (q - zero[:, :, None]) * scales[:, :, None]
+    return packed_name[: -len(suffix)], bits, deq.reshape(n, blocks * block)[:, :k].T
+
+
+def _int8(name: str, file: _File) -> tuple[str, int, NDArray[np.float64]] | None:
+    """An onnxruntime int8 tensor ``<w>_quantized``'s float name and dequantized value."""
+    import numpy as np
+
+    base = name[: -len("_quantized")]
+    scale_name = f"{base}_scale"
+    if scale_name not in file.tensors:
+        return None
+    q = file.array(name).astype(np.float64)
+    scale = file.array(scale_name).astype(np.float64)
+    zp_name = f"{base}_zero_point"
+    zero = file.array(zp_name).astype(np.float64) if zp_name in file.tensors else np.zeros_like(scale)
+    if scale.size > 1:  # per channel: along the axis whose length is the scales'
+        axis = next(a for a in range(q.ndim - 1, -1, -1) if q.shape[a] == scale.size)
+        shape = [1] * q.ndim
+        shape[axis] = scale.size
+        scale, zero = scale.reshape(shape), zero.reshape(shape)
+    return base, 8, (q - zero) * scale
+
+
+def check(variant: Path, base: Path) -> WeightCheck:
+    """Each quantized weight of ``variant`` against ``base``'s float weight of the same name."""
+    import numpy as np
+    from onnx import TensorProto
+
+    quant, floats = _open(variant), _open(base)
+    found: list[tuple[str, int, NDArray[np.float64]]] = []
+    not_checked: list[str] = []
+    for node in quant.model.graph.node:
+        if node.op_type == "MatMulNBits":
+            got = _nbits(node, quant)
+            if got is None:
+                not_checked.append(node.input[1])
+            else:
+                found.append(got)
+    int8 = (TensorProto.INT8, TensorProto.UINT8)
+    for name, tensor in quant.tensors.items():
+        if name.endswith("_quantized") and tensor.data_type in int8 and len(tensor.dims) >= 2:
+            got = _int8(name, quant)
+            (found.append(got) if got is not None else not_checked.append(name))
+    results: list[WorstTensor] = []
+    for name, bits, deq in found:
+        if name not in floats.tensors:
+            not_checked.append(name)
+            continue
+        w = floats.array(name).astype(np.float64)
+        if w.shape != deq.shape:
+            w = w.reshape(deq.shape) if w.size == deq.size else w
+        if w.shape != deq.shape:
+            not_checked.append(name)
+            continue
+        norm = float(np.linalg.norm(w))
+        rel = float(np.linalg.norm(deq - w)) / norm if norm > 0 else float(np.abs(deq).max())
+        results.append({"name": name, "bits": bits, "rel_error": rel, "rel_max": REL_MAX[bits]})
+    failed = [r for r in results if not r["rel_error"] <= r["rel_max"]]
+    worst = max(results, key=lambda r: r["rel_error"] / r["rel_max"], default=None)
+    return {
+        "checked": len(results),
+        "not_checked": sorted(set(not_checked)),
+        "worst": worst,
+        "failed": failed,
+        "passed": not failed,
+    }
