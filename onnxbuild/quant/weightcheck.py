@@ -106,8 +106,9 @@ def _nbits(node: onnx.NodeProto, file: _File) -> tuple[str, int, NDArray[np.floa
     return packed_name[: -len(suffix)], bits, deq.reshape(n, blocks * block)[:, :k].T
 
 
-def _int8(name: str, file: _File) -> tuple[str, int, NDArray[np.float64]] | None:
-    """An onnxruntime int8 tensor ``<w>_quantized``'s float name and dequantized value."""
+def _int8(name: str, file: _File, axis: int | None) -> tuple[str, int, NDArray[np.float64]] | None:
+    """An onnxruntime int8 tensor ``<w>_quantized``'s float name and dequantized value, its
+    scales along ``axis`` (a DequantizeLinear's; MatMulInteger's weights: per column, the last)."""
     import numpy as np
 
     base = name[: -len("_quantized")]
@@ -118,8 +119,10 @@ def _int8(name: str, file: _File) -> tuple[str, int, NDArray[np.float64]] | None
     scale = file.array(scale_name).astype(np.float64)
     zp_name = f"{base}_zero_point"
     zero = file.array(zp_name).astype(np.float64) if zp_name in file.tensors else np.zeros_like(scale)
-    if scale.size > 1:  # per channel: along the axis whose length is the scales'
-        axis = next(a for a in range(q.ndim - 1, -1, -1) if q.shape[a] == scale.size)
+    if scale.size > 1:  # per channel
+        axis = q.ndim - 1 if axis is None else axis % q.ndim
+        if q.shape[axis] != scale.size:
+            return None
         shape = [1] * q.ndim
         shape[axis] = scale.size
         scale, zero = scale.reshape(shape), zero.reshape(shape)
@@ -129,7 +132,7 @@ def _int8(name: str, file: _File) -> tuple[str, int, NDArray[np.float64]] | None
 def check(variant: Path, base: Path) -> WeightCheck:
     """Each quantized weight of ``variant`` against ``base``'s float weight of the same name."""
     import numpy as np
-    from onnx import TensorProto
+    from onnx import TensorProto, helper
 
     quant, floats = _open(variant), _open(base)
     found: list[tuple[str, int, NDArray[np.float64]]] = []
@@ -142,18 +145,29 @@ def check(variant: Path, base: Path) -> WeightCheck:
             else:
                 found.append(got)
     int8 = (TensorProto.INT8, TensorProto.UINT8)
+    axes = {
+        n.input[0]: next((int(helper.get_attribute_value(a)) for a in n.attribute if a.name == "axis"), 1)
+        for n in quant.model.graph.node
+        if n.op_type == "DequantizeLinear"
+    }
     for name, tensor in quant.tensors.items():
         if name.endswith("_quantized") and tensor.data_type in int8 and len(tensor.dims) >= 2:
-            got = _int8(name, quant)
+            got = _int8(name, quant, axes.get(name))
             (found.append(got) if got is not None else not_checked.append(name))
+    # a Gemm with transB reads its weight as [out, in]; the quantizers write it [in, out]
+    transposed = {
+        n.input[1]
+        for n in floats.model.graph.node
+        if n.op_type == "Gemm" and any(a.name == "transB" and a.i == 1 for a in n.attribute)
+    }
     results: list[WorstTensor] = []
     for name, bits, deq in found:
         if name not in floats.tensors:
             not_checked.append(name)
             continue
         w = floats.array(name).astype(np.float64)
-        if w.shape != deq.shape:
-            w = w.reshape(deq.shape) if w.size == deq.size else w
+        if name in transposed and w.ndim == 2:
+            w = w.T
         if w.shape != deq.shape:
             not_checked.append(name)
             continue
