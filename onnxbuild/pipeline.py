@@ -102,7 +102,8 @@ def _resources(recipe: Recipe, kind: str, weights: int) -> Resources:
     factor, base = described.memory
     memory = base + factor * weights // (1024 * 1024)
     cpus, gpus, why = described.placement(recipe)
-    return Resources(cpus=cpus, memory_mb=int(memory), gpus=gpus, why_gpu=why)
+    basis = f"{factor:g} x the model's {weights / 1e9:.2f} GB of fp32 weights + {base} MB"
+    return Resources(cpus=cpus, memory_mb=int(memory), gpus=gpus, why_gpu=why, memory_basis=basis)
 
 
 def _weight_bytes(recipe: Recipe) -> int:

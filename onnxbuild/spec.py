@@ -50,6 +50,8 @@ class Resources:
     memory_mb: int = 1024
     gpus: int = 0
     why_gpu: str = ""
+    memory_basis: str = ""
+    """How ``memory_mb`` was estimated, in words, for a refusal to say."""
 
 
 @dataclass(frozen=True)

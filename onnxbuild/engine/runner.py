@@ -26,6 +26,7 @@ from onnxbuild._util import (
     pretty_json,
     write_if_changed,
 )
+from onnxbuild.engine import admission
 from onnxbuild.engine.artifacts import (
     artifact_folder,
     check_places,
@@ -447,6 +448,10 @@ def _start(
     st.lock = lock
     reporter.step_started(st.planned)
     log_path = workdir / "step.log"
+    refused = admission.refusal(p.spec, p.spec.limits) if executor.name == "local" else None
+    if refused is not None:  # it would be killed part-way: say so before it starts
+        _finish(st, Outcome(False, error=refused), workdir, cache, reporter, artifacts_root)
+        return None
     task = Task(p.spec, ctx, str(log_path))
     try:
         if not in_process:

@@ -155,12 +155,36 @@ def estimate_weights(src: HuggingfaceSource, recipe_dir: Path) -> int:
         return path.stat().st_size if path.is_file() else 0
     if folder is not None and folder.is_dir():
         return sum(f.stat().st_size for f in folder.iterdir() if f.suffix in (".safetensors", ".bin", ".pt"))
-    c = src.get("config") or {}
-    hidden = int(c.get("n_embd") or c.get("hidden_size") or 768)
+    return 4 * config_parameters(src.get("config") or {})
+
+
+ROTARY_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text")
+ROTARY_TYPES += ("phi3", "olmo", "olmo2", "granite", "cohere", "stablelm", "smollm3", "glm", "glm4", "helium")
+"""Types whose positions are rotary (no learned table), where the config gives no rope key."""
+
+
+def config_parameters(c: Mapping[str, Any]) -> int:
+    """The parameters a transformers config describes, counted per part: embeddings (once
+    when tied), a learned position table, attention with grouped key/value heads, a gated
+    (3-matrix) or plain (2-matrix) MLP, times the experts. Llama-3.2-1B's config: 1.24B (it
+    has 1.24B); GPT-2's: 124M. Norms and biases are left out (under 0.1%)."""
+    hidden = int(c.get("n_embd") or c.get("hidden_size") or c.get("d_model") or 768)
     layers = int(c.get("n_layer") or c.get("num_hidden_layers") or 12)
     vocab = int(c.get("vocab_size") or 30522)
-    positions = int(c.get("n_positions") or c.get("max_position_embeddings") or 512)
-    return 4 * ((vocab + positions) * hidden + 12 * layers * hidden * hidden)
+    heads = int(c.get("num_attention_heads") or c.get("n_head") or max(hidden // 64, 1))
+    kv_heads = int(c.get("num_key_value_heads") or heads)
+    head_dim = int(c.get("head_dim") or hidden // heads)
+    inner = int(c.get("intermediate_size") or c.get("n_inner") or 4 * hidden)
+    kind = str(c.get("model_type", ""))
+    rotary = kind in ROTARY_TYPES or "rope_theta" in c or "rope_scaling" in c or "rope_parameters" in c
+    act = str(c.get("hidden_act") or c.get("hidden_activation") or c.get("activation_function") or "")
+    gated = rotary or act in ("silu", "swish", "gelu_pytorch_tanh")
+    experts = int(c.get("num_local_experts") or c.get("num_experts") or 1)
+    positions = 0 if rotary else int(c.get("n_positions") or c.get("max_position_embeddings") or 512)
+    tied = bool(c.get("tie_word_embeddings", True))
+    attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
+    mlp = (3 if gated else 2) * hidden * inner * experts
+    return (vocab * (1 if tied else 2) + positions) * hidden + layers * (attention + mlp)
 
 
 def onnx_file(src: HuggingfaceSource, recipe_dir: Path) -> tuple[Path, str]:
