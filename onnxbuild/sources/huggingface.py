@@ -158,8 +158,10 @@ def estimate_weights(src: HuggingfaceSource, recipe_dir: Path) -> int:
     return 4 * config_parameters(src.get("config") or {})
 
 
-ROTARY_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text")
-ROTARY_TYPES += ("phi3", "olmo", "olmo2", "granite", "cohere", "stablelm", "smollm3", "glm", "glm4", "helium")
+ROTARY_TYPES = (
+    *("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text"),
+    *("phi3", "olmo", "olmo2", "granite", "cohere", "stablelm", "smollm3", "glm", "glm4", "helium"),
+)
 """Types whose positions are rotary (no learned table), where the config gives no rope key."""
 
 

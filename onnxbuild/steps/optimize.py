@@ -80,7 +80,11 @@ LEVELS = {
 HARDWARE_BOUND = frozenset({"extended", "layout", "all"})
 
 
-MEMORY = (4, 400)
+MEMORY = (5.5, 400)
+"""Peak as (x the fp32 weights, MB more). The fused decoder holds the torch model, the export's
+proto and its own weights, then serializes them: a Llama-3.2-1B shape (4.94 GB) passed 21 GB
+before serializing (issue 51: killed at 22.4 GB), so a 1B optimize is refused on a 24 GB
+machine before it starts (engine/admission.py)."""
 
 
 def variants(recipe: Recipe, earlier: tuple[Variant, ...]) -> list[Variant]:
@@ -245,6 +249,14 @@ def _optimize(
     fused_graph = _fused_decoder(ctx, spec, exported) if spec.params.get("fuse_decoder") else None
     if fused_graph is not None:
         staged = ctx.output_dir / "stage-fused.onnx"
+        size = fused_graph.model.ByteSize()
+        if size >= 2**31:  # protobuf's limit for one message: SerializeToString fails with no reason given
+            raise StepError(
+                f"optimize.decoder: fused: the fused graph of this model is {size / 1e9:.1f} GB, over protobuf's "
+                "2 GB for one file, and the fused decoder does not write its weights as external data yet "
+                "(a model above about 500M parameters; issue 51); build its variants from the export with "
+                "optimize.decoder: export, or use a smaller model shape"
+            )
         onnx.save_model(fused_graph.model, str(staged))
         current = staged
         report["decoder"] = {"graph": "fused", "family": fused_graph.family, "fused_ops": fused_graph.fused_ops}
