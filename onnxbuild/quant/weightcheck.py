@@ -154,11 +154,18 @@ def check(variant: Path, base: Path) -> WeightCheck:
         if name.endswith("_quantized") and tensor.data_type in int8 and len(tensor.dims) >= 2:
             got = _int8(name, quant, axes.get(name))
             (found.append(got) if got is not None else not_checked.append(name))
-    # a Gemm with transB reads its weight as [out, in]; the quantizers write it [in, out]
+    # a Gemm with transB reads its weight as [out, in]; a quantizer that turns the Gemm into a
+    # MatMulInteger writes it [in, out], one that keeps the Gemm (QDQ) keeps its layout
     transposed = {
         n.input[1]
         for n in floats.model.graph.node
         if n.op_type == "Gemm" and any(a.name == "transB" and a.i == 1 for a in n.attribute)
+    }
+    dequantized = {n.output[0]: n.input[0] for n in quant.model.graph.node if n.op_type == "DequantizeLinear"}
+    transposed -= {
+        dequantized.get(n.input[1], n.input[1]).removesuffix("_quantized")
+        for n in quant.model.graph.node
+        if n.op_type == "Gemm"
     }
     results: list[WorstTensor] = []
     for name, bits, deq in found:
