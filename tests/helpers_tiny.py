@@ -22,3 +22,15 @@ TINY_GPT2_SOURCE: dict[str, Any] = {
         },
     }
 }
+
+
+TINY_DECODER_SIZES: dict[str, int] = {
+    "vocab_size": 1000,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+}
+"""A 2-layer Llama-family decoder's sizes (GQA 4/2, hidden 64), for configs of any such family."""

@@ -29,17 +29,10 @@ from onnxbuild.api import load_recipe
 from onnxbuild.cli import cli
 from onnxbuild.errors import RecipeError, StepError
 from onnxbuild.fusion.decoder import MASKED, build
+from tests.helpers_tiny import TINY_DECODER_SIZES
 
 DATA = Path(__file__).resolve().parent / "data"
-TINY = {
-    "vocab_size": 1000,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 128,
-}
+TINY = TINY_DECODER_SIZES
 CONFIGS: dict[str, Any] = {
     "llama": lambda: transformers.LlamaConfig(**TINY),
     "mistral": lambda: transformers.MistralConfig(**TINY, sliding_window=None),

@@ -30,10 +30,13 @@ from onnxbuild.runtimes import sessions
 from tests.helpers_tiny import TINY_GPT2_SOURCE
 
 QEMU = shutil.which("qemu-x86_64")
-pytestmark = pytest.mark.skipif(
-    QEMU is None or platform.machine().lower() not in ("x86_64", "amd64"),
-    reason="needs qemu-x86_64 (apt-get install qemu-user) on an x86_64 machine",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        QEMU is None or platform.machine().lower() not in ("x86_64", "amd64"),
+        reason="needs qemu-x86_64 (apt-get install qemu-user) on an x86_64 machine",
+    ),
+    pytest.mark.slow,  # about 20 s: the emulator starts Python and ONNX Runtime three times
+]
 ZEN3 = "EPYC-Milan"
 
 RUN = """

@@ -17,7 +17,7 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from onnxbuild._util import brief, canonical_json, sha256_text
 from onnxbuild.errors import StepError
@@ -165,24 +165,28 @@ ROTARY_TYPES = (
 """Types whose positions are rotary (no learned table), where the config gives no rope key."""
 
 
-def config_parameters(c: Mapping[str, Any]) -> int:
+def config_parameters(c: Mapping[str, object]) -> int:
     """The parameters a transformers config describes, counted per part: embeddings (once
     when tied), a learned position table, attention with grouped key/value heads, a gated
     (3-matrix) or plain (2-matrix) MLP, times the experts. Llama-3.2-1B's config: 1.24B (it
     has 1.24B); GPT-2's: 124M. Norms and biases are left out (under 0.1%)."""
-    hidden = int(c.get("n_embd") or c.get("hidden_size") or c.get("d_model") or 768)
-    layers = int(c.get("n_layer") or c.get("num_hidden_layers") or 12)
-    vocab = int(c.get("vocab_size") or 30522)
-    heads = int(c.get("num_attention_heads") or c.get("n_head") or max(hidden // 64, 1))
-    kv_heads = int(c.get("num_key_value_heads") or heads)
-    head_dim = int(c.get("head_dim") or hidden // heads)
-    inner = int(c.get("intermediate_size") or c.get("n_inner") or 4 * hidden)
+    def size(*keys: str, default: int) -> int:
+        found = next((c[k] for k in keys if isinstance(c.get(k), int | float) and c[k]), default)
+        return int(cast(float, found))
+
+    hidden = size("n_embd", "hidden_size", "d_model", default=768)
+    layers = size("n_layer", "num_hidden_layers", default=12)
+    vocab = size("vocab_size", default=30522)
+    heads = size("num_attention_heads", "n_head", default=max(hidden // 64, 1))
+    kv_heads = size("num_key_value_heads", default=heads)
+    head_dim = size("head_dim", default=hidden // heads)
+    inner = size("intermediate_size", "n_inner", default=4 * hidden)
     kind = str(c.get("model_type", ""))
     rotary = kind in ROTARY_TYPES or "rope_theta" in c or "rope_scaling" in c or "rope_parameters" in c
     act = str(c.get("hidden_act") or c.get("hidden_activation") or c.get("activation_function") or "")
     gated = rotary or act in ("silu", "swish", "gelu_pytorch_tanh")
-    experts = int(c.get("num_local_experts") or c.get("num_experts") or 1)
-    positions = 0 if rotary else int(c.get("n_positions") or c.get("max_position_embeddings") or 512)
+    experts = size("num_local_experts", "num_experts", default=1)
+    positions = 0 if rotary else size("n_positions", "max_position_embeddings", default=512)
     tied = bool(c.get("tie_word_embeddings", True))
     attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
     mlp = (3 if gated else 2) * hidden * inner * experts
