@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 from onnxbuild._util import atol_scale_of
 from onnxbuild.errors import StepError
+from onnxbuild.runtimes import sessions
 
 DIVERGENCE = "divergence"
 """The folder of a failed validate step's outputs that holds the diverging node's subgraph
@@ -171,6 +172,8 @@ def _run_exposed(model: onnx.ModelProto, names: list[str], feeds: Values) -> Val
         ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     )  # keep every tensor as the file names it
     options.log_severity_level = 3
+    for key, value in sessions.config().items():  # as validation computes (u8u8 where u8s8 saturates)
+        options.add_session_config_entry(key, value)
     session = ort.InferenceSession(exposed.SerializeToString(), options, providers=["CPUExecutionProvider"])
     accepted = {i.name for i in session.get_inputs()}
     outs = [o.name for o in session.get_outputs()]

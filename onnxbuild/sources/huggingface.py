@@ -170,6 +170,7 @@ def config_parameters(c: Mapping[str, object]) -> int:
     when tied), a learned position table, attention with grouped key/value heads, a gated
     (3-matrix) or plain (2-matrix) MLP, times the experts. Llama-3.2-1B's config: 1.24B (it
     has 1.24B); GPT-2's: 124M. Norms and biases are left out (under 0.1%)."""
+
     def size(*keys: str, default: int) -> int:
         found = next((c[k] for k in keys if isinstance(c.get(k), int | float) and c[k]), default)
         return int(cast(float, found))
