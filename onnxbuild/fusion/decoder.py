@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from typing import BinaryIO
 
     import numpy as np
     import onnx
@@ -70,9 +71,15 @@ def supported(model_type: str) -> bool:
     return model_type in FAMILIES
 
 
-def build(model: Any, exported: onnx.ModelProto) -> Built:
+EXTERNAL_MIN = 1024
+"""Weights this size or larger go to the external data file, when there is one."""
+EXTERNAL_ALIGN = 4096
+
+
+def build(model: Any, exported: onnx.ModelProto, data: BinaryIO | None = None, location: str = "") -> Built:
     """The fused graph of ``model`` (a transformers causal LM in float32) with the signature of
-    ``exported`` (the export's ModelProto, read without its weights)."""
+    ``exported`` (the export's ModelProto, read without its weights); its weights written into
+    ``data`` (the file ``location`` beside the model) where it is given (see :class:`Graph`)."""
     # model stays Any: its layers are reached by attribute (model.model.layers[i].self_attn...),
     # which torch types as Tensor | Module, and its config's fields vary by family
     import numpy as np
@@ -108,7 +115,7 @@ def build(model: Any, exported: onnx.ModelProto) -> Built:
             f"attention_mask, past_key_values.*; this one has {sorted(names)}"
         )
 
-    g = Graph()
+    g = Graph(data, location)
     weight, node, inits = g.weight, g.node, g.inits
     if family.get("gpt2"):
         return _gpt2(model, exported, g, heads, head_dim)
@@ -399,17 +406,35 @@ class _WeightFn(Protocol):
 
 
 class Graph:
-    """Nodes and initializers of the graph being written."""
+    """Nodes and initializers of the graph being written. With ``data`` (an open file named
+    ``location`` beside the model), each weight of EXTERNAL_MIN bytes or more goes straight
+    into it and the graph keeps only where it lies: the weights are never all held as
+    TensorProtos, nor serialized at once (a Llama-3.2-1B shape's fused graph: 4.9 GB)."""
 
-    def __init__(self) -> None:
+    def __init__(self, data: BinaryIO | None = None, location: str = "") -> None:
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
+        self.data = data
+        self.location = location
 
     def weight(self, name: str, array: NDArray[np.generic]) -> str:
         import numpy as np
-        from onnx import numpy_helper
+        from onnx import TensorProto, numpy_helper
 
-        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(array, dtype=np.float32), name))
+        values = np.ascontiguousarray(array, dtype=np.float32)
+        if self.data is None or values.nbytes < EXTERNAL_MIN:
+            self.inits.append(numpy_helper.from_array(values, name))
+            return name
+        offset = self.data.tell()
+        pad = -offset % EXTERNAL_ALIGN  # page-aligned, as onnx's own writer aligns them
+        self.data.write(b"\0" * pad)
+        self.data.write(values.tobytes())
+        tensor = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=values.shape)
+        tensor.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", self.location), ("offset", offset + pad), ("length", values.nbytes)):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, str(value)
+        self.inits.append(tensor)
         return name
 
     def node(self, op: str, ins: list[str], outs: list[str], name: str, domain: str = "", **attrs: Any) -> list[str]:

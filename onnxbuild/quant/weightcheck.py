@@ -59,16 +59,24 @@ class _File:
     tensors: dict[str, onnx.TensorProto]
 
     def array(self, name: str) -> NDArray[np.generic]:
-        """One initializer as an array, its external data read for it alone."""
-        from onnx import external_data_helper, numpy_helper
+        """One initializer as an array, its external data read for it alone. Read here, not by
+        onnx's loader, which refuses data the engine hard-links from the cache."""
+        import numpy as np
+        from onnx import external_data_helper, helper, numpy_helper
 
         tensor = self.tensors[name]
-        if external_data_helper.uses_external_data(tensor):
-            copy = type(tensor)()
-            copy.CopyFrom(tensor)
-            external_data_helper.load_external_data_for_tensor(copy, str(self.folder))
-            return numpy_helper.to_array(copy)
-        return numpy_helper.to_array(tensor)
+        if not external_data_helper.uses_external_data(tensor):
+            return numpy_helper.to_array(tensor)
+        where = {e.key: e.value for e in tensor.external_data}
+        path = (self.folder / where["location"]).resolve()
+        if self.folder.resolve() not in path.parents:
+            raise ValueError(f"{name}: external data {where['location']!r} is outside the model's folder")
+        dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
+        count = int(np.prod(tensor.dims)) if tensor.dims else 1
+        with open(path, "rb") as f:
+            f.seek(int(where.get("offset", 0)))
+            raw = f.read(int(where.get("length", count * np.dtype(dtype).itemsize)))
+        return np.frombuffer(raw, dtype=dtype, count=count).reshape(tuple(tensor.dims))
 
 
 def _open(path: Path) -> _File:

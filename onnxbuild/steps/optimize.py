@@ -78,6 +78,9 @@ LEVELS = {
     "all": "ORT_ENABLE_ALL",
 }
 HARDWARE_BOUND = frozenset({"extended", "layout", "all"})
+EXTERNAL_ABOVE = 1_800_000_000
+"""A fused graph's weights above this many bytes are written as external data, as the export's
+(``export.external_data: auto``): protobuf caps one file at 2 GB."""
 
 
 MEMORY = (5.5, 400)
@@ -133,7 +136,7 @@ def plan(p: Planning) -> list[StepSpec]:
                 "input": MODEL,
                 "provider": provider if hardware else None,
                 "skip_layer_norm": skip_layer_norm(opt["skip_layer_norm"], r["providers"]),
-                **({"fuse_decoder": True} if fuse else {}),
+                **({"fuse_decoder": True, "external_data": traced["external_data"]} if fuse and traced else {}),
                 **({"files": list(files)} if files else {}),
             },
             deps=(model_step, "source") if fuse else (model_step,),
@@ -246,17 +249,10 @@ def _optimize(
     current = src_path
     exported = onnx.load_model(str(src_path), load_external_data=False)
     before = _histogram(exported)
-    fused_graph = _fused_decoder(ctx, spec, exported) if spec.params.get("fuse_decoder") else None
+    staged = ctx.output_dir / "stage-fused.onnx"
+    fused_graph = _fused_decoder(ctx, spec, exported, staged) if spec.params.get("fuse_decoder") else None
+    external = any(ctx.output_dir.glob("stage-fused.onnx.data"))
     if fused_graph is not None:
-        staged = ctx.output_dir / "stage-fused.onnx"
-        size = fused_graph.model.ByteSize()
-        if size >= 2**31:  # protobuf's limit for one message: SerializeToString fails with no reason given
-            raise StepError(
-                f"optimize.decoder: fused: the fused graph of this model is {size / 1e9:.1f} GB, over protobuf's "
-                "2 GB for one file, and the fused decoder does not write its weights as external data yet "
-                "(a model above about 500M parameters; issue 51); build its variants from the export with "
-                "optimize.decoder: export, or use a smaller model shape"
-            )
         onnx.save_model(fused_graph.model, str(staged))
         current = staged
         report["decoder"] = {"graph": "fused", "family": fused_graph.family, "fused_ops": fused_graph.fused_ops}
@@ -342,6 +338,11 @@ def _optimize(
         options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVELS[opt["level"]])
         options.optimized_model_filepath = str(out)
         options.log_severity_level = 3
+        if external:  # ONNX Runtime writes the weights beside the file, as the fused graph had them
+            options.add_session_config_entry(
+                "session.optimized_model_external_initializers_file_name", f"{out.name}.data"
+            )
+            options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
         try:
             ort.InferenceSession(str(current), options, providers=[spec.params["provider"]])
         except Exception as exc:
@@ -350,6 +351,8 @@ def _optimize(
         import shutil
 
         shutil.copyfile(current, out)  # the export itself may be the input: never move it
+        if external:
+            shutil.copyfile(f"{current}.data", f"{out}.data")
     for staged in ctx.output_dir.glob("stage-*"):
         staged.unlink()
     if fused_graph is not None:
@@ -426,6 +429,7 @@ def _finish(
     ctx.output("reports/optimize.json").write_text(pretty_json(report), encoding="utf-8")
     fused_text = ", ".join(f"{k} {v}" for k, v in fused.items()) or "no fused ops"
     extra = genai_beside(ctx, "model.onnx", "optimized") if not spec.params.get("files") else ()
+    extra += tuple(f"optimized/{o.name}.data" for o in outs if o.with_name(f"{o.name}.data").is_file())
     return StepResult(
         summary=f"{how}{report['nodes_before']} -> {report['nodes_after']} nodes; {fused_text}",
         data={"fused_ops": fused},
@@ -445,9 +449,11 @@ def genai_beside(ctx: StepContext, model_input: str, folder: str) -> tuple[str, 
     return (f"{folder}/genai_config.json",)
 
 
-def _fused_decoder(ctx: StepContext, spec: StepSpec, exported: onnx.ModelProto) -> Built | None:
+def _fused_decoder(ctx: StepContext, spec: StepSpec, exported: onnx.ModelProto, staged: Path) -> Built | None:
     """The decoder's fused graph from its weights, or None when ``auto`` finds no fused graph
-    for its architecture (``fused`` then is an error naming the supported ones)."""
+    for its architecture (``fused`` then is an error naming the supported ones). Weights of
+    more than EXTERNAL_ABOVE bytes, or any where ``export.external_data`` is ``always``, go to
+    ``<staged>.data`` as they are written (fusion/decoder.Graph)."""
     from onnxbuild.fusion import decoder
     from onnxbuild.sources.torchmodel import load_source_model
 
@@ -455,6 +461,12 @@ def _fused_decoder(ctx: StepContext, spec: StepSpec, exported: onnx.ModelProto) 
     model = load_source_model(source, read_source_record(ctx), ctx.recipe_dir)
     if spec.params["optimize"]["decoder"] == "auto" and not decoder.supported(str(model.config.model_type)):
         return None
+    weights = 4 * sum(p.numel() for p in model.parameters())
+    mode = spec.params.get("external_data", "auto")
+    if mode == "always" or (mode == "auto" and weights > EXTERNAL_ABOVE):
+        location = f"{staged.name}.data"
+        with open(staged.parent / location, "wb") as data:
+            return decoder.build(model.float().eval(), exported, data, location)
     return decoder.build(model.float().eval(), exported)
 
 

@@ -180,13 +180,39 @@ def _keyed(q: QuantizeSection, keys: tuple[str, ...]) -> dict[str, object]:
     return out
 
 
+APART = "stage-input"
+
+
+def _apart(ctx: StepContext, src: Path) -> Path:
+    """``src`` itself, or where its external weights are hard-linked from the cache (as the
+    engine places them), a copy of it and them in the step's scratch folder: onnx refuses to
+    read data with several hard links ("a potential hardlink attack"), and onnxruntime's
+    quantizers read through onnx. The copy is deleted when the step is done."""
+    import shutil
+
+    data = src.with_name(f"{src.name}.data")
+    if not data.is_file() or data.stat().st_nlink < 2:
+        return src
+    folder = ctx.output_dir / APART
+    folder.mkdir(exist_ok=True)
+    shutil.copyfile(src, folder / src.name)
+    shutil.copyfile(data, folder / data.name)
+    return folder / src.name
+
+
+def _bytes(model: Path) -> int:
+    """A model file's size with its external data."""
+    data = model.with_name(f"{model.name}.data")
+    return model.stat().st_size + (data.stat().st_size if data.is_file() else 0)
+
+
 def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     import onnx
 
     q = cast(QuantizeSection, spec.params["quantize"])
     if spec.params.get("files"):
         return _each_file(ctx, spec, q)
-    src = ctx.input(spec.params["input"])
+    src = _apart(ctx, ctx.input(spec.params["input"]))
     out = ctx.output(f"{q['name']}/model.onnx")
     if q["method"] == "gguf":
         return _gguf(ctx, spec, src, out, q)
@@ -195,7 +221,11 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         _quantize(ctx, spec, src, out, q, "")
     for extra in out.parent.glob("*.onnx.data"):
         extra.unlink()
-    size_in, size_out = src.stat().st_size, out.stat().st_size
+    size_in, size_out = _bytes(src), out.stat().st_size
+    if src.parent.name == APART:
+        import shutil
+
+        shutil.rmtree(src.parent)
     model = onnx.load_model(str(out), load_external_data=False)
     quantized = sum(
         1
