@@ -20,9 +20,10 @@ counted as not checked.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 if TYPE_CHECKING:
     import numpy as np
@@ -86,47 +87,63 @@ def _open(path: Path) -> _File:
     return _File(model, path.parent, {t.name: t for t in model.graph.initializer})
 
 
-def _nbits(node: onnx.NodeProto, file: _File) -> tuple[str, int, NDArray[np.float64]] | None:
+Dequantized = Callable[[], "NDArray[np.float32] | None"]
+"""A quantized tensor's float value, computed when called: one tensor is held at a time."""
+
+
+def _nbits(node: onnx.NodeProto, file: _File) -> tuple[str, int, Dequantized] | None:
     """A MatMulNBits node's float weight name, bits and dequantized [K, N] weight."""
-    import numpy as np
     from onnx import helper
 
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    bits, block, k, n = int(attrs["bits"]), int(attrs["block_size"]), int(attrs["K"]), int(attrs["N"])
+    bits = int(attrs["bits"])
     packed_name = node.input[1]
     suffix = f"_Q{bits}"
     if not packed_name.endswith(suffix) or packed_name not in file.tensors:
         return None
+    return packed_name[: -len(suffix)], bits, lambda: _nbits_value(node, file, attrs)
+
+
+def _nbits_value(node: onnx.NodeProto, file: _File, attrs: dict[str, Any]) -> NDArray[np.float32]:
+    import numpy as np
+
+    bits, block, k, n = int(attrs["bits"]), int(attrs["block_size"]), int(attrs["K"]), int(attrs["N"])
     blocks = math.ceil(k / block)
-    packed = file.array(packed_name).astype(np.uint8).reshape(n, blocks, -1)
+    packed = file.array(node.input[1]).astype(np.uint8).reshape(n, blocks, -1)
     unpacked = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(n, blocks, -1) if bits == 4 else packed
-    q = unpacked[:, :, :block].astype(np.float64)
-    scales = file.array(node.input[2]).astype(np.float64).reshape(n, blocks)
-    zero: NDArray[np.float64] = np.full((n, blocks), 2.0 ** (bits - 1))
+    q = unpacked[:, :, :block].astype(np.float32)
+    scales = file.array(node.input[2]).astype(np.float32).reshape(n, blocks)
+    zero: NDArray[np.float32] = np.full((n, blocks), 2.0 ** (bits - 1))
     if len(node.input) > 3 and node.input[3]:
         zp = file.array(node.input[3])
         if zp.dtype == np.uint8 and bits == 4:  # two per byte, low nibble first, rows padded to a byte
             row = zp.astype(np.uint8).reshape(n, -1)
-            zero = np.stack([row & 0x0F, row >> 4], axis=-1).reshape(n, -1)[:, :blocks].astype(np.float64)
+            zero = np.stack([row & 0x0F, row >> 4], axis=-1).reshape(n, -1)[:, :blocks].astype(np.float32)
         else:
-            zero = zp.astype(np.float64).reshape(n, blocks)
+            zero = zp.astype(np.float32).reshape(n, blocks)
     deq = (q - zero[:, :, None]) * scales[:, :, None]
-    return packed_name[: -len(suffix)], bits, deq.reshape(n, blocks * block)[:, :k].T
+    out: NDArray[np.float32] = deq.reshape(n, blocks * block)[:, :k].T
+    return out
 
 
-def _int8(name: str, file: _File, axis: int | None) -> tuple[str, int, NDArray[np.float64]] | None:
+def _int8(name: str, file: _File, axis: int | None) -> tuple[str, int, Dequantized] | None:
     """An onnxruntime int8 tensor ``<w>_quantized``'s float name and dequantized value, its
     scales along ``axis`` (a DequantizeLinear's; MatMulInteger's weights: per column, the last)."""
+    base = name[: -len("_quantized")]
+    if f"{base}_scale" not in file.tensors:
+        return None
+    return base, 8, lambda: _int8_value(name, file, axis)
+
+
+def _int8_value(name: str, file: _File, axis: int | None) -> NDArray[np.float32] | None:
     import numpy as np
 
     base = name[: -len("_quantized")]
     scale_name = f"{base}_scale"
-    if scale_name not in file.tensors:
-        return None
-    q = file.array(name).astype(np.float64)
-    scale = file.array(scale_name).astype(np.float64)
+    q = file.array(name).astype(np.float32)
+    scale = file.array(scale_name).astype(np.float32)
     zp_name = f"{base}_zero_point"
-    zero = file.array(zp_name).astype(np.float64) if zp_name in file.tensors else np.zeros_like(scale)
+    zero = file.array(zp_name).astype(np.float32) if zp_name in file.tensors else np.zeros_like(scale)
     if scale.size > 1:  # per channel
         axis = q.ndim - 1 if axis is None else axis % q.ndim
         if q.shape[axis] != scale.size:
@@ -134,7 +151,8 @@ def _int8(name: str, file: _File, axis: int | None) -> tuple[str, int, NDArray[n
         shape = [1] * q.ndim
         shape[axis] = scale.size
         scale, zero = scale.reshape(shape), zero.reshape(shape)
-    return base, 8, (q - zero) * scale
+    out: NDArray[np.float32] = (q - zero) * scale
+    return out
 
 
 def check(variant: Path, base: Path) -> WeightCheck:
@@ -143,7 +161,7 @@ def check(variant: Path, base: Path) -> WeightCheck:
     from onnx import TensorProto, helper
 
     quant, floats = _open(variant), _open(base)
-    found: list[tuple[str, int, NDArray[np.float64]]] = []
+    found: list[tuple[str, int, Dequantized]] = []
     not_checked: list[str] = []
     for node in quant.model.graph.node:
         if node.op_type == "MatMulNBits":
@@ -176,11 +194,15 @@ def check(variant: Path, base: Path) -> WeightCheck:
         if n.op_type == "Gemm"
     }
     results: list[WorstTensor] = []
-    for name, bits, deq in found:
+    for name, bits, value in found:
         if name not in floats.tensors:
             not_checked.append(name)
             continue
-        w = floats.array(name).astype(np.float64)
+        deq = value()
+        if deq is None:  # its scales lie along no axis of its size
+            not_checked.append(name)
+            continue
+        w = floats.array(name).astype(np.float32)
         if name in transposed and w.ndim == 2:
             w = w.T
         if w.shape != deq.shape:
