@@ -23,7 +23,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 if TYPE_CHECKING:
     import numpy as np
@@ -95,19 +95,21 @@ def _nbits(node: onnx.NodeProto, file: _File) -> tuple[str, int, Dequantized] | 
     """A MatMulNBits node's float weight name, bits and dequantized [K, N] weight."""
     from onnx import helper
 
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    bits = int(attrs["bits"])
+    sizes = {
+        a.name: int(helper.get_attribute_value(a)) for a in node.attribute if a.name in ("bits", "block_size", "K", "N")
+    }
+    bits = sizes.setdefault("bits", 4)  # the op's default
     packed_name = node.input[1]
     suffix = f"_Q{bits}"
     if not packed_name.endswith(suffix) or packed_name not in file.tensors:
         return None
-    return packed_name[: -len(suffix)], bits, lambda: _nbits_value(node, file, attrs)
+    return packed_name[: -len(suffix)], bits, lambda: _nbits_value(node, file, sizes)
 
 
-def _nbits_value(node: onnx.NodeProto, file: _File, attrs: dict[str, Any]) -> NDArray[np.float32]:
+def _nbits_value(node: onnx.NodeProto, file: _File, sizes: dict[str, int]) -> NDArray[np.float32]:
     import numpy as np
 
-    bits, block, k, n = int(attrs["bits"]), int(attrs["block_size"]), int(attrs["K"]), int(attrs["N"])
+    bits, block, k, n = sizes["bits"], sizes["block_size"], sizes["K"], sizes["N"]
     blocks = math.ceil(k / block)
     packed = file.array(node.input[1]).astype(np.uint8).reshape(n, blocks, -1)
     unpacked = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(n, blocks, -1) if bits == 4 else packed
