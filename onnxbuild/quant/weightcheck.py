@@ -178,6 +178,8 @@ def check(variant: Path, base: Path) -> WeightCheck:
         for n in quant.model.graph.node
         if n.op_type == "DequantizeLinear"
     }
+    # a ConvInteger's weights [out, in, kh, kw] are quantized per output channel
+    axes |= {n.input[1]: 0 for n in quant.model.graph.node if n.op_type == "ConvInteger" and len(n.input) > 1}
     for name, tensor in quant.tensors.items():
         if name.endswith("_quantized") and tensor.data_type in int8 and len(tensor.dims) >= 2:
             got = _int8(name, quant, axes.get(name))
