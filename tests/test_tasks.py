@@ -95,7 +95,9 @@ def test_classifiers_gate_top1_agreement_over_every_prediction(built: Path) -> N
     vit = read(built / "tiny-vit" / "reports" / "validation.json")["variants"]
     # one prediction per image: batches 1, 2 and 5
     assert vit["model"]["top1"] == {"agreement": 1.0, "tokens": 8, "min": 0.99, "passed": True}
-    assert vit["int8"]["passed"] and vit["int8"]["top1"]["min"] == 0.85
+    # int8's floor, reported and not gated on random-init weights (issue 50: near-flat logits)
+    assert vit["int8"]["passed"] and vit["int8"]["top1_min"] == 0.85 and vit["int8"]["top1"]["min"] is None
+    assert vit["int8"]["top1"]["note"].startswith("reported, not gated: random-init weights")
     ner = read(built / "tiny-token-classification" / "reports" / "validation.json")["variants"]
     # one prediction per token: 1x1, 2x16 and 5x33
     assert ner["model"]["top1"]["tokens"] == 1 + 32 + 165 and ner["int8"]["passed"]
@@ -229,7 +231,7 @@ def test_each_file_of_an_encoder_decoder_is_quantized_and_validated_together(bui
         ops = {n.op_type for n in onnx.load(str(folder / "int8" / name)).graph.node}
         assert "DynamicQuantizeLinear" in ops or "MatMulInteger" in ops, name
     int8 = read(folder / "reports" / "validation.json")["variants"]["int8"]
-    assert int8["passed"] and len(int8["shapes"]) == 3 and int8["top1"]["min"] == 0.85
+    assert int8["passed"] and len(int8["shapes"]) == 3 and int8["top1_min"] == 0.85 and int8["top1"]["min"] is None
     assert (
         read(folder / "reports" / "generation.json")["variants"]["int8"]["rule"]
         == "reported only (set generate.agreement_min to gate)"
