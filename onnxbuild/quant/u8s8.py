@@ -24,7 +24,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import numpy as np
     import onnx
+    from numpy.typing import NDArray
 
 SAFE = 64
 """The largest |weight| a u8s8 pair of products cannot saturate at: 255 x 64 x 2 = 32,640."""
@@ -40,15 +44,17 @@ _U8S8 = {
 }
 
 
-def saturating(model: onnx.ModelProto) -> list[str]:
+def saturating(model: onnx.ModelProto, array: Callable[[str], NDArray[np.generic]] | None = None) -> list[str]:
     """The int8 weights (initializer names) that a u8s8 kernel multiplies by uint8 activations
     and that hold a value outside [-SAFE, SAFE]: those compute otherwise on x86 without VNNI.
     A QDQ file is read through its DequantizeLinear nodes: what ONNX Runtime fuses into
-    QLinearMatMul."""
+    QLinearMatMul. ``array`` reads one initializer (a file's external data, one tensor at a
+    time); by default the model holds them."""
     import numpy as np
     from onnx import TensorProto, numpy_helper
 
     inits = {i.name: i for i in model.graph.initializer}
+    read = array or (lambda name: numpy_helper.to_array(inits[name]))
     producer = {o: n for n in model.graph.node for o in n.output}
 
     def elem(name: str) -> int | None:
@@ -67,7 +73,7 @@ def saturating(model: onnx.ModelProto) -> list[str]:
         t = inits.get(name)
         if t is None or t.data_type != TensorProto.INT8:
             return False
-        return bool(np.abs(numpy_helper.to_array(t).astype(np.int16)).max(initial=0) > SAFE)
+        return bool(np.abs(read(name).astype(np.int16)).max(initial=0) > SAFE)
 
     found: list[str] = []
     for node in model.graph.node:
@@ -94,15 +100,14 @@ def note(path: Path) -> str | None:
     for a file with no u8s8 MatMul or Conv."""
     import platform
 
-    import onnx
-
+    from onnxbuild.quant.weightcheck import open_file
     from onnxbuild.runtimes.sessions import U8S8_EXACT, config, u8s8_saturates
 
-    graph = onnx.load_model(str(path), load_external_data=False).graph
-    ops = {n.op_type for n in graph.node}
+    weights = open_file(path)  # the graph, and one tensor at a time when asked (external data included)
+    ops = {n.op_type for n in weights.model.graph.node}
     if not ops & set(_U8S8) and "DequantizeLinear" not in ops:
         return None
-    found = saturating(onnx.load_model(str(path), load_external_data=True))
+    found = saturating(weights.model, weights.array)
     x86 = platform.machine().lower() in ("x86_64", "amd64")
     here = ("x86 without VNNI" if u8s8_saturates() else "x86 with VNNI") if x86 else "a non-x86 CPU"
     if not found:

@@ -59,7 +59,7 @@ class WeightCheck(TypedDict):
 
 
 @dataclass(frozen=True)
-class _File:
+class WeightFile:
     model: onnx.ModelProto
     folder: Path
     tensors: dict[str, onnx.TensorProto]
@@ -85,18 +85,18 @@ class _File:
         return np.frombuffer(raw, dtype=dtype, count=count).reshape(tuple(tensor.dims))
 
 
-def _open(path: Path) -> _File:
+def open_file(path: Path) -> WeightFile:
     import onnx
 
     model = onnx.load_model(str(path), load_external_data=False)
-    return _File(model, path.parent, {t.name: t for t in model.graph.initializer})
+    return WeightFile(model, path.parent, {t.name: t for t in model.graph.initializer})
 
 
 Dequantized = Callable[[], "tuple[NDArray[np.float32], float] | None"]
 """A quantized tensor's float value, computed when called: one tensor is held at a time."""
 
 
-def _nbits(node: onnx.NodeProto, file: _File) -> tuple[str, int, Dequantized] | None:
+def _nbits(node: onnx.NodeProto, file: WeightFile) -> tuple[str, int, Dequantized] | None:
     """A MatMulNBits node's float weight name, bits and dequantized [K, N] weight."""
     from onnx import helper
 
@@ -111,7 +111,7 @@ def _nbits(node: onnx.NodeProto, file: _File) -> tuple[str, int, Dequantized] | 
     return packed_name[: -len(suffix)], bits, lambda: _nbits_value(node, file, sizes)
 
 
-def _nbits_value(node: onnx.NodeProto, file: _File, sizes: dict[str, int]) -> tuple[NDArray[np.float32], float]:
+def _nbits_value(node: onnx.NodeProto, file: WeightFile, sizes: dict[str, int]) -> tuple[NDArray[np.float32], float]:
     import numpy as np
 
     bits, block, k, n = sizes["bits"], sizes["block_size"], sizes["K"], sizes["N"]
@@ -133,7 +133,7 @@ def _nbits_value(node: onnx.NodeProto, file: _File, sizes: dict[str, int]) -> tu
     return out, float(np.sqrt(block * np.square(scales, dtype=np.float64).sum()))
 
 
-def _int8(name: str, file: _File, axis: int | None) -> tuple[str, int, Dequantized] | None:
+def _int8(name: str, file: WeightFile, axis: int | None) -> tuple[str, int, Dequantized] | None:
     """An onnxruntime int8 tensor ``<w>_quantized``'s float name and dequantized value, its
     scales along ``axis`` (a DequantizeLinear's; MatMulInteger's weights: per column, the last)."""
     base = name[: -len("_quantized")]
@@ -142,7 +142,7 @@ def _int8(name: str, file: _File, axis: int | None) -> tuple[str, int, Dequantiz
     return base, 8, lambda: _int8_value(name, file, axis)
 
 
-def _int8_value(name: str, file: _File, axis: int | None) -> tuple[NDArray[np.float32], float] | None:
+def _int8_value(name: str, file: WeightFile, axis: int | None) -> tuple[NDArray[np.float32], float] | None:
     import numpy as np
 
     base = name[: -len("_quantized")]
@@ -168,7 +168,7 @@ def check(variant: Path, base: Path) -> WeightCheck:
     import numpy as np
     from onnx import TensorProto, helper
 
-    quant, floats = _open(variant), _open(base)
+    quant, floats = open_file(variant), open_file(base)
     found: list[tuple[str, int, Dequantized]] = []
     not_checked: list[str] = []
     for node in quant.model.graph.node:

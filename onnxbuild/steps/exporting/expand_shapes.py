@@ -32,6 +32,21 @@ _SUM_OPS = frozenset({"Add", "Mul", "Max", "Concat"})
 _DEPTH = 16  # a dimension's arithmetic is a few nodes deep; past this, leave the Where alone
 
 
+_SHAPE_MAX = 64
+"""The most elements a tensor read as a shape's part may have."""
+
+
+def _shape_like(tensor: onnx.TensorProto) -> bool:
+    from onnx import TensorProto
+
+    count = 1
+    for d in tensor.dims:
+        count *= d
+    return (
+        tensor.data_type in (TensorProto.INT64, TensorProto.INT32) and count <= _SHAPE_MAX and not tensor.external_data
+    )
+
+
 class _Graph:
     """Who produces and who reads each name, and the constants, of one graph."""
 
@@ -40,9 +55,14 @@ class _Graph:
 
         self.graph = graph
         self.producer = {o: n for n in graph.node for o in n.output}
-        self.constants: dict[str, NDArray[np.integer]] = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+        # only small integer tensors can be parts of a shape: the weights are never converted (an
+        # 8B export's would be a second copy of the model)
+        self.constants: dict[str, NDArray[np.integer]] = {
+            i.name: numpy_helper.to_array(i) for i in graph.initializer if _shape_like(i)
+        }
         for n in graph.node:
-            if n.op_type == "Constant" and len(n.attribute) == 1 and n.attribute[0].name == "value":
+            valued = n.op_type == "Constant" and len(n.attribute) == 1 and n.attribute[0].name == "value"
+            if valued and _shape_like(n.attribute[0].t):
                 self.constants[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
         self.readers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
         for n in graph.node:

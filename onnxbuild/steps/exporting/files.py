@@ -151,18 +151,26 @@ def finalise(raw: Path, out: Path, export: ExportSection, param_bytes: int) -> t
         return ()
     strip_metadata(model)
     if external:
-        location = f"{out.name}.data"  # model.onnx.data: a fixed name, so the bytes are reproducible
-        onnx.save_model(
-            model,
-            str(out),
-            save_as_external_data=True,
-            all_tensors_to_one_file=True,
-            location=location,
-            size_threshold=1024,
-        )
-        return (location,)
+        return (save_with_data(model, out),)
     onnx.save_model(model, str(out))
     return ()
+
+
+def save_with_data(model: onnx.ModelProto, out: Path) -> str:
+    """Write ``model`` to ``out`` with its weights in one file beside it, ``<out>.data``: a
+    fixed name, so the bytes are reproducible. Returns that file's name."""
+    import onnx
+
+    location = f"{out.name}.data"
+    onnx.save_model(
+        model,
+        str(out),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=location,
+        size_threshold=1024,
+    )
+    return location
 
 
 def strip_metadata(model: onnx.ModelProto) -> None:

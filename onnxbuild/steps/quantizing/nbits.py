@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from onnxbuild.quant.experts import experts_into_blocks
 from onnxbuild.recipe.sections import QuantizeSection
-from onnxbuild.steps.exporting.files import PROTOBUF_LIMIT
+from onnxbuild.steps.exporting.files import PROTOBUF_LIMIT, save_with_data
 from onnxbuild.steps.quantizing.int8 import excluded
 
 if TYPE_CHECKING:
@@ -28,15 +28,7 @@ def _weight_only(src: Path, out: Path, q: QuantizeSection) -> None:
     _bias_into_nbits(model)
     weights = sum(len(t.raw_data) for t in model.graph.initializer)
     if weights > PROTOBUF_LIMIT * 0.9:  # 8-bit weights of a 1B+ model: over protobuf's 2 GB
-        location = f"{out.name}.data"  # a fixed name: the bytes are reproducible
-        onnx.save_model(
-            model,
-            str(out),
-            save_as_external_data=True,
-            all_tensors_to_one_file=True,
-            location=location,
-            size_threshold=1024,
-        )
+        save_with_data(model, out)
         return
     onnx.save_model(model, str(out))
 
