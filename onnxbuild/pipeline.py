@@ -58,6 +58,11 @@ def steps_for(recipe: Recipe) -> list[StepSpec]:
         else s
         for s in steps
     ]
+    # A record brings the weights its source step streamed (sources/checkpoint.py) to every step that reads it.
+    steps = [
+        replace(s, inputs=tuple(replace(i, companions=True) if i.path == SOURCE_RECORD else i for i in s.inputs))
+        for s in steps
+    ]
     weights = _weight_bytes(recipe)
     model_imports = source_kind(next(iter(recipe.resolved["source"]))).imports
     return [
@@ -99,7 +104,7 @@ def _resources(recipe: Recipe, kind: str, weights: int) -> Resources:
     small: export 2.8 GB, validate 2.3 GB, benchmark 2.5 GB for 0.5 GB of weights) and its
     ``placement`` (CPUs, GPUs and why) where the kind has one."""
     described = step_kind(kind)
-    factor, base = described.memory
+    factor, base = described.memory_for(recipe) if described.memory_for else described.memory
     memory = base + factor * weights // (1024 * 1024)
     cpus, gpus, why = described.placement(recipe)
     basis = f"{factor:g} x the model's {weights / 1e9:.2f} GB of fp32 weights + {base} MB"

@@ -36,10 +36,13 @@ registry. ``pipeline.steps_for`` asks each in this order for its steps, the load
 
 @dataclass(frozen=True)
 class StepInput:
-    """One file a step reads: ``path`` as produced by step ``step``."""
+    """One file a step reads: ``path`` as produced by step ``step``. A ``.onnx`` file, or one
+    marked ``companions``, brings the other files its step wrote (external data, the weights a
+    record names) beside it."""
 
     step: str
     path: str
+    companions: bool = False
 
 
 @dataclass(frozen=True)
@@ -310,6 +313,8 @@ class StepKind:
     """Runs one of its steps (the engine calls it by the module's name, in a step process)."""
     memory: tuple[float, int] = (2, 500)
     """Peak memory as (a multiple of the model's weights, MB more): where a cluster may place it."""
+    memory_for: Callable[[Recipe], tuple[float, int]] | None = None
+    """``memory`` where it depends on the recipe (export: a trace or the fused writer)."""
     exclusive: bool = False
     """Runs alone (the runner starts nothing else meanwhile): it times or measures."""
     measured: Callable[[Mapping[str, object]], str] = _not_measured

@@ -174,7 +174,7 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
         "audio-classification, zero-shot-image-classification, multiple-choice, sentence-similarity, "
         'image-text-to-text, image-to-text (got "translation")',
     ),
-    "enum-exporter": ("9:20", 'export.exporter: must be one of: torchscript, dynamo (got "onnx")'),
+    "enum-exporter": ("9:20", 'export.exporter: must be one of: torchscript, dynamo, fused (got "onnx")'),
     "enum-on-fail": ("9:21", 'validate.on_fail: must be one of: error, warn (got "ignore")'),
     "left-padding-not-bool": ("9:26", "validate.left_padding: must be true or false (got 8)"),
     # tolerances, opsets and other numbers

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import onnx
+import pytest
 import transformers
 import yaml
 from onnx import external_data_helper, numpy_helper
@@ -19,12 +20,8 @@ from tests.helpers_tiny import TINY_DECODER_SIZES
 DATA = Path(__file__).resolve().parent / "data"
 
 
-def test_the_streamed_weights_are_the_in_memory_ones_and_the_graph_is_the_same(tmp_path: Path) -> None:
-    import torch
-
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY_DECODER_SIZES)).eval()
-    exported = onnx.helper.make_model(
+def _signature() -> onnx.ModelProto:
+    return onnx.helper.make_model(
         onnx.helper.make_graph(
             [],
             "export",
@@ -42,6 +39,14 @@ def test_the_streamed_weights_are_the_in_memory_ones_and_the_graph_is_the_same(t
             [onnx.helper.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, ["batch", "sequence", 1000])],
         )
     )
+
+
+def test_the_streamed_weights_are_the_in_memory_ones_and_the_graph_is_the_same(tmp_path: Path) -> None:
+    import torch
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY_DECODER_SIZES)).eval()
+    exported = _signature()
     held = decoder.build(model, exported).model
     with open(tmp_path / "model.onnx.data", "wb") as data:
         streamed = decoder.build(model, exported, data, "model.onnx.data").model
@@ -79,3 +84,113 @@ def test_a_fused_decoder_written_as_external_data_validates_and_quantizes(tmp_pa
     assert worst < 1e-4
     assert validation["variants"]["int4"]["weights"]["checked"] == 11  # each MatMul against the external weights
     assert not list(folder.rglob("stage-*"))
+
+
+def test_the_graph_written_from_the_checkpoint_files_is_the_one_written_from_the_model(tmp_path: Path) -> None:
+    """The fused graph read tensor by tensor from a bf16 safetensors folder (sources/checkpoint.Lazy),
+    with a tied embedding, is byte for byte the one written from transformers' fp32 model of it."""
+    import torch
+
+    from onnxbuild.sources import checkpoint
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(**{**TINY_DECODER_SIZES, "tie_word_embeddings": True})
+    transformers.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(tmp_path / "folder")
+    model = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "folder", dtype=torch.float32).eval()
+    found = checkpoint.Checkpoint.of_folder(tmp_path / "folder")
+    assert found is not None and "lm_head.weight" not in found  # tied: stored once
+    lazy = checkpoint.lazy_model(transformers.LlamaForCausalLM, model.config, found)
+    held = decoder.build(model, _signature()).model
+    read = decoder.build(lazy, _signature()).model
+    assert read.SerializeToString() == held.SerializeToString()
+
+
+def test_streamed_random_init_is_seeded_and_loads_in_transformers(tmp_path: Path) -> None:
+    import numpy as np
+    import torch
+
+    from onnxbuild.sources import checkpoint
+
+    config = transformers.LlamaConfig(**{**TINY_DECODER_SIZES, "tie_word_embeddings": True})
+    for name, dtype in (("a", "float32"), ("b", "float32"), ("c", "bfloat16")):
+        count = checkpoint.write_random_init(
+            transformers.LlamaForCausalLM, config, 7, tmp_path / name / "model.safetensors", dtype
+        )
+        config.to_json_file(str(tmp_path / name / "config.json"))
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
+    model = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "a", dtype=torch.float32)
+    assert count == sum(p.numel() for p in model.parameters())
+    table = model.model.embed_tokens.weight.detach().numpy()
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert abs(float(table.std()) - config.initializer_range) < 0.002
+    assert np.all(model.model.norm.weight.detach().numpy() == 1.0)
+    half = checkpoint.Checkpoint.of_folder(tmp_path / "c")
+    assert half is not None
+    wide = half.array("model.embed_tokens.weight")
+    assert wide.dtype == np.float32 and np.abs(wide - table).max() <= np.abs(table).max() / 128
+
+
+# onnxruntime's HQQ writer hands torch a read-only view of the weight, which it only reads
+@pytest.mark.filterwarnings("ignore:The given NumPy array is not writable")
+def test_weight_only_quantization_streamed_one_matmul_at_a_time_writes_the_in_memory_result(tmp_path: Path) -> None:
+    """quant/streamed.py: each MatMul cut out with its weight alone and quantized by the same
+    function as the whole graph in memory gives the same nodes and the same tensors (HQQ 4-bit
+    with its split zero points, round-to-nearest 8-bit), the tied table left float once."""
+    import torch
+    from onnx import numpy_helper
+
+    from onnxbuild.steps.quantizing.nbits import _bias_into_nbits, _weight_only, _weight_only_proto
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(**{**TINY_DECODER_SIZES, "tie_word_embeddings": True})
+    model = transformers.LlamaForCausalLM(config).eval()
+    with open(tmp_path / "model.onnx.data", "wb") as data:
+        fused = decoder.build(model, _signature(), data, "model.onnx.data").model
+    onnx.save_model(fused, str(tmp_path / "model.onnx"))
+    base = {"name": "q", "block_size": 32, "symmetric": False, "accuracy_level": 4, "embedding": False}
+    for q in (
+        {**base, "method": "int4", "bits": 4, "algorithm": "hqq", "keep": [], "exclude_nodes": []},
+        {**base, "method": "weight_only", "bits": 8, "algorithm": "rtn", "keep": [], "exclude_nodes": []},
+    ):
+        out = tmp_path / str(q["method"]) / "model.onnx"
+        out.parent.mkdir()
+        _weight_only(tmp_path / "model.onnx", out, q)  # type: ignore[arg-type]
+        held = _weight_only_proto(onnx.load_model(str(tmp_path / "model.onnx")), q)  # type: ignore[arg-type]
+        _bias_into_nbits(held)
+        streamed = onnx.load_model(str(out))
+        assert [n.SerializeToString() for n in streamed.graph.node] == [n.SerializeToString() for n in held.graph.node]
+        tensors = {t.name: numpy_helper.to_array(t).tobytes() for t in streamed.graph.initializer}
+        assert tensors == {t.name: numpy_helper.to_array(t).tobytes() for t in held.graph.initializer}
+        assert (
+            sum(n.op_type == "MatMulNBits" for n in streamed.graph.node) == 2 * 5 + 1
+        )  # qkv, o, gate, up, down per layer, and lm_head
+        assert "lm_head.weight" in tensors  # the tied table, for the lookup
+
+
+def test_a_model_streamed_layer_by_layer_computes_what_the_loaded_one_does(tmp_path: Path) -> None:
+    """sources/checkpoint.streamed_model: transformers' own forward and generate, each layer read
+    from the checkpoint just before it runs and dropped after, give the loaded model's logits,
+    cache and greedy tokens exactly."""
+    import torch
+
+    from onnxbuild.sources import checkpoint
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(**{**TINY_DECODER_SIZES, "tie_word_embeddings": True})
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
+    loaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    found = checkpoint.Checkpoint.of_folder(tmp_path)
+    assert found is not None
+    streamed = checkpoint.streamed_model(transformers.AutoModelForCausalLM, loaded.config, found, torch.float32)
+    streamed.eval()
+    assert all(p.device.type == "meta" for p in streamed.model.layers.parameters())
+    ids = torch.tensor([[3, 14, 15, 92, 65]])
+    with torch.no_grad():
+        a, b = loaded(input_ids=ids, use_cache=True), streamed(input_ids=ids, use_cache=True)
+        assert torch.equal(a.logits, b.logits)
+        assert torch.equal(a.past_key_values.layers[1].keys, b.past_key_values.layers[1].keys)
+        assert torch.equal(
+            loaded.generate(ids, max_new_tokens=6, do_sample=False),
+            streamed.generate(ids, max_new_tokens=6, do_sample=False),
+        )
+    assert all(p.device.type == "meta" for p in streamed.model.layers.parameters())  # dropped again

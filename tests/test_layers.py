@@ -104,12 +104,14 @@ SOURCE_KIND_MODULES = tuple(
         "gguf_header",
         "vlm_families",
         "vision_encoder_decoder",
+        "checkpoint",
     )
 )
 """The source kinds, and gguf_header, the huggingface kind's reader of a GGUF file's header (core
 too: it imports only errors, and the kind calls it when it records the source), vlm_families,
 its table of vision-language families and their recipe rules, and vision_encoder_decoder, its
-image-to-text tables, recipe rules and the decoder ids lifted onto a loaded model's config."""
+image-to-text tables, recipe rules and the decoder ids lifted onto a loaded model's config, and
+checkpoint, its reader of safetensors files one tensor at a time and its streamed random-init."""
 
 
 def test_the_core_imports_nothing_above_it() -> None:

@@ -265,8 +265,24 @@ BAD: list[Any] = [
     ),
     pytest.param(
         HF + "export:\n  exporter: onnx\n",
-        ['r.yaml:7:13: export.exporter: must be one of: torchscript, dynamo (got "onnx")'],
+        ['r.yaml:7:13: export.exporter: must be one of: torchscript, dynamo, fused (got "onnx")'],
         id="exporter-enum",
+    ),
+    pytest.param(
+        HF + "export:\n  exporter: fused\n",
+        [
+            "r.yaml:7:13: export.exporter: fused writes a text-generation decoder's graph with its KV cache: "
+            "it needs a huggingface text-generation source and export.with_past: true; use exporter: torchscript"
+        ],
+        id="fused-exporter-without-cache",
+    ),
+    pytest.param(
+        HF + "export:\n  exporter: fused\n  with_past: true\noptimize:\n  decoder: fused\n",
+        [
+            "r.yaml:10:12: optimize.decoder: export.exporter: fused already writes the fused graph: remove "
+            "optimize.decoder (or the optimize section; quantize from: model)"
+        ],
+        id="fused-exporter-and-fused-optimize",
     ),
     pytest.param(
         HF.replace("text-generation", "generation"),
@@ -363,7 +379,7 @@ BAD: list[Any] = [
             f'r.yaml:1:7: name: must be {NAME_RULE} (got "a/b")',
             "r.yaml:3:24: source.onnx.extra: unknown key (expected one of: path)",
             'r.yaml:5:10: export.opset: must be an integer from 7 to 23 (got "eighteen")',
-            'r.yaml:6:13: export.exporter: must be one of: torchscript, dynamo (got "onnx")',
+            'r.yaml:6:13: export.exporter: must be one of: torchscript, dynamo, fused (got "onnx")',
             "r.yaml:7:12: providers: must have at least 1 item",
         ],
         id="all-problems-at-once",

@@ -424,11 +424,11 @@ def _start(
         sha = {o["path"]: o["sha256"] for o in dep["outputs"]}[inp.path]
         link_or_copy(cache.object_path(sha), inputs_dir / inp.path)
         placed[inp.path] = sha
-    # Companion files (external tensor data) travel with the model that names them.
+    # Companion files (external tensor data, a record's weights) travel with the file that names them.
     for inp in p.spec.inputs:
         dep = states[f"{p.recipe.name}:{inp.step}"].entry
         assert dep is not None
-        if not inp.path.endswith(".onnx"):
+        if not (inp.path.endswith(".onnx") or inp.companions):
             continue
         for o in dep["outputs"]:
             if not o["path"].startswith("reports/") and not (inputs_dir / o["path"]).exists():

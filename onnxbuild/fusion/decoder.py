@@ -130,12 +130,28 @@ def build(model: Any, exported: onnx.ModelProto, data: BinaryIO | None = None, l
 
     # embeddings; Gemma scales them by sqrt(hidden) (applied after the lookup, since lm_head may share the table)
     embed = inner.embed_tokens.weight.detach().float().numpy()
-    (hidden,) = node(
-        "Gather",
-        [weight("model.embed_tokens.weight", embed), "input_ids"],
-        ["/model/embed_tokens/output"],
-        "/model/embed_tokens/Gather",
-    )
+    # A tied table written once, where the weights go to external data (a 1B model's: 1.05 GB of
+    # 4.94): lm_head's [hidden, vocab] matrix, which the lookup gathers along its second axis.
+    # Smaller graphs keep the two tables, as the quantizers that treat the embedding as one
+    # (its own 4- or 8-bit table, GGUF-exact) expect.
+    head: str | None = None
+    if data is not None and bool(getattr(config, "tie_word_embeddings", False)):
+        head = weight("lm_head.weight", embed.T)
+        del embed
+        (columns,) = node(
+            "Gather", [head, "input_ids"], ["/model/embed_tokens/columns"], "/model/embed_tokens/Gather", axis=1
+        )
+        (hidden,) = node(
+            "Transpose", [columns], ["/model/embed_tokens/output"], "/model/embed_tokens/Transpose", perm=[1, 2, 0]
+        )
+    else:
+        (hidden,) = node(
+            "Gather",
+            [weight("model.embed_tokens.weight", embed), "input_ids"],
+            ["/model/embed_tokens/output"],
+            "/model/embed_tokens/Gather",
+        )
+        del embed
     if family.get("gemma"):
         scale = weight("model.embed_scale", np.array(float(config.hidden_size) ** 0.5, dtype=np.float32))
         (hidden,) = node("Mul", [hidden, scale], ["/model/embed_tokens/scaled"], "/model/embed_tokens/Mul")
@@ -361,7 +377,8 @@ def build(model: Any, exported: onnx.ModelProto, data: BinaryIO | None = None, l
     )
     cap = getattr(config, "final_logit_softcapping", None)
     scores = "/lm_head/output" if cap else "logits"
-    node("MatMul", [x, weight("lm_head.weight", _linear_t(model.lm_head))], [scores], "/lm_head/MatMul")
+    head = head or weight("lm_head.weight", _linear_t(model.lm_head))
+    node("MatMul", [x, head], [scores], "/lm_head/MatMul")
     if cap:  # Gemma 2: logits = cap * tanh(logits / cap)
         limit = constant(inits, "final_logit_softcap", float(cap), "float32")
         (scaled,) = node("Div", [scores, limit], ["/lm_head/capped_in"], "/lm_head/softcap/Div")

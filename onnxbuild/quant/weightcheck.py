@@ -81,7 +81,8 @@ class WeightFile:
         count = int(np.prod(tensor.dims)) if tensor.dims else 1
         with open(path, "rb") as f:
             f.seek(int(where.get("offset", 0)))
-            raw = f.read(int(where.get("length", count * np.dtype(dtype).itemsize)))
+            # a bytearray: writable, as the quantizers that take the array from here expect
+            raw = bytearray(f.read(int(where.get("length", count * np.dtype(dtype).itemsize))))
         return np.frombuffer(raw, dtype=dtype, count=count).reshape(tuple(tensor.dims))
 
 

@@ -24,7 +24,7 @@ class Tensor(TypedDict):
 
 
 class ExportSection(TypedDict):
-    exporter: Literal["torchscript", "dynamo"]
+    exporter: Literal["torchscript", "dynamo", "fused"]
     opset: int
     inputs: list[Tensor]
     outputs: list[str]

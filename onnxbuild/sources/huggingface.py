@@ -5,9 +5,10 @@ files' digest, a Hub model is the commit its revision resolved to, and random-in
 weights are "random-init + seed + config digest". So a later build with real weights
 is a different artifact, and says so.
 
-One module (~750 lines): the places a model comes from (the Hub, a folder, a package, a GGUF
-file) and the source protocol's hooks all apply those identity and offline rules, which a split
-would repeat.
+One module (~890 lines): the places a model comes from (the Hub, a folder, a package, a GGUF
+file, streamed random-init weights) and the source protocol's hooks all apply those identity and
+offline rules, which a split would repeat. Reading and writing safetensors one tensor at a time is
+sources/checkpoint.py.
 """
 
 from __future__ import annotations
@@ -289,12 +290,82 @@ def record(src: HuggingfaceSource, recipe_dir: Path, digests: dict[str, str]) ->
             "and random-init needs the model's config; "
             "add the config.json keys under source.huggingface.config (at least model_type)"
         )
-    return {
+    out: SourceRecord = {
         **base,
         "weights": "random-init",
         "why": "Hub unreachable",
         "config_digest": sha256_text(canonical_json(src["config"])),
     }
+    if streamed(src["config"] or {}):
+        from onnxbuild.sources import checkpoint
+
+        # written by the source step (write_weights) and read by every later step, one tensor at a time
+        out = {**out, "weights_file": checkpoint.WEIGHTS, "generator": checkpoint.GENERATOR}
+    return out
+
+
+def streamed(config: Mapping[str, object]) -> bool:
+    """Random-init weights this large are streamed into a safetensors file (sources/checkpoint.py)."""
+    from onnxbuild.sources.checkpoint import STREAM_ABOVE
+
+    return config_parameters(config) >= STREAM_ABOVE
+
+
+def write_weights(src: HuggingfaceSource, record: Mapping[str, object], out: Path) -> str:
+    """The source step's part for streamed random-init: the seeded weights and config.json
+    under ``out/weights/``, one tensor in memory at a time; "" where there is nothing to write."""
+    if not record.get("weights_file"):
+        return ""
+    import time
+
+    import transformers
+
+    from onnxbuild.sources import checkpoint
+
+    cfg = _random_init_config(src)
+    dtype = (
+        "bfloat16"
+        if str(getattr(cfg, "torch_dtype", None) or getattr(cfg, "dtype", "")).endswith("bfloat16")
+        else "float32"
+    )
+    started = time.monotonic()
+    auto = getattr(transformers, task(src)["auto_class"])
+    count = checkpoint.write_random_init(auto, cfg, int(src["seed"]), out / checkpoint.WEIGHTS, dtype)
+    cfg.to_json_file(str(out / checkpoint.WEIGHTS_CONFIG))
+    took = time.monotonic() - started
+    return f"{count / 1e9:.2f}B seeded {dtype} weights streamed to {checkpoint.WEIGHTS} in {took:.0f} s"
+
+
+def _random_init_config(src: HuggingfaceSource) -> transformers.PretrainedConfig:
+    import transformers
+
+    given = src["config"]
+    assert given is not None, "record() writes random-init only for a section with a config"
+    config = dict(given)
+    model_type = config.pop("model_type", None)
+    if not model_type:
+        raise StepError("source.huggingface.config: needs model_type (e.g. gpt2, bert) to build the architecture")
+    cfg = transformers.AutoConfig.for_model(model_type, **config)
+    if getattr(cfg, "architectures", None) is None:
+        # a task that maps a type to several classes (DeiT's with and without a teacher)
+        # picks by the config's architectures, and fails on None instead of taking the first
+        cfg.architectures = []
+    return cfg
+
+
+def checkpoint_folder(src: HuggingfaceSource, record: Mapping[str, object], recipe_dir: Path) -> Path | None:
+    """The save_pretrained folder (or streamed random-init folder) whose safetensors the model's
+    weights are read from, or None (in-memory random-init, a GGUF file)."""
+    if record.get("weights") == "random-init":
+        folder = record.get("weights_folder")
+        return Path(str(folder)) if folder else None
+    if is_gguf(src):
+        return None
+    folder = local_folder(src, recipe_dir)
+    if folder is not None:
+        return folder
+    snap = hub_snapshot(_hub_id(src), src["revision"])
+    return snap[1] if snap is not None else None
 
 
 def gguf_where(src: HuggingfaceSource, recipe_dir: Path) -> tuple[Path, dict[str, object]]:
@@ -378,20 +449,13 @@ def load_model(src: HuggingfaceSource, record: Mapping[str, object], recipe_dir:
     dtype = getattr(torch, src["dtype"])
     kwargs: dict[str, object] = {"attn_implementation": src["attn_implementation"]}
     try:
-        if record["weights"] == "random-init":
-            given = src["config"]
-            assert given is not None, "record() writes random-init only for a section with a config"
-            config = dict(given)
-            model_type = config.pop("model_type", None)
-            if not model_type:
-                raise StepError(
-                    "source.huggingface.config: needs model_type (e.g. gpt2, bert) to build the architecture"
-                )
-            cfg = transformers.AutoConfig.for_model(model_type, **config)
-            if getattr(cfg, "architectures", None) is None:
-                # a task that maps a type to several classes (DeiT's with and without a teacher)
-                # picks by the config's architectures, and fails on None instead of taking the first
-                cfg.architectures = []
+        streamed = _layer_streamed(src, record, recipe_dir, auto, dtype, kwargs)
+        if streamed is not None:
+            model = streamed
+        elif record["weights"] == "random-init" and record.get("weights_folder"):
+            model = auto.from_pretrained(str(record["weights_folder"]), local_files_only=True, dtype=dtype, **kwargs)
+        elif record["weights"] == "random-init":
+            cfg = _random_init_config(src)
             torch.manual_seed(int(src["seed"]))
             model = auto.from_config(cfg, **kwargs)
         else:
@@ -426,6 +490,36 @@ def load_model(src: HuggingfaceSource, record: Mapping[str, object], recipe_dir:
         lift_decoder_ids(model.config)
     loaded: transformers.PreTrainedModel = model
     return loaded
+
+
+def _layer_streamed(
+    src: HuggingfaceSource,
+    record: Mapping[str, object],
+    recipe_dir: Path,
+    auto: object,
+    dtype: object,
+    kwargs: Mapping[str, object],
+) -> transformers.PreTrainedModel | None:
+    """A model of STREAM_ABOVE parameters or more whose checkpoint is safetensors, as
+    sources/checkpoint.streamed_model gives it: its layers read as they run; else None."""
+    from onnxbuild.sources import checkpoint
+
+    folder = checkpoint_folder(src, record, recipe_dir)
+    found = checkpoint.Checkpoint.of_folder(folder) if folder is not None else None
+    if found is None or found.parameters() < checkpoint.STREAM_ABOVE:
+        return None
+    import transformers
+
+    assert folder is not None
+    config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    model: transformers.PreTrainedModel | None = checkpoint.streamed_model(
+        auto,
+        config,
+        found,
+        dtype,  # type: ignore[arg-type]  # a torch.dtype, typed object where torch is not imported
+        **kwargs,
+    )
+    return model
 
 
 RECORDED = ("model", "revision", "offline")
@@ -762,6 +856,8 @@ KIND = SourceKind(
     identity=identity,
     estimate_weights=estimate_weights,
     record=record,
+    write_weights=write_weights,
+    checkpoint_folder=checkpoint_folder,
     load_model=load_model,
     traced_when=traced,
     resolve=resolve,

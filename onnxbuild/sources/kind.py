@@ -176,6 +176,9 @@ class SourceRecord(TypedDict, total=False):
     factory: str | None
     keras: str | None
     kwargs: dict[str, object]
+    weights_file: str
+    """Streamed random-init: the safetensors file the source step wrote (sources/checkpoint.py)."""
+    generator: int
 
 
 class Adapted(Protocol):
@@ -253,6 +256,10 @@ class SourceKind(Generic[S]):
     record: Callable[[S, Path, dict[str, str]], SourceRecord] | None = None
     """A traced source's record of which weights the model gets (reports/source.json)."""
     load_model: Callable[[S, Mapping[str, object], Path], object] | None = None
+    write_weights: Callable[[S, Mapping[str, object], Path], str] | None = None
+    """The source step's weights beside the record (streamed random-init); returns a note, "" for none."""
+    checkpoint_folder: Callable[[S, Mapping[str, object], Path], Path | None] | None = None
+    """The folder of safetensors the model's weights can be read from one tensor at a time."""
     """The model that record (as read back from reports/source.json) describes: a torch module,
     a transformers model or a Keras model (torch, transformers or TensorFlow imported here)."""
     traced_when: Callable[[S], bool] = _always

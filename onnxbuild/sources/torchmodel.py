@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
     from onnxbuild.runtimes.sessions import TensorInfo
+    from onnxbuild.sources.checkpoint import Lazy
 
 POOLED_OUTPUTS = frozenset({"pooler_output", "text_embeds", "image_embeds", "sentence_embedding"})
 """One vector per input, whatever the task's other outputs hold per token."""
@@ -45,6 +46,32 @@ def load_source_model(source: Mapping[str, object], record: Mapping[str, object]
     if load is None:
         raise ValueError(f"a {kind} source is not traced: it has no model to load")
     return load(src, record, recipe_dir)
+
+
+def lazy_source_model(
+    source: Mapping[str, object], record: Mapping[str, object], recipe_dir: Path
+) -> tuple[Lazy, int] | None:
+    """The source's model as a module tree whose weights are read from its safetensors files as
+    they are touched (sources/checkpoint.Lazy), and its fp32 weight bytes; None where the weights
+    are not in such files (in-memory random-init, GGUF, a torch module)."""
+    from onnxbuild.sources import source_kind
+
+    ((kind, src),) = source.items()
+    described = source_kind(kind)
+    folder = described.checkpoint_folder(src, record, recipe_dir) if described.checkpoint_folder else None
+    if folder is None:
+        return None
+    import transformers
+
+    from onnxbuild.sources import checkpoint
+    from onnxbuild.sources.huggingface import task
+
+    found = checkpoint.Checkpoint.of_folder(folder)
+    if found is None:
+        return None
+    config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    auto = getattr(transformers, task(src)["auto_class"])  # type: ignore[arg-type]
+    return checkpoint.lazy_model(auto, config, found), 4 * found.parameters()
 
 
 def full_export(export: ExportSection, model: transformers.PreTrainedModel) -> ExportSection:

@@ -22,4 +22,6 @@ __all__ = [
 def read_source_record(ctx: StepContext) -> dict[str, object]:
     """reports/source.json, which a torch-traced source's steps take as an input."""
     record: dict[str, object] = json.loads(ctx.input("reports/source.json").read_text(encoding="utf-8"))
+    if record.get("weights_file"):  # streamed random-init: the weights came with the record (sources/checkpoint.py)
+        record["weights_folder"] = str(ctx.input(str(record["weights_file"])).parent)
     return record

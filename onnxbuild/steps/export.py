@@ -59,6 +59,13 @@ PACKAGES = ("torch", "transformers", "onnx", "onnxscript")
 MEMORY = (3.5, 1200)
 """Peak as (x the fp32 weights, MB more), measured: GPT-2 small 2.8 GB; a Llama-3.2-1B shape
 (4.94 GB of weights) 16.6 GB, the torch model, its trace and the ONNX proto held at once."""
+FUSED_MEMORY = (0.5, 900)
+"""``exporter: fused`` (exporting/fused.py): a Llama-3.2-1B shape 3.4 GB in 31 s, one weight at a
+time, the largest (its 1 GB tied table) read and transposed."""
+
+
+def memory(recipe: Recipe) -> tuple[float, int]:
+    return FUSED_MEMORY if recipe.resolved["export"]["exporter"] == "fused" else MEMORY
 
 
 class ExportParams(TypedDict):
@@ -99,6 +106,10 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     described = source_kind(kind)
     if described.convert is not None:
         return _converted(ctx, described, src, export)
+    if export["exporter"] == "fused":
+        from onnxbuild.steps.exporting import fused
+
+        return fused.export(ctx, source, export)
     import torch
 
     if export["device"] == "cuda" and not torch.cuda.is_available():
@@ -385,6 +396,7 @@ KIND = StepKind(
     plan=plan,
     run=run,
     memory=MEMORY,
+    memory_for=memory,
     placement=placement,
     imports=("onnxscript",),
     loads_model=True,

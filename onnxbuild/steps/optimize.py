@@ -120,7 +120,11 @@ def plan(p: Planning) -> list[StepSpec]:
     # A decoder with a KV cache may get its graph written from the weights (fusion/decoder.py):
     # then the step reads the model as the source step recorded it.
     traced = export_kind.section(r)
-    fuse = is_decoder(r["source"]) and bool(traced and traced["with_past"]) and opt["decoder"] != "export"
+    fuse = (
+        is_decoder(r["source"])
+        and bool(traced and traced["with_past"] and traced["exporter"] != "fused")  # fused: the export already is
+        and opt["decoder"] != "export"
+    )
     model_step = p.model_step
     files = p.variants[0].files  # an encoder-decoder's two files, each optimized alike
     return [
@@ -454,19 +458,26 @@ def _fused_decoder(ctx: StepContext, spec: StepSpec, exported: onnx.ModelProto, 
     more than EXTERNAL_ABOVE bytes, or any where ``export.external_data`` is ``always``, go to
     ``<staged>.data`` as they are written (fusion/decoder.Graph)."""
     from onnxbuild.fusion import decoder
-    from onnxbuild.sources.torchmodel import load_source_model
+    from onnxbuild.sources.torchmodel import lazy_source_model, load_source_model
 
     source = spec.params["source"]
-    model = load_source_model(source, read_source_record(ctx), ctx.recipe_dir)
-    if spec.params["optimize"]["decoder"] == "auto" and not decoder.supported(str(model.config.model_type)):
+    record = read_source_record(ctx)
+    # from the checkpoint's files, one tensor at a time, where there are any; else transformers' model
+    lazy = lazy_source_model(source, record, ctx.recipe_dir)
+    if lazy is not None:
+        model, weights = lazy
+        kind = str(model._config.model_type)
+    else:
+        model = load_source_model(source, record, ctx.recipe_dir).float().eval()
+        weights, kind = 4 * sum(p.numel() for p in model.parameters()), str(model.config.model_type)
+    if spec.params["optimize"]["decoder"] == "auto" and not decoder.supported(kind):
         return None
-    weights = 4 * sum(p.numel() for p in model.parameters())
     mode = spec.params.get("external_data", "auto")
     if mode == "always" or (mode == "auto" and weights > EXTERNAL_ABOVE):
         location = f"{staged.name}.data"
         with open(staged.parent / location, "wb") as data:
-            return decoder.build(model.float().eval(), exported, data, location)
-    return decoder.build(model.float().eval(), exported)
+            return decoder.build(model, exported, data, location)
+    return decoder.build(model, exported)
 
 
 def _histogram(model: onnx.ModelProto) -> dict[str, int]:
@@ -477,6 +488,14 @@ def check(c: Checking) -> Iterable[Found]:
     """A fused decoder graph exists for the model's architecture and needs its KV cache."""
     yield from refuse_three_files(c, "optimize")
     if ((c.doc.get("optimize") or {}).get("decoder")) != "fused":
+        return
+    if (export_kind.section(c.doc) or {}).get("exporter") == "fused":
+        yield (
+            ("optimize", "decoder"),
+            "export.exporter: fused already writes the fused graph: remove optimize.decoder "
+            "(or the optimize section; quantize from: model)",
+            False,
+        )
         return
     config = c.src.get("config")
     model_type = config.get("model_type") if isinstance(config, dict) else None

@@ -60,7 +60,13 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     ctx.output("reports/source.json").write_text(pretty_json(record), encoding="utf-8")
     weights = str(record["weights"])
     note = f"weights: {weights}" + (f" ({record['why']})" if record.get("why") else "")
-    return StepResult(summary=note, data={"weights": weights, "why": record.get("why", "")})
+    written = described.write_weights(src, record, ctx.output_dir) if described.write_weights else ""
+    extra = tuple(str(p.relative_to(ctx.output_dir)) for p in sorted(ctx.output_dir.glob("weights/*")))
+    return StepResult(
+        summary=f"{note}; {written}" if written else note,
+        data={"weights": weights, "why": record.get("why", "")},
+        extra_outputs=extra,
+    )
 
 
 def _built(ctx: StepContext, model: onnx.ModelProto) -> StepResult:

@@ -99,10 +99,12 @@ RANDOM_INIT_TOP1 = (
 PACKAGES = ("torch", "transformers", "tokenizers", "onnxruntime", "numpy", "openvino")
 
 
-MEMORY = (2.9, 1200)
+MEMORY = (0.9, 1850)
 """Peak as (x the fp32 weights, MB more), measured: GPT-2 small 2.3 GB; a Llama-3.2-1B shape
-(4.94 GB of weights): the export 10.8 GB in 56 s, the int8 and int4 variants 12.3 and 14.6 GB
-(PyTorch's model, ONNX Runtime's session and the weights check's largest tensor together)."""
+(4.94 GB of weights): 6.3 GB for the fp32 file, 6.0 and 6.1 for its 8- and 4-bit variants.
+PyTorch's outputs come first and its model is freed before ONNX Runtime loads the file (at 1B
+and up its layers are read as they run: sources/checkpoint.streamed_model); the weights check
+runs before the session. Before: 10.8, 12.3 and 14.6 GB, all of them held together."""
 
 
 class BaseVariant(TypedDict):
@@ -228,6 +230,44 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     specs = input_specs(source, export, natural=True)
     top1_gated = gates_top1(source)
 
+    # PyTorch's outputs for every case first, then its model freed before ONNX Runtime loads the
+    # file: the two are never held together (a 1B model: 4.9 GB each), unless a later check
+    # (accuracy, sentences, text) runs the model again
+    cases = []
+    for i, sizes in enumerate(validation_cases(validate, export)):
+        feeds = make_inputs(specs, sizes, seed=int(validate["seed"]) + i, vocab=vocab)
+        real = RealTokens.of(feeds, sizes)
+        try:
+            with torch.no_grad():
+                reference = [
+                    real.keep(n, t.detach().float().cpu().numpy())
+                    for n, t in zip(
+                        export["outputs"], wrapped(*(torch.from_numpy(feeds[n]) for n in names)), strict=False
+                    )
+                ]
+        except Exception as exc:  # the source model itself refuses this shape: the recipe asks too much
+            shown = ", ".join(f"{d}={v}" for d, v in sizes.items())
+            raise StepError(
+                f"validate.shapes: PyTorch itself fails on the source model at {shown} ({type(exc).__name__}: "
+                f"{brief(exc, limit=300)}); "
+                "the model does not take inputs of that size: list sizes it takes under validate.shapes"
+            ) from None
+        cases.append((sizes, feeds, real, reference))
+    if validate["accuracy"] is None and not validate["sentences"] and not validate.get("text"):
+        import gc
+
+        del model, wrapped
+        model = wrapped = None
+        gc.collect()
+
+    # the file's own checks, one tensor at a time, before a session holds its weights
+    model_file = ctx.input(params.get("model_path", "model.onnx"))
+    kernels = u8s8.note(model_file)
+    base = params.get("base")
+    weights = weightcheck.check(model_file, ctx.input(base["path"])) if base else None
+    if weights is not None and not weights["checked"] and not weights["not_checked"]:
+        weights = None  # nothing quantized in it (fp16): no check to report
+
     options = sessions.options()
     provider = "CPUExecutionProvider"
     try:
@@ -246,12 +286,6 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     )
     rtol, atol = float(validate["rtol"]), float(validate["atol"])
     results: list[ShapeResult] = []
-    model_file = ctx.input(params.get("model_path", "model.onnx"))
-    kernels = u8s8.note(model_file)
-    base = params.get("base")
-    weights = weightcheck.check(model_file, ctx.input(base["path"])) if base else None
-    if weights is not None and not weights["checked"] and not weights["not_checked"]:
-        weights = None  # nothing quantized in it (fp16): no check to report
     web_target = bool(params.get("web"))
     web_note = ""
     if web_target:
@@ -269,25 +303,8 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     # alone moves in steps of 12.5%, too coarse to hold a quantized model to 0.85.
     top1_hits = top1_total = 0
     failing: dict[str, NDArray[np.generic]] | None = None  # the first numeric failure's inputs, for the search
-    for i, sizes in enumerate(validation_cases(validate, export)):
-        feeds = make_inputs(specs, sizes, seed=int(validate["seed"]) + i, vocab=vocab)
-        real = RealTokens.of(feeds, sizes)
+    for sizes, feeds, real, reference in cases:
         keep = real.keep
-        try:
-            with torch.no_grad():
-                reference = [
-                    keep(n, t.detach().float().cpu().numpy())
-                    for n, t in zip(
-                        export["outputs"], wrapped(*(torch.from_numpy(feeds[n]) for n in names)), strict=False
-                    )
-                ]
-        except Exception as exc:  # the source model itself refuses this shape: the recipe asks too much
-            shown = ", ".join(f"{d}={v}" for d, v in sizes.items())
-            raise StepError(
-                f"validate.shapes: PyTorch itself fails on the source model at {shown} ({type(exc).__name__}: "
-                f"{brief(exc, limit=300)}); "
-                "the model does not take inputs of that size: list sizes it takes under validate.shapes"
-            ) from None
         shape_result: ShapeResult = {
             "shape": dict(sizes),
             "passed": False,

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
     from transformers import PreTrainedModel
 
+    from onnxbuild.sources.decoder import PastLayout
+
 PROTOBUF_LIMIT = 2_000_000_000
 
 
@@ -33,10 +35,11 @@ def companion_files(
     source: dict[str, dict[str, object]],
     record: dict[str, object],
     export: ExportSection,
+    layout: PastLayout | None = None,
 ) -> tuple[str, ...]:
     """config.json, generation_config.json and the tokenizer beside model.onnx, so Optimum's
     ORTModel classes can load the folder; for a with-past decoder, genai_config.json for
-    onnxruntime-genai as well."""
+    onnxruntime-genai as well (its cache ``layout`` as the model writes it, unless given)."""
     from onnxbuild.sources.torchmodel import load_tokenizer
 
     written = ["config.json"]  # declared by the pipeline; the rest depend on the model
@@ -60,7 +63,8 @@ def companion_files(
         from onnxbuild.sources.decoder import genai_config, layout_of_model
 
         ctx.output("genai_config.json").write_text(
-            genai_config(model.config, layout_of_model(model), [t["name"] for t in export["inputs"]]), encoding="utf-8"
+            genai_config(model.config, layout or layout_of_model(model), [t["name"] for t in export["inputs"]]),
+            encoding="utf-8",
         )
         written.append("genai_config.json")
     return tuple(written[1:])

@@ -70,6 +70,8 @@ def check(c: Checking) -> Iterable[Found]:
             f"applies to huggingface text-generation models (this recipe has {what}); remove it",
             False,
         )
+    if export.get("exporter") == "fused":
+        yield from _check_fused(c, export)
     if c.two_files:
         yield from _check_two_files(c, export)
     if c.three_files:
@@ -112,6 +114,28 @@ def check(c: Checking) -> Iterable[Found]:
                 f"input {name!r} is listed twice (first as export.inputs[{names.index(name)}])",
                 False,
             )
+
+
+def _check_fused(c: Checking, export: Mapping[str, object]) -> Iterable[Found]:
+    """The fused exporter writes a text decoder's graph, with its cache, for the families that have one."""
+    from onnxbuild.recipe.families import FUSED_DECODERS
+
+    config = c.src.get("config")
+    kind = config.get("model_type") if isinstance(config, dict) else None
+    if not c.decoder or not export.get("with_past"):
+        yield (
+            ("export", "exporter"),
+            "fused writes a text-generation decoder's graph with its KV cache: it needs a huggingface "
+            "text-generation source and export.with_past: true; use exporter: torchscript",
+            False,
+        )
+    elif kind is not None and kind not in FUSED_DECODERS:
+        yield (
+            ("export", "exporter"),
+            f"no fused graph for model_type {kind!r} (there is one for {', '.join(FUSED_DECODERS)}); "
+            "use exporter: torchscript",
+            False,
+        )
 
 
 def finds(c: Checking) -> Checking:

@@ -21,9 +21,30 @@ def bits_of(q: QuantizeSection) -> int:
     return 4 if q["method"] == "int4" else int(q["bits"])
 
 
+def streamable(src: Path, q: QuantizeSection) -> bool:
+    """Quantized one MatMul at a time (quant/streamed.py): weight-only, the weights in external
+    data (a model over 2 GB), the embedding left float and no budget (those need the whole graph)."""
+    return (
+        q["method"] in ("int4", "weight_only")
+        and not q["embedding"]
+        and not q.get("budget")
+        and src.with_name(f"{src.name}.data").is_file()
+    )
+
+
 def _weight_only(src: Path, out: Path, q: QuantizeSection) -> None:
     import onnx
 
+    if streamable(src, q):
+        from onnxbuild.quant.streamed import quantize
+
+        skip = set(excluded(src, q))
+        one: QuantizeSection = {**q, "keep": [], "exclude_nodes": []}
+        quantize(src, out, skip, lambda alone: _weight_only_proto(alone, one))
+        model = onnx.load_model(str(out), load_external_data=False)
+        if _bias_into_nbits(model):
+            onnx.save_model(model, str(out))
+        return
     model = _weight_only_proto(onnx.load_model(str(src)), q)
     _bias_into_nbits(model)
     weights = sum(len(t.raw_data) for t in model.graph.initializer)
@@ -101,12 +122,13 @@ def _weight_only_proto(
     return quantized
 
 
-def _bias_into_nbits(model: onnx.ModelProto) -> None:
+def _bias_into_nbits(model: onnx.ModelProto) -> int:
     """A constant bias added right after a MatMulNBits goes into its optional ``bias`` input:
     one kernel instead of two, which at one token per step is a measurable share (Qwen2's
     q/k/v biases: 12 Add nodes per decode step)."""
-    from onnx import numpy_helper
+    from onnx import TensorProto
 
+    moved = 0
     inits = {t.name: t for t in model.graph.initializer}
     consumers: dict[str, int] = {}
     for n in model.graph.node:
@@ -128,12 +150,10 @@ def _bias_into_nbits(model: onnx.ModelProto) -> None:
         ):
             continue
         n_out = next(a.i for a in mm.attribute if a.name == "N")
-        if (
-            list(inits[bias].dims) != [n_out]
-            or len(mm.input) > 5
-            or numpy_helper.to_array(inits[bias]).dtype.name != "float32"
-        ):
+        if list(inits[bias].dims) != [n_out] or len(mm.input) > 5 or inits[bias].data_type != TensorProto.FLOAT:
             continue
         mm.input.extend([""] * (5 - len(mm.input)) + [bias])
         mm.output[0] = add.output[0]
         model.graph.node.remove(add)
+        moved += 1
+    return moved
