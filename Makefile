@@ -56,6 +56,8 @@ bench: install
 	$(PYTHON) bench/decoders.py
 	@# SmolLM2-135M with real weights: quality on text beside speed, every variant, dynamic int8 and the model builder's int4
 	$(PYTHON) bench/smollm2.py
+	@# Llama-3.2-1B and 3B shapes: every step's wall time and peak RSS beside the model builder's on the same weights
+	$(PYTHON) bench/sizes.py
 
 demo: install
 	onnxbuild make recipes/gpt2.yaml

@@ -35,8 +35,8 @@ __all__ = ["MODEL", "SOURCE_RECORD", "VARIANT_TOLERANCES", "Variant", "steps_for
 def variants(recipe: Recipe) -> list[Variant]:
     """The exported model, then what each kind makes (its ``KIND.variants(recipe)``), in the
     registry's order."""
-    model_step = next(k.name for k in kinds() if k.writes_model(recipe))
-    out = [variant(recipe, "model", model_step, "", "fp32")]
+    writer = next(k for k in kinds() if k.writes_model(recipe))
+    out = [variant(recipe, "model", writer.name, "", writer.model_precision(recipe))]
     for kind in kinds():
         out += kind.variants(recipe, tuple(out))
     return out

@@ -286,6 +286,10 @@ def _no_variants(recipe: Recipe, earlier: tuple[Variant, ...]) -> list[Variant]:
     return []
 
 
+def _fp32(recipe: Recipe) -> str:
+    return "fp32"
+
+
 def _not_the_model(recipe: Recipe) -> bool:
     return False
 
@@ -324,6 +328,8 @@ class StepKind:
     """The variants it makes, given those made before it (``pipeline.variants`` asks every kind
     in the registry's order, the exported model first)."""
     writes_model: Callable[[Recipe], bool] = _not_the_model
+    model_precision: Callable[[Recipe], str] = _fp32
+    """The precision of the model it writes, where it writes it (``fp32`` but for a quantized export)."""
     """Its step writes the recipe's model.onnx, the ``model`` variant (one kind does per recipe:
     export for a traced source, source for an ONNX file or graph)."""
     placement: Callable[[Recipe], tuple[float, int, str]] = _one_cpu

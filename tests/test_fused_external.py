@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import onnx
 import pytest
@@ -64,17 +65,22 @@ def test_the_streamed_weights_are_the_in_memory_ones_and_the_graph_is_the_same(t
     assert streamed.SerializeToString() == held.SerializeToString()
 
 
-def test_a_fused_decoder_written_as_external_data_validates_and_quantizes(tmp_path: Path) -> None:
-    doc = yaml.safe_load((DATA / "tiny-llama.yaml").read_text(encoding="utf-8"))
-    doc["export"]["external_data"] = "always"  # as a model over 2 GB writes it
-    doc["quantize"] = [{"name": "int4", "method": "int4", "from": "optimized", "block_size": 32}]
-    for key in ("generate", "benchmark"):
+def _built(tmp_path: Path, doc: dict[str, Any], without: tuple[str, ...]) -> Path:
+    """tests/data/tiny-llama.yaml as ``doc`` changed it, less the sections ``without``, built: its artifacts."""
+    for key in without:
         doc.pop(key, None)
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
     settings = onnxbuild.Settings(cache_dir=tmp_path / "cache", artifacts_dir=tmp_path / "artifacts")
     report = onnxbuild.build([tmp_path / "tiny.yaml"], settings)
     assert report.ok, report.failures()
-    folder = tmp_path / "artifacts" / "tiny-llama"
+    return tmp_path / "artifacts" / "tiny-llama"
+
+
+def test_a_fused_decoder_written_as_external_data_validates_and_quantizes(tmp_path: Path) -> None:
+    doc = yaml.safe_load((DATA / "tiny-llama.yaml").read_text(encoding="utf-8"))
+    doc["export"]["external_data"] = "always"  # as a model over 2 GB writes it
+    doc["quantize"] = [{"name": "int4", "method": "int4", "from": "optimized", "block_size": 32}]
+    folder = _built(tmp_path, doc, ("generate", "benchmark"))
     optimized = onnx.load_model(str(folder / "optimized" / "model.onnx"), load_external_data=False)
     assert any(external_data_helper.uses_external_data(t) for t in optimized.graph.initializer)
     assert (folder / "optimized" / "model.onnx.data").stat().st_size > 700_000  # the 0.2M weights in fp32
@@ -194,3 +200,41 @@ def test_a_model_streamed_layer_by_layer_computes_what_the_loaded_one_does(tmp_p
             streamed.generate(ids, max_new_tokens=6, do_sample=False),
         )
     assert all(p.device.type == "meta" for p in streamed.model.layers.parameters())  # dropped again
+
+
+def test_a_fused_export_with_4_bit_weights_writes_no_float_matmul_and_validates(tmp_path: Path) -> None:
+    """export.weights: each MatMul quantized as the fused writer writes it (no float file, for
+    models too large for theirs), checked against its float weight there, validated as int4."""
+    doc = yaml.safe_load((DATA / "tiny-llama.yaml").read_text(encoding="utf-8"))
+    doc["source"]["huggingface"]["config"]["tie_word_embeddings"] = True
+    doc["export"] = {"exporter": "fused", "opset": 23, "with_past": True, "weights": {"bits": 4}}
+    folder = _built(tmp_path, doc, ("optimize", "quantize", "generate", "benchmark", "expect"))
+    model = onnx.load_model(str(folder / "model.onnx"), load_external_data=False)
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("MatMulNBits") == 2 * 5 + 1 and "MatMul" not in ops
+    lookup = next(n for n in model.graph.node if n.op_type == "Gather" and n.input[1] == "input_ids")
+    assert lookup.input[0] == "lm_head.weight"  # the tied table, float for the lookup, 4-bit for the head
+    validation = json.loads((folder / "reports" / "validation.json").read_text(encoding="utf-8"))
+    assert validation["variants"]["model"]["passed"]
+    assert validation["variants"]["model"]["atol"] == 3.0  # int4's tolerances, not fp32's 1e-4
+
+
+def test_a_wrong_quantized_weight_is_caught_where_the_fused_writer_quantizes_it() -> None:
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    from onnxbuild.quant.streamed import _alone
+    from onnxbuild.quant.weightcheck import written
+    from onnxbuild.steps.quantizing.nbits import _weight_only_proto
+
+    w = (np.random.default_rng(0).standard_normal((64, 48)) * 0.02).astype(np.float32)
+    node = helper.make_node("MatMul", ["x", "w"], ["y"], name="/m/MatMul")
+    q = {"name": "m", "method": "int4", "bits": 4, "block_size": 32, "symmetric": True, "accuracy_level": 4}
+    q |= {"algorithm": "rtn", "embedding": False, "keep": [], "exclude_nodes": []}
+    right = _weight_only_proto(_alone(node, w), q)  # type: ignore[arg-type]
+    found = written(right, "w", w)
+    assert found is not None and found["rel_error"] <= found["rel_max"]
+    scales = next(t for t in right.graph.initializer if t.name.endswith("_scales"))
+    scales.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(scales) * 2, scales.name))
+    wrong = written(right, "w", w)
+    assert wrong is not None and wrong["rel_error"] > 1.0 > wrong["rel_max"]

@@ -550,7 +550,7 @@ BAD_FILES = {
     "gpt2-typos.yaml": [
         'bad/gpt2-typos.yaml:7:10: export.opset: must be an integer from 7 to 23 (got "eighteen")',
         "bad/gpt2-typos.yaml:8:3: export.exproter: unknown key (did you mean 'exporter'? expected one of: "
-        "constant_folding, device, exporter, external_data, inputs, opset, outputs, sample, with_past)",
+        "constant_folding, device, exporter, external_data, inputs, opset, outputs, sample, weights, with_past)",
         "bad/gpt2-typos.yaml:10:9: validate.atol: must be a number >= 0 (got -1)",
     ],
     "dangling-graph.yaml": [

@@ -150,6 +150,13 @@ def execute(
     owned = executor is None
     executor = executor or LocalExecutor()
     executor.check([(s.label, s.spec.resources) for s in plan.steps if s.action == "run"])
+    if executor.name == "local" and not keep_going:
+        # refused up front, not after the steps before it ran: an 8B model's source step alone
+        # writes its 32 GB of random-init weights (with --keep-going the others still run)
+        for s in plan.steps:
+            refused = admission.refusal(s.spec, s.spec.limits) if s.action == "run" else None
+            if refused is not None:
+                raise BuildFailed(f"{s.recipe.name}: step {s.spec.name} {refused}; no step was started")
     cache.warn = reporter.warning
     start = time.perf_counter()
     cache.ensure_writable()

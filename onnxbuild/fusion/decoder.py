@@ -76,10 +76,17 @@ EXTERNAL_MIN = 1024
 EXTERNAL_ALIGN = 4096
 
 
-def build(model: Any, exported: onnx.ModelProto, data: BinaryIO | None = None, location: str = "") -> Built:
+def build(
+    model: Any,
+    exported: onnx.ModelProto,
+    data: BinaryIO | None = None,
+    location: str = "",
+    quantize: Quantize | None = None,
+) -> Built:
     """The fused graph of ``model`` (a transformers causal LM in float32) with the signature of
     ``exported`` (the export's ModelProto, read without its weights); its weights written into
-    ``data`` (the file ``location`` beside the model) where it is given (see :class:`Graph`)."""
+    ``data`` (the file ``location`` beside the model) where it is given (see :class:`Graph`),
+    each MatMul's quantized by ``quantize`` as it is written where that is given."""
     # model stays Any: its layers are reached by attribute (model.model.layers[i].self_attn...),
     # which torch types as Tensor | Module, and its config's fields vary by family
     import numpy as np
@@ -115,7 +122,7 @@ def build(model: Any, exported: onnx.ModelProto, data: BinaryIO | None = None, l
             f"attention_mask, past_key_values.*; this one has {sorted(names)}"
         )
 
-    g = Graph(data, location)
+    g = Graph(data, location, quantize)
     weight, node, inits = g.weight, g.node, g.inits
     if family.get("gpt2"):
         return _gpt2(model, exported, g, heads, head_dim)
@@ -422,23 +429,40 @@ class _WeightFn(Protocol):
     def __call__(self, name: str, array: NDArray[np.generic]) -> str: ...
 
 
+class Quantize(Protocol):
+    """A MatMul node with its float weight [K, N] -> a model of the node(s) and tensors that replace it."""
+
+    def __call__(self, node: onnx.NodeProto, array: NDArray[np.float32]) -> onnx.ModelProto: ...
+
+
 class Graph:
     """Nodes and initializers of the graph being written. With ``data`` (an open file named
     ``location`` beside the model), each weight of EXTERNAL_MIN bytes or more goes straight
     into it and the graph keeps only where it lies: the weights are never all held as
     TensorProtos, nor serialized at once (a Llama-3.2-1B shape's fused graph: 4.9 GB)."""
 
-    def __init__(self, data: BinaryIO | None = None, location: str = "") -> None:
+    def __init__(self, data: BinaryIO | None = None, location: str = "", quantize: Quantize | None = None) -> None:
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
         self.data = data
         self.location = location
+        self.quantize = quantize
+        self.pending: dict[str, NDArray[np.float32]] = {}
+        """With ``quantize``: matrices not written yet, until their first node says how."""
+        self.placed: dict[str, tuple[int, tuple[int, ...]]] = {}
 
     def weight(self, name: str, array: NDArray[np.generic]) -> str:
         import numpy as np
-        from onnx import TensorProto, numpy_helper
 
         values = np.ascontiguousarray(array, dtype=np.float32)
+        if self.quantize is not None and self.data is not None and values.ndim == 2 and values.nbytes >= EXTERNAL_MIN:
+            self.pending[name] = values
+            return name
+        return self._write(name, values)
+
+    def _write(self, name: str, values: NDArray[np.generic]) -> str:
+        from onnx import TensorProto, helper, numpy_helper
+
         if self.data is None or values.nbytes < EXTERNAL_MIN:
             self.inits.append(numpy_helper.from_array(values, name))
             return name
@@ -446,19 +470,54 @@ class Graph:
         pad = -offset % EXTERNAL_ALIGN  # page-aligned, as onnx's own writer aligns them
         self.data.write(b"\0" * pad)
         self.data.write(values.tobytes())
-        tensor = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=values.shape)
+        tensor = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(values.dtype), dims=values.shape)
         tensor.data_location = TensorProto.EXTERNAL
         for key, value in (("location", self.location), ("offset", offset + pad), ("length", values.nbytes)):
             entry = tensor.external_data.add()
             entry.key, entry.value = key, str(value)
         self.inits.append(tensor)
+        self.placed[name] = (offset + pad, tuple(values.shape))
         return name
 
     def node(self, op: str, ins: list[str], outs: list[str], name: str, domain: str = "", **attrs: Any) -> list[str]:
         from onnx import helper
 
-        self.nodes.append(helper.make_node(op, ins, outs, name=name, domain=domain, **attrs))
+        made = helper.make_node(op, ins, outs, name=name, domain=domain, **attrs)
+        if self.quantize is not None and op == "MatMul" and (ins[1] in self.pending or ins[1] in self.placed):
+            self._quantized(made)
+            return outs
+        for i in ins:  # any other reader (a lookup) takes the matrix as it is
+            if i in self.pending:
+                self._write(i, self.pending.pop(i))
+        self.nodes.append(made)
         return outs
+
+    def _quantized(self, node: onnx.NodeProto) -> None:
+        """``node`` (a MatMul) with its weight quantized, the new tensors written at once; a
+        weight a lookup already wrote (a tied table) read back from the file for it."""
+        import numpy as np
+        from onnx import numpy_helper
+
+        assert self.quantize is not None and self.data is not None
+        weight = node.input[1]
+        array = self.pending.pop(weight, None)
+        if array is None:
+            offset, shape = self.placed[weight]
+            self.data.flush()
+            array = np.fromfile(self.data.name, dtype=np.float32, count=int(np.prod(shape)), offset=offset)
+            array = array.reshape(shape)
+        result = self.quantize(node, array)
+        del array
+        for n in result.graph.node:
+            copied = type(n)()
+            copied.CopyFrom(n)
+            self.nodes.append(copied)
+        for t in result.graph.initializer:
+            if t.name == weight:
+                continue
+            if any(i.name == t.name for i in self.inits):  # a block-sum table two MatMuls share
+                continue
+            self._write(t.name, numpy_helper.to_array(t))
 
     def model(self, exported: onnx.ModelProto, opset: int = 20) -> onnx.ModelProto:
         """The graph as a model with the export's inputs and outputs, at ``opset`` or the export's."""

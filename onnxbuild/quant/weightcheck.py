@@ -235,3 +235,36 @@ def check(variant: Path, base: Path) -> WeightCheck:
         "failed": failed,
         "passed": not failed,
     }
+
+
+class _Tensors:
+    """A model's initializers by name, as a :class:`WeightFile` reads them (held in memory)."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.tensors = {t.name: t for t in model.graph.initializer}
+
+    def array(self, name: str) -> NDArray[np.generic]:
+        from onnx import numpy_helper
+
+        return numpy_helper.to_array(self.tensors[name])
+
+
+def written(model: onnx.ModelProto, name: str, w: NDArray[np.float32]) -> WorstTensor | None:
+    """The MatMulNBits of ``model`` (a node and its tensors, as the fused writer quantizes one
+    MatMul) against the float weight ``w`` [K, N] it was made from, with :func:`check`'s bound;
+    None where ``model`` has no MatMulNBits."""
+    import numpy as np
+    from onnx import helper
+
+    node = next((n for n in model.graph.node if n.op_type == "MatMulNBits"), None)
+    if node is None:
+        return None
+    sizes = {
+        a.name: int(helper.get_attribute_value(a)) for a in node.attribute if a.name in ("bits", "block_size", "K", "N")
+    }
+    sizes.setdefault("bits", 4)
+    deq, steps = _nbits_value(node, _Tensors(model), sizes)  # type: ignore[arg-type]  # reads as a WeightFile does
+    norm = float(np.linalg.norm(w))
+    rel = float(np.linalg.norm(deq - w)) / norm if norm > 0 else float(np.abs(deq).max())
+    bound = max(REL_MAX[sizes["bits"]], STEP_SHARE * steps / norm if norm > 0 else 0.0)
+    return {"name": name, "bits": sizes["bits"], "rel_error": rel, "rel_max": bound}

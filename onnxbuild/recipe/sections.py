@@ -23,7 +23,16 @@ class Tensor(TypedDict):
     shape: list[int | str]
 
 
-class ExportSection(TypedDict):
+class ExportWeights(TypedDict):
+    """export.weights: the fused exporter's MatMul weights quantized as they are written."""
+
+    bits: Literal[4, 8]
+    block_size: int
+    accuracy_level: int
+    symmetric: bool
+
+
+class _ExportKeys(TypedDict):
     exporter: Literal["torchscript", "dynamo", "fused"]
     opset: int
     inputs: list[Tensor]
@@ -33,6 +42,11 @@ class ExportSection(TypedDict):
     external_data: Literal["auto", "always", "never"]
     device: Literal["cpu", "cuda"]
     with_past: bool
+
+
+class ExportSection(_ExportKeys, total=False):
+    weights: ExportWeights
+    """Only where the recipe gives it (exporter: fused): absent, every other export's key is as before."""
 
 
 class AccuracyCheck(TypedDict):

@@ -68,6 +68,12 @@ def memory(recipe: Recipe) -> tuple[float, int]:
     return FUSED_MEMORY if recipe.resolved["export"]["exporter"] == "fused" else MEMORY
 
 
+def model_precision(recipe: Recipe) -> str:
+    """fp32, or the bits of a fused export's quantized weights (export.weights)."""
+    weights = recipe.resolved["export"].get("weights")
+    return f"int{weights['bits']}" if weights else "fp32"
+
+
 class ExportParams(TypedDict):
     """What :func:`plan` puts in the step's params."""
 
@@ -84,7 +90,7 @@ def plan(p: Planning) -> list[StepSpec]:
         StepSpec(
             name="export",
             kind="export",
-            params={"source": r["source"], "export": r["export"]},
+            params={"source": r["source"], "export": r["export"]},  # weights: only where given
             deps=("source",),
             inputs=(StepInput("source", SOURCE_RECORD),),
             outputs=(*model_files(p.recipe), "config.json")
@@ -404,5 +410,6 @@ KIND = StepKind(
     finds=rules.finds,
     resolve=rules.resolve,
     writes_model=lambda recipe: recipe.torch_source,
+    model_precision=model_precision,
 )
 """What this kind says of itself (onnxbuild.spec.StepKind)."""

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from onnxbuild.recipe.model import Recipe
     from onnxbuild.runtimes.decoding import Chooser, Generation, OrtDecoder
 
 VERSION = 3
@@ -44,6 +45,14 @@ PACKAGES = ("torch", "transformers", "tokenizers", "onnxruntime", "numpy")
 MEMORY = (1.0, 1200)
 """Peak as (x the fp32 weights, MB more), measured on a Llama-3.2-1B shape (4.94 GB): 6.1 GB, the
 largest session of its files (PyTorch's model streams its layers at that size)."""
+
+QUANTIZED_MEMORY = (0.4, 1850)
+"""Where the export itself is 4- or 8-bit (export.weights: no float file), of the fp32 weights:
+the session holds the quantized weights and PyTorch streams its layers."""
+
+
+def memory(recipe: Recipe) -> tuple[float, int]:
+    return MEMORY if export_kind.model_precision(recipe) == "fp32" else QUANTIZED_MEMORY
 
 
 class _GenerateNamed(TypedDict):
@@ -587,6 +596,7 @@ KIND = StepKind(
     plan=plan,
     run=run,
     memory=MEMORY,
+    memory_for=memory,
     imports=("onnxruntime",),
     loads_model=True,
     check=check,

@@ -489,7 +489,8 @@ def check(c: Checking) -> Iterable[Found]:
     yield from refuse_three_files(c, "optimize")
     if ((c.doc.get("optimize") or {}).get("decoder")) != "fused":
         return
-    if (export_kind.section(c.doc) or {}).get("exporter") == "fused":
+    traced = export_kind.section(c.doc)
+    if traced is not None and traced.get("exporter") == "fused":
         yield (
             ("optimize", "decoder"),
             "export.exporter: fused already writes the fused graph: remove optimize.decoder "

@@ -85,6 +85,8 @@ if TYPE_CHECKING:
     import torch
     from numpy.typing import NDArray
 
+    from onnxbuild.recipe.model import Recipe
+
 VERSION = 12
 
 RANDOM_INIT_REPORTED = ("int8", "int4")
@@ -105,6 +107,14 @@ MEMORY = (0.9, 1850)
 PyTorch's outputs come first and its model is freed before ONNX Runtime loads the file (at 1B
 and up its layers are read as they run: sources/checkpoint.streamed_model); the weights check
 runs before the session. Before: 10.8, 12.3 and 14.6 GB, all of them held together."""
+
+QUANTIZED_MEMORY = (0.4, 1850)
+"""Where the export itself is 4- or 8-bit (export.weights: no float file), of the fp32 weights:
+the session holds the quantized weights and PyTorch streams its layers."""
+
+
+def memory(recipe: Recipe) -> tuple[float, int]:
+    return MEMORY if export_kind.model_precision(recipe) == "fp32" else QUANTIZED_MEMORY
 
 
 class BaseVariant(TypedDict):
@@ -587,6 +597,7 @@ KIND = StepKind(
     plan=plan,
     run=run,
     memory=MEMORY,
+    memory_for=memory,
     imports=("onnxruntime",),
     loads_model=True,
     check=rules.check,

@@ -22,10 +22,14 @@ from onnxbuild.errors import StepError
 from onnxbuild.steps.base import StepContext, StepResult, read_source_record
 
 if TYPE_CHECKING:
+    import numpy as np
     import onnx
+    from numpy.typing import NDArray
     from transformers import PreTrainedModel
 
-    from onnxbuild.recipe.sections import ExportSection, Tensor
+    from onnxbuild.fusion import decoder
+    from onnxbuild.quant.weightcheck import WorstTensor
+    from onnxbuild.recipe.sections import ExportSection, ExportWeights, Tensor
     from onnxbuild.sources.checkpoint import Lazy
 
 _ONNX_TYPES = {"int64": 7, "int32": 6, "float32": 1, "float16": 10, "bool": 9}
@@ -81,22 +85,48 @@ def export(ctx: StepContext, source: dict[str, dict[str, object]], export: Expor
     external = export["external_data"] == "always" or (
         export["external_data"] == "auto" and weights > PROTOBUF_LIMIT * 0.9
     )
-    if external:
+    checked: list[WorstTensor] = []
+    quantize = _quantizer(export["weights"], checked) if export.get("weights") else None
+    if external or quantize is not None:
         location = "model.onnx.data"
         with open(ctx.output(location), "wb") as data:
-            built = decoder.build(model, shape, data, location)
+            built = decoder.build(model, shape, data, location, quantize)
+        external = True
     else:
         built = decoder.build(model, shape)
+    if quantize is not None:
+        from onnxbuild.steps.quantizing.nbits import _bias_into_nbits
+
+        _bias_into_nbits(built.model)
+        _gate(checked)
     strip_metadata(built.model)
     fused_ops = _standard_norms(built.model, built.fused_ops)
     onnx.save_model(built.model, str(out))
     extra: tuple[str, ...] = ("model.onnx.data",) if external else ()
     extra += companion_files(ctx, skeleton, source, record, full, layout)
     ops = ", ".join(f"{k} {v}" for k, v in fused_ops.items())
+    if quantize is not None:
+        nbits = sum(n.op_type == "MatMulNBits" for n in built.model.graph.node)
+        checked = list(
+            {c["name"]: c for c in sorted(checked, key=lambda c: c["rel_error"])}.values()
+        )  # a piece's worst
+        w = export["weights"]
+        ops += f"; {nbits} MatMuls at {w['bits']} bits (block {w['block_size']}, accuracy_level {w['accuracy_level']})"
+        worst = max(checked, key=lambda c: c["rel_error"] / c["rel_max"])
+        ops += f", each checked against its float weight: worst relative error {worst['rel_error']:.3f}"
     size = out.stat().st_size + (ctx.output("model.onnx.data").stat().st_size if external else 0)
     return StepResult(
         summary=f"fused {built.family} graph from the weights (no trace), {size / 1e6:.1f} MB; {ops}",
-        data={"exporter": "fused", "opset": export["opset"], "fused_ops": fused_ops},
+        data={
+            "exporter": "fused",
+            "opset": export["opset"],
+            "fused_ops": fused_ops,
+            **(
+                {"weights_check": {"checked": len(checked), "worst": max(checked, key=lambda c: c["rel_error"])}}
+                if checked
+                else {}
+            ),
+        },
         extra_outputs=extra,
     )
 
@@ -113,3 +143,57 @@ def _standard_norms(model: onnx.ModelProto, fused_ops: dict[str, int]) -> dict[s
             count += 1
     out = {k: v for k, v in fused_ops.items() if k != "SimplifiedLayerNormalization"}
     return {**out, "RMSNormalization": count} if count else out
+
+
+def _gate(checked: list[WorstTensor]) -> None:
+    """The export fails where a quantized weight is further from its float weight than the
+    validation's weights check allows (quant/weightcheck.py): there is no float file to check
+    it against later."""
+    failed = [c for c in checked if not c["rel_error"] <= c["rel_max"]]
+    if failed:
+        shown = ", ".join(f"{c['name']} {c['rel_error']:.3f} (at most {c['rel_max']:.3f})" for c in failed[:3])
+        raise StepError(
+            f"export.weights: {len(failed)} of {len(checked)} quantized weights are further from their float "
+            f"weights than {failed[0]['bits']}-bit rounding allows: {shown}; this is a bug in the quantizer, "
+            "not in the recipe: report it, or export without export.weights"
+        )
+
+
+def _quantizer(weights: ExportWeights, checked: list[WorstTensor]) -> decoder.Quantize:
+    """Each MatMul's weight quantized as the fused writer writes it, by the function a quantize
+    entry's weight-only method uses (round-to-nearest; large weights in pieces of columns), and
+    the result dequantized against the float weight at once (into ``checked``)."""
+    from onnx import numpy_helper
+
+    from onnxbuild.quant.streamed import _quantized
+    from onnxbuild.quant.weightcheck import written
+    from onnxbuild.recipe.sections import QuantizeSection
+    from onnxbuild.steps.quantizing.nbits import _weight_only_proto
+
+    q: QuantizeSection = {  # type: ignore[typeddict-item]  # the keys the weight-only writer reads
+        "name": "model",
+        "method": "int4" if weights["bits"] == 4 else "weight_only",
+        "bits": weights["bits"],
+        "block_size": weights["block_size"],
+        "accuracy_level": weights["accuracy_level"],
+        "symmetric": weights["symmetric"],
+        "algorithm": "rtn",
+        "embedding": False,
+        "keep": [],
+        "exclude_nodes": [],
+    }
+
+    def one(alone: onnx.ModelProto) -> onnx.ModelProto:
+        # checked piece by piece: a whole 1.6 GB table and its dequantized copies took 11 GB at 3B
+        (weight,) = alone.graph.initializer
+        name, w = weight.name, numpy_helper.to_array(weight)
+        result = _weight_only_proto(alone, q)
+        found = written(result, name, w)
+        if found is not None:
+            checked.append(found)
+        return result
+
+    def quantize(node: onnx.NodeProto, array: NDArray[np.float32]) -> onnx.ModelProto:
+        return _quantized(node, array, one)
+
+    return quantize

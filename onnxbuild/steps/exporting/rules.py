@@ -34,6 +34,8 @@ def resolve(doc: dict[str, Any], out: dict[str, Any]) -> None:
     task_inputs, task_outputs = described.default_io(src) if described.default_io else ([], ["output"])
     given = doc.get("export", {})
     export = with_defaults(given, deref("#/$defs/export"))
+    if isinstance(given.get("weights"), dict):  # its own defaults, where the recipe gives it
+        export["weights"] = with_defaults(given["weights"], deref("#/$defs/export")["properties"]["weights"])
     if "exporter" not in given and (needed := described.exporter(src)):
         export["exporter"] = needed
     default_inputs = past_inputs(kind, src) if export["with_past"] else task_inputs
@@ -72,6 +74,13 @@ def check(c: Checking) -> Iterable[Found]:
         )
     if export.get("exporter") == "fused":
         yield from _check_fused(c, export)
+    elif "weights" in export:
+        yield (
+            ("export", "weights"),
+            "quantized weights are written by exporter: fused only; set export.exporter: fused, "
+            "or quantize the export with a quantize entry (method: int4)",
+            False,
+        )
     if c.two_files:
         yield from _check_two_files(c, export)
     if c.three_files:

@@ -55,7 +55,7 @@ def tolerances(recipe: Recipe, v: Variant) -> dict[str, object]:
     """The base validate section's tolerances for the exported model; the variant's own
     (``v.own``, its entry's ``validate:``) over its precision's defaults otherwise."""
     r = recipe.resolved
-    if v.name == "model":
+    if v.name == "model" and v.precision == "fp32":  # the recipe's own tolerances; a quantized export its precision's
         return {}
     defaults: dict[str, float | None] = dict(VARIANT_TOLERANCES[v.precision])
     base: Mapping[str, object] = section(r) or {}  # absent for onnx and graph sources: validation needs a torch model
