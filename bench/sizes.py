@@ -39,6 +39,25 @@ def timed(command: list[str], cwd: Path) -> tuple[int, float, float, str]:
     return done.returncode, wall, int(found.group(1)) / 1e6 if found else float("nan"), done.stderr[-1500:]
 
 
+def builder_input(weights: Path, folder: Path) -> Path:
+    """The weights folder as the builder reads it: the same files (hard links, no copy) and a
+    tokenizer, which it saves beside its model: a small one trained here (the Hub is not reachable)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in weights.iterdir():
+        (folder / f.name).unlink(missing_ok=True)
+        (folder / f.name).hardlink_to(f)
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    text = ["the onnx format holds a graph of operators and their weights"] * 20
+    tok.train_from_iterator(text, trainers.BpeTrainer(vocab_size=200, special_tokens=["<unk>", "<s>", "</s>"]))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    fast.save_pretrained(str(folder))
+    return folder
+
+
 def main(recipes: list[str]) -> None:
     print(subprocess.run(["lscpu"], capture_output=True, text=True).stdout.split("Flags")[0].strip()[-600:])
     genai = genai_python()
@@ -68,13 +87,17 @@ def main(recipes: list[str]) -> None:
                 + " | |"
             )
             continue
+        folder = builder_input(weights, work / "hf")
         for precision in ("fp32", "int4") if "1b" in name else ("int4",):
             out = work / f"builder-{precision}"
-            command = [genai, "-m", "onnxruntime_genai.models.builder", "-i", str(weights), "-o", str(out)]
+            command = [genai, "-m", "onnxruntime_genai.models.builder", "-i", str(folder), "-o", str(out)]
             code, wall, peak, tail = timed([*command, "-p", precision, "-e", "cpu", "-c", str(work / "hf-cache")], work)
             size = sum(f.stat().st_size for f in out.glob("*.onnx*")) / 1e9 if out.is_dir() else 0.0
             shown = f"{wall:.0f} s | {peak:.1f} GB |" if code == 0 else f"failed ({code}) | {peak:.1f} GB |"
             print(f"| model builder | {precision} ({size:.2f} GB out) | {shown}")
+            if code != 0:
+                print(f"\nthe model builder failed:\n{tail}\n")
+            shutil.rmtree(out, ignore_errors=True)  # gigabytes; the figures are above
         shutil.rmtree(work / "hf-cache", ignore_errors=True)
 
 

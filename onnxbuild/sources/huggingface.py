@@ -323,14 +323,12 @@ def write_weights(src: HuggingfaceSource, record: Mapping[str, object], out: Pat
     from onnxbuild.sources import checkpoint
 
     cfg = _random_init_config(src)
-    dtype = (
-        "bfloat16"
-        if str(getattr(cfg, "torch_dtype", None) or getattr(cfg, "dtype", "")).endswith("bfloat16")
-        else "float32"
-    )
+    dtype = "bfloat16" if str(getattr(cfg, "dtype", None) or "").endswith("bfloat16") else "float32"
     started = time.monotonic()
     auto = getattr(transformers, task(src)["auto_class"])
     count = checkpoint.write_random_init(auto, cfg, int(src["seed"]), out / checkpoint.WEIGHTS, dtype)
+    if not cfg.architectures:  # as save_pretrained writes it: what other tools (the model builder) read
+        cfg.architectures = [type(checkpoint.meta_model(auto, cfg)).__name__]
     cfg.to_json_file(str(out / checkpoint.WEIGHTS_CONFIG))
     took = time.monotonic() - started
     return f"{count / 1e9:.2f}B seeded {dtype} weights streamed to {checkpoint.WEIGHTS} in {took:.0f} s"
