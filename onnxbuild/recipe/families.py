@@ -13,6 +13,16 @@ from collections.abc import Mapping
 
 FUSED_DECODERS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2")
 
+
+def no_fused_graph(config: object) -> str | None:
+    """Why a recipe's config has no fused decoder graph (its model_type is not a fused family),
+    or None: the export's and optimize's checks both say it, each with its own fix."""
+    kind = config.get("model_type") if isinstance(config, dict) else None
+    if kind is None or kind in FUSED_DECODERS:
+        return None
+    return f"no fused graph for model_type {kind!r} (there is one for {', '.join(FUSED_DECODERS)})"
+
+
 WINDOW_DEFAULTS: dict[str, int] = {
     "mistral": 4096,
     "gemma2": 4096,

@@ -22,7 +22,7 @@ from onnxbuild import environment
 from onnxbuild._util import every_node, pick, pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.checks import refuse_three_files
-from onnxbuild.recipe.families import FUSED_DECODERS
+from onnxbuild.recipe.families import no_fused_graph
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.recipe.sections import TARGETS, OptimizeSection, Provider
 from onnxbuild.recipe.tasks import DECODER_FILE
@@ -498,8 +498,6 @@ def check(c: Checking) -> Iterable[Found]:
             False,
         )
         return
-    config = c.src.get("config")
-    model_type = config.get("model_type") if isinstance(config, dict) else None
     if not c.with_past:
         yield (
             ("optimize", "decoder"),
@@ -507,13 +505,8 @@ def check(c: Checking) -> Iterable[Found]:
             "use decoder: auto or export",
             False,
         )
-    elif model_type is not None and model_type not in FUSED_DECODERS:
-        yield (
-            ("optimize", "decoder"),
-            f"no fused graph for model_type {model_type!r} (there is one for {', '.join(FUSED_DECODERS)}); "
-            "use decoder: auto or export",
-            False,
-        )
+    elif missing := no_fused_graph(c.src.get("config")):
+        yield ("optimize", "decoder"), f"{missing}; use decoder: auto or export", False
 
 
 KIND = StepKind(

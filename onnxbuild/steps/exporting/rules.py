@@ -127,10 +127,8 @@ def check(c: Checking) -> Iterable[Found]:
 
 def _check_fused(c: Checking, export: Mapping[str, object]) -> Iterable[Found]:
     """The fused exporter writes a text decoder's graph, with its cache, for the families that have one."""
-    from onnxbuild.recipe.families import FUSED_DECODERS
+    from onnxbuild.recipe.families import no_fused_graph
 
-    config = c.src.get("config")
-    kind = config.get("model_type") if isinstance(config, dict) else None
     if not c.decoder or not export.get("with_past"):
         yield (
             ("export", "exporter"),
@@ -138,13 +136,8 @@ def _check_fused(c: Checking, export: Mapping[str, object]) -> Iterable[Found]:
             "text-generation source and export.with_past: true; use exporter: torchscript",
             False,
         )
-    elif kind is not None and kind not in FUSED_DECODERS:
-        yield (
-            ("export", "exporter"),
-            f"no fused graph for model_type {kind!r} (there is one for {', '.join(FUSED_DECODERS)}); "
-            "use exporter: torchscript",
-            False,
-        )
+    elif missing := no_fused_graph(c.src.get("config")):
+        yield ("export", "exporter"), f"{missing}; use exporter: torchscript", False
 
 
 def finds(c: Checking) -> Checking:
