@@ -141,7 +141,8 @@ def test_streamed_random_init_is_seeded_and_loads_in_transformers(tmp_path: Path
 def test_weight_only_quantization_streamed_one_matmul_at_a_time_writes_the_in_memory_result(tmp_path: Path) -> None:
     """quant/streamed.py: each MatMul cut out with its weight alone and quantized by the same
     function as the whole graph in memory gives the same nodes and the same tensors (HQQ 4-bit
-    with its split zero points, round-to-nearest 8-bit), the tied table left float once."""
+    with its split zero points; round-to-nearest 8- and 4-bit, which streamed come straight from
+    onnxruntime's kernel, quant/streamed.rounded), the tied table left float once."""
     import torch
     from onnx import numpy_helper
 
@@ -157,8 +158,9 @@ def test_weight_only_quantization_streamed_one_matmul_at_a_time_writes_the_in_me
     for q in (
         {**base, "method": "int4", "bits": 4, "algorithm": "hqq", "keep": [], "exclude_nodes": []},
         {**base, "method": "weight_only", "bits": 8, "algorithm": "rtn", "keep": [], "exclude_nodes": []},
+        {**base, "symmetric": True, "method": "int4", "bits": 4, "algorithm": "rtn", "keep": [], "exclude_nodes": []},
     ):
-        out = tmp_path / str(q["method"]) / "model.onnx"
+        out = tmp_path / f"{q['method']}-{q['algorithm']}" / "model.onnx"
         out.parent.mkdir()
         _weight_only(tmp_path / "model.onnx", out, q)  # type: ignore[arg-type]
         held = _weight_only_proto(onnx.load_model(str(tmp_path / "model.onnx")), q)  # type: ignore[arg-type]
@@ -171,6 +173,27 @@ def test_weight_only_quantization_streamed_one_matmul_at_a_time_writes_the_in_me
             sum(n.op_type == "MatMulNBits" for n in streamed.graph.node) == 2 * 5 + 1
         )  # qkv, o, gate, up, down per layer, and lm_head
         assert "lm_head.weight" in tensors  # the tied table, for the lookup
+
+
+@pytest.mark.parametrize(("bits", "symmetric"), [(4, True), (4, False), (8, True), (8, False)])
+def test_round_to_nearest_from_the_kernel_is_what_the_quantizer_writes(bits: int, symmetric: bool) -> None:
+    """quant/streamed.rounded: the nodes and tensors onnxruntime's MatMulNBitsQuantizer writes,
+    byte for byte, for a weight whose rows are no whole number of blocks (48 of block 32)."""
+    import numpy as np
+
+    from onnxbuild.quant.streamed import alone, rounded
+    from onnxbuild.steps.quantizing.nbits import _weight_only_proto
+
+    w = np.random.default_rng(bits).standard_normal((48, 24)).astype(np.float32)
+    node = onnx.helper.make_node("MatMul", ["x", "w"], ["y"], name="/m/MatMul")
+    q = {"method": "int4" if bits == 4 else "weight_only", "bits": bits, "block_size": 32, "symmetric": symmetric}
+    q |= {"accuracy_level": 4, "algorithm": "rtn", "embedding": False, "keep": [], "exclude_nodes": []}
+    held = _weight_only_proto(alone(node, w), q)  # type: ignore[arg-type]
+    direct = rounded(node, w, bits, 32, symmetric, 4)
+    assert direct is not None
+    assert [n.SerializeToString() for n in direct.graph.node] == [n.SerializeToString() for n in held.graph.node]
+    made = sorted(t.SerializeToString() for t in direct.graph.initializer)
+    assert made == sorted(t.SerializeToString() for t in held.graph.initializer if t.name != "w")
 
 
 def test_a_model_streamed_layer_by_layer_computes_what_the_loaded_one_does(tmp_path: Path) -> None:
@@ -217,13 +240,74 @@ def test_a_fused_export_with_4_bit_weights_writes_no_float_matmul_and_validates(
     validation = json.loads((folder / "reports" / "validation.json").read_text(encoding="utf-8"))
     assert validation["variants"]["model"]["passed"]
     assert validation["variants"]["model"]["atol"] == 3.0  # int4's tolerances, not fp32's 1e-4
+    # and its graph at fp32's, against PyTorch on the same dequantized weights (the head's only:
+    # the lookup reads the float table)
+    graph = validation["variants"]["model"]["graph_check"]
+    assert graph["passed"] and graph["matmuls"] == 11 and graph["atol"] == 1e-4
+    assert 0 < graph["max_abs_diff"] < 1e-4 and len(graph["shapes"]) == len(validation["variants"]["model"]["shapes"])
+
+
+def test_a_wrong_graph_on_right_4_bit_weights_fails_the_graph_check(tmp_path: Path) -> None:
+    """validating/graphcheck.py: the fused 4-bit file run at float compute agrees with PyTorch
+    on its dequantized weights to fp32's tolerances; the same file with one wrong edge (layer
+    1's activation on up instead of gate) and every weight right does not, while its rounding
+    alone would pass int4's tolerances."""
+    import numpy as np
+    import torch
+
+    from onnxbuild.sources.checkpoint import replace_weights
+    from onnxbuild.steps.exporting.fused import _quantizer, signature
+    from onnxbuild.steps.validating import graphcheck
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(**TINY_DECODER_SIZES)
+    model = transformers.LlamaForCausalLM(config).eval()
+    inputs = [{"name": n, "dtype": "int64", "shape": ["batch", "sequence"]} for n in ("input_ids", "position_ids")]
+    inputs.append({"name": "attention_mask", "dtype": "int64", "shape": ["batch", "total"]})
+    inputs += [
+        {"name": f"past_key_values.{i}.{kv}", "dtype": "float32", "shape": ["batch", 2, "past", 16]}
+        for i in range(2)
+        for kv in ("key", "value")
+    ]
+    shape = signature(inputs, ["logits"], {})  # type: ignore[arg-type]
+    shape.opset_import[0].version = 23
+    with open(tmp_path / "model.onnx.data", "wb") as data:
+        built = decoder.build(
+            model,
+            shape,
+            data,
+            "model.onnx.data",
+            _quantizer({"bits": 4, "block_size": 32, "accuracy_level": 4, "symmetric": True}, []),
+        )
+    onnx.save_model(built.model, str(tmp_path / "model.onnx"))
+    ids = np.array([[3, 14, 15, 92, 65, 35]], dtype=np.int64)
+    feeds = {"input_ids": ids, "position_ids": np.arange(6)[None], "attention_mask": np.ones_like(ids)}
+    feeds |= {
+        f"past_key_values.{i}.{kv}": np.zeros((1, 2, 0, 16), np.float32) for i in range(2) for kv in ["key", "value"]
+    }
+    made, matmuls, why = graphcheck.replacements(tmp_path / "model.onnx", model)
+    assert not why and matmuls == 11
+    replace_weights(model, made)
+    with torch.no_grad():
+        reference = model(input_ids=torch.from_numpy(ids)).logits.numpy()
+    case = [({"batch": 1, "sequence": 6}, feeds, lambda name, x: x)]
+    right = graphcheck.compared(tmp_path / "model.onnx", case, [[reference]], ["logits"], matmuls, 1e-3, 1e-4)
+    assert right["passed"] and right["max_abs_diff"] < 1e-5
+
+    wrong = onnx.load_model(str(tmp_path / "model.onnx"), load_external_data=False)
+    sigmoid = next(n for n in wrong.graph.node if n.name == "/model/layers.1/mlp/act/Sigmoid")
+    sigmoid.input[0] = "/model/layers.1/mlp/up"
+    onnx.save_model(wrong, str(tmp_path / "model.onnx"))
+    caught = graphcheck.compared(tmp_path / "model.onnx", case, [[reference]], ["logits"], matmuls, 1e-3, 1e-4)
+    assert caught["passed"] is False and "DISAGREE" in caught["note"]
+    assert caught["max_abs_diff"] < 3.0  # inside int4's atol: the variant's own comparison would not see it
 
 
 def test_a_wrong_quantized_weight_is_caught_where_the_fused_writer_quantizes_it() -> None:
     import numpy as np
     from onnx import helper, numpy_helper
 
-    from onnxbuild.quant.streamed import _alone
+    from onnxbuild.quant.streamed import alone
     from onnxbuild.quant.weightcheck import written
     from onnxbuild.steps.quantizing.nbits import _weight_only_proto
 
@@ -231,7 +315,7 @@ def test_a_wrong_quantized_weight_is_caught_where_the_fused_writer_quantizes_it(
     node = helper.make_node("MatMul", ["x", "w"], ["y"], name="/m/MatMul")
     q = {"name": "m", "method": "int4", "bits": 4, "block_size": 32, "symmetric": True, "accuracy_level": 4}
     q |= {"algorithm": "rtn", "embedding": False, "keep": [], "exclude_nodes": []}
-    right = _weight_only_proto(_alone(node, w), q)  # type: ignore[arg-type]
+    right = _weight_only_proto(alone(node, w), q)  # type: ignore[arg-type]
     found = written(right, "w", w)
     assert found is not None and found["rel_error"] <= found["rel_max"]
     scales = next(t for t in right.graph.initializer if t.name.endswith("_scales"))

@@ -10,7 +10,7 @@ copied from the export, so validation and generation feed it exactly as they fee
 export. Node names follow ``/model/layers.{i}/...`` and ``/lm_head/MatMul`` so that a
 quantize variant can keep chosen layers in higher precision by name.
 
-One module (~870 lines): one builder writes every layer and the model around it, sharing the
+One module (~1015 lines): one builder writes every layer and the model around it, sharing the
 names, the mask and the cache layout; what differs between the families (FAMILIES below: Qwen2's
 biases, Qwen3's q/k norms, Phi-3's packed weights, Gemma's scaled embedding, GPT-2's own layer,
 a sliding layer's windowed attention) is a parameter of it.
@@ -18,8 +18,9 @@ a sliding layer's windowed attention) is a parameter of it.
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, cast
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -439,9 +440,17 @@ class Graph:
     """Nodes and initializers of the graph being written. With ``data`` (an open file named
     ``location`` beside the model), each weight of EXTERNAL_MIN bytes or more goes straight
     into it and the graph keeps only where it lies: the weights are never all held as
-    TensorProtos, nor serialized at once (a Llama-3.2-1B shape's fused graph: 4.9 GB)."""
+    TensorProtos, nor serialized at once (a Llama-3.2-1B shape's fused graph: 4.9 GB).
+
+    Each weight is written by a thread while the next is read and laid out (one write in
+    flight: one weight more in memory), as both mostly wait outside Python: a 1B model's
+    graph took 29.6 s with 14.5 s of numpy transposes, 7.4 s of writes and 4.5 s of reads."""
 
     def __init__(self, data: BinaryIO | None = None, location: str = "", quantize: Quantize | None = None) -> None:
+        self.writing: Future[None] | None = None
+        self.writer: ThreadPoolExecutor | None = None
+        self.end = data.tell() if data is not None else 0
+        """Where the data file ends once every write handed to the writer is done."""
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
         self.data = data
@@ -452,9 +461,7 @@ class Graph:
         self.placed: dict[str, tuple[int, tuple[int, ...]]] = {}
 
     def weight(self, name: str, array: NDArray[np.generic]) -> str:
-        import numpy as np
-
-        values = np.ascontiguousarray(array, dtype=np.float32)
+        values = _laid_out(array)
         if self.quantize is not None and self.data is not None and values.ndim == 2 and values.nbytes >= EXTERNAL_MIN:
             self.pending[name] = values
             return name
@@ -466,10 +473,13 @@ class Graph:
         if self.data is None or values.nbytes < EXTERNAL_MIN:
             self.inits.append(numpy_helper.from_array(values, name))
             return name
-        offset = self.data.tell()
+        offset = self.end
         pad = -offset % EXTERNAL_ALIGN  # page-aligned, as onnx's own writer aligns them
-        self.data.write(b"\0" * pad)
-        self.data.write(values.tobytes())
+        self.written()
+        if self.writer is None:
+            self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weights")
+        self.writing = self.writer.submit(_put, self.data, pad, values)
+        self.end = offset + pad + values.nbytes
         tensor = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(values.dtype), dims=values.shape)
         tensor.data_location = TensorProto.EXTERNAL
         for key, value in (("location", self.location), ("offset", offset + pad), ("length", values.nbytes)):
@@ -503,6 +513,7 @@ class Graph:
         array = self.pending.pop(weight, None)
         if array is None:
             offset, shape = self.placed[weight]
+            self.written()
             self.data.flush()
             array = np.fromfile(self.data.name, dtype=np.float32, count=int(np.prod(shape)), offset=offset)
             array = array.reshape(shape)
@@ -519,9 +530,19 @@ class Graph:
                 continue
             self._write(t.name, numpy_helper.to_array(t))
 
+    def written(self) -> None:
+        """Every weight handed to the writer is in the file (a write's error raised here)."""
+        if self.writing is not None:
+            self.writing.result()
+            self.writing = None
+
     def model(self, exported: onnx.ModelProto, opset: int = 20) -> onnx.ModelProto:
         """The graph as a model with the export's inputs and outputs, at ``opset`` or the export's."""
         from onnx import helper
+
+        self.written()
+        if self.writer is not None:
+            self.writer.shutdown()
 
         graph = helper.make_graph(
             self.nodes, "fused_decoder", list(exported.graph.input), list(exported.graph.output), self.inits
@@ -533,6 +554,27 @@ class Graph:
         out.ir_version = 10  # what ONNX Runtime 1.20+ reads; the export's may be newer than this ORT takes
         # no onnx.checker: SimplifiedLayerNormalization is ONNX Runtime's, in the default domain
         return out
+
+
+def _put(data: BinaryIO, pad: int, values: NDArray[np.generic]) -> None:
+    data.write(b"\0" * pad)
+    data.write(values.data.cast("B"))  # the array's own bytes: no copy
+
+
+def _laid_out(array: NDArray[np.generic]) -> NDArray[np.float32]:
+    """``array`` as float32 in C order. A transposed weight (an nn.Linear's [out, in] read as
+    [in, out]) is copied by torch, whose two threads took 0.05 s for a 64 MB matrix where
+    numpy's single-threaded copy took 0.13."""
+    import numpy as np
+
+    if array.dtype == np.float32 and array.flags.c_contiguous:
+        return cast("NDArray[np.float32]", array)
+    if array.ndim == 2 and array.dtype == np.float32 and array.T.flags.c_contiguous:
+        import torch
+
+        out: NDArray[np.float32] = torch.from_numpy(array.T).t().contiguous().numpy()
+        return out
+    return np.ascontiguousarray(array, dtype=np.float32)
 
 
 def _linear_t(module: _Weighted) -> NDArray[np.generic]:

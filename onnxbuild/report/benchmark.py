@@ -373,9 +373,15 @@ def limits_line(peaks: Mapping[str, object]) -> str:
     parts.append(
         f"bf16 GEMM {peaks['bf16_gflops']:.0f} GFLOP/s" if peaks.get("bf16_gflops") else "bf16: no native support"
     )
-    parts.append(
-        f"int8 GEMM {peaks['int8_gops']:.0f} GOP/s" if peaks.get("int8_gops") else "int8: no dot-product instructions"
-    )
+    int8 = peaks.get("int8_gops")
+    how = peaks.get("how")
+    plain = isinstance(how, Mapping) and "dot-product" in str(how.get("int8_gops", ""))
+    if isinstance(int8, (int, float)):
+        slower = int8 < float(peaks["fp32_gflops"])  # type: ignore[arg-type]
+        why = "int8 compute without dot-product instructions" if plain else "int8 compute"
+        parts.append(f"int8 GEMM {int8:.0f} GOP/s" + (f" ({why} is slower than fp32 here)" if slower else ""))
+    else:
+        parts.append("int8: not measured")
     parts.append(f"memory {peaks['memory_gbps']:.1f} GB/s")
     return ", ".join(parts)
 

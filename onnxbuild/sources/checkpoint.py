@@ -25,9 +25,10 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+from weakref import WeakKeyDictionary
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Mapping
+    from collections.abc import Callable, Iterator, Mapping
 
     import numpy as np
     import torch
@@ -45,6 +46,9 @@ GENERATOR = 1
 
 WEIGHTS = "weights/model.safetensors"
 WEIGHTS_CONFIG = "weights/config.json"
+
+_REPLACED: WeakKeyDictionary[torch.nn.Module, dict[str, Callable[[torch.Tensor], torch.Tensor]]] = WeakKeyDictionary()
+"""A streamed model's replaced layer weights, applied by the hook that reads each layer."""
 
 _NUMPY = {"F32": "float32", "F16": "float16", "F64": "float64", "I64": "int64", "I32": "int32", "U8": "uint8"}
 _CHUNK = 1 << 24
@@ -316,10 +320,13 @@ def streamed_model(
             *path, leaf = name.split(".")
             owner = module.get_submodule(".".join(path)) if path else module
             value = checkpoint.tensor(_stored(key, checkpoint, names)).to(dtype)
-            owner._parameters[leaf] = torch.nn.Parameter(value, requires_grad=False)
+            new = replaced.get(key)
+            owner._parameters[leaf] = torch.nn.Parameter(value if new is None else new(value), requires_grad=False)
 
     # everything but the layers, once; a module with buffers and no weights (the rotary
     # embedding) built again on the CPU, as its buffers are computed, not stored
+    replaced: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}
+    _REPLACED[model] = replaced
     fill(model, "", frozenset(streamed))
     for name, module in list(model.named_modules()):
         if name and not any(True for _ in module.parameters()) and any(True for _ in module.buffers(recurse=False)):
@@ -336,3 +343,38 @@ def streamed_model(
         layer.register_forward_pre_hook(lambda module, args, i=i: fill(module, f"model.layers.{i}."))
         layer.register_forward_hook(drop)
     return model
+
+
+def replace_weights(
+    model: torch.nn.Module, new: Mapping[str, Callable[[torch.Tensor], torch.Tensor]], restorable: bool = True
+) -> Callable[[], None]:
+    """Each named parameter of ``model`` made from its value by ``new[name]``, as a parameter of
+    its own (a tied twin is untied: a quantized head beside a float embedding). A streamed
+    model's layer weights are replaced as each layer is read, the others at once. Returns what
+    puts the old parameters back (a model later checks need as it was, not loaded twice); not
+    ``restorable``, the old ones are let go at once (an 8B model's untied 2.1 GB head)."""
+    import torch
+
+    later = _REPLACED.get(model)
+    kept: list[tuple[torch.nn.Module, str, torch.nn.Parameter]] = []
+    for name, make in new.items():
+        if later is not None and name.startswith("model.layers."):
+            later[name] = make
+            continue
+        *path, leaf = name.split(".")
+        owner = model.get_submodule(".".join(path))
+        old = owner._parameters[leaf]
+        assert old is not None
+        if restorable:
+            kept.append((owner, leaf, old))
+        owner._parameters[leaf] = torch.nn.Parameter(make(old.detach()), requires_grad=False)
+        del old
+
+    def restore() -> None:
+        if later is not None:
+            later.clear()
+        for owner, leaf, old in kept:
+            owner._parameters[leaf] = old
+        kept.clear()
+
+    return restore

@@ -9,7 +9,7 @@ The record types and the Markdown are in report/validation.py; the kind (its pla
 and report) is here, and its parts are in steps/validating/: ``compare`` (the tolerance
 rule, pooling, cosine), ``cases`` (shapes, padding, seeds, real tokens), ``targets`` (one
 case on ONNX Runtime, onnxruntime-web, OpenVINO) and ``checks`` (accuracy, embeddings, the
-first-divergence search). What remains here (~530 lines) is the kind's plan, its run over
+first-divergence search). What remains here (~670 lines) is the kind's plan, its run over
 the cases and targets, and its verdict and report: one flow, whose parts already live there.
 
 Random inputs show the export computes the same function; two optional checks show it
@@ -53,6 +53,7 @@ from onnxbuild.report.validation import (
 from onnxbuild.runtimes import openvino_target, sessions
 from onnxbuild.runtimes.sessions import Session
 from onnxbuild.sources import section_for, source_kind
+from onnxbuild.sources.checkpoint import replace_weights
 from onnxbuild.sources.torchmodel import (
     full_export,
     gates_top1,
@@ -68,7 +69,7 @@ from onnxbuild.spec import Planning, StepInput, StepKind
 from onnxbuild.steps import export as export_kind
 from onnxbuild.steps import text_quality
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
-from onnxbuild.steps.validating import rules
+from onnxbuild.steps.validating import graphcheck, rules
 from onnxbuild.steps.validating.cases import (
     LEFT_OUT,
     RealTokens,
@@ -78,6 +79,7 @@ from onnxbuild.steps.validating.cases import (
 )
 from onnxbuild.steps.validating.checks import _accuracy, _embeddings, _first_divergence
 from onnxbuild.steps.validating.compare import _as_declared, compare, json_safe
+from onnxbuild.steps.validating.graphcheck import GraphCheck
 from onnxbuild.steps.validating.targets import OpenVinoOptions, _openvino_case, _openvino_target, _web_case
 
 if TYPE_CHECKING:
@@ -87,7 +89,7 @@ if TYPE_CHECKING:
 
     from onnxbuild.recipe.model import Recipe
 
-VERSION = 12
+VERSION = 13  # 13: weight-only variants' graphs checked on their own dequantized weights
 
 RANDOM_INIT_REPORTED = ("int8", "int4")
 """Precisions whose default top-1 floor is reported, not gated, on random-init weights."""
@@ -103,14 +105,16 @@ PACKAGES = ("torch", "transformers", "tokenizers", "onnxruntime", "numpy", "open
 
 MEMORY = (0.9, 1850)
 """Peak as (x the fp32 weights, MB more), measured: GPT-2 small 2.3 GB; a Llama-3.2-1B shape
-(4.94 GB of weights): 6.3 GB for the fp32 file, 6.0 and 6.1 for its 8- and 4-bit variants.
+(4.94 GB of weights): 6.3 GB for the fp32 file, 5.1 and 4.4 for its 8- and 4-bit variants with
+their graph checks (validating/graphcheck.py: one session at a time there too).
 PyTorch's outputs come first and its model is freed before ONNX Runtime loads the file (at 1B
 and up its layers are read as they run: sources/checkpoint.streamed_model); the weights check
 runs before the session. Before: 10.8, 12.3 and 14.6 GB, all of them held together."""
 
 QUANTIZED_MEMORY = (0.4, 1850)
 """Where the export itself is 4- or 8-bit (export.weights: no float file), of the fp32 weights:
-the session holds the quantized weights and PyTorch streams its layers."""
+the session holds the quantized weights and PyTorch streams its layers (a 3B shape: 5.0 GB
+with the graph check)."""
 
 
 def memory(recipe: Recipe) -> tuple[float, int]:
@@ -142,6 +146,14 @@ class ValidateParams(_ValidateNamed, total=False):
     openvino: OpenVinoOptions
     base: BaseVariant
     top1_default: bool
+    graph_check: GraphTolerances
+
+
+class GraphTolerances(TypedDict):
+    """The fp32 tolerances a weight-only variant's graph is held to on its own dequantized weights."""
+
+    rtol: float
+    atol: float
 
 
 def plan(p: Planning) -> list[StepSpec]:
@@ -194,6 +206,8 @@ def plan(p: Planning) -> list[StepSpec]:
             }
         if base is not None:
             params["base"] = {"variant": base.name, "path": base.path}
+        if v.precision in RANDOM_INIT_REPORTED and not v.files:  # its graph, apart from its rounding
+            params["graph_check"] = {"rtol": float(r["validate"]["rtol"]), "atol": float(r["validate"]["atol"])}
         if v.precision in RANDOM_INIT_REPORTED and validate.get("top1_min") is not None and "top1_min" not in v.own:
             params["top1_default"] = True  # the precision's default floor: gated on trained weights only
         steps.append(
@@ -263,7 +277,29 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
                 "the model does not take inputs of that size: list sizes it takes under validate.shapes"
             ) from None
         cases.append((sizes, feeds, real, reference))
-    if validate["accuracy"] is None and not validate["sentences"] and not validate.get("text"):
+    later = validate["accuracy"] is not None or bool(validate["sentences"]) or bool(validate.get("text"))
+    model_file = ctx.input(params.get("model_path", "model.onnx"))
+    # PyTorch on the variant's own dequantized weights (validating/graphcheck.py), its float
+    # weights put back after where a later check needs them
+    graph_plan = params.get("graph_check")
+    graph_refs: list[list[NDArray[np.generic]]] = []
+    graph: GraphCheck | None = None
+    made, matmuls, unchecked = graphcheck.replacements(model_file, model) if graph_plan else ({}, 0, "")
+    if graph_plan is not None and unchecked:
+        graph = graphcheck.skipped(unchecked, graph_plan["rtol"], graph_plan["atol"])
+    elif made:
+        restore = replace_weights(model, made, restorable=later)
+        with torch.no_grad():
+            for _, feeds, real, _ in cases:
+                out = wrapped(*(torch.from_numpy(feeds[n]) for n in names))
+                graph_refs.append(
+                    [
+                        real.keep(n, t.detach().float().cpu().numpy())
+                        for n, t in zip(export["outputs"], out, strict=False)
+                    ]
+                )
+        restore()
+    if not later:
         import gc
 
         del model, wrapped
@@ -271,7 +307,6 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         gc.collect()
 
     # the file's own checks, one tensor at a time, before a session holds its weights
-    model_file = ctx.input(params.get("model_path", "model.onnx"))
     kernels = u8s8.note(model_file)
     base = params.get("base")
     weights = weightcheck.check(model_file, ctx.input(base["path"])) if base else None
@@ -313,6 +348,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     # alone moves in steps of 12.5%, too coarse to hold a quantized model to 0.85.
     top1_hits = top1_total = 0
     failing: dict[str, NDArray[np.generic]] | None = None  # the first numeric failure's inputs, for the search
+    runs: Session | None = None
     for sizes, feeds, real, reference in cases:
         keep = real.keep
         shape_result: ShapeResult = {
@@ -386,6 +422,19 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         else None
     )
     openvino = ov_target.report(results, ov_hits, ov_total) if ov_target is not None else None
+    if graph_refs and graph_plan is not None:
+        # one session at a time: the float-compute one holds the same weights (a 3B model's
+        # int4 file: 8.3 GB with both, where each alone took 4.7 and 3.3)
+        del session, prefill, runs
+        graph = graphcheck.compared(
+            model_file,
+            [(sizes, feeds, real.keep) for sizes, feeds, real, _ in cases],
+            graph_refs,
+            export["outputs"],
+            matmuls,
+            graph_plan["rtol"],
+            graph_plan["atol"],
+        )
     left_out = bool(export.get("with_past")) and _free_batch(export) and not validate.get("left_padding", True)
     return _finish(
         ctx,
@@ -406,6 +455,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         text,
         kernels,
         weights,
+        graph,
     )
 
 
@@ -472,6 +522,7 @@ def _finish(
     text: TextQuality | None = None,
     kernels: str | None = None,
     weights: WeightCheck | None = None,
+    graph: GraphCheck | None = None,
 ) -> StepResult:
     """The verdict, the report files and the step's summary (``left_out``: the recipe turned
     the left-padded case off, which the report and summary say; ``failing``: the inputs of
@@ -500,6 +551,7 @@ def _finish(
         and all(c is None or c["passed"] for c in (accuracy, embeddings, top1, text))
         and (openvino is None or openvino["passed"])
         and (weights is None or weights["passed"])
+        and (graph is None or graph["passed"] is not False)
     )
     report = {
         "passed": passed,
@@ -523,6 +575,7 @@ def _finish(
                 "left_padding": LEFT_OUT if left_out else None,
                 "int8_kernels": kernels,
                 "weights": weights,
+                "graph_check": graph,
             }
         },
     }
@@ -560,6 +613,9 @@ def _finish(
         w = weights["worst"]
         summary += f"; weights check: {weights['checked']} tensors, worst relative error {w['rel_error']:.3f}"
         data["weights_checked"] = weights["checked"]
+    if graph is not None:
+        summary += f"; graph check: {graph['note']}"
+        data["graph_check"] = {"passed": graph["passed"], "max_abs_diff": graph["max_abs_diff"]}
     if kernels:
         summary += f"; {kernels}"
         data["int8_kernels"] = kernels
@@ -581,6 +637,11 @@ def _finish(
         weights=weights,
         base=(spec.params.get("base") or {}).get("variant"),
     )
+    if graph is not None and graph["passed"] is False:
+        message += (
+            f"; its graph is wrong, not only its rounding: {graph['note']} (a bug in the quantizer or the "
+            "exporter, not in the recipe: report it)"
+        )
     if warn_only:
         return StepResult(summary=summary, data=data, warnings=(message + " (validate.on_fail: warn)",))
     numeric = numeric_failure(results)

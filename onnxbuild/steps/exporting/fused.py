@@ -16,7 +16,7 @@ fall back on or to compare the fused one with.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from onnxbuild.errors import StepError
 from onnxbuild.steps.base import StepContext, StepResult, read_source_record
@@ -163,12 +163,11 @@ def _quantizer(weights: ExportWeights, checked: list[WorstTensor]) -> decoder.Qu
     """Each MatMul's weight quantized as the fused writer writes it, by the function a quantize
     entry's weight-only method uses (round-to-nearest; large weights in pieces of columns), and
     the result dequantized against the float weight at once (into ``checked``)."""
-    from onnx import numpy_helper
 
-    from onnxbuild.quant.streamed import _quantized
+    from onnxbuild.quant.streamed import quantized
     from onnxbuild.quant.weightcheck import written
     from onnxbuild.recipe.sections import QuantizeSection
-    from onnxbuild.steps.quantizing.nbits import _weight_only_proto
+    from onnxbuild.steps.quantizing.nbits import one_matmul
 
     q: QuantizeSection = {  # type: ignore[typeddict-item]  # the keys the weight-only writer reads
         "name": "model",
@@ -182,18 +181,17 @@ def _quantizer(weights: ExportWeights, checked: list[WorstTensor]) -> decoder.Qu
         "keep": [],
         "exclude_nodes": [],
     }
+    each = one_matmul(q)
 
-    def one(alone: onnx.ModelProto) -> onnx.ModelProto:
+    def one(node: onnx.NodeProto, w: NDArray[np.generic]) -> onnx.ModelProto:
         # checked piece by piece: a whole 1.6 GB table and its dequantized copies took 11 GB at 3B
-        (weight,) = alone.graph.initializer
-        name, w = weight.name, numpy_helper.to_array(weight)
-        result = _weight_only_proto(alone, q)
-        found = written(result, name, w)
+        result = each(node, w)
+        found = written(result, node.input[1], cast("NDArray[np.float32]", w))
         if found is not None:
             checked.append(found)
         return result
 
     def quantize(node: onnx.NodeProto, array: NDArray[np.float32]) -> onnx.ModelProto:
-        return _quantized(node, array, one)
+        return quantized(node, array, one)
 
     return quantize

@@ -13,7 +13,11 @@ from onnxbuild.steps.exporting.files import PROTOBUF_LIMIT, save_with_data
 from onnxbuild.steps.quantizing.int8 import excluded
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import numpy as np
     import onnx
+    from numpy.typing import NDArray
 
 
 def bits_of(q: QuantizeSection) -> int:
@@ -39,8 +43,7 @@ def _weight_only(src: Path, out: Path, q: QuantizeSection) -> None:
         from onnxbuild.quant.streamed import quantize
 
         skip = set(excluded(src, q))
-        one: QuantizeSection = {**q, "keep": [], "exclude_nodes": []}
-        quantize(src, out, skip, lambda alone: _weight_only_proto(alone, one))
+        quantize(src, out, skip, one_matmul({**q, "keep": [], "exclude_nodes": []}))
         model = onnx.load_model(str(out), load_external_data=False)
         if _bias_into_nbits(model):
             onnx.save_model(model, str(out))
@@ -52,6 +55,22 @@ def _weight_only(src: Path, out: Path, q: QuantizeSection) -> None:
         save_with_data(model, out)
         return
     onnx.save_model(model, str(out))
+
+
+def one_matmul(q: QuantizeSection) -> Callable[[onnx.NodeProto, NDArray[np.generic]], onnx.ModelProto]:
+    """How a file quantized one MatMul at a time (quant/streamed.py) quantizes each: the
+    quantizer's round-to-nearest straight from its kernel (``rounded``), anything else
+    (HQQ) through the quantizer on a one-node model; the same nodes and bytes either way."""
+    from onnxbuild.quant.streamed import alone, rounded
+
+    def one(node: onnx.NodeProto, array: NDArray[np.generic]) -> onnx.ModelProto:
+        if q["algorithm"] == "rtn" and not q["embedding"]:
+            direct = rounded(node, array, bits_of(q), q["block_size"], q["symmetric"], q["accuracy_level"])
+            if direct is not None:
+                return direct
+        return _weight_only_proto(alone(node, array), q)
+
+    return one
 
 
 def _weight_only_proto(
