@@ -16,7 +16,8 @@ built on figures. On SmolLM2-135M's fused graph (recipes/smollm2-135m.yaml's `op
 4. perplexity increase, mean KL and top-1 against the fp32 file on recipes/text/eval.txt (never
    seen by the calibration), and the 128-token prefill, p50, 2 threads.
 
-    python bench/smoothquant_probe.py [KEEP]     # KEEP: name parts, default down_proj,lm_head
+    python bench/smoothquant_probe.py [KEEP [N]]   # KEEP: name parts, default down_proj,lm_head;
+                                                   # N: also the N groups of largest simulated error
 
 Builds the smollm2 recipe's `optimized` first (`onnxbuild make -t optimize`).
 """
@@ -79,8 +80,9 @@ def q_weight(w: np.ndarray) -> np.ndarray:
     return np.round(w / s) * s
 
 
-def smoothed(model: Any, calibration: list[np.ndarray]) -> tuple[Any, dict[str, float]]:
-    """``model`` with SmoothQuant folded in, and each group's alpha (by its first MatMul's name)."""
+def smoothed(model: Any, calibration: list[np.ndarray]) -> tuple[Any, dict[str, float], dict[str, float]]:
+    """``model`` with SmoothQuant folded in, each group's alpha and its simulated relative error
+    at that alpha (by the group's first MatMul's name)."""
     import onnx
     from onnx import numpy_helper
 
@@ -103,7 +105,8 @@ def smoothed(model: Any, calibration: list[np.ndarray]) -> tuple[Any, dict[str, 
             amax[a] = np.maximum(amax.get(a, 0), np.abs(x).max(0))
             rows[a].append(x[:128])  # one prefill call's worth: its per-tensor scale covers it
     del runs
-    alphas = {}
+    alphas: dict[str, float] = {}
+    errors: dict[str, float] = {}
     group = HEADS // KV_HEADS
     for a, mms in groups.items():
         ws = [weights[n.input[1]] for n in mms]
@@ -123,7 +126,8 @@ def smoothed(model: Any, calibration: list[np.ndarray]) -> tuple[Any, dict[str, 
             if best is None or err < best[0]:
                 best = (err, alpha, s)
         assert best is not None
-        _, alphas[mms[0].name], s = best
+        err, alphas[mms[0].name], s = best
+        errors[mms[0].name] = err / sum(float(np.square(x @ w).sum()) for x in rows[a] for w in ws)
         s = s.astype(np.float32)
         for n in mms:
             weights[n.input[1]] *= s[:, None]
@@ -143,7 +147,7 @@ def smoothed(model: Any, calibration: list[np.ndarray]) -> tuple[Any, dict[str, 
     for t in out.graph.initializer:
         if t.data_type == onnx.TensorProto.FLOAT:
             t.CopyFrom(numpy_helper.from_array(weights[t.name], t.name))
-    return out, alphas
+    return out, alphas, errors
 
 
 def quality(candidate: Any, reference: Any, texts: list[np.ndarray]) -> tuple[float, float, float]:
@@ -186,6 +190,7 @@ def main() -> None:
     from tokenizers import Tokenizer
 
     keep = (sys.argv[1] if len(sys.argv) > 1 else "down_proj,lm_head").split(",")
+    worst = int(sys.argv[2]) if len(sys.argv) > 2 else 0  # and the N groups with the largest simulated error
     subprocess.run(
         [sys.executable, "-m", "onnxbuild", "make", "recipes/smollm2-135m.yaml", "-t", "optimize"], cwd=ROOT, check=True
     )
@@ -196,12 +201,19 @@ def main() -> None:
     held_out = windows(tokenizer, ROOT / "recipes" / "text" / "eval.txt")
     OUT.mkdir(parents=True, exist_ok=True)
     model = onnx.load(str(src))
-    smooth, alphas = smoothed(model, calibration)
+    smooth, alphas, errors = smoothed(model, calibration)
     onnx.save(smooth, str(OUT / "smooth.onnx"))
     print("alpha per group:", ", ".join(f"{a:g}" for a in alphas.values()))
     left = [n.name for n in model.graph.node if n.op_type == "Attention"]
     kept = [n.name for n in model.graph.node if n.op_type == "MatMul" and any(k in n.name for k in keep)]
-    shown = "/".join(keep)
+    ranked = [k for k in sorted(errors, key=errors.__getitem__, reverse=True) if k not in kept][:worst]
+    by_input = {n.name: n.input[0] for n in model.graph.node}
+    kept += [
+        n.name for n in model.graph.node if n.op_type == "MatMul" and any(by_input[r] == n.input[0] for r in ranked)
+    ]
+    if worst:
+        print("also kept:", ", ".join(ranked))
+    shown = "/".join(keep) + (f" and the {worst} worst" if worst else "")
     files = {}
     for name, source in (("dynamic int8", src), ("smoothed dynamic int8", OUT / "smooth.onnx")):
         out = OUT / f"{name.replace(' ', '-')}.onnx"
