@@ -46,6 +46,10 @@ def test_every_variant_is_built_and_validated_with_its_own_tolerances(built: Pat
     assert variants["optimized"]["atol"] == 5e-4
     assert variants["int8"]["atol"] == 3.0 and variants["int8"]["top1_min"] == 0.85
     assert variants["int4"]["top1_min"] == 0.80
+    # its graph against PyTorch on its own dequantized weights (the traced lm_head, by its node's name)
+    graph = variants["int4"]["graph_check"]
+    assert graph["passed"] and graph["matmuls"] >= 1 and graph["max_abs_diff"] < 1e-4
+    assert variants["int8"]["graph_check"] is None  # dynamic int8: no weight-only MatMul to check
     for name, v in variants.items():
         assert v["passed"], name
         assert len(v["shapes"]) == 3

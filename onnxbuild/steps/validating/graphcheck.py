@@ -111,8 +111,12 @@ def replacements(
     unmapped: list[str] = []
     for node in nodes:
         sizes = {a.name: int(helper.get_attribute_value(a)) for a in node.attribute if a.name in ("K", "N")}
+        weight = _nbits(node, file)
         found = _targets(model, re.sub(r"_Q\d+$", "", node.name), sizes["K"], sizes["N"])
-        if not found or _nbits(node, file) is None:
+        if not found and weight is not None and weight[0].endswith(".weight"):
+            # named after its parameter where the graph keeps torch's names (GPT-2's fused graph)
+            found = _linear(model, weight[0][: -len(".weight")], sizes["K"], sizes["N"])
+        if not found or weight is None:
             unmapped.append(node.name or node.output[0])
         for t in found:
             targets.setdefault(t["param"], []).append((node, t))
@@ -206,18 +210,9 @@ def _targets(model: torch.nn.Module, name: str, k: int, n: int) -> list[_Target]
     # a traced export's names start with the wrapper's own attribute (``/model/model/layers.0``)
     bare = path.split(".", 1)[1] if path.startswith("model.") else path
     for candidate in dict.fromkeys((path, path.replace(".attn.", ".self_attn."), bare)):
-        module = _module(model, candidate)
-        weight = getattr(module, "weight", None)
-        if weight is not None and weight.ndim == 2:
-            shape = tuple(weight.shape)
-            if type(module).__name__ == "Conv1D" and shape == (k, n):  # GPT-2's [in, out]
-                return [
-                    {"param": f"{candidate}.weight", "start": 0, "stop": n, "rows": n, "conv1d": True, "whole": False}
-                ]
-            if shape == (n, k):
-                return [
-                    {"param": f"{candidate}.weight", "start": 0, "stop": n, "rows": n, "conv1d": False, "whole": True}
-                ]
+        linear = _linear(model, candidate, k, n)
+        if linear:
+            return linear
         parent, _, leaf = candidate.rpartition(".")
         owner = _module(model, parent)
         if owner is None:
@@ -242,6 +237,21 @@ def _targets(model: torch.nn.Module, name: str, k: int, n: int) -> list[_Target]
                 start += rows
             if start == n:
                 return out
+    return []
+
+
+def _linear(model: torch.nn.Module, path: str, k: int, n: int) -> list[_Target]:
+    """The weight of the module at ``path`` where it is a [k, n] MatMul's: an nn.Linear's
+    [n, k], or GPT-2's Conv1D's [k, n] as it is."""
+    module = _module(model, path)
+    weight = getattr(module, "weight", None)
+    if weight is None or weight.ndim != 2:
+        return []
+    shape = tuple(weight.shape)
+    if type(module).__name__ == "Conv1D" and shape == (k, n):
+        return [{"param": f"{path}.weight", "start": 0, "stop": n, "rows": n, "conv1d": True, "whole": False}]
+    if shape == (n, k):
+        return [{"param": f"{path}.weight", "start": 0, "stop": n, "rows": n, "conv1d": False, "whole": True}]
     return []
 
 
