@@ -201,9 +201,7 @@ def rounded(
         domain="com.microsoft",
         **attrs,
     )
-    out = TensorProto.FLOAT
-    graph = helper.make_graph([made], "one", [helper.make_tensor_value_info(node.input[0], out, None)], [], tensors)
-    return helper.make_model(graph)
+    return helper.make_model(helper.make_graph([made], "one", [], [], tensors))  # read for its node and tensors
 
 
 def alone(node: onnx.NodeProto, array: NDArray[np.generic]) -> onnx.ModelProto:

@@ -120,7 +120,7 @@ def _nbits_value(node: onnx.NodeProto, file: WeightFile, sizes: dict[str, int]) 
 
     bits, block, k, n = sizes["bits"], sizes["block_size"], sizes["K"], sizes["N"]
     blocks = math.ceil(k / block)
-    packed = file.array(node.input[1]).astype(np.uint8).reshape(n, blocks, -1)
+    packed = file.array(node.input[1]).astype(np.uint8, copy=False).reshape(n, blocks, -1)
     unpacked = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(n, blocks, -1) if bits == 4 else packed
     q = unpacked[:, :, :block].astype(np.float32)
     del packed, unpacked

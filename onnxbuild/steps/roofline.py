@@ -236,7 +236,8 @@ def roofline(work: Work, time_ms: float, precision: str, peaks: Peaks, phase: Ph
     The compute peak follows the row's precision: bf16 uses the bf16 GEMM peak (fp32's where
     the CPU has none: it computes in fp32 there), int8, uint8 and int4 the int8 one, everything
     else fp32 (fp16 on the CPU computes in fp32). An int8 row never gets fp32's limit: with no
-    int8 peak (peaks measured before it was measured everywhere) only memory is counted. The least time is
+    int8 peak (peaks measured before it was measured everywhere) only memory is counted, and
+    the row says so. The least time is
     ``max(flops / compute peak, weight_bytes / memory bandwidth)``; ``fraction`` is it over
     ``time_ms``, not clamped: above 1 means the peaks were measured low.
 
@@ -245,32 +246,21 @@ def roofline(work: Work, time_ms: float, precision: str, peaks: Peaks, phase: Ph
     """
     if not time_ms > 0:
         raise ValueError(f"time_ms: must be positive (got {time_ms!r})")
-    compute_name, compute_peak = "fp32 GEMM", peaks.fp32_gflops
+    compute_name = "fp32 GEMM"
+    compute_peak: float | None = peaks.fp32_gflops
+    uncounted = work.uncounted
     if precision == "bf16" and peaks.bf16_gflops is not None:
         compute_name, compute_peak = "bf16 GEMM", peaks.bf16_gflops
     elif precision in INT8_PRECISIONS:
-        if peaks.int8_gops is None:
-            least_s = work.weight_bytes / (peaks.memory_gbps * 1e9)
-            if not least_s > 0:
-                raise ValueError(f"peaks: memory bandwidth must be positive (got {peaks.memory_gbps!r})")
-            return Roofline(
-                gflops=_sig(work.flops / (time_ms / 1e3) / 1e9),
-                gbps=_sig(work.weight_bytes / (time_ms / 1e3) / 1e9),
-                bound="memory",
-                limit="memory bandwidth",
-                fraction=round(least_s / (time_ms / 1e3), 3),
-                min_ms=_sig(least_s * 1e3),
-                precision=precision,
-                phase=phase,
-                uncounted=(*work.uncounted, "int8 compute (no int8 limit measured)"),
-            )
         compute_name, compute_peak = "int8 GEMM", peaks.int8_gops
-    if not compute_peak > 0 or not peaks.memory_gbps > 0:
+        if compute_peak is None:
+            uncounted = (*uncounted, "int8 compute (no int8 limit measured)")
+    if (compute_peak is not None and not compute_peak > 0) or not peaks.memory_gbps > 0:
         raise ValueError(
             f"peaks: {compute_name} and memory bandwidth must be positive (got {compute_peak!r}, {peaks.memory_gbps!r})"
         )
     seconds = time_ms / 1e3
-    compute_s = work.flops / (compute_peak * 1e9)
+    compute_s = work.flops / (compute_peak * 1e9) if compute_peak is not None else 0.0
     memory_s = work.weight_bytes / (peaks.memory_gbps * 1e9)
     bound: Bound = "compute" if compute_s >= memory_s and compute_s > 0 else "memory"
     least = max(compute_s, memory_s)
@@ -283,5 +273,5 @@ def roofline(work: Work, time_ms: float, precision: str, peaks: Peaks, phase: Ph
         min_ms=_sig(least * 1e3),
         precision=precision,
         phase=phase,
-        uncounted=work.uncounted,
+        uncounted=uncounted,
     )

@@ -91,6 +91,9 @@ if TYPE_CHECKING:
 
 VERSION = 13  # 13: weight-only variants' graphs checked on their own dequantized weights
 
+WEIGHT_ROUNDED = ("int8", "int4")
+"""Precisions whose graph is also checked on their own dequantized weights (validating/graphcheck.py)."""
+
 RANDOM_INIT_REPORTED = ("int8", "int4")
 """Precisions whose default top-1 floor is reported, not gated, on random-init weights."""
 RANDOM_INIT_TOP1 = (
@@ -206,7 +209,7 @@ def plan(p: Planning) -> list[StepSpec]:
             }
         if base is not None:
             params["base"] = {"variant": base.name, "path": base.path}
-        if v.precision in RANDOM_INIT_REPORTED and not v.files:  # its graph, apart from its rounding
+        if v.precision in WEIGHT_ROUNDED and not v.files:  # its graph, apart from its rounding
             params["graph_check"] = {"rtol": float(r["validate"]["rtol"]), "atol": float(r["validate"]["atol"])}
         if v.precision in RANDOM_INIT_REPORTED and validate.get("top1_min") is not None and "top1_min" not in v.own:
             params["top1_default"] = True  # the precision's default floor: gated on trained weights only

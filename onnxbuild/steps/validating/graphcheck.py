@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     import torch
     from numpy.typing import NDArray
 
+    from onnxbuild.quant.weightcheck import Dequantized
     from onnxbuild.report.validation import OutputComparison
 
 OTHER_QUANTIZED = frozenset(
@@ -108,6 +109,7 @@ def replacements(
             f"not run: the file holds {', '.join(others)}, whose float compute is not its dequantized weights'",
         )
     targets: dict[str, list[tuple[onnx.NodeProto, _Target]]] = {}
+    values: dict[str, Dequantized] = {}  # each node's weight, dequantized when called
     unmapped: list[str] = []
     for node in nodes:
         sizes = {a.name: int(helper.get_attribute_value(a)) for a in node.attribute if a.name in ("K", "N")}
@@ -118,6 +120,8 @@ def replacements(
             found = _linear(model, weight[0][: -len(".weight")], sizes["K"], sizes["N"])
         if not found or weight is None:
             unmapped.append(node.name or node.output[0])
+        else:
+            values[node.name or node.output[0]] = weight[2]
         for t in found:
             targets.setdefault(t["param"], []).append((node, t))
     if unmapped:
@@ -136,15 +140,13 @@ def replacements(
         key = node.name or node.output[0]
         if key not in held or not keep:
             held.clear()
-            found = _nbits(node, file)
-            assert found is not None
-            value = found[2]()
+            value = values[key]()
             assert value is not None
             weight = value[0]
             if node.output[0] in offsets:  # the split form's float part: one r per block and column
                 r = file.array(offsets[node.output[0]]).astype(np.float32)
                 block = -(-weight.shape[0] // r.shape[0])
-                weight = weight + np.repeat(r, block, axis=0)[: weight.shape[0]]
+                weight += np.repeat(r, block, axis=0)[: weight.shape[0]]
             if not keep:
                 return weight
             held[key] = weight
