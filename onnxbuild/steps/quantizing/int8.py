@@ -23,8 +23,14 @@ def _dynamic(src: Path, out: Path, q: QuantizeSection) -> None:
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    from onnxbuild.quant.aliases import fold_weight_aliases, weight_aliases
+
+    model: str | onnx.ModelProto = str(src)
+    if weight_aliases(onnx.load_model(str(src), load_external_data=False).graph):
+        model = onnx.load_model(str(src))  # a shared weight's later calls: quantized too, not left float
+        fold_weight_aliases(model)
     quantize_dynamic(
-        str(src),
+        model,
         str(out),
         op_types_to_quantize=q["op_types"],
         per_channel=q["per_channel"],

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from onnxbuild.quant.aliases import fold_weight_aliases
 from onnxbuild.quant.experts import experts_into_blocks
 from onnxbuild.recipe.sections import QuantizeSection
 from onnxbuild.steps.exporting.files import PROTOBUF_LIMIT, save_with_data
@@ -48,7 +49,9 @@ def _weight_only(src: Path, out: Path, q: QuantizeSection) -> None:
         if _bias_into_nbits(model):
             onnx.save_model(model, str(out))
         return
-    model = _weight_only_proto(onnx.load_model(str(src)), q)
+    model = onnx.load_model(str(src))
+    fold_weight_aliases(model)
+    model = _weight_only_proto(model, q)
     _bias_into_nbits(model)
     weights = sum(len(t.raw_data) for t in model.graph.initializer)
     if weights > PROTOBUF_LIMIT * 0.9:  # 8-bit weights of a 1B+ model: over protobuf's 2 GB

@@ -94,6 +94,7 @@ def replacements(
     and how many MatMulNBits there are; or no functions and why not."""
     from onnx import helper
 
+    from onnxbuild.quant.aliases import weight_aliases
     from onnxbuild.quant.weightcheck import _nbits, open_file
 
     file = open_file(model_file)
@@ -123,7 +124,12 @@ def replacements(
         else:
             values[node.name or node.output[0]] = weight[2]
         for t in found:
-            targets.setdefault(t["param"], []).append((node, t))
+            parts = targets.setdefault(t["param"], [])
+            twin = [n for n, u in parts if (u["start"], u["stop"]) == (t["start"], t["stop"])]
+            if not twin:
+                parts.append((node, t))
+            elif twin[0].input[1:] != node.input[1:]:  # one parameter, two roundings: no one PyTorch weight
+                unmapped.append(node.name or node.output[0])
     if unmapped:
         return (
             {},
@@ -131,6 +137,19 @@ def replacements(
             f"not run: {len(unmapped)} of {len(nodes)} quantized MatMuls have no PyTorch weight by their "
             f"node's name (first: {unmapped[0]})",
         )
+    aliases = weight_aliases(graph)
+    for node in graph.node:
+        if node.op_type == "MatMul" and aliases.get(node.input[1], node.input[1]) in file.tensors:
+            shape = tuple(file.tensors[aliases.get(node.input[1], node.input[1])].dims)
+            if len(shape) != 2:
+                continue
+            both = [t["param"] for t in _targets(model, node.name, shape[0], shape[1]) if t["param"] in targets]
+            if both:  # PyTorch has one value for it: the check would compare two weights against one
+                return (
+                    {},
+                    len(nodes),
+                    f"not run: {both[0]} is read by quantized MatMuls and by a float one ({node.name})",
+                )
     held: dict[str, NDArray[np.float32]] = {}  # q, k and v's one weight, dequantized once for the three
     offsets = _split_offsets(graph, set(file.tensors))
 
@@ -211,7 +230,9 @@ def _targets(model: torch.nn.Module, name: str, k: int, n: int) -> list[_Target]
     path = name.strip("/").rsplit("/", 1)[0].replace("/", ".")
     # a traced export's names start with the wrapper's own attribute (``/model/model/layers.0``)
     bare = path.split(".", 1)[1] if path.startswith("model.") else path
-    for candidate in dict.fromkeys((path, path.replace(".attn.", ".self_attn."), bare)):
+    # a module called again (ALBERT's shared layer) is ``query_1`` at its second call
+    again = re.sub(r"_\d+(?=\.|$)", "", bare)
+    for candidate in dict.fromkeys((path, path.replace(".attn.", ".self_attn."), bare, again)):
         linear = _linear(model, candidate, k, n)
         if linear:
             return linear
