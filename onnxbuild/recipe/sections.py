@@ -143,7 +143,7 @@ QuantizeSection = TypedDict(
     "QuantizeSection",
     {
         "name": str,
-        "method": Literal["dynamic", "static", "int4", "weight_only", "gguf"],
+        "method": Literal["dynamic", "static", "int4", "weight_only", "gguf", "smooth_int8"],
         "bits": Literal[4, 8],
         "algorithm": Literal["rtn", "hqq"],
         "budget": Budget | None,
@@ -160,6 +160,7 @@ QuantizeSection = TypedDict(
         "accuracy_level": Literal[0, 1, 2, 3, 4],
         "embedding": bool,
         "keep": list[str],
+        "keep_worst": int,
         "validate": VariantValidate,
     },
 )

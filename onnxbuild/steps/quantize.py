@@ -29,6 +29,7 @@ from onnxbuild.steps.quantizing.budgeted import _budgeted
 from onnxbuild.steps.quantizing.gguf import _gguf
 from onnxbuild.steps.quantizing.int8 import _dynamic, _static, excluded
 from onnxbuild.steps.quantizing.nbits import _weight_only, bits_of, streamable
+from onnxbuild.steps.quantizing.smooth import smooth_int8
 from onnxbuild.steps.validating import rules
 
 # 6: weight-only methods also quantize a mixture of experts' tables (onnxbuild/quant/experts.py)
@@ -76,6 +77,7 @@ METHOD_KEYS = {
         "calibration",
     ),
     "gguf": (*COMMON_KEYS, "accuracy_level", "embedding"),
+    "smooth_int8": (*COMMON_KEYS, "calibration", "keep_worst", "block_size", "accuracy_level"),
 }
 
 
@@ -121,6 +123,8 @@ def precision(q: QuantizeSection) -> str:
     to fp32's; at 4 its activations are rounded to int8."""
     if q["method"] == "gguf":
         return "int8" if q["accuracy_level"] == 4 else "fp32"
+    if q["method"] == "smooth_int8":
+        return "int8"
     four = q["method"] == "int4" or (q["method"] == "weight_only" and q["bits"] == 4)
     return "int4" if four else "int8"
 
@@ -138,7 +142,8 @@ def plan(p: Planning) -> list[StepSpec]:
         budgeted = q["method"] in BUDGETED and q.get("budget") is not None
         if q["method"] in BUDGETED and not budgeted:
             keyed = tuple(k for k in keyed if k not in ("budget", "calibration"))
-        text = q["calibration"].get("text") if budgeted else None
+        planned = budgeted or q["method"] == "smooth_int8"  # a plan from calibration text, in a report
+        text = q["calibration"].get("text") if planned else None
         files = {f"quantize.{q['name']}.calibration.text": p.recipe.directory / text} if text else {}
         reads_source = bool(text) or q["method"] == "gguf"  # the GGUF file the source names
         steps.append(
@@ -167,7 +172,7 @@ def plan(p: Planning) -> list[StepSpec]:
                 ),
                 outputs=(
                     *(f"{q['name']}/{Path(f).name}" for f in base.paths),
-                    *((f"reports/quantize/{q['name']}.json",) if budgeted or q["method"] == "gguf" else ()),
+                    *((f"reports/quantize/{q['name']}.json",) if planned or q["method"] == "gguf" else ()),
                 ),
                 files=files,
             )
@@ -222,7 +227,8 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     if q["method"] == "gguf":
         return _gguf(ctx, spec, src, out, q)
     plan = _budgeted(ctx, spec, src, out, q) if q.get("budget") else None
-    if plan is None:
+    smooth = smooth_int8(ctx, spec, src, out, q) if q["method"] == "smooth_int8" else None
+    if plan is None and smooth is None:
         _quantize(ctx, spec, src, out, q, "")
     model = onnx.load_model(str(out), load_external_data=False)
     own_data = {e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"}
@@ -257,7 +263,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
             f"{'symmetric' if q['symmetric'] and q['algorithm'] == 'rtn' else 'asymmetric'}), "
             f"accuracy_level {q['accuracy_level']}"
         )
-    kept = excluded(src, q) if q["keep"] else []
+    kept = excluded(src, q) if q["keep"] and smooth is None else []
     if kept:
         summary += f", kept in full precision: {', '.join(kept)}"
     beside = genai_beside(ctx, spec.params["input"], q["name"])
@@ -273,6 +279,19 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         data["lock"] = {
             "kept": {k["node"]: k["bits"] or "float" for k in plan["kept"]},
             "figures": {k: round(v, 6) for k, v in plan["figures"].items()},
+        }
+    if smooth is not None:
+        alphas = sorted(g["alpha"] for g in smooth["groups"] if g["alpha"])
+        summary += (
+            f"; SmoothQuant on {len(alphas)} of {len(smooth['groups'])} layer inputs "
+            f"(alpha {min(alphas, default=0):g}-{max(alphas, default=0):g}, "
+            f"{smooth['calibration']}), {smooth['dynamic']} MatMuls at dynamic int8, "
+            f"{len(smooth['kept'])} at 8-bit weight-only"
+        )
+        # what a review should see in the lock file: each layer input's alpha, the MatMuls kept
+        data["lock"] = {
+            "alphas": {g["matmuls"][0]: g["alpha"] for g in smooth["groups"]},
+            "kept": {k: 8 for k in smooth["kept"]},
         }
     if src.parent.name == APART:
         import shutil
@@ -353,6 +372,13 @@ def check(c: Checking) -> Iterable[Found]:
                 "gguf writes the blocks into the fused decoder graph: add from: optimized "
                 "(with optimize.decoder: fused)",
                 False,
+            )
+        if q.get("method") == "smooth_int8" and not c.decoder:
+            yield (
+                ("quantize", i, "method"),
+                "smooth_int8 calibrates on text windows through a decoder: it applies to text-generation "
+                "models (for an encoder, use method: dynamic or static)",
+                True,
             )
         plan = q.get("budget")
         if isinstance(plan, dict) and plan.get("ppl_increase_max") is None and plan.get("kld_max") is None:
