@@ -404,7 +404,10 @@ def main() -> None:
         files[label] = cpp.gguf
     served = artifacts / "int4-served"
     if (served / "prefill.onnx").exists():
-        label = "onnxbuild int4-served (int8 prefill, int4-budget decode)"
+        import yaml
+
+        pair = yaml.safe_load(RECIPE.read_text(encoding="utf-8"))["serve"][0]
+        label = f"onnxbuild int4-served ({pair['prefill']} prefill, {pair['decode']} decode)"
         sessions[label] = Served(served)
         files[label] = served / "model.onnx"
     for label, f in sessions.items():

@@ -391,6 +391,17 @@ def smollm2_section(data: dict[str, Any], source: str) -> list[str]:
     lines += table(
         ["file", "MB", "perplexity", "vs PyTorch fp32", "mean KL", "top-1", "prefill 128", "decode after 128"], rows
     )
+    pair = data.get("best_pair")
+    if isinstance(pair, dict) and pair.get("prefill") and pair.get("decode"):
+        cpp = pair.get("llama_cpp_decode_ms")
+        lines += [
+            "",
+            f"Best pair on this machine: the prompt through {cell(pair['prefill'])} "
+            f"({ms(pair.get('prefill_ms'), 1)}, {pair.get('prefill_ppl_increase', 0):+.2%}; the fastest prefill within "
+            f"+1% perplexity), each token after it through {cell(pair['decode'])} ({ms(pair.get('decode_ms'), 2)}, "
+            f"{pair.get('decode_ppl_increase', 0):+.2%})"
+            + (f"; llama.cpp decodes the same GGUF in {ms(cpp, 2)}." if isinstance(cpp, (int, float)) else "."),
+        ]
     lines += how_measured("smollm2.py")
     return lines
 
