@@ -368,7 +368,10 @@ BAD: list[Any] = [
     ),
     pytest.param(
         GRAPH + "quantize:\n  - {name: q}\n",
-        ["r.yaml:13:5: quantize[0]: missing required key 'method' (one of: dynamic, static, int4, weight_only, gguf)"],
+        [
+            "r.yaml:13:5: quantize[0]: missing required key 'method' "
+            "(one of: dynamic, static, int4, weight_only, gguf, smooth_int8)"
+        ],
         id="quantize-missing-method",
     ),
     pytest.param(
