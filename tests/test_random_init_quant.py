@@ -133,3 +133,54 @@ def test_a_planted_wrong_weight_fails_the_weights_check_naming_it(
     assert "a wrong weight, scale or zero point, not rounding" in message
     # and the file as built passes
     assert weightcheck.check(folder / variant / "model.onnx", folder / "model.onnx")["passed"]
+
+
+SPEECH = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+    "conv_dim": [32, 32, 32],
+    "conv_stride": [5, 2, 2],
+    "conv_kernel": [10, 3, 3],
+    "num_conv_pos_embeddings": 16,
+    "num_conv_pos_embedding_groups": 2,
+    "vocab_size": 32,
+    "num_labels": 4,
+}
+
+
+@pytest.mark.slow  # two speech encoders, each with three quantized variants, ~40 s: make test-slow
+def test_wav2vec2_for_ctc_and_audio_classification_builds_every_quantized_variant(tmp_path: Path) -> None:
+    """Issue 54: its weight-normed positional conv (weight = g * v / |v|, computed in the graph)
+    failed dynamic int8 ("Expected .../weight.0/Mul_output_0 to be an initializer"): that Conv
+    stays float, every MatMul is quantized."""
+    docs = [
+        {
+            "name": f"w2v-{task}",
+            "source": {
+                "huggingface": {
+                    "model": "tiny/wav2vec2",
+                    "task": task,
+                    "offline": "random-init",
+                    "seed": 0,
+                    "config": {"model_type": "wav2vec2", **SPEECH},
+                }
+            },
+            "quantize": [
+                {"name": "int8", "method": "dynamic"},
+                {"name": "int8-static", "method": "static"},
+                {"name": "int4", "method": "int4", "block_size": 32},
+            ],
+        }
+        for task in ("automatic-speech-recognition", "audio-classification")
+    ]
+    artifacts = build(tmp_path, docs)
+    for doc in docs:
+        folder = artifacts / doc["name"]
+        model = onnx.load_model(str(folder / "int8" / "model.onnx"))
+        ops = [n.op_type for n in model.graph.node]
+        assert "Conv" in ops and ops.count("MatMulInteger") >= 12, ops  # the computed-weight conv stays float
+        for variant in ("int8", "int8-static", "int4"):
+            report = json.loads((folder / "reports" / "validation" / f"{variant}.json").read_text(encoding="utf-8"))
+            assert report["variants"][variant]["passed"], (doc["name"], variant)

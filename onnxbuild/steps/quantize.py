@@ -34,7 +34,7 @@ from onnxbuild.steps.validating import rules
 
 # 6: weight-only methods also quantize a mixture of experts' tables (onnxbuild/quant/experts.py)
 # 7: weight-only files over 2 GB quantized one MatMul at a time (quant/streamed.py)
-VERSION = 8  # 8: a weight read through an Identity (a module called twice) quantized at every call; smooth_int8
+VERSION = 8  # 8: Identity-read weights quantized at every call; computed-weight Convs left float; smooth_int8
 
 
 PACKAGES = ("onnxruntime", "onnx", "numpy")

@@ -26,9 +26,15 @@ def _dynamic(src: Path, out: Path, q: QuantizeSection) -> None:
     from onnxbuild.quant.aliases import fold_weight_aliases, weight_aliases
 
     model: str | onnx.ModelProto = str(src)
-    if weight_aliases(onnx.load_model(str(src), load_external_data=False).graph):
+    graph = onnx.load_model(str(src), load_external_data=False).graph
+    if weight_aliases(graph):
         model = onnx.load_model(str(src))  # a shared weight's later calls: quantized too, not left float
         fold_weight_aliases(model)
+        graph = model.graph
+    # a Conv whose weight is computed (wav2vec2's weight-normed positional conv: g * v / |v|)
+    # stays float: onnxruntime's ConvInteger takes only an initializer as its weight
+    constants = {t.name for t in graph.initializer}
+    computed = [n.name for n in graph.node if n.op_type == "Conv" and n.input[1] not in constants]
     quantize_dynamic(
         model,
         str(out),
@@ -36,7 +42,7 @@ def _dynamic(src: Path, out: Path, q: QuantizeSection) -> None:
         per_channel=q["per_channel"],
         reduce_range=q["reduce_range"],
         weight_type=QuantType.QInt8 if q["weight_type"] == "int8" else QuantType.QUInt8,
-        nodes_to_exclude=excluded(src, q) or None,
+        nodes_to_exclude=[*excluded(src, q), *computed] or None,
         # Needed on ORT-optimized models ("Unable to find data type for weight_name").
         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
     )
