@@ -160,7 +160,7 @@ def main() -> None:
     rows = [("optimized (fp32)", src)]
     rows.append(("dynamic int8", dynamic(str(src), OUT / "dynamic.onnx", [])))
     model = onnx.load_model(str(src))
-    plan = smoothed(model, cal_feeds, set())
+    plan = smoothed(model, lambda _: cal_feeds, set())
     print("alpha per layer input:", " ".join(f"{g['alpha']:g}:{g['folded'][:4]}" for g in plan))
     onnx.save_model(model, str(OUT / "smoothed-float.onnx"))
     rows.append(("SmoothQuant float (must match fp32)", OUT / "smoothed-float.onnx"))

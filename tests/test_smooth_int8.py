@@ -19,6 +19,7 @@ import onnx
 import pytest
 
 from tests.helpers_cli import run
+from tests.helpers_tiny import TINY_DECODER_SIZES
 
 RECIPE = """name: s
 source:
@@ -45,17 +46,7 @@ def outlier_llama(folder: Path) -> None:
     import torch
     import transformers
 
-    config = transformers.LlamaConfig(
-        vocab_size=1000,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        initializer_range=0.05,
-        tie_word_embeddings=False,
-    )
+    config = transformers.LlamaConfig(**TINY_DECODER_SIZES, initializer_range=0.05, tie_word_embeddings=False)
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config)
     with torch.no_grad():

@@ -282,6 +282,20 @@ def test_a_static_int8_of_three_files_is_refused_at_the_recipe(tmp_path: Path) -
     ]
 
 
+def test_a_smooth_int8_of_three_files_is_refused_at_the_recipe(tmp_path: Path) -> None:
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        RECIPE.read_text(encoding="utf-8") + "quantize:\n  - {name: s, method: smooth_int8}\n", encoding="utf-8"
+    )
+    with pytest.raises(RecipeError) as exc:
+        onnxbuild.load_recipe(recipe)
+    line = len(RECIPE.read_text(encoding="utf-8").splitlines()) + 2
+    assert [str(p) for p in exc.value.problems] == [
+        f"{recipe}:{line}:15: quantize[0].method: smooth_int8 calibrates on text windows through a decoder: it "
+        "applies to text-generation models (for an encoder, use method: dynamic or static)"
+    ]
+
+
 @pytest.mark.slow
 def test_int8_int4_and_fp16_variants_quantize_all_three_files_and_are_validated(tmp_path: Path) -> None:
     """Each variant is the three files made the same way (and genai_config.json beside them),

@@ -308,8 +308,10 @@ def _quantize(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: Quantiz
             _dynamic(src, out, q)
         elif q["method"] == "static":
             _static(ctx, spec, src, out, q)
-        else:
+        elif q["method"] in ("int4", "weight_only"):
             _weight_only(src, out, q)
+        else:  # smooth_int8 and gguf write their own file; check() keeps them to one-file decoders
+            raise StepError(f"quantize.{q['name']}: method {q['method']} does not apply to a multi-file model")
     except StepError:
         raise
     except Exception as exc:

@@ -34,6 +34,7 @@ def _budgeted(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: Quantiz
     import onnx
     import onnxruntime as ort
 
+    from onnxbuild.quant.aliases import fold_weight_aliases
     from onnxbuild.steps import budget as b
 
     what = f"quantize.{q['name']}"
@@ -47,6 +48,7 @@ def _budgeted(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: Quantiz
     target = {k: v * margin for k, v in wanted.items()}
     fallback = None if cfg.get("fallback") == "float" else 8
     model = onnx.load_model(str(src))
+    fold_weight_aliases(model)  # a shared weight's later calls planned and quantized too
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     windows, where = _calibration_windows(ctx, spec, q, session)
     feeds = [_prefill_feeds(session, row) for row in windows]

@@ -26,7 +26,8 @@ def _dynamic(src: Path, out: Path, q: QuantizeSection) -> None:
     from onnxbuild.quant.aliases import fold_weight_aliases, weight_aliases
 
     model: str | onnx.ModelProto = str(src)
-    graph = onnx.load_model(str(src), load_external_data=False).graph
+    proto = onnx.load_model(str(src), load_external_data=False)
+    graph = proto.graph
     if weight_aliases(graph):
         model = onnx.load_model(str(src))  # a shared weight's later calls: quantized too, not left float
         fold_weight_aliases(model)
@@ -42,7 +43,7 @@ def _dynamic(src: Path, out: Path, q: QuantizeSection) -> None:
         per_channel=q["per_channel"],
         reduce_range=q["reduce_range"],
         weight_type=QuantType.QInt8 if q["weight_type"] == "int8" else QuantType.QUInt8,
-        nodes_to_exclude=[*excluded(src, q), *computed] or None,
+        nodes_to_exclude=[*excluded(proto, q), *computed] or None,
         # Needed on ORT-optimized models ("Unable to find data type for weight_name").
         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
     )

@@ -25,6 +25,7 @@ smoothed with nothing kept +6%.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, TypedDict
 from onnxbuild._util import pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import QuantizeSection
+from onnxbuild.runtimes.sessions import Session
 from onnxbuild.steps.base import StepContext, StepSpec
 from onnxbuild.steps.quantizing.int8 import excluded
 
@@ -90,7 +92,6 @@ class _Fold:
 
 def smooth_int8(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: QuantizeSection) -> SmoothPlan:
     import onnx
-    import onnxruntime as ort
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
@@ -106,10 +107,13 @@ def smooth_int8(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: Quant
     fold_weight_aliases(model)
     left_float = set(excluded(model, {**q, "keep": []}))  # exclude_nodes and attention: float
     keep = set(excluded(model, {**q, "exclude_nodes": []})) - left_float
-    session = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
-    windows, where = _calibration_windows(ctx, spec, q, session)
-    feeds = [_prefill_feeds(session, window) for window in windows]
-    del session
+    where = ""
+
+    def feeds(session: Session) -> list[dict[str, NDArray[np.generic]]]:
+        nonlocal where
+        windows, where = _calibration_windows(ctx, spec, q, session)
+        return [_prefill_feeds(session, window) for window in windows]
+
     plan = smoothed(model, feeds, left_float)
     graph = model.graph
     ranked = sorted((g for g in plan if not keep.intersection(g["matmuls"])), key=lambda g: -g["error"])
@@ -146,10 +150,11 @@ def smooth_int8(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: Quant
 
 
 def smoothed(
-    model: onnx.ModelProto, feeds: list[dict[str, NDArray[np.generic]]], left_float: set[str]
+    model: onnx.ModelProto, feeds: Callable[[Session], list[dict[str, NDArray[np.generic]]]], left_float: set[str]
 ) -> list[SmoothGroup]:
-    """SmoothQuant folded into ``model`` in place, calibrated by running ``feeds``: each layer
-    input's plan. MatMuls named in ``left_float`` are not touched."""
+    """SmoothQuant folded into ``model`` in place, calibrated by running the feeds ``feeds`` makes
+    for the model's session: each layer input's plan. MatMuls named in ``left_float`` are not
+    touched."""
     import numpy as np
     import onnx
     import onnxruntime as ort
@@ -162,15 +167,16 @@ def smoothed(
         weighted = n.op_type == "MatMul" and n.input[1] in weights and len(weights[n.input[1]].dims) == 2
         if weighted and n.name not in left_float:
             groups.setdefault(n.input[0], []).append(n)
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    probe.graph.output.extend(onnx.helper.make_tensor_value_info(a, onnx.TensorProto.FLOAT, None) for a in groups)
-    session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
-    del probe
+    # every layer input as an output of the model itself for one session, then taken off again:
+    # a copy of the model to probe would hold its weights twice
+    outputs = len(graph.output)
+    graph.output.extend(onnx.helper.make_tensor_value_info(a, onnx.TensorProto.FLOAT, None) for a in groups)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    del graph.output[outputs:]
     names = list(groups)
     amax: dict[str, NDArray[np.float32]] = {}
     rows: dict[str, list[NDArray[np.float32]]] = {a: [] for a in names}
-    for feed in feeds:
+    for feed in feeds(session):
         for a, x in zip(names, session.run(names, feed), strict=True):
             x = np.asarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
             amax[a] = np.maximum(amax[a], np.abs(x).max(0)) if a in amax else np.abs(x).max(0)

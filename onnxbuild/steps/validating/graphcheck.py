@@ -139,10 +139,9 @@ def replacements(
         )
     aliases = weight_aliases(graph)
     for node in graph.node:
-        if node.op_type == "MatMul" and aliases.get(node.input[1], node.input[1]) in file.tensors:
-            shape = tuple(file.tensors[aliases.get(node.input[1], node.input[1])].dims)
-            if len(shape) != 2:
-                continue
+        weight_name = aliases.get(node.input[1], node.input[1]) if node.op_type == "MatMul" else ""
+        shape = tuple(file.tensors[weight_name].dims) if weight_name in file.tensors else ()
+        if len(shape) == 2:
             both = [t["param"] for t in _targets(model, node.name, shape[0], shape[1]) if t["param"] in targets]
             if both:  # PyTorch has one value for it: the check would compare two weights against one
                 return (
