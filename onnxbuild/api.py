@@ -22,13 +22,13 @@ from onnxbuild.recipe.model import Recipe
 from onnxbuild.recipe.resolve import DEFAULT_ATOL, DEFAULT_RTOL
 from onnxbuild.recipe.sections import Resolved, ValidateSection
 from onnxbuild.report.pagekey import is_current
-from onnxbuild.steps import export as export_kind
 from onnxbuild.steps import kinds
+from onnxbuild.steps.exporting import section as export_kind
 
 if TYPE_CHECKING:
     from onnxbuild.engine.locks import FileLock
-    from onnxbuild.review.divergence import Search
     from onnxbuild.review.upgrade import Comparison
+    from onnxbuild.steps.validating.divergence import Search
 
 CACHE_ENV = "ONNXBUILD_CACHE_DIR"
 RAY_JOBS = 256
@@ -534,8 +534,8 @@ def explain_mismatch(
     (``divergence.Search``, what was compared with what)."""
     from onnxbuild.pipeline import variants
     from onnxbuild.recipe.variants import vocab_size
-    from onnxbuild.review.divergence import feeds_for, first_divergence
     from onnxbuild.steps.validating.cases import case_seed
+    from onnxbuild.steps.validating.divergence import feeds_for, first_divergence
     from onnxbuild.steps.validating.rules import section, tolerances
 
     settings = settings or Settings()

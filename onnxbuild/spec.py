@@ -89,10 +89,15 @@ class StepSpec:
     carries their whole effect (``source.huggingface.model`` reaches it as the source record)."""
     resources: Resources = field(default_factory=Resources)
     limits: Limits = field(default_factory=Limits)
-    version: int = 1
-    """The kind's VERSION, part of the key: bumped whenever the kind's outputs can change."""
+    code_also: tuple[str, ...] = ()
+    """Modules its run reaches by name rather than by import (the recipe's source kind, through
+    ``sources.source_kind``): counted in the key's code like ``entry``."""
+    code_stops: tuple[str, ...] = ()
+    """Its kind's branches this recipe does not take (``StepKind.branches``): the key's code
+    (``onnxbuild.engine.codekeys``) is every onnxbuild module ``entry`` can reach, less these."""
     packages: tuple[str, ...] = ()
-    """Packages whose versions are part of the key (the kind's PACKAGES), and nothing else is."""
+    """Packages whose versions are part of the key: its kind's PACKAGES less those only branches
+    it does not take import."""
     imports: tuple[str, ...] = ()
     """Heavy modules its run imports first (torch, transformers...): a step with any forks from the
     build's warm process, which imported every planned step's once. Not part of the key."""
@@ -299,17 +304,28 @@ def _one_cpu(recipe: Recipe) -> tuple[float, int, str]:
 
 
 @dataclass(frozen=True)
+class Branch:
+    """Part of a kind's run that only some recipes reach (export's fused writer, OpenVINO in
+    validate): ``module`` (an onnxbuild module, with what only it imports) and ``packages`` count
+    in a step's key only where ``taken(params)`` holds for the step's params."""
+
+    taken: Callable[[Mapping[str, object]], bool]
+    module: str = ""
+    packages: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class StepKind:
     """What a step kind says of itself. Each module under ``onnxbuild/steps/`` exports one as
     ``KIND``; the registry (``onnxbuild.steps.step_kind``) hands it to the pipeline, which asks
     every kind for its variants and steps, and ``describe`` copies what the engine needs into
     each StepSpec, so the engine runs specs without reading a kind.
 
-    ``version`` is bumped whenever a change to the kind can change its outputs; it and the
-    versions of ``packages`` are in every key of the kind, and nothing else of its code is."""
+    Every key of the kind holds the digest of the onnxbuild code its run can reach
+    (``onnxbuild.engine.codekeys``: its module and what that imports, less the ``branches`` a recipe
+    does not take) and the versions of ``packages``: no hand-kept version number."""
 
     name: str
-    version: int
     packages: tuple[str, ...]
     plan: Callable[[Planning], list[StepSpec]]
     """Its steps for a recipe, given the variants every kind makes (empty when it has none)."""
@@ -353,3 +369,5 @@ class StepKind:
     each_variant: bool = False
     """It has a step per variant, ``<kind>.<variant>`` (the exported model's is ``<kind>``):
     names ``limits.steps`` may use."""
+    branches: tuple[Branch, ...] = ()
+    """Code and packages its run reaches only for some recipes: left out of the others' keys."""

@@ -64,7 +64,7 @@ def _no_steps(p: Planning) -> list[StepSpec]:
     return []  # fake steps are planned by the tests themselves (fake() below)
 
 
-KIND = StepKind(name=NAME, version=1, packages=(), plan=_no_steps, run=run)
+KIND = StepKind(name=NAME, packages=(), plan=_no_steps, run=run)
 
 
 def register_fake() -> None:

@@ -36,12 +36,30 @@ LR = "recipes/linear-regression.yaml"
 # ---------------------------------------------------------------- pinned keys
 #
 # What enters the key of linear-regression's `source` step, written out in full. If this
-# test fails, every cached `source` output is invalidated: that must be on purpose (bump
-# the step's VERSION, or change the recipe defaults knowingly), then update the literals.
+# test fails, every cached `source` output is invalidated: that must be on purpose (change
+# the recipe defaults knowingly), then update the literals. The code digests here are
+# stand-ins: the real ones change with every edit of the code they cover (test_codekeys.py);
+# SOURCE_CODE pins which modules the source step of a graph recipe can reach.
+
+SOURCE_CODE = [
+    "onnxbuild",
+    "onnxbuild._util",
+    "onnxbuild.errors",
+    "onnxbuild.recipe.model",
+    "onnxbuild.recipe.sections",
+    "onnxbuild.recipe.variants",
+    "onnxbuild.sources",
+    "onnxbuild.sources.graph",
+    "onnxbuild.sources.kind",
+    "onnxbuild.spec",
+    "onnxbuild.steps",
+    "onnxbuild.steps.base",
+    "onnxbuild.steps.source",
+]
 
 SOURCE_INGREDIENTS: dict[str, Any] = {
     "kind": "source",
-    "version": 1,
+    "code": {"onnxbuild.steps.source": "0" * 16},
     "params": {
         "source": {
             "graph": {
@@ -77,20 +95,22 @@ SOURCE_INGREDIENTS: dict[str, Any] = {
 
 # Exactly the text that is hashed: sorted keys, no whitespace.
 SOURCE_CANONICAL = (
-    '{"files":{},"identity":{},"inputs":{},"kind":"source","outputs":["model.onnx"],"packages":{"onnx":"1.23.2"},'
+    '{"code":{"onnxbuild.steps.source":"'
+    + "0" * 16
+    + '"},"files":{},"identity":{},"inputs":{},"kind":"source","outputs":["model.onnx"],"packages":{"onnx":"1.23.2"},'
     '"params":{"source":{"graph":{"doc_string":"","extra_opsets":{},"initializers":['
     '{"dtype":"float32","name":"A","random":{"distribution":"normal","scale":1.0,"seed":0},"shape":[4,2]},'
     '{"dtype":"float32","name":"B","shape":[2],"values":[0.5,-0.5]}],'
     '"inputs":[{"dtype":"float32","name":"X","shape":["batch",4]}],"ir_version":10,"name":"graph",'
     '"nodes":[{"attributes":{},"domain":"","inputs":["X","A"],"op_type":"MatMul","outputs":["XA"]},'
     '{"attributes":{},"domain":"","inputs":["XA","B"],"op_type":"Add","outputs":["Y"]}],'
-    '"opset":18,"outputs":[{"dtype":"float32","name":"Y","shape":["batch",2]}]}}},"version":1}'
+    '"opset":18,"outputs":[{"dtype":"float32","name":"Y","shape":["batch",2]}]}}}}'
 )
-SOURCE_KEY = "13cd47ecd881e16a4f9882bf3ef4a4f0314b9018db21dbb0d99ab59a405439b9"
+SOURCE_KEY = "3eb09c343e3a69ce7af9f189654b14529924b6a2f6d4e6d32885c475b1a9e7ae"
 
 CHECK_INGREDIENTS: dict[str, Any] = {
     "kind": "check",
-    "version": 2,
+    "code": {"onnxbuild.steps.check": "1" * 16},
     "params": {},
     "outputs": ["reports/check.json", "reports/check.md"],
     "inputs": {"source:model.onnx": "0" * 64},
@@ -99,10 +119,14 @@ CHECK_INGREDIENTS: dict[str, Any] = {
     "packages": {"onnx": "1.23.2"},
 }
 CHECK_CANONICAL = (
-    '{"files":{},"identity":{},"inputs":{"source:model.onnx":"' + "0" * 64 + '"},'
-    '"kind":"check","outputs":["reports/check.json","reports/check.md"],"packages":{"onnx":"1.23.2"},"params":{},"version":2}'
+    '{"code":{"onnxbuild.steps.check":"'
+    + "1" * 16
+    + '"},"files":{},"identity":{},"inputs":{"source:model.onnx":"'
+    + "0" * 64
+    + '"},'
+    '"kind":"check","outputs":["reports/check.json","reports/check.md"],"packages":{"onnx":"1.23.2"},"params":{}}'
 )
-CHECK_KEY = "e0489206b10022249d79aa72f1f94807ee3ea3502783159fec0aa11121ff6b3d"
+CHECK_KEY = "2f209e16a26e6788d32c928ac489f25c7267d55ba9841d166cecb2e9fa5696b9"
 
 
 def test_key_is_sha256_of_canonical_json_pinned() -> None:
@@ -117,7 +141,7 @@ def test_key_ignores_dict_order_but_not_values() -> None:
     reordered = dict(reversed(list(SOURCE_INGREDIENTS.items())))
     assert step_key(reordered) == SOURCE_KEY
     assert step_key({**SOURCE_INGREDIENTS, "packages": {"onnx": "1.23.3"}}) != SOURCE_KEY
-    assert step_key({**SOURCE_INGREDIENTS, "version": 2}) != SOURCE_KEY
+    assert step_key({**SOURCE_INGREDIENTS, "code": {"onnxbuild.steps.source": "2" * 16}}) != SOURCE_KEY
 
 
 def test_linear_regression_ingredients_are_exactly_these(project: Path, settings: onnxbuild.Settings) -> None:
@@ -126,8 +150,11 @@ def test_linear_regression_ingredients_are_exactly_these(project: Path, settings
     recipe = onnxbuild.load_recipe(LR)
     source, _ = steps_for(recipe)
     cache = Cache(settings.cache_dir)
-    expected_source = {**SOURCE_INGREDIENTS, "packages": {"onnx": onnx_version}}
-    assert ingredients(source, {}, cache) == expected_source
+    found = ingredients(source, {}, cache)
+    assert list(found["code"]) == SOURCE_CODE
+    assert all(len(d) == 16 for d in found["code"].values())
+    expected_source = {**SOURCE_INGREDIENTS, "code": found["code"], "packages": {"onnx": onnx_version}}
+    assert found == expected_source
 
     plan = onnxbuild.plan([LR], settings)
     assert plan.steps[0].ingredients == expected_source
@@ -143,6 +170,7 @@ def test_linear_regression_ingredients_are_exactly_these(project: Path, settings
     }
     expected_check = {
         **CHECK_INGREDIENTS,
+        "code": last["check"]["ingredients"]["code"],
         "inputs": {"source:model.onnx": model_sha},
         "packages": {"onnx": onnx_version},
     }

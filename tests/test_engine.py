@@ -434,7 +434,7 @@ def test_a_registered_module_must_be_importable_to_run_in_a_step_process(
         return StepResult()
 
     module = types.ModuleType("made_in_memory")
-    module.KIND = StepKind(name="in-memory", version=1, packages=(), plan=lambda p: [], run=run)  # type: ignore[attr-defined]
+    module.KIND = StepKind(name="in-memory", packages=(), plan=lambda p: [], run=run)  # type: ignore[attr-defined]
     module.run = run  # type: ignore[attr-defined]
     register("in-memory", module)
     spec = StepSpec(name="a", kind="in-memory", params={}, outputs=("a.txt",))

@@ -364,7 +364,6 @@ def test_the_first_divergence_search_feeds_each_case_its_validation_inputs(built
     inputs validation gave it, and explain-mismatch finds the seed of its prefill cases."""
     from onnxbuild.pipeline import steps_for
     from onnxbuild.recipe.variants import vocab_size as recipe_vocab
-    from onnxbuild.review.divergence import feeds_for
     from onnxbuild.sources.torchmodel import (
         full_export,
         input_specs,
@@ -373,6 +372,7 @@ def test_the_first_divergence_search_feeds_each_case_its_validation_inputs(built
         vocab_size,
     )
     from onnxbuild.steps.validating.cases import case_seed, cases
+    from onnxbuild.steps.validating.divergence import feeds_for
 
     recipe = onnxbuild.load_recipes([built.parent.parent / "recipes" / "tiny-llama.yaml"])[0]
     params = next(s for s in steps_for(recipe) if s.name == "validate.optimized").params

@@ -39,7 +39,6 @@ def test_each_step_kind_describes_itself(kind: str) -> None:
     assert module.__name__ == f"onnxbuild.steps.{kind}"
     described = steps.step_kind(kind)
     assert isinstance(described, StepKind) and described.name == kind
-    assert isinstance(described.version, int) and described.version >= 1
     assert isinstance(described.packages, tuple) and all(isinstance(p, str) for p in described.packages)
     assert described.run is module.run, "the engine calls run by the module's name: KIND.run must be that run"
     factor, base = described.memory
@@ -169,7 +168,7 @@ def test_a_new_step_kind_is_one_module_one_registry_line_and_one_schema_block(
         return StepResult(summary=f"{len(lines)} {algorithm} sums")
 
     module.run = run  # type: ignore[attr-defined]
-    module.KIND = StepKind(name="checksums", version=1, packages=(), plan=plan, run=run, memory=(0, 200))  # type: ignore[attr-defined]
+    module.KIND = StepKind(name="checksums", packages=(), plan=plan, run=run, memory=(0, 200))  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, module.__name__, module)
     monkeypatch.setitem(steps._extra, "checksums", module)  # the registry line (spec.STEP_KINDS) ...
     monkeypatch.setattr(pipeline, "STEP_KINDS", (*pipeline.STEP_KINDS, "checksums"))

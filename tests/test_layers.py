@@ -93,6 +93,14 @@ def test_kinds_import_no_engine_module(module: str) -> None:
     )
 
 
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if within(m, "onnxbuild.steps")))
+def test_steps_import_no_review_tool(module: str) -> None:
+    """review/ holds the commands that read builds (diff, verify, upgrade-check); what a step and
+    a command both run (the first-divergence search) lives with the step."""
+    upward = sorted(i for i in MODULES[module] if within(i, "onnxbuild.review"))
+    assert not upward, f"{module} imports {upward}: move what both need below the steps"
+
+
 SOURCE_KIND_MODULES = tuple(
     f"onnxbuild.sources.{k}"
     for k in (

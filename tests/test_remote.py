@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -102,9 +103,13 @@ def test_cache_verify_remote_finds_and_repairs_damage(tmp_path: Path, monkeypatc
     a = checkout(tmp_path, "a")
     monkeypatch.chdir(a)
     assert onnxbuild.build([LR], settings_for(a, url), in_process=True).ok
-    objects = sorted((tmp_path / "remote" / "objects").glob("*/*"))
-    objects[0].write_bytes(objects[0].read_bytes()[:-1] + b"!")  # same size, wrong bytes
+    # one entry unreadable, and an object of the other entry wrong (keys hold the code's digest,
+    # so which entry sorts first changes with the code: chosen by content, not order)
     entries = sorted((tmp_path / "remote" / "entries").glob("*/*.json"))
+    kept = json.loads(entries[1].read_text(encoding="utf-8"))
+    sha = kept["outputs"][0]["sha256"]
+    obj = tmp_path / "remote" / "objects" / sha[:2] / sha
+    obj.write_bytes(obj.read_bytes()[:-1] + b"!")  # same size, wrong bytes
     entries[0].write_text("{", encoding="utf-8")
     first = CliRunner().invoke(cli, ["cache", "verify", "--remote", "--cache-url", url])
     assert first.exit_code == 0, first.output

@@ -30,7 +30,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Protocol, TypedDict, cast
+from typing import TYPE_CHECKING, Protocol, TypedDict, cast
 
 from onnxbuild._util import JsonValue as JsonValue  # re-exported: readers of cache files import it from here
 from onnxbuild._util import (
@@ -45,6 +45,9 @@ from onnxbuild.engine.locks import FileLock
 from onnxbuild.engine.testhooks import pause_for_tests
 from onnxbuild.environment import Versions
 from onnxbuild.errors import CacheError
+
+if TYPE_CHECKING:
+    from onnxbuild.engine.codekeys import Code
 
 
 class OutputRecord(TypedDict):
@@ -181,6 +184,7 @@ class Cache:
         self._hashes_dirty = False
         self.versions = Versions(self.root / "state" / "versions.json")
         """Package versions for keys, remembered in state/versions.json (saved by save_state)."""
+        self._code: Code | None = None
 
     # ------------------------------------------------------------ paths
 
@@ -467,10 +471,21 @@ class Cache:
             )
         return self._hashes
 
+    def code(self, entries: Iterable[str], stops: Iterable[str]) -> dict[str, str]:
+        """Module -> digest of the onnxbuild code that ``entries`` can execute, less ``stops``
+        (``onnxbuild.engine.codekeys``), its parses memoised in state/code.json."""
+        if self._code is None:
+            from onnxbuild.engine.codekeys import Code
+
+            self._code = Code(memo=self.root / "state" / "code.json")
+        return self._code.reach(entries, stops)
+
     def save_state(self) -> None:
         if not tagged(self.root):
             return  # a plan before the first build: the folder is not made yet (nor ours to write in)
         self.versions.save()
+        if self._code is not None:
+            self._code.save()
         if self._hashes_dirty and self._hashes is not None:
             with contextlib.suppress(OSError):  # only a speed-up; losing it costs a re-hash
                 atomic_write_text(self.root / "state" / "hashes.json", canonical_json(self._hashes))

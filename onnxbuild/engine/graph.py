@@ -27,7 +27,8 @@ class Ingredients(TypedDict):
     """What goes into a step's key (``ingredients``); the cache entry and the lock keep it as JSON."""
 
     kind: str
-    version: int
+    code: dict[str, str]
+    """Digest of every onnxbuild module its run can reach (``onnxbuild.engine.codekeys``), by module."""
     params: dict[str, object]
     outputs: list[str]
     inputs: dict[str, str]
@@ -97,7 +98,7 @@ def ingredients(spec: StepSpec, input_digests: dict[str, str], cache: Cache) -> 
     """Everything that can change a step's outputs, and nothing that cannot (no paths, no times)."""
     return {
         "kind": spec.kind,
-        "version": spec.version,
+        "code": cache.code((spec.entry, *spec.code_also), spec.code_stops) if spec.entry else {},
         "params": _without(spec.params, spec.unkeyed),
         # Two steps alike in all else but the files they declare must not share an entry:
         # the entry records output paths, and the second would get the first's.
@@ -307,10 +308,9 @@ def explain(last: LastBuild | None, now: Ingredients, key: str) -> list[str]:
     if last.get("key") == key:
         return ["no entry in cache (removed by gc, or damaged)"]
     reasons: list[str] = []
-    if before.get("version") != now["version"]:
-        reasons.append(
-            f"the {now['kind']} step's implementation changed (v{before.get('version')} -> v{now['version']})"
-        )
+    code = _code_changes(before.get("code"), now["code"])
+    if code:
+        reasons.append(f"the {now['kind']} step's code changed ({code})")
     if before.get("outputs") != now["outputs"]:
         reasons.append(f"its declared outputs changed ({_short(before.get('outputs'))} -> {_short(now['outputs'])})")
     for path, old, new in json_changes(before.get("params", {}), now["params"]):
@@ -336,6 +336,25 @@ def explain(last: LastBuild | None, now: Ingredients, key: str) -> list[str]:
     if changed_inputs:
         reasons.append(f"its input from {', '.join(changed_inputs)} changed")
     return reasons or ["no entry in cache"]
+
+
+def _code_changes(before: object, now: dict[str, str]) -> str:
+    """Which of a step's onnxbuild modules changed, were added or no longer reached, in words;
+    "" when none did."""
+    if not isinstance(before, dict):  # a key from before code was keyed (a kind's version number)
+        return "onnxbuild's code is now in the key" if now else ""
+    names = sorted(set(before) | set(now))
+    changed = [m for m in names if m in before and m in now and before[m] != now[m]]
+    added = [m for m in names if m not in before]
+    gone = [m for m in names if m not in now]
+    words = [f"{_short_list(changed)}"] if changed else []
+    words += [f"now reaches {_short_list(added)}"] if added else []
+    words += [f"no longer reaches {_short_list(gone)}"] if gone else []
+    return "; ".join(words)
+
+
+def _short_list(modules: list[str], most: int = 4) -> str:
+    return ", ".join(modules[:most]) + (f" and {len(modules) - most} more" if len(modules) > most else "")
 
 
 def _change_words(old: object, new: object) -> str:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from onnxbuild.engine.graph import Plan
 
 from onnxbuild._util import brief
-from onnxbuild.steps import export as export_kind
+from onnxbuild.steps.exporting import section as export_kind
 from onnxbuild.steps.validating import rules
 
 # Operators that only exist as fusions (ONNX Runtime's contrib domain): the counts a

@@ -2,9 +2,10 @@
 (name, version, packages, plan, run, and what else it says of itself) and a module-level
 ``run(ctx, spec) -> StepResult``, the entry point a step process calls by the module's name.
 
-``KIND.version`` is bumped whenever a change to the module can change its outputs; it is
-part of every key of that kind. ``KIND.packages`` lists the packages whose versions can
-change the outputs; they are part of the key too, and nothing else is. ``describe``
+Every key of a kind holds a digest of the onnxbuild code its module can reach
+(``onnxbuild.engine.codekeys``), so no version number is kept by hand. ``KIND.packages`` lists the
+packages whose versions can change the outputs; they are part of the key too. ``KIND.branches``
+names code and packages only some recipes reach, left out of the others' keys. ``describe``
 copies these into a StepSpec, so the engine runs specs without importing any kind.
 """
 
@@ -52,14 +53,21 @@ def register(kind: str, module: ModuleType) -> None:
 
 
 def describe(spec: StepSpec) -> StepSpec:
-    """``spec`` with what its kind says of itself: version, packages, whether it runs alone,
-    its entry point and whether its outputs are measured (hardware-bound)."""
+    """``spec`` with what its kind says of itself: the branches it does not take, its packages,
+    whether it runs alone, its entry point and whether its outputs are measured (hardware-bound)."""
     module = step_module(spec.kind)
     kind = step_kind(spec.kind)
+    taken = [b for b in kind.branches if b.taken(spec.params)]
+    left = [b for b in kind.branches if not b.taken(spec.params)]
+    needed = {name for b in taken for name in b.packages}
+    unused = {name for b in left for name in b.packages} - needed
+    source = spec.params.get("source")
+    named = [f"onnxbuild.sources.{k}" for k in source] if isinstance(source, dict) and len(source) == 1 else []
     return replace(
         spec,
-        version=kind.version,
-        packages=kind.packages,
+        code_also=tuple(named),
+        code_stops=tuple(sorted({b.module for b in left if b.module} - {b.module for b in taken})),
+        packages=tuple(name for name in kind.packages if name not in unused),
         exclusive=kind.exclusive,
         entry=module.__name__,
         measured=kind.measured(spec.params),

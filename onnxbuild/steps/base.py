@@ -25,3 +25,15 @@ def read_source_record(ctx: StepContext) -> dict[str, object]:
     if record.get("weights_file"):  # streamed random-init: the weights came with the record (sources/checkpoint.py)
         record["weights_folder"] = str(ctx.input(str(record["weights_file"])).parent)
     return record
+
+
+def genai_beside(ctx: StepContext, model_input: str, folder: str) -> tuple[str, ...]:
+    """onnxruntime-genai's config next to a variant's file, so ``og.Model("artifacts/x/int4")``
+    loads that variant: the same inputs and outputs as the export it was made from."""
+    import shutil
+
+    config = ctx.input(model_input).parent / "genai_config.json"
+    if not config.is_file():
+        return ()
+    shutil.copyfile(config, ctx.output(f"{folder}/genai_config.json"))
+    return (f"{folder}/genai_config.json",)

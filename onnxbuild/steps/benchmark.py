@@ -38,8 +38,7 @@ from onnxbuild.recipe.variants import SOURCE_RECORD
 from onnxbuild.report.benchmark import Kernels, Provider, chart, markdown, validated_on
 from onnxbuild.runtimes import sessions
 from onnxbuild.sources import source_kind
-from onnxbuild.spec import Checking, Found, Planning, StepInput, StepKind
-from onnxbuild.steps import export as export_kind
+from onnxbuild.spec import Branch, Checking, Found, Planning, StepInput, StepKind
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 from onnxbuild.steps.benchmarking.decode import _ort_decode
 from onnxbuild.steps.benchmarking.limits import _attach_roofline, _work_note
@@ -60,11 +59,9 @@ from onnxbuild.steps.benchmarking.timing import (
     measure,
     rss_mb,
 )
+from onnxbuild.steps.exporting import section as export_kind
 from onnxbuild.steps.machine import PEAKS_INPUT
 from onnxbuild.steps.validating import rules
-
-VERSION = 12
-
 
 PACKAGES = ("onnxruntime", "torch", "transformers", "numpy", "openvino")
 
@@ -488,10 +485,15 @@ def check(c: Checking) -> Iterable[Found]:
         yield from shape_problems(c, "benchmark", c.export_dims, optional_needed=False)
 
 
+def _runs_openvino(params: Mapping[str, object]) -> bool:
+    providers = params.get("providers")
+    return isinstance(providers, list) and any(isinstance(p, dict) and p.get("name") == "openvino" for p in providers)
+
+
 KIND = StepKind(
     name="benchmark",
-    version=VERSION,
     packages=PACKAGES,
+    branches=(Branch(_runs_openvino, packages=("openvino",)),),
     plan=plan,
     run=run,
     memory=MEMORY,

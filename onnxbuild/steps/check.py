@@ -20,7 +20,6 @@ from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 if TYPE_CHECKING:
     import onnx
 
-VERSION = 2  # 2: a model with external data checked with its weights as inputs (hard-linked .data)
 PACKAGES = ("onnx",)
 
 
@@ -202,5 +201,5 @@ def _all_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     return out
 
 
-KIND = StepKind(name="check", version=VERSION, packages=PACKAGES, plan=plan, run=run, memory=MEMORY)
+KIND = StepKind(name="check", packages=PACKAGES, plan=plan, run=run, memory=MEMORY)
 """What this kind says of itself (onnxbuild.spec.StepKind)."""

@@ -30,7 +30,6 @@ from onnxbuild.spec import Planning, StepInput, StepKind, Variant
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 from onnxbuild.steps.validating import rules
 
-VERSION = 1
 PACKAGES = ("onnxruntime", "onnx", "numpy")
 MEMORY = (3, 400)
 """Peak: the float32 model loaded, its float16 copy, and the interpreter with onnxruntime."""
@@ -81,7 +80,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     import onnx
     from onnxruntime.transformers.onnx_model import OnnxModel
 
-    from onnxbuild.steps.optimize import genai_beside
+    from onnxbuild.steps.base import genai_beside
 
     e = spec.params["convert"]
     size_in = size_out = halves = 0
@@ -117,7 +116,6 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
 
 KIND = StepKind(
     name="convert",
-    version=VERSION,
     packages=PACKAGES,
     plan=plan,
     run=run,

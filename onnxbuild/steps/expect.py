@@ -32,7 +32,6 @@ from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 if TYPE_CHECKING:
     import onnx
 
-VERSION = 1
 PACKAGES = ("onnx",)
 
 MEMORY = (1, 300)
@@ -249,7 +248,6 @@ def check(c: Checking) -> Iterable[Found]:
 
 KIND = StepKind(
     name="expect",
-    version=VERSION,
     packages=PACKAGES,
     plan=plan,
     run=run,

@@ -19,13 +19,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, cast
 
-from onnxbuild._util import brief, pick
+from onnxbuild._util import brief
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.recipe.resolve import (
     DEFAULT_SAMPLE,
 )
-from onnxbuild.recipe.sections import SIGNATURE_KEYS, ExportSection
+from onnxbuild.recipe.sections import ExportSection
 from onnxbuild.recipe.tasks import DEFAULT_DECODER_SEQUENCE
 from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD, model_files
 from onnxbuild.sources import source_kind
@@ -40,19 +40,16 @@ from onnxbuild.sources.torchmodel import (
     vocab_size,
     wrap,
 )
-from onnxbuild.spec import Planning, StepInput, StepKind
+from onnxbuild.spec import Branch, Planning, StepInput, StepKind
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
 from onnxbuild.steps.exporting import rules
 from onnxbuild.steps.exporting.files import companion_files, describe, export_file, finalise, pin_output_dims
+from onnxbuild.steps.exporting.section import model_precision
 
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel
 
-# 7: TorchScript's expand shapes without their Where (steps/exporting/expand_shapes.py)
-# 6: an encoder-decoder's cross-attention keys and values computed once, by the encoder file, and
-# its attention traced in the order ONNX Runtime's fusions match (sources/seq2seq.py)
-VERSION = 7
 PACKAGES = ("torch", "transformers", "onnx", "onnxscript")
 
 
@@ -66,12 +63,6 @@ time, the largest (its 1 GB tied table) read and transposed."""
 
 def memory(recipe: Recipe) -> tuple[float, int]:
     return FUSED_MEMORY if recipe.resolved["export"]["exporter"] == "fused" else MEMORY
-
-
-def model_precision(recipe: Recipe) -> str:
-    """fp32, or the bits of a fused export's quantized weights (export.weights)."""
-    weights = recipe.resolved["export"].get("weights")
-    return f"int{weights['bits']}" if weights else "fp32"
 
 
 class ExportParams(TypedDict):
@@ -360,45 +351,26 @@ def _export_dynamo(
     program.save(str(raw), external_data=False)
 
 
-def section(resolved: Mapping[str, object]) -> ExportSection | None:
-    """A resolved recipe's export section (None for a source that is not traced): what later
-    kinds read of it (inputs, sample sizes) without naming it."""
-    return cast("ExportSection | None", resolved.get("export"))
+def _fused(params: Mapping[str, object]) -> bool:
+    export = params.get("export")
+    return isinstance(export, dict) and export.get("exporter") == "fused"
 
 
-def signature(resolved: Mapping[str, object]) -> dict[str, dict[str, object] | None]:
-    """The export's inputs, outputs and with_past under the section's name, for a later step's
-    params (in its key: a new input reruns it); None for a source that is not traced."""
-    found = section(resolved)
-    return {"export": pick(found, SIGNATURE_KEYS) if found else None}
-
-
-def whole(resolved: Mapping[str, object]) -> dict[str, ExportSection | None]:
-    """The whole export section under its name, for a step that reads its sample sizes too."""
-    return {"export": section(resolved)}
-
-
-def of(params: Mapping[str, object]) -> ExportSection | None:
-    """What :func:`signature` or :func:`whole` put in a step's params."""
-    return cast("ExportSection | None", params.get("export"))
-
-
-def required(params: Mapping[str, object]) -> ExportSection:
-    """:func:`of` for a step that runs only for a traced source (validate)."""
-    found = of(params)
-    if found is None:
-        raise StepError("this step validates a traced model, and its params hold no export section (a bug)")
-    return found
-
-
-CONFIG_INPUT = StepInput("export", "config.json")
-"""The model's config.json, which export writes beside a transformers model."""
+def _vlm(params: Mapping[str, object]) -> bool:
+    source = params.get("source")
+    if not isinstance(source, dict) or len(source) != 1:
+        return False
+    ((kind, src),) = source.items()
+    return bool(source_kind(kind).vlm(src))
 
 
 KIND = StepKind(
     name="export",
-    version=VERSION,
     packages=PACKAGES,
+    branches=(
+        Branch(_fused, "onnxbuild.steps.exporting.fused"),  # with what only it reaches: fusion.decoder, quant.streamed
+        Branch(_vlm, "onnxbuild.steps.exporting.vlm"),
+    ),
     plan=plan,
     run=run,
     memory=MEMORY,

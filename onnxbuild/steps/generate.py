@@ -27,8 +27,8 @@ from onnxbuild.report.generation import Comparison, GenerationReport, VariantGen
 from onnxbuild.runtimes import sessions
 from onnxbuild.sources import source_kind
 from onnxbuild.spec import Checking, Found, Planning, StepInput, StepKind
-from onnxbuild.steps import export as export_kind
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, VariantParam, read_source_record
+from onnxbuild.steps.exporting import section as export_kind
 
 if TYPE_CHECKING:
     import numpy as np
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
     from onnxbuild.recipe.model import Recipe
     from onnxbuild.runtimes.decoding import Chooser, Generation, OrtDecoder
 
-VERSION = 3
 PACKAGES = ("torch", "transformers", "tokenizers", "onnxruntime", "numpy")
 
 
@@ -591,7 +590,6 @@ def check(c: Checking) -> Iterable[Found]:
 
 KIND = StepKind(
     name="generate",
-    version=VERSION,
     packages=PACKAGES,
     plan=plan,
     run=run,

@@ -24,7 +24,6 @@ from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 from onnxbuild.steps.benchmarking.section import section as benchmark_section
 from onnxbuild.steps.benchmarking.section import threads_of, threads_params
 
-VERSION = 3  # 3: the int8 GEMM limit measured on every CPU (issue 52)
 PACKAGES = ("torch", "onnxruntime", "numpy")
 EXCLUSIVE = True
 """Peaks are only peaks when nothing else runs."""
@@ -94,7 +93,6 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
 
 KIND = StepKind(
     name="machine",
-    version=VERSION,
     packages=PACKAGES,
     plan=plan,
     run=run,

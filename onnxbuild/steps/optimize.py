@@ -29,8 +29,8 @@ from onnxbuild.recipe.tasks import DECODER_FILE
 from onnxbuild.recipe.variants import MODEL, SOURCE_RECORD, variant
 from onnxbuild.sources import is_decoder, section_for, source_kind
 from onnxbuild.spec import Checking, Found, Planning, StepInput, StepKind, Variant
-from onnxbuild.steps import export as export_kind
-from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
+from onnxbuild.steps.base import StepContext, StepResult, StepSpec, genai_beside, read_source_record
+from onnxbuild.steps.exporting import section as export_kind
 from onnxbuild.steps.validating import rules
 
 if TYPE_CHECKING:
@@ -42,15 +42,6 @@ OWN_KEYS = ("level", "decoder", "transformer", "float16")
 """What of ``optimize:`` this step reads: its ``validate:`` block is the validate.optimized step's;
 ``skip_layer_norm`` enters resolved against the providers, as the ``skip_layer_norm`` param."""
 
-# 5: skip_layer_norm (Sum + LayerNormalization on CPU-only recipes); 6-8: fused decoders with ONNX Attention
-# (opset 23); 9: their masks additive (fusion/decoder.MASKED); 10: all-zero q/k/v biases left out; 11: bart's
-# fusions with MultiHeadAttention (an encoder-decoder's cross attention), an encoder-decoder's decoder file
-# fused with its decoder's head count, fused ops per file in optimize.json; 12: fused Gemma 2 (sandwich
-# norms, soft-capping), Attention's softcap written on every fused decoder; 13: an encoder-decoder's eager
-# attention left by ORT's optimizer written as ONNX's Attention (fusion/attention.py); 14: a fused decoder's
-# sliding layers read only their window's past (Slice before Attention, the present concatenated apart); 15: only
-# once the past is over 3 windows (an If per sliding layer)
-VERSION = 15
 PACKAGES = ("onnxruntime", "onnx", "torch", "transformers")
 
 FUSED_OPS = (
@@ -440,18 +431,6 @@ def _finish(
     )
 
 
-def genai_beside(ctx: StepContext, model_input: str, folder: str) -> tuple[str, ...]:
-    """onnxruntime-genai's config next to a variant's file, so ``og.Model("artifacts/x/int4")``
-    loads that variant: the same inputs and outputs as the export it was made from."""
-    import shutil
-
-    config = ctx.input(model_input).parent / "genai_config.json"
-    if not config.is_file():
-        return ()
-    shutil.copyfile(config, ctx.output(f"{folder}/genai_config.json"))
-    return (f"{folder}/genai_config.json",)
-
-
 def _fused_decoder(ctx: StepContext, spec: StepSpec, exported: onnx.ModelProto, staged: Path) -> Built | None:
     """The decoder's fused graph from its weights, or None when ``auto`` finds no fused graph
     for its architecture (``fused`` then is an error naming the supported ones). Weights of
@@ -511,7 +490,6 @@ def check(c: Checking) -> Iterable[Found]:
 
 KIND = StepKind(
     name="optimize",
-    version=VERSION,
     packages=PACKAGES,
     plan=plan,
     run=run,

@@ -23,19 +23,14 @@ from onnxbuild.recipe.sections import QuantizeSection
 from onnxbuild.recipe.variants import SOURCE_RECORD, TEXT_GATES, variant, vocab_size
 from onnxbuild.sources import section_for, source_kind
 from onnxbuild.spec import Checking, Found, Planning, StepInput, StepKind, Variant
-from onnxbuild.steps import export as export_kind
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
+from onnxbuild.steps.exporting import section as export_kind
 from onnxbuild.steps.quantizing.budgeted import _budgeted
 from onnxbuild.steps.quantizing.gguf import _gguf
 from onnxbuild.steps.quantizing.int8 import _dynamic, _static, excluded
 from onnxbuild.steps.quantizing.nbits import _weight_only, bits_of, streamable
 from onnxbuild.steps.quantizing.smooth import smooth_int8
 from onnxbuild.steps.validating import rules
-
-# 6: weight-only methods also quantize a mixture of experts' tables (onnxbuild/quant/experts.py)
-# 7: weight-only files over 2 GB quantized one MatMul at a time (quant/streamed.py)
-VERSION = 8  # 8: Identity-read weights quantized at every call; computed-weight Convs left float; smooth_int8
-
 
 PACKAGES = ("onnxruntime", "onnx", "numpy")
 
@@ -256,7 +251,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         f"{q['method']}: {size_in / 1e6:.1f} MB -> {size_out / 1e6:.1f} MB ({size_out / size_in:.0%}), "
         f"{quantized} quantized nodes"
     )
-    from onnxbuild.steps.optimize import genai_beside
+    from onnxbuild.steps.base import genai_beside
 
     if q["method"] in ("int4", "weight_only"):
         summary += (
@@ -339,7 +334,7 @@ def _each_file(ctx: StepContext, spec: StepSpec, q: QuantizeSection) -> StepResu
         parts.append(f"{Path(name).name} {src.stat().st_size / 1e6:.1f} -> {out.stat().st_size / 1e6:.1f} MB")
     for extra in ctx.output(q["name"]).glob("*.onnx.data"):
         extra.unlink()
-    from onnxbuild.steps.optimize import genai_beside
+    from onnxbuild.steps.base import genai_beside
 
     # a vision-language model's genai_config.json names its three files, the same in the variant's folder
     beside = genai_beside(ctx, files[-1], q["name"])
@@ -404,7 +399,6 @@ def check(c: Checking) -> Iterable[Found]:
 
 KIND = StepKind(
     name="quantize",
-    version=VERSION,
     packages=PACKAGES,
     plan=plan,
     run=run,

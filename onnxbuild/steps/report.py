@@ -10,7 +10,6 @@ from onnxbuild.report.validation import markdown
 from onnxbuild.spec import Planning, StepInput, StepKind
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 
-VERSION = 3
 PACKAGES: tuple[str, ...] = ()
 
 
@@ -58,5 +57,5 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     return StepResult(summary=verdicts, data={"passed": passed})
 
 
-KIND = StepKind(name="report", version=VERSION, packages=PACKAGES, plan=plan, run=run, memory=MEMORY)
+KIND = StepKind(name="report", packages=PACKAGES, plan=plan, run=run, memory=MEMORY)
 """What this kind says of itself (onnxbuild.spec.StepKind)."""

@@ -42,7 +42,6 @@ from onnxbuild.spec import Checking, Found, Planning, StepInput, StepKind, Varia
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 from onnxbuild.steps.validating import rules
 
-VERSION = 1
 PACKAGES = ("onnx", "transformers")
 MEMORY = (1, 400)
 """Peak: one file's graph read for its inputs and outputs (the copies stream)."""
@@ -194,7 +193,5 @@ def check(c: Checking) -> Iterable[Found]:
     yield from refuse_three_files(c, "serve")
 
 
-KIND = StepKind(
-    name="serve", version=VERSION, packages=PACKAGES, plan=plan, run=run, memory=MEMORY, variants=variants, check=check
-)
+KIND = StepKind(name="serve", packages=PACKAGES, plan=plan, run=run, memory=MEMORY, variants=variants, check=check)
 """What this kind says of itself (onnxbuild.spec.StepKind)."""

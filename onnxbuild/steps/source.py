@@ -17,7 +17,6 @@ from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 if TYPE_CHECKING:
     import onnx
 
-VERSION = 1
 PACKAGES = ("onnx",)
 
 
@@ -115,7 +114,6 @@ def _external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
 
 KIND = StepKind(
     name="source",
-    version=VERSION,
     packages=PACKAGES,
     plan=plan,
     run=run,

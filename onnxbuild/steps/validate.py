@@ -65,10 +65,10 @@ from onnxbuild.sources.torchmodel import (
     vocab_size,
     wrap,
 )
-from onnxbuild.spec import Planning, StepInput, StepKind
-from onnxbuild.steps import export as export_kind
+from onnxbuild.spec import Branch, Planning, StepInput, StepKind
 from onnxbuild.steps import text_quality
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
+from onnxbuild.steps.exporting import section as export_kind
 from onnxbuild.steps.validating import graphcheck, rules
 from onnxbuild.steps.validating.cases import (
     LEFT_OUT,
@@ -89,7 +89,6 @@ if TYPE_CHECKING:
 
     from onnxbuild.recipe.model import Recipe
 
-VERSION = 13  # 13: weight-only variants' graphs checked on their own dequantized weights
 
 WEIGHT_ROUNDED = ("int8", "int4")
 """Precisions whose graph is also checked on their own dequantized weights (validating/graphcheck.py)."""
@@ -656,8 +655,8 @@ def _finish(
 
 KIND = StepKind(
     name="validate",
-    version=VERSION,
     packages=PACKAGES,
+    branches=(Branch(lambda params: "openvino" in params, packages=("openvino",)),),
     plan=plan,
     run=run,
     memory=MEMORY,

@@ -11,7 +11,6 @@ from onnxbuild.environment import BF16_FLAGS, missing_feature
 from onnxbuild.recipe.sections import (
     BenchmarkSection,
 )
-from onnxbuild.steps import export as export_kind
 from onnxbuild.steps.base import StepContext, StepSpec
 from onnxbuild.steps.benchmarking.decode import _decode_row
 from onnxbuild.steps.benchmarking.limits import WORK, _shapes, _work_note
@@ -29,6 +28,7 @@ from onnxbuild.steps.benchmarking.timing import (
     rss_mb,
     with_sdpa,
 )
+from onnxbuild.steps.exporting import section as export_kind
 
 if TYPE_CHECKING:
     import torch

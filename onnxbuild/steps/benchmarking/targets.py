@@ -13,7 +13,6 @@ from onnxbuild.recipe.sections import (
     target_variants,
 )
 from onnxbuild.report.benchmark import Kernels, Provider
-from onnxbuild.steps import export as export_kind
 from onnxbuild.steps.base import StepContext, StepSpec
 from onnxbuild.steps.benchmarking.decode import _decode_row, _ort_decode
 from onnxbuild.steps.benchmarking.limits import _work_note
@@ -34,6 +33,7 @@ from onnxbuild.steps.benchmarking.timing import (
     summarise,
     with_sdpa,
 )
+from onnxbuild.steps.exporting import section as export_kind
 
 if TYPE_CHECKING:
     from onnxbuild.sources.decoder import PastLayout

@@ -15,8 +15,8 @@ from onnxbuild.recipe.sections import BenchmarkSection, Tensor
 from onnxbuild.report.benchmark import Machine
 from onnxbuild.sources import source_kind
 from onnxbuild.sources.decoder import PAST_PREFIX, PastLayout
-from onnxbuild.steps import export as export_kind
 from onnxbuild.steps.base import StepContext, StepSpec, VariantParam
+from onnxbuild.steps.exporting import section as export_kind
 from onnxbuild.steps.roofline import Phase, RooflineDict
 
 if TYPE_CHECKING:

@@ -75,7 +75,7 @@ def _gguf(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: QuantizeSec
         summary += f"; not carried (float): {', '.join(named[:5])}" + (
             f" and {len(named) - 5} more" if len(named) > 5 else ""
         )
-    from onnxbuild.steps.optimize import genai_beside
+    from onnxbuild.steps.base import genai_beside
 
     beside = genai_beside(ctx, spec.params["input"], q["name"])
     return StepResult(

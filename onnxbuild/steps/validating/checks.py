@@ -163,7 +163,7 @@ def _first_divergence(
     """Where the failing variant first parts from the file it was made from, at the first
     failing shape (onnxbuild/review/divergence.py), as a sentence for the failure; its subgraph and
     inputs go to the failed step's divergence/ folder. ``feeds``: that shape's own inputs."""
-    from onnxbuild.review.divergence import DIVERGENCE, first_divergence
+    from onnxbuild.steps.validating.divergence import DIVERGENCE, first_divergence
 
     base = spec.params["base"]
     variant = spec.params["variant"]

@@ -26,7 +26,7 @@ from onnxbuild.recipe.variants import TEXT_GATES, VARIANT_TOLERANCES
 from onnxbuild.sources import source_kind
 from onnxbuild.sources.usercode import ref_problem
 from onnxbuild.spec import Checking, Found, Variant
-from onnxbuild.steps import export as export_kind
+from onnxbuild.steps.exporting import section as export_kind
 
 OWN = "validate"
 """The key of a variant's own tolerances in its entry (``quantize[0].validate``, ``optimize.validate``):
