@@ -79,10 +79,10 @@ def build_before(tmp: Path) -> Path | str:
 def feeds(session: Any, past: int) -> dict[str, Any]:
     """The benchmark step's own inputs: one new token after a seeded past of ``past`` tokens,
     or (``past`` 0) its prompt of PAST tokens with an empty past."""
-    from onnxbuild.steps.benchmarking.decode import _decode_step
+    from onnxbuild.steps.benchmarking.decode import decode_step
     from onnxbuild.steps.benchmarking.timing import feeds_prompt
 
-    decoder, step, vocab = _decode_step(session, {"batch": 1, "sequence": past or PAST})
+    decoder, step, vocab = decode_step(session, {"batch": 1, "sequence": past or PAST})
     return (
         step if past else decoder.feeds(feeds_prompt({"batch": 1, "sequence": PAST}, vocab), decoder.empty_past(1), 0)
     )

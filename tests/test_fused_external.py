@@ -146,7 +146,7 @@ def test_weight_only_quantization_streamed_one_matmul_at_a_time_writes_the_in_me
     import torch
     from onnx import numpy_helper
 
-    from onnxbuild.steps.quantizing.nbits import _bias_into_nbits, _weight_only, _weight_only_proto
+    from onnxbuild.steps.quantizing.nbits import bias_into_nbits, weight_only, weight_only_proto
 
     torch.manual_seed(0)
     config = transformers.LlamaConfig(**{**TINY_DECODER_SIZES, "tie_word_embeddings": True})
@@ -162,9 +162,9 @@ def test_weight_only_quantization_streamed_one_matmul_at_a_time_writes_the_in_me
     ):
         out = tmp_path / f"{q['method']}-{q['algorithm']}" / "model.onnx"
         out.parent.mkdir()
-        _weight_only(tmp_path / "model.onnx", out, q)  # type: ignore[arg-type]
-        held = _weight_only_proto(onnx.load_model(str(tmp_path / "model.onnx")), q)  # type: ignore[arg-type]
-        _bias_into_nbits(held)
+        weight_only(tmp_path / "model.onnx", out, q)  # type: ignore[arg-type]
+        held = weight_only_proto(onnx.load_model(str(tmp_path / "model.onnx")), q)  # type: ignore[arg-type]
+        bias_into_nbits(held)
         streamed = onnx.load_model(str(out))
         assert [n.SerializeToString() for n in streamed.graph.node] == [n.SerializeToString() for n in held.graph.node]
         tensors = {t.name: numpy_helper.to_array(t).tobytes() for t in streamed.graph.initializer}
@@ -182,13 +182,13 @@ def test_round_to_nearest_from_the_kernel_is_what_the_quantizer_writes(bits: int
     import numpy as np
 
     from onnxbuild.quant.streamed import alone, rounded
-    from onnxbuild.steps.quantizing.nbits import _weight_only_proto
+    from onnxbuild.steps.quantizing.nbits import weight_only_proto
 
     w = np.random.default_rng(bits).standard_normal((48, 24)).astype(np.float32)
     node = onnx.helper.make_node("MatMul", ["x", "w"], ["y"], name="/m/MatMul")
     q = {"method": "int4" if bits == 4 else "weight_only", "bits": bits, "block_size": 32, "symmetric": symmetric}
     q |= {"accuracy_level": 4, "algorithm": "rtn", "embedding": False, "keep": [], "exclude_nodes": []}
-    held = _weight_only_proto(alone(node, w), q)  # type: ignore[arg-type]
+    held = weight_only_proto(alone(node, w), q)  # type: ignore[arg-type]
     direct = rounded(node, w, bits, 32, symmetric, 4)
     assert direct is not None
     assert [n.SerializeToString() for n in direct.graph.node] == [n.SerializeToString() for n in held.graph.node]
@@ -309,13 +309,13 @@ def test_a_wrong_quantized_weight_is_caught_where_the_fused_writer_quantizes_it(
 
     from onnxbuild.quant.streamed import alone
     from onnxbuild.quant.weightcheck import written
-    from onnxbuild.steps.quantizing.nbits import _weight_only_proto
+    from onnxbuild.steps.quantizing.nbits import weight_only_proto
 
     w = (np.random.default_rng(0).standard_normal((64, 48)) * 0.02).astype(np.float32)
     node = helper.make_node("MatMul", ["x", "w"], ["y"], name="/m/MatMul")
     q = {"name": "m", "method": "int4", "bits": 4, "block_size": 32, "symmetric": True, "accuracy_level": 4}
     q |= {"algorithm": "rtn", "embedding": False, "keep": [], "exclude_nodes": []}
-    right = _weight_only_proto(alone(node, w), q)  # type: ignore[arg-type]
+    right = weight_only_proto(alone(node, w), q)  # type: ignore[arg-type]
     found = written(right, "w", w)
     assert found is not None and found["rel_error"] <= found["rel_max"]
     scales = next(t for t in right.graph.initializer if t.name.endswith("_scales"))

@@ -443,7 +443,7 @@ def test_a_row_over_its_limit_measures_the_peaks_again_and_one_still_over_is_mar
 
     from onnxbuild.report.benchmark import limit_text
     from onnxbuild.spec import StepContext
-    from onnxbuild.steps.benchmarking.limits import _attach_roofline, _work_of
+    from onnxbuild.steps.benchmarking.limits import _work_of, attach_roofline
     from onnxbuild.steps.machine import PEAKS
     from onnxbuild.steps.roofline import Peaks
 
@@ -489,7 +489,7 @@ def test_a_row_over_its_limit_measures_the_peaks_again_and_one_still_over_is_mar
         "p50_ms": 1e-9,
         **_work_of(model, "fp32", feeds, phase=""),
     }
-    peaks = _attach_roofline(ctx, [baseline, real, impossible], threads=1)
+    peaks = attach_roofline(ctx, [baseline, real, impossible], threads=1)
     assert peaks is not None
     assert peaks["fp32_gflops"] > 1 and peaks["memory_gbps"] > 1  # measured again: the planted figures were beaten
     assert peaks["remeasured"].startswith(f"PyTorch fp32 at batch={BATCH} reached ") and peaks["remeasured"].endswith(

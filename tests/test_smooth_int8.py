@@ -90,12 +90,12 @@ def logits(path: Path, ids: Any) -> Any:
 
 
 def test_smoothing_brings_dynamic_int8_back_near_the_float_file(built: Path) -> None:
-    from onnxbuild.steps.quantizing.int8 import _dynamic
+    from onnxbuild.steps.quantizing.int8 import dynamic
 
     art = built / "artifacts" / "s"
     plain = built / "plain-dynamic.onnx"
     q: Any = {"op_types": None, "per_channel": True, "reduce_range": False, "weight_type": "int8"}
-    _dynamic(art / "optimized" / "model.onnx", plain, {**q, "exclude_nodes": [], "keep": []})
+    dynamic(art / "optimized" / "model.onnx", plain, {**q, "exclude_nodes": [], "keep": []})
     ids = np.random.default_rng(1).integers(0, 1000, size=(1, 32), dtype=np.int64)
     exact = logits(art / "optimized" / "model.onnx", ids)
     plain_error = float(np.abs(logits(plain, ids) - exact).mean())

@@ -197,9 +197,9 @@ def _logged(task: Task) -> Outcome:
 
         try:
             task = replace(task, ctx=replace(task.ctx, log=emit))
-            from onnxbuild.engine.execute import _test_delay
+            from onnxbuild.engine.execute import test_delay
 
-            _test_delay(task.spec.kind, emit)
+            test_delay(task.spec.kind, emit)
             outcome = run_task(task)
             if outcome.detail:
                 log.write(outcome.detail)

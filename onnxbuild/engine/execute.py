@@ -99,7 +99,7 @@ def _child(conn: Connection, task: Task) -> None:
         log.write(message + "\n")
 
     task = replace(task, ctx=replace(task.ctx, log=emit))
-    _test_delay(task.spec.kind, emit)
+    test_delay(task.spec.kind, emit)
     outcome = _importable(task) or run_task(task)
     if outcome.detail:
         log.write(outcome.detail)
@@ -124,7 +124,7 @@ def _importable(task: Task) -> Outcome | None:
 TEST_DELAY_ENV = "ONNXBUILD_TEST_STEP_DELAY"
 
 
-def _test_delay(kind: str, emit: Callable[[str], None]) -> None:
+def test_delay(kind: str, emit: Callable[[str], None]) -> None:
     """Test hook: with ONNXBUILD_TEST_STEP_DELAY="<kind>:<seconds>[:<once-file>]", a step process sleeps
     that long before running a step of that kind (after logging that it does), so a test
     can kill a build in the middle of a step (tests/test_concurrency.py). Not for users.

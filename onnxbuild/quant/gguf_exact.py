@@ -392,16 +392,16 @@ def carry(
         ]
 
     if rewritten:
-        nodes = [_copy(n) for i, old in enumerate(graph.node) for n in rewritten.get(i, [old])]
+        nodes = [detached(n) for i, old in enumerate(graph.node) for n in rewritten.get(i, [old])]
         del graph.node[:]
         graph.node.extend(nodes)
         if not any(o.domain == MS for o in model.opset_import):
             model.opset_import.append(helper.make_opsetid(MS, 1))
-    _drop_unused(graph, replaced)
+    drop_unused(graph, replaced)
     return model, carried
 
 
-def _copy(node: onnx.NodeProto) -> onnx.NodeProto:
+def detached(node: onnx.NodeProto) -> onnx.NodeProto:
     """A detached copy of ``node``, to outlive its removal from the graph's node list."""
     out = type(node)()
     out.CopyFrom(node)
@@ -521,7 +521,7 @@ def pack_zero_points(z: NDArray[np.generic], bits: int) -> U8:
     return np.ascontiguousarray(u8[:, 0::2] | (u8[:, 1::2] << 4)).astype(np.uint8)
 
 
-def _drop_unused(graph: onnx.GraphProto, names: set[str]) -> None:
+def drop_unused(graph: onnx.GraphProto, names: set[str]) -> None:
     """Removes the initializers in ``names`` that no node (subgraphs included) or graph output
     reads any more, with their graph inputs and value infos."""
     used = {o.name for o in graph.output}

@@ -53,7 +53,7 @@ def _rewrite_graph(graph: onnx.GraphProto, outer: Mapping[str, onnx.TensorProto]
     """:func:`split_float_zero_points` on one graph and its subgraphs; ``outer`` holds the
     enclosing graphs' initializers, which a subgraph's nodes may read; ``replaced`` collects the
     float zero points rewritten, to drop from whichever graph holds them."""
-    from onnxbuild.quant.gguf_exact import BlockSums, _copy, _drop_unused, split_matmul_nbits
+    from onnxbuild.quant.gguf_exact import BlockSums, detached, drop_unused, split_matmul_nbits
 
     overridable = {i.name for i in graph.input}
     inits = dict(outer)
@@ -107,10 +107,10 @@ def _rewrite_graph(graph: onnx.GraphProto, outer: Mapping[str, onnx.TensorProto]
         count += 1
 
     if rewritten:
-        nodes = [_copy(n) for i, old in enumerate(graph.node) for n in rewritten.get(i, [old])]
+        nodes = [detached(n) for i, old in enumerate(graph.node) for n in rewritten.get(i, [old])]
         del graph.node[:]
         graph.node.extend(nodes)
-    _drop_unused(graph, replaced)
+    drop_unused(graph, replaced)
     return count
 
 

@@ -100,7 +100,7 @@ Dequantized = Callable[[], "tuple[NDArray[np.float32], float] | None"]
 """A quantized tensor's float value, computed when called: one tensor is held at a time."""
 
 
-def _nbits(node: onnx.NodeProto, file: WeightFile) -> tuple[str, int, Dequantized] | None:
+def nbits(node: onnx.NodeProto, file: WeightFile) -> tuple[str, int, Dequantized] | None:
     """A MatMulNBits node's float weight name, bits and dequantized [K, N] weight."""
     from onnx import helper
 
@@ -180,7 +180,7 @@ def check(variant: Path, base: Path) -> WeightCheck:
     not_checked: list[str] = []
     for node in quant.model.graph.node:
         if node.op_type == "MatMulNBits":
-            got = _nbits(node, quant)
+            got = nbits(node, quant)
             if got is None:
                 not_checked.append(node.input[1])
             else:

@@ -40,24 +40,24 @@ from onnxbuild.runtimes import sessions
 from onnxbuild.sources import source_kind
 from onnxbuild.spec import Branch, Checking, Found, Planning, StepInput, StepKind
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec, read_source_record
-from onnxbuild.steps.benchmarking.decode import _ort_decode
-from onnxbuild.steps.benchmarking.limits import _attach_roofline, _work_note
-from onnxbuild.steps.benchmarking.profiles import _kernels
-from onnxbuild.steps.benchmarking.pytorch import _pytorch_baseline
-from onnxbuild.steps.benchmarking.targets import _openvino_benchmark, _seq2seq_benchmark, _web_benchmark
+from onnxbuild.steps.benchmarking.decode import ort_decode
+from onnxbuild.steps.benchmarking.limits import attach_roofline, work_note
+from onnxbuild.steps.benchmarking.profiles import ort_kernels
+from onnxbuild.steps.benchmarking.pytorch import pytorch_baseline
+from onnxbuild.steps.benchmarking.targets import openvino_benchmark, seq2seq_benchmark, web_benchmark
 from onnxbuild.steps.benchmarking.timing import (
     CACHED_TOKENS,
     BaselineRow,
     DecodeRow,
     Row,
-    _batch,
-    _bound_runner,
-    _feeds,
-    _past_layout,
-    _row,
+    batch_of,
+    bound_runner,
     machine,
     measure,
+    past_layout,
     rss_mb,
+    shape_feeds,
+    timing_row,
 )
 from onnxbuild.steps.exporting import section as export_kind
 from onnxbuild.steps.machine import PEAKS_INPUT
@@ -159,21 +159,21 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
             record,
             bench,
             threads,
-            *_seq2seq_benchmark(ctx, spec, record, shapes, threads),
+            *seq2seq_benchmark(ctx, spec, record, shapes, threads),
             extra={
                 "encoder_decoder": {"cached_tokens": CACHED_TOKENS},
                 "validated": {v["name"]: ["CPUExecutionProvider"] for v in spec.params["variants"]},
             },
             load_before=load_before,
         )
-    layout = _past_layout(ctx) if export is not None and export.get("with_past") else None
-    feeds_by_shape = [_feeds(spec, ctx, sizes, i, layout) for i, sizes in enumerate(shapes)]
+    layout = past_layout(ctx) if export is not None and export.get("with_past") else None
+    feeds_by_shape = [shape_feeds(spec, ctx, sizes, i, layout) for i, sizes in enumerate(shapes)]
 
     baseline: list[BaselineRow] = []
     decode: list[DecodeRow] = []
     bf16: dict[str, str] | None = None
     if torch_source and bench["baseline"] == "pytorch":
-        baseline, decode, bf16 = _pytorch_baseline(ctx, spec, record, shapes, feeds_by_shape, threads, layout)
+        baseline, decode, bf16 = pytorch_baseline(ctx, spec, record, shapes, feeds_by_shape, threads, layout)
 
     providers_report: list[Provider] = []
     results: list[Row] = []
@@ -183,11 +183,11 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     for prov in spec.params["providers"]:
         name, options = prov["name"], prov["options"]
         if name == "web":
-            providers_report.append(_web_benchmark(ctx, spec, shapes, feeds_by_shape, baseline, results))
+            providers_report.append(web_benchmark(ctx, spec, shapes, feeds_by_shape, baseline, results))
             continue
         if name == "openvino":
             providers_report.append(
-                _openvino_benchmark(
+                openvino_benchmark(
                     ctx, spec, shapes, feeds_by_shape, threads, layout, baseline, results, decode, ov_kernels
                 )
             )
@@ -245,12 +245,12 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
                 modes = (False, True) if name == "CUDAExecutionProvider" else (False,)
                 for io_binding in modes:
                     fn = (
-                        _bound_runner(runs, usable, wanted)
+                        bound_runner(runs, usable, wanted)
                         if io_binding
                         else (lambda s=runs, f=usable, w=wanted: s.run(w, f))
                     )
                     try:
-                        timing = measure(fn, _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
+                        timing = measure(fn, batch_of(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
                     except Exception as exc:
                         results.append(
                             {
@@ -264,11 +264,11 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
                         continue
                     cpu = name == "CPUExecutionProvider"  # the measured peaks are the CPU's
                     if layout is not None and not io_binding:
-                        step = _ort_decode(session, variant, name, sizes, timing, bench, decode, prompt_session=prefill)
+                        step = ort_decode(session, variant, name, sizes, timing, bench, decode, prompt_session=prefill)
                         if cpu:
-                            step["_work_of"] = _work_note(path, variant["precision"])
+                            step["_work_of"] = work_note(path, variant["precision"])
                         decode.append(step)
-                    row = _row(
+                    row = timing_row(
                         variant,
                         name,
                         sizes,
@@ -282,14 +282,14 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
                     if prefill is not None:  # both files are shipped and loaded
                         row["file_bytes"] += runs_path.stat().st_size
                     if cpu:
-                        row["_work_of"] = _work_note(
+                        row["_work_of"] = work_note(
                             runs_path, variant["precision"], usable, "prefill" if layout is not None else ""
                         )
                     results.append(row)
             del session, prefill, runs
             gc.collect()
             if name == "CPUExecutionProvider" and shapes:
-                kernels[variant["name"]] = _kernels(ctx, runs_path, shapes[-1], feeds_by_shape[-1], threads)
+                kernels[variant["name"]] = ort_kernels(ctx, runs_path, shapes[-1], feeds_by_shape[-1], threads)
         providers_report.append(status)
 
     extra: dict[str, object] = {"pytorch_bf16": bf16} if bf16 else {}
@@ -392,7 +392,7 @@ def _finish(
     load_after = cpu_share(threads)
     loaded = min(load_before, load_after) < LOADED_BELOW
     report["load"] = {"cpu_share_before": load_before, "cpu_share_after": load_after, "loaded": loaded}
-    peaks = _attach_roofline(ctx, [*baseline, *results, *(decode or [])], threads)
+    peaks = attach_roofline(ctx, [*baseline, *results, *(decode or [])], threads)
     if peaks is not None:
         report["peaks"] = peaks
     _validate_schema(report)

@@ -27,7 +27,7 @@ class _Symbolic(Protocol):
     known_vi_: dict[str, onnx.ValueInfoProto]
 
 
-def _light_copy(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> onnx.ModelProto:
+def light_copy(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> onnx.ModelProto:
     """A copy for shape inference, the graph inputs fixed to ``shapes``. Small initializers
     are copied; big ones become graph inputs of their type and shape, so the weights are
     not copied (a 500 MB model costs no second 500 MB): shape inference needs only their
@@ -85,7 +85,7 @@ def _light_copy(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> 
     return light
 
 
-def _infer_shapes(light: onnx.ModelProto) -> dict[str, tuple[int | None, ...] | None]:
+def inferred_shapes(light: onnx.ModelProto) -> dict[str, tuple[int | None, ...] | None]:
     """Every tensor's shape after inference: a dim is None where it stayed symbolic.
 
     ONNX Runtime's symbolic inference knows the contrib ops (GroupQueryAttention,
@@ -122,7 +122,7 @@ def _infer_shapes(light: onnx.ModelProto) -> dict[str, tuple[int | None, ...] | 
         except Exception:
             fallback = _shapes_of(light.graph)
         for name, shape in fallback.items():
-            if _resolved(found.get(name)) is None:
+            if resolved(found.get(name)) is None:
                 found[name] = shape
     return found
 
@@ -155,7 +155,7 @@ def _shapes_of(graph: onnx.GraphProto) -> dict[str, tuple[int | None, ...] | Non
     return out
 
 
-def _resolved(shape: tuple[int | None, ...] | None) -> Shape | None:
+def resolved(shape: tuple[int | None, ...] | None) -> Shape | None:
     if shape is None or any(d is None for d in shape):
         return None
     return tuple(d for d in shape if d is not None)

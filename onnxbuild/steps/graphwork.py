@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import onnx
-from onnxbuild.steps.graphshapes import SMALL_INITIALIZER, Shape, _infer_shapes, _light_copy, _resolved
+from onnxbuild.steps.graphshapes import SMALL_INITIALIZER, Shape, inferred_shapes, light_copy, resolved
 from onnxbuild.steps.roofline import Work
 
 MATMULS = {
@@ -86,10 +86,10 @@ def graph_work(model_or_path: onnx.ModelProto | str | os.PathLike[str], shapes: 
         for a in n.attribute
         if a.name == "value"
     )
-    light = _light_copy(model, shapes)
+    light = light_copy(model, shapes)
     if light.functions:
         light = onnx.inliner.inline_local_functions(light)
-    known = _infer_shapes(light)
+    known = inferred_shapes(light)
     known.update((t.name, tuple(t.dims)) for t in model.graph.initializer)
     weight_bytes -= _unread_table_bytes(model.graph, known)
 
@@ -138,7 +138,7 @@ def _unread_table_bytes(graph: onnx.GraphProto, known: Mapping[str, tuple[int | 
             continue
         rows = 0
         for node, _ in uses:
-            indices = _resolved(known.get(node.input[1]))
+            indices = resolved(known.get(node.input[1]))
             if indices is None:
                 rows = t.dims[0]  # unknown: assume it is read whole
                 break
@@ -191,7 +191,7 @@ def _node_flops(node: onnx.NodeProto, known: Mapping[str, tuple[int | None, ...]
 
     def shape(index: int, outputs: bool = False) -> Shape:
         names = node.output if outputs else node.input
-        found = _resolved(known.get(names[index])) if index < len(names) and names[index] else None
+        found = resolved(known.get(names[index])) if index < len(names) and names[index] else None
         if found is None:
             raise _Unresolved
         return found

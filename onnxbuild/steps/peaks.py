@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     import torch
 
     from onnxbuild.runtimes.sessions import Session
-from onnxbuild.steps.roofline import Peaks, _sig
+from onnxbuild.steps.roofline import Peaks, sig
 
 GEMM_SIZES = (1024, 2048)
 """Square GEMM sizes of the compute peaks, the best one kept. One size understates them: on an
@@ -83,10 +83,10 @@ def measure_peaks(threads: int, budget_s: float = 1.0) -> Peaks:
         torch.set_num_threads(before)
     share = clock.share(threads)
     return Peaks(
-        _sig(fp32),
-        None if bf16 is None else _sig(bf16),
-        None if int8 is None else _sig(int8),
-        _sig(memory),
+        sig(fp32),
+        None if bf16 is None else sig(bf16),
+        None if int8 is None else sig(int8),
+        sig(memory),
         threads,
         how,
         round(share, 3),

@@ -25,10 +25,10 @@ from onnxbuild.sources import section_for, source_kind
 from onnxbuild.spec import Checking, Found, Planning, StepInput, StepKind, Variant
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 from onnxbuild.steps.exporting import section as export_kind
-from onnxbuild.steps.quantizing.budgeted import _budgeted
-from onnxbuild.steps.quantizing.gguf import _gguf
-from onnxbuild.steps.quantizing.int8 import _dynamic, _static, excluded
-from onnxbuild.steps.quantizing.nbits import _weight_only, bits_of, streamable
+from onnxbuild.steps.quantizing.budgeted import by_budget
+from onnxbuild.steps.quantizing.gguf import from_gguf
+from onnxbuild.steps.quantizing.int8 import dynamic, excluded, static
+from onnxbuild.steps.quantizing.nbits import bits_of, streamable, weight_only
 from onnxbuild.steps.quantizing.smooth import smooth_int8
 from onnxbuild.steps.validating import rules
 
@@ -221,8 +221,8 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         src = _apart(ctx, src)
     out = ctx.output(f"{q['name']}/model.onnx")
     if q["method"] == "gguf":
-        return _gguf(ctx, spec, src, out, q)
-    plan = _budgeted(ctx, spec, src, out, q) if q.get("budget") else None
+        return from_gguf(ctx, spec, src, out, q)
+    plan = by_budget(ctx, spec, src, out, q) if q.get("budget") else None
     smooth = smooth_int8(ctx, spec, src, out, q) if q["method"] == "smooth_int8" else None
     if plan is None and smooth is None:
         _quantize(ctx, spec, src, out, q, "")
@@ -300,11 +300,11 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
 def _quantize(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: QuantizeSection, where: str) -> None:
     try:
         if q["method"] == "dynamic":
-            _dynamic(src, out, q)
+            dynamic(src, out, q)
         elif q["method"] == "static":
-            _static(ctx, spec, src, out, q)
+            static(ctx, spec, src, out, q)
         elif q["method"] in ("int4", "weight_only"):
-            _weight_only(src, out, q)
+            weight_only(src, out, q)
         else:  # smooth_int8 and gguf write their own file; check() keeps them to one-file decoders
             raise StepError(f"quantize.{q['name']}: method {q['method']} does not apply to a multi-file model")
     except StepError:

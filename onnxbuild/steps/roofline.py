@@ -225,7 +225,7 @@ class Roofline:
         }
 
 
-def _sig(value: float, digits: int = 4) -> float:
+def sig(value: float, digits: int = 4) -> float:
     """``value`` to ``digits`` significant digits: figures for a report, not for arithmetic."""
     return float(f"{value:.{digits}g}")
 
@@ -265,12 +265,12 @@ def roofline(work: Work, time_ms: float, precision: str, peaks: Peaks, phase: Ph
     bound: Bound = "compute" if compute_s >= memory_s and compute_s > 0 else "memory"
     least = max(compute_s, memory_s)
     return Roofline(
-        gflops=_sig(work.flops / seconds / 1e9),
-        gbps=_sig(work.weight_bytes / seconds / 1e9),
+        gflops=sig(work.flops / seconds / 1e9),
+        gbps=sig(work.weight_bytes / seconds / 1e9),
         bound=bound,
         limit=compute_name if bound == "compute" else "memory bandwidth",
         fraction=round(least / seconds, 3),
-        min_ms=_sig(least * 1e3),
+        min_ms=sig(least * 1e3),
         precision=precision,
         phase=phase,
         uncounted=uncounted,

@@ -73,14 +73,14 @@ from onnxbuild.steps.validating import graphcheck, rules
 from onnxbuild.steps.validating.cases import (
     LEFT_OUT,
     RealTokens,
-    _fixed_axis_hint,
-    _free_batch,
+    fixed_axis_hint,
+    free_batch,
     validation_cases,
 )
-from onnxbuild.steps.validating.checks import _accuracy, _embeddings, _first_divergence
-from onnxbuild.steps.validating.compare import _as_declared, compare, json_safe
+from onnxbuild.steps.validating.checks import accuracy_check, divergence_check, embedding_check
+from onnxbuild.steps.validating.compare import as_declared, compare, json_safe
 from onnxbuild.steps.validating.graphcheck import GraphCheck
-from onnxbuild.steps.validating.targets import OpenVinoOptions, _openvino_case, _openvino_target, _web_case
+from onnxbuild.steps.validating.targets import OpenVinoOptions, openvino_case, openvino_target_for, web_case
 
 if TYPE_CHECKING:
     import numpy as np
@@ -344,7 +344,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         else:
             where = f", installed in {web.where()}" if web.where() else ""
             web_note = f"also validated in onnxruntime-web {web.version()} (wasm, Node.js{where})"
-    ov_target = _openvino_target(params.get("openvino"), model_file, rtol, atol, validate.get("top1_min"))
+    ov_target = openvino_target_for(params.get("openvino"), model_file, rtol, atol, validate.get("top1_min"))
     ov_hits = ov_total = 0
     # Top-1 agreement gates over every token of every shape together: a shape of 8 tokens
     # alone moves in steps of 12.5%, too coarse to hold a quantized model to 0.85.
@@ -366,12 +366,12 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
             runs = prefill if prefill is not None and not sizes.get("past_sequence") else session
             whole = [
                 np.asarray(o, np.float32) if getattr(o, "dtype", None) == np.float16 else o
-                for o in runs.run(export["outputs"], _as_declared(runs, feeds))
+                for o in runs.run(export["outputs"], as_declared(runs, feeds))
             ]
             produced = [keep(n, p) for n, p in zip(export["outputs"], whole, strict=True)]
         except Exception as exc:
             shape_result["error"] = (
-                f"ONNX Runtime refused the inputs: {brief(exc, lines=None, limit=500)}{_fixed_axis_hint(export, feeds)}"
+                f"ONNX Runtime refused the inputs: {brief(exc, lines=None, limit=500)}{fixed_axis_hint(export, feeds)}"
             )
             results.append(shape_result)
             continue
@@ -393,10 +393,10 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
                 top1_hits += int(same.sum())
                 top1_total += int(same.size)
         if web_target:
-            shape_result["web"] = _web_case(model_file, feeds, export["outputs"], reference, produced, rtol, atol, keep)
+            shape_result["web"] = web_case(model_file, feeds, export["outputs"], reference, produced, rtol, atol, keep)
             ok = ok and shape_result["web"]["passed"]
         if ov_target is not None and ov_target.session is not None:
-            case = _openvino_case(ov_target, feeds, export["outputs"], reference, produced, top1_gated, keep)
+            case = openvino_case(ov_target, feeds, export["outputs"], reference, produced, top1_gated, keep)
             shape_result["openvino"] = case
             ok = ok and case["passed"]
             if case["top1_agreement"] is not None:
@@ -408,7 +408,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
         results.append(shape_result)
 
     accuracy = (
-        _accuracy(validate["accuracy"], wrapped, session, export, ctx.recipe_dir)
+        accuracy_check(validate["accuracy"], wrapped, session, export, ctx.recipe_dir)
         if validate["accuracy"] is not None
         else None
     )
@@ -416,7 +416,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     if validate["sentences"]:
         tokenizer = load_tokenizer(source, record, ctx.recipe_dir)
         feeds, mask = sentence_inputs(tokenizer, validate["sentences"], specs, validate["shapes"][0])
-        embeddings = _embeddings(feeds, mask, validate.get("cosine_min"), wrapped, session, export)
+        embeddings = embedding_check(feeds, mask, validate.get("cosine_min"), wrapped, session, export)
 
     text = (
         _text_quality(ctx, model, session, source, record, export, specs, validate, prefill)
@@ -437,7 +437,7 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
             graph_plan["rtol"],
             graph_plan["atol"],
         )
-    left_out = bool(export.get("with_past")) and _free_batch(export) and not validate.get("left_padding", True)
+    left_out = bool(export.get("with_past")) and free_batch(export) and not validate.get("left_padding", True)
     return _finish(
         ctx,
         spec,
@@ -649,7 +649,7 @@ def _finish(
     numeric = numeric_failure(results)
     hint = " Loosen validate.atol/rtol only if the difference is expected." if numeric else ""
     if numeric and params.get("base") and failing is not None:
-        hint += _first_divergence(ctx, spec, results, validate, failing)
+        hint += divergence_check(ctx, spec, results, validate, failing)
     raise StepError(f"{message}. Reports: artifacts/{ctx.recipe_name}/failed/{spec.name}/.{hint}")
 
 

@@ -11,15 +11,15 @@ from onnxbuild.runtimes import openvino_target
 from onnxbuild.runtimes.sessions import Session
 from onnxbuild.sources.decoder import PAST_PREFIX
 from onnxbuild.steps.base import VariantParam
-from onnxbuild.steps.benchmarking.limits import WORK, _shapes
+from onnxbuild.steps.benchmarking.limits import WORK, shapes_of_feeds
 from onnxbuild.steps.benchmarking.timing import (
     STATEFUL_SPAN,
     DecodeRow,
     Timing,
-    _batch,
-    _decode_feeds,
-    _generation_time,
+    batch_of,
+    decode_feeds,
     feeds_prompt,
+    generation_time,
     measure,
 )
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from onnxbuild.steps.benchmarking.timing import Feeds
 
 
-def _decode_row(
+def decode_row(
     sizes: dict[str, int], prefill: Timing, step: Timing, n: int, total: float, base_ms: float | None
 ) -> DecodeRow:
     """The decode figures both engines report; ratios against PyTorch's per-token p50 ``base_ms``."""
@@ -39,13 +39,13 @@ def _decode_row(
         "decode_p50_ms": step["p50_ms"],
         "decode_p90_ms": step["p90_ms"],
         "generate_s": round(total, 4),
-        "tokens_per_s": round(n * _batch(sizes) / total, 2),
+        "tokens_per_s": round(n * batch_of(sizes) / total, 2),
         "decode_ratio_to_pytorch": round(step["p50_ms"] / base_ms, 3) if base_ms else None,
         "decode_speedup_vs_pytorch": round(base_ms / step["p50_ms"], 3) if base_ms and step["p50_ms"] else None,
     }
 
 
-def _ort_decode(
+def ort_decode(
     session: Session,
     variant: VariantParam,
     provider: str,
@@ -58,27 +58,29 @@ def _ort_decode(
 ) -> DecodeRow:
     """The same figures for one variant: its prefill (measured above), one decode step, a whole
     generation (its prompt on ``prompt_session`` where it is served by two files)."""
-    decoder, feeds, vocab = _decode_step(session, sizes, prompt_session)
+    decoder, feeds, vocab = decode_step(session, sizes, prompt_session)
     n = int(bench["decode_tokens"])
     held: DecodeRow = {}
     if isinstance(session, openvino_target.Session):  # engine "openvino"
         # outputs left in place, as its prefill rows; a stateful model's steps are successive
         # tokens after the past, set back (untimed) every few steps so the past stays near its length
         prepare, step = session.decode_steps(feeds, STATEFUL_SPAN)
-        timing = measure(step, _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"], before=prepare)
+        timing = measure(
+            step, batch_of(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"], before=prepare
+        )
         if session.keeps_past:  # the pasts its steps read, from the prompt's length on
             held["decode_past"] = [sizes["sequence"], sizes["sequence"] + STATEFUL_SPAN - 1]
     else:
         timing = measure(
-            lambda: session.run(None, feeds), _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"]
+            lambda: session.run(None, feeds), batch_of(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"]
         )
     prompt = feeds_prompt(sizes, vocab)
-    total = _generation_time(lambda: decoder.generate(prompt, n))
+    total = generation_time(lambda: decoder.generate(prompt, n))
     base, bf16 = (
         {d.get("dtype", "fp32"): d for d in decode if d["engine"] == "pytorch" and d["shape"] == dict(sizes)}.get(t)
         for t in ("fp32", "bf16")
     )
-    row = _decode_row(sizes, prefill, timing, n, total, base["decode_p50_ms"] if base else None)
+    row = decode_row(sizes, prefill, timing, n, total, base["decode_p50_ms"] if base else None)
     row["decode_ratio_to_pytorch_bf16"] = round(timing["p50_ms"] / bf16["decode_p50_ms"], 3) if bf16 else None
     return {
         "engine": engine,
@@ -87,11 +89,11 @@ def _ort_decode(
         "provider": provider,
         **row,
         **held,
-        WORK: _shapes(feeds),
+        WORK: shapes_of_feeds(feeds),
     }
 
 
-def _decode_step(
+def decode_step(
     session: Session, sizes: dict[str, int], prefill: Session | None = None
 ) -> tuple[OrtDecoder, Feeds, int]:
     """The feeds of one decode step after a past as long as the prompt of ``sizes`` (the decoder
@@ -103,5 +105,5 @@ def _decode_step(
     vocab = next(
         (int(o.shape[-1]) for o in session.get_outputs() if o.name == "logits" and isinstance(o.shape[-1], int)), 2
     )
-    feeds = _decode_feeds(names, decoder.layout, sizes, vocab)
+    feeds = decode_feeds(names, decoder.layout, sizes, vocab)
     return decoder, {k: v.astype(decoder.float) if k.startswith(PAST_PREFIX) else v for k, v in feeds.items()}, vocab

@@ -24,25 +24,25 @@ WORK: Final = "_work"
 one call), removed before the report is written."""
 
 
-def _work_note(path: str | Path, precision: str, feeds: Feeds | None = None, phase: Phase = "decode") -> WorkNote:
+def work_note(path: str | Path, precision: str, feeds: Feeds | None = None, phase: Phase = "decode") -> WorkNote:
     """What the roofline pass needs to count one row's work: its graph, precision and phase;
     ``feeds`` the call's inputs (a decode row's come from the step that timed it)."""
     note: WorkNote = {"path": str(path), "precision": precision, "phase": phase}
     if feeds is not None:
-        note["shapes"] = _shapes(feeds)
+        note["shapes"] = shapes_of_feeds(feeds)
     return note
 
 
 def _work_of(path: str | Path, precision: str, feeds: Feeds | None = None, phase: Phase = "decode") -> Measured:
-    """:func:`_work_note` under the key a row keeps it."""
-    return {"_work_of": _work_note(path, precision, feeds, phase)}
+    """:func:`work_note` under the key a row keeps it."""
+    return {"_work_of": work_note(path, precision, feeds, phase)}
 
 
-def _shapes(feeds: Feeds) -> dict[str, list[int]]:
+def shapes_of_feeds(feeds: Feeds) -> dict[str, list[int]]:
     return {k: [int(d) for d in v.shape] for k, v in feeds.items()}
 
 
-def _attach_roofline(
+def attach_roofline(
     ctx: StepContext, rows: list[Row | BaselineRow | DecodeRow], threads: int
 ) -> dict[str, object] | None:
     """Each row noted by ``_work_of``: the matrix-product FLOPs and weight bytes of one call,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from onnxbuild.runtimes import sessions
 from onnxbuild.steps.base import StepContext
-from onnxbuild.steps.benchmarking.decode import _decode_step
+from onnxbuild.steps.benchmarking.decode import decode_step
 
 if TYPE_CHECKING:
     from onnxbuild.report.benchmark import Kernels
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 KERNELS_SHOWN = 6
 
 
-def _kernels(ctx: StepContext, path: Path, sizes: dict[str, int], feeds: Feeds, threads: int) -> Kernels:
+def ort_kernels(ctx: StepContext, path: Path, sizes: dict[str, int], feeds: Feeds, threads: int) -> Kernels:
     """Where one call's time goes, as ONNX Runtime's profiler tells it: the CPU provider's time
     per op type (kernel) at the largest shape, from a separately profiled session (the timed
     rows run unprofiled). ORT names the op type and the provider that ran each node, not the
@@ -65,7 +65,7 @@ def _kernels(ctx: StepContext, path: Path, sizes: dict[str, int], feeds: Feeds, 
     }
 
 
-def _openvino_kernels(
+def openvino_kernels(
     path: Path, precision: Precision, threads: int, sizes: dict[str, int], feeds: Feeds, layout: PastLayout | None
 ) -> list[Kernels]:
     """Where one call's time goes in OpenVINO's CPU plugin, from its own per-node counters in a
@@ -85,7 +85,7 @@ def _openvino_kernels(
         out.append(_openvino_profile(session, call, feeds, sizes))
         if layout is not None:
             call = "decode"
-            out.append(_openvino_profile(session, call, _decode_step(session, sizes)[1], sizes))
+            out.append(_openvino_profile(session, call, decode_step(session, sizes)[1], sizes))
     except Exception as exc:  # profiling is an explanation, never a failure of the benchmark
         out.append({"call": call, "shape": dict(sizes), "error": str(exc)[:300], "ops": []})
     return out

@@ -12,20 +12,20 @@ from onnxbuild.recipe.sections import (
     BenchmarkSection,
 )
 from onnxbuild.steps.base import StepContext, StepSpec
-from onnxbuild.steps.benchmarking.decode import _decode_row
-from onnxbuild.steps.benchmarking.limits import WORK, _shapes, _work_note
+from onnxbuild.steps.benchmarking.decode import decode_row
+from onnxbuild.steps.benchmarking.limits import WORK, shapes_of_feeds, work_note
 from onnxbuild.steps.benchmarking.timing import (
     BaselineRow,
     DecodeRow,
     Timing,
     WorkNote,
-    _batch,
-    _decode_feeds,
-    _generation_time,
-    _timed_at,
+    batch_of,
+    decode_feeds,
     feeds_prompt,
+    generation_time,
     measure,
     rss_mb,
+    timed_at,
     with_sdpa,
 )
 from onnxbuild.steps.exporting import section as export_kind
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from onnxbuild.steps.roofline import Phase
 
 
-def _seq2seq_pytorch(
+def seq2seq_pytorch(
     model: torch.nn.Module,
     names: list[str],
     shapes: list[dict[str, int]],
@@ -86,8 +86,8 @@ def _seq2seq_pytorch(
             ) -> None:
                 decoder(ids, *m, *pk, *c)
 
-            prefill, one = _timed_at(bench, first, sizes), _timed_at(bench, step, sizes)
-        total = _generation_time(lambda f=feeds: seq2seq_decoding.hf_generate(model, f, n, stop_at_eos=False))
+            prefill, one = timed_at(bench, first, sizes), timed_at(bench, step, sizes)
+        total = generation_time(lambda f=feeds: seq2seq_decoding.hf_generate(model, f, n, stop_at_eos=False))
         baseline.append(
             {
                 "engine": "pytorch",
@@ -111,13 +111,13 @@ def _seq2seq_pytorch(
                 "engine": "pytorch",
                 "variant": None,
                 "provider": None,
-                **_decode_row(sizes, prefill, one, n, total, one["p50_ms"]),
+                **decode_row(sizes, prefill, one, n, total, one["p50_ms"]),
             }
         )
     return baseline, decode
 
 
-def _pytorch_baseline(
+def pytorch_baseline(
     ctx: StepContext,
     spec: StepSpec,
     record: dict[str, object],
@@ -148,13 +148,13 @@ def _pytorch_baseline(
             with torch.inference_mode():
                 m(*a)
 
-        timing = measure(call, _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
+        timing = measure(call, batch_of(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
         graph = ctx.input(spec.params["variants"][0]["path"])  # the exported model: the same products as PyTorch's
         phase: Phase = "prefill" if layout is not None else ""
-        out.append(_baseline_row("fp32", attention, sizes, timing, _work_note(graph, "fp32", feeds, phase)))
+        out.append(_baseline_row("fp32", attention, sizes, timing, work_note(graph, "fp32", feeds, phase)))
         if layout is not None:
             step = _pytorch_decode(model, wrapped, names, layout, sizes, timing, bench)
-            step["_work_of"] = _work_note(graph, "fp32")
+            step["_work_of"] = work_note(graph, "fp32")
             decode.append(step)
     # The strongest local baseline: the same module with bf16 weights, where the CPU computes
     # bf16 natively (elsewhere PyTorch emulates it, slower than fp32: no baseline a user would pick).
@@ -168,8 +168,8 @@ def _pytorch_baseline(
                 with torch.inference_mode():
                     m(*a)
 
-            timing = measure(call16, _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
-            out.append(_baseline_row("bf16", attention, sizes, timing, _work_note(graph, "bf16", feeds, phase)))
+            timing = measure(call16, batch_of(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
+            out.append(_baseline_row("bf16", attention, sizes, timing, work_note(graph, "bf16", feeds, phase)))
             if layout is not None:
                 row = _pytorch_decode(model, wrapped, names, layout, sizes, timing, bench, dtype="bf16")
                 fp32 = next(
@@ -180,7 +180,7 @@ def _pytorch_baseline(
                 )  # against fp32, as every row
                 row["decode_speedup_vs_pytorch"] = round(fp32["decode_p50_ms"] / row["decode_p50_ms"], 3)
                 fp32["decode_ratio_to_pytorch_bf16"] = round(fp32["decode_p50_ms"] / row["decode_p50_ms"], 3)
-                row["_work_of"] = _work_note(graph, "bf16")
+                row["_work_of"] = work_note(graph, "bf16")
                 decode.append(row)
     del model, wrapped
     gc.collect()
@@ -239,16 +239,16 @@ def _pytorch_decode(
 
     from onnxbuild.runtimes.decoding import hf_generate
 
-    feeds = _decode_feeds(names, layout, sizes, getattr(model.config, "vocab_size", None))
+    feeds = decode_feeds(names, layout, sizes, getattr(model.config, "vocab_size", None))
     args = tuple((_bf16 if dtype == "bf16" else (lambda t: t))(torch.from_numpy(feeds[n])) for n in names)
 
     def step() -> None:
         with torch.inference_mode():
             wrapped(*args)
 
-    timing = measure(step, _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
+    timing = measure(step, batch_of(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
     n = int(bench["decode_tokens"])
     prompt = feeds_prompt(sizes, getattr(model.config, "vocab_size", 2))
-    total = _generation_time(lambda: hf_generate(model, prompt, n))
-    row = _decode_row(sizes, prefill, timing, n, total, timing["p50_ms"])
-    return {"engine": "pytorch", "variant": None, "provider": None, "dtype": dtype, **row, WORK: _shapes(feeds)}
+    total = generation_time(lambda: hf_generate(model, prompt, n))
+    row = decode_row(sizes, prefill, timing, n, total, timing["p50_ms"])
+    return {"engine": "pytorch", "variant": None, "provider": None, "dtype": dtype, **row, WORK: shapes_of_feeds(feeds)}

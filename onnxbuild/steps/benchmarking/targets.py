@@ -14,23 +14,23 @@ from onnxbuild.recipe.sections import (
 )
 from onnxbuild.report.benchmark import Kernels, Provider
 from onnxbuild.steps.base import StepContext, StepSpec
-from onnxbuild.steps.benchmarking.decode import _decode_row, _ort_decode
-from onnxbuild.steps.benchmarking.limits import _work_note
-from onnxbuild.steps.benchmarking.profiles import _openvino_kernels
-from onnxbuild.steps.benchmarking.pytorch import _seq2seq_pytorch
+from onnxbuild.steps.benchmarking.decode import decode_row, ort_decode
+from onnxbuild.steps.benchmarking.limits import work_note
+from onnxbuild.steps.benchmarking.profiles import openvino_kernels
+from onnxbuild.steps.benchmarking.pytorch import seq2seq_pytorch
 from onnxbuild.steps.benchmarking.timing import (
     CACHED_TOKENS,
     STATEFUL_SPAN,
     BaselineRow,
     DecodeRow,
     Row,
-    _batch,
-    _generation_time,
-    _row,
-    _timed_at,
+    batch_of,
+    generation_time,
     measure,
     rss_mb,
     summarise,
+    timed_at,
+    timing_row,
     with_sdpa,
 )
 from onnxbuild.steps.exporting import section as export_kind
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from onnxbuild.steps.benchmarking.timing import Feeds
 
 
-def _seq2seq_benchmark(
+def seq2seq_benchmark(
     ctx: StepContext, spec: StepSpec, record: dict[str, object], shapes: list[dict[str, int]], threads: int
 ) -> tuple[list[BaselineRow], list[Provider], list[Row], list[DecodeRow]]:
     """An encoder-decoder on the CPU provider: the first token (encoder plus the decoder's
@@ -71,7 +71,7 @@ def _seq2seq_benchmark(
     baseline: list[BaselineRow] = []
     decode: list[DecodeRow] = []
     if bench["baseline"] == "pytorch":
-        baseline, decode = _seq2seq_pytorch(model, names, shapes, feeds_by_shape, bench, cached)
+        baseline, decode = seq2seq_pytorch(model, names, shapes, feeds_by_shape, bench, cached)
     del model
     gc.collect()
 
@@ -91,16 +91,14 @@ def _seq2seq_benchmark(
                 rng.standard_normal((batch, layout.kv_heads, cached, layout.head_dim)).astype(np.float32)
                 for _ in layout.past_names
             ]
-            prefill = _timed_at(
+            prefill = timed_at(
                 bench,
                 lambda f=feeds, m=mask_np, b=batch, i=ids, r=runner: r.step(i, r.encode(f), m, r.empty_past(b)),
                 sizes,
             )
-            one = _timed_at(
-                bench, lambda c=cross_np, m=mask_np, pk=past_np, i=ids, r=runner: r.step(i, c, m, pk), sizes
-            )
-            total = _generation_time(lambda f=feeds, r=runner: r.generate(f, start, n, None))
-            row = _row(
+            one = timed_at(bench, lambda c=cross_np, m=mask_np, pk=past_np, i=ids, r=runner: r.step(i, c, m, pk), sizes)
+            total = generation_time(lambda f=feeds, r=runner: r.generate(f, start, n, None))
+            row = timing_row(
                 variant,
                 "CPUExecutionProvider",
                 sizes,
@@ -119,7 +117,7 @@ def _seq2seq_benchmark(
                     "variant": variant["name"],
                     "precision": variant["precision"],
                     "provider": "CPUExecutionProvider",
-                    **_decode_row(
+                    **decode_row(
                         sizes, prefill, one, n, total, torch_decode["decode_p50_ms"] if torch_decode else None
                     ),
                 }
@@ -147,7 +145,7 @@ def _seq2seq_benchmark(
     return baseline, providers, results, decode
 
 
-def _web_benchmark(
+def web_benchmark(
     ctx: StepContext,
     spec: StepSpec,
     shapes: list[dict[str, int]],
@@ -190,11 +188,11 @@ def _web_benchmark(
                     }
                 )
                 continue
-            timing = summarise(run.times_ms, _batch(sizes), warmup)
+            timing = summarise(run.times_ms, batch_of(sizes), warmup)
             # Node's peak (the largest child this process has waited for), not Python's.
             node_peak = round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1)
             results.append(
-                _row(
+                timing_row(
                     variant,
                     "web",
                     sizes,
@@ -213,7 +211,7 @@ def _web_benchmark(
     }
 
 
-def _openvino_benchmark(
+def openvino_benchmark(
     ctx: StepContext,
     spec: StepSpec,
     shapes: list[dict[str, int]],
@@ -263,7 +261,7 @@ def _openvino_benchmark(
             try:
                 timing = measure(
                     lambda s=session, f=feeds: s.infer(f),
-                    _batch(sizes),
+                    batch_of(sizes),
                     bench["warmup"],
                     bench["iterations"],
                     bench["min_time_s"],
@@ -282,10 +280,10 @@ def _openvino_benchmark(
                 else "fp32"
             )
             if layout is not None and variant["name"] in listed:
-                step = _ort_decode(session, variant, "openvino", sizes, timing, bench, decode, engine="openvino")
-                step["_work_of"] = _work_note(path, computes)
+                step = ort_decode(session, variant, "openvino", sizes, timing, bench, decode, engine="openvino")
+                step["_work_of"] = work_note(path, computes)
                 decode.append(step)
-            row = _row(
+            row = timing_row(
                 variant,
                 "openvino",
                 sizes,
@@ -297,7 +295,7 @@ def _openvino_benchmark(
                 path=path,
             )
             row["inference_precision"] = session.precision
-            row["_work_of"] = _work_note(path, computes, feeds, "prefill" if layout is not None else "")
+            row["_work_of"] = work_note(path, computes, feeds, "prefill" if layout is not None else "")
             results.append(row)
         masked = masked or session.masked_prefill
         if session.keeps_past and variant["name"] in listed:
@@ -305,7 +303,7 @@ def _openvino_benchmark(
         del session
         gc.collect()
         if variant["name"] in listed and shapes:
-            kernels[variant["name"]] = _openvino_kernels(
+            kernels[variant["name"]] = openvino_kernels(
                 path, options.get("precision", "auto"), threads, shapes[-1], feeds_by_shape[-1], layout
             )
     note = f"OpenVINO {openvino_target.version()} CPU plugin, inference precision {', '.join(sorted(used)) or '-'}"

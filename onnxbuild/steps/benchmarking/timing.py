@@ -205,12 +205,12 @@ def machine(threads: int) -> Machine:
     return {"cpu": cpu_info()[0], "cores": os.cpu_count(), "threads": threads, "system": platform.system()}
 
 
-def _timed_at(bench: BenchmarkSection, fn: Callable[..., object], sizes: dict[str, int]) -> Timing:
+def timed_at(bench: BenchmarkSection, fn: Callable[..., object], sizes: dict[str, int]) -> Timing:
     """``measure`` with the benchmark's settings, at one shape."""
-    return measure(fn, _batch(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
+    return measure(fn, batch_of(sizes), bench["warmup"], bench["iterations"], bench["min_time_s"])
 
 
-def _row(
+def timing_row(
     variant: VariantParam,
     provider: str,
     sizes: dict[str, int],
@@ -252,11 +252,11 @@ def _baseline_at(baseline: list[BaselineRow], sizes: dict[str, int], dtype: str)
     return next((b for b in baseline if b["shape"] == dict(sizes) and b.get("dtype", "fp32") == dtype), None)
 
 
-def _batch(sizes: dict[str, int]) -> int:
+def batch_of(sizes: dict[str, int]) -> int:
     return int(sizes.get("batch", 1))
 
 
-def _past_layout(ctx: StepContext) -> PastLayout:
+def past_layout(ctx: StepContext) -> PastLayout:
     """The decoder's KV-cache layout, from the config.json the export step wrote beside the model."""
     import transformers
 
@@ -266,7 +266,7 @@ def _past_layout(ctx: StepContext) -> PastLayout:
     return layout_of(transformers.AutoConfig.for_model(**config))
 
 
-def _feeds(
+def shape_feeds(
     spec: StepSpec, ctx: StepContext, sizes: dict[str, int], index: int, layout: PastLayout | None = None
 ) -> Feeds:
     """Inputs for one benchmark shape; for a with-past decoder, a prefill (empty past)."""
@@ -310,7 +310,7 @@ def with_sdpa(source: Mapping[str, dict[str, object]]) -> tuple[dict[str, dict[s
     return ({kind: sdpa(src.copy())}, "sdpa") if sdpa is not None else ({kind: src.copy()}, None)
 
 
-def _bound_runner(session: onnxruntime.InferenceSession, feeds: Feeds, outputs: list[str]) -> Callable[[], None]:
+def bound_runner(session: onnxruntime.InferenceSession, feeds: Feeds, outputs: list[str]) -> Callable[[], None]:
     """IOBinding on CUDA: inputs copied to the device once, outputs left there (no host copies per run)."""
     import onnxruntime as ort
 
@@ -326,7 +326,7 @@ def _bound_runner(session: onnxruntime.InferenceSession, feeds: Feeds, outputs: 
     return go
 
 
-def _decode_feeds(names: list[str], layout: PastLayout, sizes: dict[str, int], vocab: int | None) -> Feeds:
+def decode_feeds(names: list[str], layout: PastLayout, sizes: dict[str, int], vocab: int | None) -> Feeds:
     """One decode step: a new token per sequence after a past as long as the shape's sequence."""
     from onnxbuild.sources.torchmodel import make_inputs
 
@@ -337,13 +337,13 @@ def _decode_feeds(names: list[str], layout: PastLayout, sizes: dict[str, int], v
     ]
     return make_inputs(
         specs + layout.past_specs(),
-        {"batch": _batch(sizes), "sequence": 1, "past_sequence": sizes["sequence"]},
+        {"batch": batch_of(sizes), "sequence": 1, "past_sequence": sizes["sequence"]},
         seed=900,
         vocab=vocab,
     )
 
 
-def _generation_time(generate: Callable[..., object], repeats: int = 3) -> float:
+def generation_time(generate: Callable[..., object], repeats: int = 3) -> float:
     """Median wall time of a whole generation (prefill + decode steps)."""
     import statistics
 
@@ -360,4 +360,4 @@ def _timed(fn: Callable[..., object]) -> float:
 def feeds_prompt(sizes: dict[str, int], vocab: int) -> NDArray[np.int64]:
     import numpy as np
 
-    return np.random.default_rng(901).integers(0, vocab, size=(_batch(sizes), sizes["sequence"]), dtype=np.int64)
+    return np.random.default_rng(901).integers(0, vocab, size=(batch_of(sizes), sizes["sequence"]), dtype=np.int64)

@@ -95,9 +95,9 @@ def export(ctx: StepContext, source: dict[str, dict[str, object]], export: Expor
     else:
         built = decoder.build(model, shape)
     if quantize is not None:
-        from onnxbuild.steps.quantizing.nbits import _bias_into_nbits
+        from onnxbuild.steps.quantizing.nbits import bias_into_nbits
 
-        _bias_into_nbits(built.model)
+        bias_into_nbits(built.model)
         _gate(checked)
     strip_metadata(built.model)
     fused_ops = _standard_norms(built.model, built.fused_ops)

@@ -17,7 +17,7 @@ from onnxbuild.sources.decoder import fixed_dim
 from onnxbuild.steps.base import StepContext, StepSpec
 from onnxbuild.steps.budget import PrecisionPlan
 from onnxbuild.steps.quantizing.int8 import excluded
-from onnxbuild.steps.quantizing.nbits import _bias_into_nbits, _weight_only_proto, bits_of
+from onnxbuild.steps.quantizing.nbits import bias_into_nbits, bits_of, weight_only_proto
 
 if TYPE_CHECKING:
     import numpy as np
@@ -28,7 +28,7 @@ DEFAULT_MARGIN = 0.5
 """budget.margin: the share of each budget figure the plan must meet on the calibration text."""
 
 
-def _budgeted(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: QuantizeSection) -> PrecisionPlan:
+def by_budget(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: QuantizeSection) -> PrecisionPlan:
     """The least-bytes per-layer plan that meets ``q['budget']`` (steps/budget.py), written."""
     import numpy as np
     import onnx
@@ -50,8 +50,8 @@ def _budgeted(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: Quantiz
     model = onnx.load_model(str(src))
     fold_weight_aliases(model)  # a shared weight's later calls planned and quantized too
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    windows, where = _calibration_windows(ctx, spec, q, session)
-    feeds = [_prefill_feeds(session, row) for row in windows]
+    windows, where = calibration_windows(ctx, spec, q, session)
+    feeds = [prefill_feeds(session, row) for row in windows]
     first = session.get_outputs()[0].name
     reference = [np.asarray(session.run([first], f)[0])[0, :-1] for f in feeds]
     del session
@@ -64,9 +64,7 @@ def _budgeted(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: Quantiz
         kept = [c.node for c in order[:k]]
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
-        return _weight_only_proto(
-            copy, {**q, "exclude_nodes": [*q["exclude_nodes"], *kept]}, keep_bits=(kept, fallback)
-        )
+        return weight_only_proto(copy, {**q, "exclude_nodes": [*q["exclude_nodes"], *kept]}, keep_bits=(kept, fallback))
 
     def evaluate(k: int) -> dict[str, float]:
         candidate = ort.InferenceSession(build(k).SerializeToString(), providers=["CPUExecutionProvider"])
@@ -76,7 +74,7 @@ def _budgeted(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: Quantiz
     note = f" ({margin:g} of the budget, budget.margin)" if margin != 1 else ""
     k, found, tried = b.search(order, evaluate, target, what, note)
     final = build(k)
-    _bias_into_nbits(final)
+    bias_into_nbits(final)
     onnx.save_model(final, str(out))
     plan: PrecisionPlan = {
         "budget": wanted,
@@ -92,7 +90,7 @@ def _budgeted(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: Quantiz
     return plan
 
 
-def _calibration_windows(
+def calibration_windows(
     ctx: StepContext, spec: StepSpec, q: QuantizeSection, session: Session
 ) -> tuple[NDArray[np.int64], str]:
     """[windows, window] token ids: calibration.text through the model's tokenizer, or seeded
@@ -130,7 +128,7 @@ def _calibration_windows(
     ), f"{count} windows of {window} seeded random token ids (no calibration.text)"
 
 
-def _prefill_feeds(session: Session, ids: NDArray[np.int64]) -> dict[str, NDArray[np.generic]]:
+def prefill_feeds(session: Session, ids: NDArray[np.int64]) -> dict[str, NDArray[np.generic]]:
     """One window as a prefill: its ids, a mask of ones, positions from 0 and every past empty."""
     import numpy as np
 

@@ -10,10 +10,10 @@ from onnxbuild._util import pretty_json
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import QuantizeSection
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
-from onnxbuild.steps.quantizing.nbits import _bias_into_nbits
+from onnxbuild.steps.quantizing.nbits import bias_into_nbits
 
 
-def _gguf(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: QuantizeSection) -> StepResult:
+def from_gguf(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: QuantizeSection) -> StepResult:
     """The GGUF file's own blocks in the graph (onnxbuild/quant/gguf_exact.py), not re-quantized:
     the file computes what PyTorch computes on the dequantized GGUF, up to the activations'
     int8 rounding at accuracy_level 4. What cannot be carried exactly stays float and is named."""
@@ -32,7 +32,7 @@ def _gguf(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: QuantizeSec
         raise
     except Exception as exc:
         raise StepError(f"quantize.{q['name']} (gguf) failed: {type(exc).__name__}: {str(exc)[:500]}") from None
-    _bias_into_nbits(model)
+    bias_into_nbits(model)
     onnx.save_model(model, str(out))
     exact = [c for c in carried if c.exact]
     left = [c for c in carried if not c.exact]

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
 
-def _dynamic(src: Path, out: Path, q: QuantizeSection) -> None:
+def dynamic(src: Path, out: Path, q: QuantizeSection) -> None:
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -78,7 +78,7 @@ def excluded(model: onnx.ModelProto | Path, q: QuantizeSection, *, each_must_mat
     return names
 
 
-def _static(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: QuantizeSection) -> None:
+def static(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: QuantizeSection) -> None:
     import numpy as np
     import onnxruntime as ort
     from onnxruntime.quantization import (

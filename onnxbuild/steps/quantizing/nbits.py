@@ -37,7 +37,7 @@ def streamable(src: Path, q: QuantizeSection) -> bool:
     )
 
 
-def _weight_only(src: Path, out: Path, q: QuantizeSection) -> None:
+def weight_only(src: Path, out: Path, q: QuantizeSection) -> None:
     import onnx
 
     if streamable(src, q):
@@ -46,13 +46,13 @@ def _weight_only(src: Path, out: Path, q: QuantizeSection) -> None:
         skip = set(excluded(src, q))
         quantize(src, out, skip, one_matmul({**q, "keep": [], "exclude_nodes": []}))
         model = onnx.load_model(str(out), load_external_data=False)
-        if _bias_into_nbits(model):
+        if bias_into_nbits(model):
             onnx.save_model(model, str(out))
         return
     model = onnx.load_model(str(src))
     fold_weight_aliases(model)
-    model = _weight_only_proto(model, q)
-    _bias_into_nbits(model)
+    model = weight_only_proto(model, q)
+    bias_into_nbits(model)
     weights = sum(len(t.raw_data) for t in model.graph.initializer)
     if weights > PROTOBUF_LIMIT * 0.9:  # 8-bit weights of a 1B+ model: over protobuf's 2 GB
         save_with_data(model, out)
@@ -71,12 +71,12 @@ def one_matmul(q: QuantizeSection) -> Callable[[onnx.NodeProto, NDArray[np.gener
             direct = rounded(node, array, bits_of(q), q["block_size"], q["symmetric"], q["accuracy_level"])
             if direct is not None:
                 return direct
-        return _weight_only_proto(alone(node, array), q)
+        return weight_only_proto(alone(node, array), q)
 
     return one
 
 
-def _weight_only_proto(
+def weight_only_proto(
     model: onnx.ModelProto, q: QuantizeSection, keep_bits: tuple[list[str], int | None] = ([], None)
 ) -> onnx.ModelProto:
     """Weights in ``bits`` per value (MatMulNBits), one scale (and zero point unless
@@ -144,7 +144,7 @@ def _weight_only_proto(
     return quantized
 
 
-def _bias_into_nbits(model: onnx.ModelProto) -> int:
+def bias_into_nbits(model: onnx.ModelProto) -> int:
     """A constant bias added right after a MatMulNBits goes into its optional ``bias`` input:
     one kernel instead of two, which at one token per step is a measurable share (Qwen2's
     q/k/v biases: 12 Add nodes per decode step)."""

@@ -96,7 +96,7 @@ def smooth_int8(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: Quant
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     from onnxbuild.quant.aliases import fold_weight_aliases
-    from onnxbuild.steps.quantizing.budgeted import _calibration_windows, _prefill_feeds
+    from onnxbuild.steps.quantizing.budgeted import calibration_windows, prefill_feeds
 
     if src.with_name(f"{src.name}.data").is_file():
         raise StepError(
@@ -111,8 +111,8 @@ def smooth_int8(ctx: StepContext, spec: StepSpec, src: Path, out: Path, q: Quant
 
     def feeds(session: Session) -> list[dict[str, NDArray[np.generic]]]:
         nonlocal where
-        windows, where = _calibration_windows(ctx, spec, q, session)
-        return [_prefill_feeds(session, window) for window in windows]
+        windows, where = calibration_windows(ctx, spec, q, session)
+        return [prefill_feeds(session, window) for window in windows]
 
     plan = smoothed(model, feeds, left_float)
     graph = model.graph

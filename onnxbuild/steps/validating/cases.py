@@ -111,7 +111,7 @@ class RealTokens:
         return [b, s, *kept[1:]]
 
 
-def _fixed_axis_hint(export: ExportSection, feeds: Mapping[str, NDArray[np.generic]]) -> str:
+def fixed_axis_hint(export: ExportSection, feeds: Mapping[str, NDArray[np.generic]]) -> str:
     for t in export["inputs"]:
         fixed = [i for i, d in enumerate(t["shape"]) if isinstance(d, int)]
         for i in fixed:
@@ -138,11 +138,11 @@ def case_seed(validate: ValidateSection, export: ExportSection, sizes: dict[str,
 
 def validation_cases(validate: ValidateSection, export: ExportSection) -> list[dict[str, int]]:
     """The cases a recipe's validation runs, in order (case i's inputs are seeded validate.seed + i)."""
-    padded = _free_batch(export) and validate.get("left_padding", True)
+    padded = free_batch(export) and validate.get("left_padding", True)
     return cases(validate["shapes"], bool(export.get("with_past")), padded=padded)
 
 
-def _free_batch(export: ExportSection) -> bool:
+def free_batch(export: ExportSection) -> bool:
     """Whether the export takes an attention_mask with a free batch axis (a left-padded case
     needs both: the mask to pad, two rows)."""
     return any(
@@ -150,7 +150,7 @@ def _free_batch(export: ExportSection) -> bool:
     )
 
 
-def _again(validate: ValidateSection, shape: dict[str, int]) -> str:
+def again(validate: ValidateSection, shape: dict[str, int]) -> str:
     """explain-mismatch's options for a left-padded case (the recipe shape its prefill came from)."""
     if not shape.get("left_padding"):
         return ""

@@ -24,7 +24,7 @@ from onnxbuild.sources.torchmodel import (
     labelled_inputs,
 )
 from onnxbuild.steps.base import StepContext, StepSpec
-from onnxbuild.steps.validating.cases import _again, _fixed_axis_hint
+from onnxbuild.steps.validating.cases import again, fixed_axis_hint
 from onnxbuild.steps.validating.compare import cosine_rows, mean_pool
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     (``sources.torchmodel.wrap``'s module, or a Keras model's adapter)."""
 
 
-def _accuracy(
+def accuracy_check(
     cfg: AccuracyCheck, wrapped: Wrapped, session: Session, export: ExportSection, recipe_dir: Path
 ) -> AccuracyResult:
     """Top-1 accuracy of the first output through PyTorch and ONNX Runtime, in batches."""
@@ -104,11 +104,11 @@ def _first_output_both(
     try:
         got = np.asarray(session.run([export["outputs"][0]], feeds)[0])
     except Exception as exc:
-        raise StepError(f"{refused}: {brief(exc, lines=None, limit=500)}{_fixed_axis_hint(export, feeds)}") from None
+        raise StepError(f"{refused}: {brief(exc, lines=None, limit=500)}{fixed_axis_hint(export, feeds)}") from None
     return ref, got
 
 
-def _embeddings(
+def embedding_check(
     feeds: Mapping[str, NDArray[np.generic]],
     mask: NDArray[np.generic],
     cosine_min: float | None,
@@ -153,7 +153,7 @@ def _embeddings(
     }
 
 
-def _first_divergence(
+def divergence_check(
     ctx: StepContext,
     spec: StepSpec,
     results: list[ShapeResult],
@@ -192,5 +192,5 @@ def _first_divergence(
         f" First node where it parts from {base['variant']}: {d.node} ({d.op_type}{module}), output {d.output}, "
         f"max abs diff {d.max_abs_diff:.3g}"
         f" after {d.compared - 1} agreeing tensors; that node's subgraph and inputs: {where}"
-        f" (onnxbuild explain-mismatch {ctx.recipe_path} --variant {variant}{_again(validate, shape)} to search again)."
+        f" (onnxbuild explain-mismatch {ctx.recipe_path} --variant {variant}{again(validate, shape)} to search again)."
     )

@@ -22,7 +22,7 @@ _K = TypeVar("_K")
 _V = TypeVar("_V")
 
 
-def _as_declared(session: Session, feeds: Mapping[str, NDArray[np.generic]]) -> dict[str, NDArray[np.generic]]:
+def as_declared(session: Session, feeds: Mapping[str, NDArray[np.generic]]) -> dict[str, NDArray[np.generic]]:
     """``feeds`` with float32 arrays cast to float16 where the session declares float16."""
     import numpy as np
 

@@ -95,7 +95,7 @@ def replacements(
     from onnx import helper
 
     from onnxbuild.quant.aliases import weight_aliases
-    from onnxbuild.quant.weightcheck import _nbits, open_file
+    from onnxbuild.quant.weightcheck import nbits, open_file
 
     file = open_file(model_file)
     graph = file.model.graph
@@ -114,7 +114,7 @@ def replacements(
     unmapped: list[str] = []
     for node in nodes:
         sizes = {a.name: int(helper.get_attribute_value(a)) for a in node.attribute if a.name in ("K", "N")}
-        weight = _nbits(node, file)
+        weight = nbits(node, file)
         found = _targets(model, re.sub(r"_Q\d+$", "", node.name), sizes["K"], sizes["N"])
         if not found and weight is not None and weight[0].endswith(".weight"):
             # named after its parameter where the graph keeps torch's names (GPT-2's fused graph)
@@ -312,7 +312,7 @@ def compared(
     import onnxruntime as ort
 
     from onnxbuild.runtimes import sessions
-    from onnxbuild.steps.validating.compare import _as_declared, compare
+    from onnxbuild.steps.validating.compare import as_declared, compare
 
     options = sessions.options()
     # the graph from memory, its external data from the file's folder: nothing is written
@@ -322,7 +322,7 @@ def compared(
     )
     shapes: list[GraphShape] = []
     for (sizes, feeds, keep), reference in zip(cases, references, strict=True):
-        got = session.run(outputs, _as_declared(session, feeds))
+        got = session.run(outputs, as_declared(session, feeds))
         compared_outputs = {
             name: compare(ref, np.asarray(keep(name, g)), rtol, atol)
             for name, ref, g in zip(outputs, reference, got, strict=False)

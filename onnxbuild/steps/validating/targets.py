@@ -46,7 +46,7 @@ class OpenVinoOptions(_OpenVinoRequired, total=False):
     top1_min: float
 
 
-def _web_case(
+def web_case(
     model: Path,
     feeds: Mapping[str, Array],
     names: list[str],
@@ -140,7 +140,7 @@ class _OpenVino:
         }
 
 
-def _openvino_target(
+def openvino_target_for(
     options: OpenVinoOptions | None, model_file: Path, rtol: float, atol: float, top1_min: float | None = None
 ) -> _OpenVino | None:
     """Compile the variant for OpenVINO and pick its tolerances from the precision it reports.
@@ -181,7 +181,7 @@ def _openvino_target(
     return _OpenVino(session, used, o_atol, o_rtol, None if floor is None else float(floor), note)
 
 
-def _openvino_case(
+def openvino_case(
     target: _OpenVino,
     feeds: Mapping[str, Array],
     names: list[str],
