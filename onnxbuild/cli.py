@@ -909,8 +909,8 @@ def run_command(
       onnxbuild run artifacts/tiny-llava --image cat.npy --prompt "1 319 1967"
       onnxbuild run artifacts/tiny-vit-gpt2 --image cat.png
     """
-    from onnxbuild.runtimes.decoding import Sampling
-    from onnxbuild.runtimes.generation import run
+    from onnxbuild.layouts.decoding import Sampling
+    from onnxbuild.layouts.generation import run
 
     result = run(
         artifact,

@@ -18,8 +18,8 @@ from onnxbuild.api import load_recipe
 from onnxbuild.cli import cli
 from onnxbuild.environment import BF16_FLAGS, missing_feature
 from onnxbuild.errors import RecipeError
+from onnxbuild.layouts.decoding import Generation
 from onnxbuild.report import benchmark_schema
-from onnxbuild.runtimes.decoding import Generation
 from onnxbuild.steps.generate import compare_runs
 
 DATA = Path(__file__).resolve().parent / "data"

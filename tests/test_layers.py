@@ -3,7 +3,9 @@ imports included, so a lazy import cannot hide an upward dependency:
 
     cli, api, diff, verify, modeldiff, report.page      the commands and what they show
     pipeline                                            recipe -> step specs (knows every kind)
-    steps, sources (torch helpers), fusion, generation  the kinds: what a step does
+    steps, sources (torch helpers), fusion, layouts     the kinds: what a step does (layouts: the
+                                                        files of a model and their decode loops)
+    runtimes                                            sessions, providers, the OpenVINO target
     engine                                              plans and runs plain specs
     recipe, spec, environment, errors, _util, ...       data and facts, and the source kinds
                                                         (sources/<kind>.py: the loader asks
@@ -64,7 +66,7 @@ def within(name: str, *prefixes: str) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
-KINDS = ("onnxbuild.pipeline", "onnxbuild.steps", "onnxbuild.sources", "onnxbuild.fusion")
+KINDS = ("onnxbuild.pipeline", "onnxbuild.steps", "onnxbuild.sources", "onnxbuild.fusion", "onnxbuild.layouts")
 
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if within(m, "onnxbuild.engine")))
@@ -99,6 +101,14 @@ def test_steps_import_no_review_tool(module: str) -> None:
     a command both run (the first-divergence search) lives with the step."""
     upward = sorted(i for i in MODULES[module] if within(i, "onnxbuild.review"))
     assert not upward, f"{module} imports {upward}: move what both need below the steps"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if within(m, "onnxbuild.runtimes")))
+def test_runtimes_import_no_source_step_or_layout(module: str) -> None:
+    """A runtime runs files; what it shares with the sources (the KV cache's names) is below both,
+    and the loops that need a source's torch wrappers are layouts."""
+    upward = sorted(i for i in MODULES[module] if within(i, *KINDS))
+    assert not upward, f"{module} imports {upward}"
 
 
 SOURCE_KIND_MODULES = tuple(

@@ -289,7 +289,7 @@ def _stateful_matches_explicit(path: Path, plain: Path) -> None:
     export (decomposed attention) keeps its cache as inputs."""
     import numpy as np
 
-    from onnxbuild.runtimes.decoding import OrtDecoder
+    from onnxbuild.layouts.decoding import OrtDecoder
     from onnxbuild.runtimes.openvino_target import load
 
     held, explicit = load(path, precision="f32", threads=1), load(path, precision="f32", threads=1, stateful=False)

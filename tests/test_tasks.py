@@ -242,7 +242,7 @@ def test_onnxbuild_run_decodes_an_encoder_decoder_folder_as_the_build_did(built:
     import numpy as np
 
     from onnxbuild.errors import UsageError
-    from onnxbuild.runtimes.generation import run
+    from onnxbuild.layouts.generation import run
 
     generation = read(built / "tiny-bart" / "reports" / "generation.json")
     prompt = " ".join(map(str, generation["prompt_ids"]))

@@ -10,6 +10,13 @@ from typing import TypedDict
 
 from onnxbuild.recipe.sections import Tensor
 
+PAST = "past_key_values.{i}.{kv}"
+"""A decoder's past for layer i (kv: key or value), an input: [batch, kv_heads, past_sequence, head_dim]."""
+PRESENT = "present.{i}.{kv}"
+"""The cache it returns, past and new tokens: [batch, kv_heads, total_sequence, head_dim]."""
+PAST_PREFIX = "past_key_values."
+PRESENT_PREFIX = "present."
+
 
 class TaskInfo(TypedDict):
     """A Hugging Face task: its model class, default inputs and outputs, and how validation reads them."""

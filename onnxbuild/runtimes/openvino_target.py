@@ -52,10 +52,10 @@ if TYPE_CHECKING:
     OvPort: TypeAlias = "ov.Output | ov.ConstOutput"
 
 from onnxbuild._util import brief
+from onnxbuild.recipe.tasks import PAST_PREFIX as PAST
+from onnxbuild.recipe.tasks import PRESENT_PREFIX as PRESENT
 from onnxbuild.runtimes import fpenv, sessions
 from onnxbuild.runtimes.sessions import Kept
-from onnxbuild.sources.decoder import PAST_PREFIX as PAST
-from onnxbuild.sources.decoder import PRESENT_PREFIX as PRESENT
 
 NAME = "openvino"
 RUNNER = 3

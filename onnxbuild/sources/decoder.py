@@ -5,7 +5,7 @@ One place knows how a transformers decoder takes its past: the wrapper turns the
 transformers ``DynamicCache`` and the returned cache back into ``present.{i}.key`` /
 ``.value`` (transformers 5.x renamed the ``past_key_values`` argument to ``cache``;
 the wrapper passes whichever the model takes). The loops that run such a model, on ONNX
-Runtime and on PyTorch, are in runtimes/decoding.py: a source builds a model, it does not
+Runtime and on PyTorch, are in layouts/decoding.py: a source builds a model, it does not
 run one.
 
 Axes: ``input_ids`` and ``position_ids`` are [batch, sequence]; ``attention_mask`` is
@@ -23,23 +23,15 @@ from typing import TYPE_CHECKING
 
 from onnxbuild.errors import StepError
 from onnxbuild.recipe.sections import ExportSection, Tensor
+from onnxbuild.recipe.tasks import PAST as PAST
+from onnxbuild.recipe.tasks import PAST_PREFIX as PAST_PREFIX
+from onnxbuild.recipe.tasks import PRESENT as PRESENT
+from onnxbuild.recipe.tasks import PRESENT_PREFIX as PRESENT_PREFIX
 from onnxbuild.runtimes.sessions import Session
 
 if TYPE_CHECKING:
     import torch
     import transformers
-
-PAST = "past_key_values.{i}.{kv}"
-
-
-PRESENT = "present.{i}.{kv}"
-
-
-PAST_PREFIX = "past_key_values."
-
-
-PRESENT_PREFIX = "present."
-
 
 GENAI_INPUTS = ("input_ids", "attention_mask", "position_ids")
 """The token inputs onnxruntime-genai feeds a decoder by name (it has no token_type_ids)."""

@@ -1,6 +1,6 @@
 """Encoder-decoder models (T5, BART, Marian, Whisper, and a VisionEncoderDecoderModel's image
 encoder with its text decoder): two ONNX files and the wrappers that trace them (the loops
-that run them are in runtimes/seq2seq_decoding.py, their validation in
+that run them are in layouts/seq2seq_decoding.py, their validation in
 steps/validating/seq2seq.py).
 
 The layout is onnxruntime-genai's for Whisper (Optimum's file names): ``encoder_model.onnx``

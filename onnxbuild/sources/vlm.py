@@ -1,5 +1,5 @@
 """Vision-language models (LLaVA, Idefics3, SmolVLM): three ONNX files and the wrappers that
-trace them (the loops that run them are in runtimes/vlm_decoding.py, their validation in
+trace them (the loops that run them are in layouts/vlm_decoding.py, their validation in
 steps/validating/vlm.py).
 
 The layout is onnxruntime-genai's for its multimodal types (phi3v):

@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from onnxbuild.layouts.decoding import Chooser, Generation, OrtDecoder
     from onnxbuild.recipe.model import Recipe
-    from onnxbuild.runtimes.decoding import Chooser, Generation, OrtDecoder
 
 PACKAGES = ("torch", "transformers", "tokenizers", "onnxruntime", "numpy")
 
@@ -142,7 +142,7 @@ def _end_tokens(model: PreTrainedModel) -> list[int]:
 
 def _without(ends: list[int]) -> Chooser:
     """Greedy choice with the end tokens ruled out."""
-    from onnxbuild.runtimes.decoding import greedy
+    from onnxbuild.layouts.decoding import greedy
 
     def choose(logits: NDArray[np.float32]) -> NDArray[np.int64]:
         if not ends:
@@ -214,7 +214,7 @@ def teacher_forced(decoder: OrtDecoder, prompt: NDArray[np.int64], ref_tokens: N
 def _aligned(ref: Generation, got: Generation) -> Comparison:
     """compare_runs for generations that may stop at end-of-text at different steps: compared
     over the shorter, and a different length is a divergence where the shorter stopped."""
-    from onnxbuild.runtimes.decoding import Generation
+    from onnxbuild.layouts.decoding import Generation
 
     length = min(ref.tokens.shape[1], got.tokens.shape[1])
     cut = compare_runs(
@@ -251,8 +251,8 @@ def _seq2seq(
     compared, and a teacher-forced pass over PyTorch's tokens for quantized variants."""
     import numpy as np
 
-    from onnxbuild.runtimes.decoding import Sampling
-    from onnxbuild.runtimes.seq2seq_decoding import OrtSeq2Seq, hf_generate, torch_generate
+    from onnxbuild.layouts.decoding import Sampling
+    from onnxbuild.layouts.seq2seq_decoding import OrtSeq2Seq, hf_generate, torch_generate
     from onnxbuild.sources.seq2seq import start_token
 
     n = int(gen["max_new_tokens"])
@@ -322,8 +322,8 @@ def _vlm(
     pass over PyTorch's tokens."""
     import numpy as np
 
-    from onnxbuild.runtimes.decoding import Sampling
-    from onnxbuild.runtimes.vlm_decoding import OrtVlm, hf_generate, torch_generate
+    from onnxbuild.layouts.decoding import Sampling
+    from onnxbuild.layouts.vlm_decoding import OrtVlm, hf_generate, torch_generate
     from onnxbuild.sources import vlm
 
     params = cast(GenerateParams, spec.params)
@@ -491,7 +491,7 @@ def _finish(
 def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     import onnxruntime as ort
 
-    from onnxbuild.runtimes.decoding import OrtDecoder, Sampling, hf_generate, torch_generate
+    from onnxbuild.layouts.decoding import OrtDecoder, Sampling, hf_generate, torch_generate
     from onnxbuild.sources.torchmodel import load_source_model, vocab_size
 
     params = cast(GenerateParams, spec.params)  # the JSON plan() built

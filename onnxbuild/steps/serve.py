@@ -34,10 +34,10 @@ from typing import TypedDict, cast
 
 from onnxbuild._util import pretty_json
 from onnxbuild.errors import StepError
+from onnxbuild.layouts.generation import PREFILL_FILE
 from onnxbuild.recipe.checks import refuse_three_files
 from onnxbuild.recipe.model import Recipe
 from onnxbuild.recipe.sections import VariantValidate
-from onnxbuild.runtimes.generation import PREFILL_FILE
 from onnxbuild.spec import Checking, Found, Planning, StepInput, StepKind, Variant
 from onnxbuild.steps.base import StepContext, StepResult, StepSpec
 from onnxbuild.steps.validating import rules

@@ -549,7 +549,7 @@ def _text_quality(
     file and the rest decoded one token at a time by its decode file, as it serves them."""
     import numpy as np
 
-    from onnxbuild.runtimes.decoding import OrtDecoder
+    from onnxbuild.layouts.decoding import OrtDecoder
 
     text = validate["text"]
     assert text is not None
@@ -583,6 +583,7 @@ def _finish(ctx: StepContext, spec: StepSpec, record: dict[str, object], found: 
     it first parts from the file it was made from."""
     params = cast(ValidateParams, spec.params)  # the JSON plan() built
     validate = params["validate"]
+    warn_only = validate["on_fail"] == "warn"  # part of every verdict: whether a failure ends the step
     variant = params.get("variant", "model")
     top1 = _top1(found, validate, record, bool(params.get("top1_default")))
     passed = (
@@ -641,7 +642,7 @@ def _finish(ctx: StepContext, spec: StepSpec, record: dict[str, object], found: 
             f"; its graph is wrong, not only its rounding: {found.graph['note']} (a bug in the quantizer or the "
             "exporter, not in the recipe: report it)"
         )
-    if validate["on_fail"] == "warn":
+    if warn_only:
         return StepResult(summary=summary, data=data, warnings=(message + " (validate.on_fail: warn)",))
     numeric = numeric_failure(found.results)
     hint = " Loosen validate.atol/rtol only if the difference is expected." if numeric else ""

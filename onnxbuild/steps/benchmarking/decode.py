@@ -24,7 +24,7 @@ from onnxbuild.steps.benchmarking.timing import (
 )
 
 if TYPE_CHECKING:
-    from onnxbuild.runtimes.decoding import OrtDecoder
+    from onnxbuild.layouts.decoding import OrtDecoder
     from onnxbuild.steps.benchmarking.timing import Feeds
 
 
@@ -98,7 +98,7 @@ def decode_step(
 ) -> tuple[OrtDecoder, Feeds, int]:
     """The feeds of one decode step after a past as long as the prompt of ``sizes`` (the decoder
     loop over ``session``, the feeds, the vocabulary size)."""
-    from onnxbuild.runtimes.decoding import OrtDecoder
+    from onnxbuild.layouts.decoding import OrtDecoder
 
     decoder = OrtDecoder(session, prefill=prefill)
     names = [i.name for i in session.get_inputs()]

@@ -49,7 +49,7 @@ def seq2seq_pytorch(
     """PyTorch's first token, one decoder step and whole generation (see _seq2seq_benchmark)."""
     import torch
 
-    from onnxbuild.runtimes import seq2seq_decoding
+    from onnxbuild.layouts import seq2seq_decoding
     from onnxbuild.sources import seq2seq
 
     layout = seq2seq.layout_of(model.config)
@@ -237,7 +237,7 @@ def _pytorch_decode(
     """PyTorch's prefill and per-token decode, and transformers' generate() end to end."""
     import torch
 
-    from onnxbuild.runtimes.decoding import hf_generate
+    from onnxbuild.layouts.decoding import hf_generate
 
     feeds = decode_feeds(names, layout, sizes, getattr(model.config, "vocab_size", None))
     args = tuple((_bf16 if dtype == "bf16" else (lambda t: t))(torch.from_numpy(feeds[n])) for n in names)

@@ -50,7 +50,7 @@ def seq2seq_benchmark(
     import numpy as np
     import torch
 
-    from onnxbuild.runtimes import seq2seq_decoding
+    from onnxbuild.layouts import seq2seq_decoding
     from onnxbuild.sources import seq2seq
     from onnxbuild.sources.torchmodel import load_source_model, make_inputs
 

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from onnxbuild.errors import StepError
+from onnxbuild.layouts.seq2seq_decoding import OrtSeq2Seq
 from onnxbuild.recipe.sections import ExportSection, ValidateSection
 from onnxbuild.recipe.tasks import DEFAULT_DECODER_SEQUENCE
-from onnxbuild.runtimes.seq2seq_decoding import OrtSeq2Seq
 from onnxbuild.sources.seq2seq import ENCODER_OUTPUT, cross_outputs, decoder_module, encoder_module, layout_of
 from onnxbuild.steps.validating.cases import Checked
 

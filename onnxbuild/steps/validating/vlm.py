@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from onnxbuild.errors import StepError
+from onnxbuild.layouts.vlm_decoding import OrtVlm
 from onnxbuild.recipe.sections import ExportSection, ValidateSection
-from onnxbuild.runtimes.vlm_decoding import OrtVlm
 from onnxbuild.steps.validating.cases import Checked
 
 if TYPE_CHECKING:

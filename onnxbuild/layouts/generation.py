@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import NDArray
 
-    from onnxbuild.runtimes.decoding import Sampling
+    from onnxbuild.layouts.decoding import Sampling
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
 PREFILL_FILE = "prefill.onnx"
@@ -85,7 +85,7 @@ def run(
     import numpy as np
     import onnxruntime as ort
 
-    from onnxbuild.runtimes.decoding import OrtDecoder, greedy
+    from onnxbuild.layouts.decoding import OrtDecoder, greedy
 
     three = vision_language(artifact, variant)
     if three is not None:
@@ -209,7 +209,7 @@ def _run_seq2seq(
     import numpy as np
 
     from onnxbuild.errors import StepError
-    from onnxbuild.runtimes.seq2seq_decoding import OrtSeq2Seq
+    from onnxbuild.layouts.seq2seq_decoding import OrtSeq2Seq
 
     try:
         runner = OrtSeq2Seq.load(encoder, decoder)
@@ -355,7 +355,7 @@ def _run_vlm(
     import numpy as np
 
     from onnxbuild.errors import StepError
-    from onnxbuild.runtimes.vlm_decoding import OrtVlm
+    from onnxbuild.layouts.vlm_decoding import OrtVlm
     from onnxbuild.sources.vlm import prompts
 
     paths, folder = found

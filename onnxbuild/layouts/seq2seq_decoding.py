@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from onnxbuild.errors import StepError
+from onnxbuild.layouts.decoding import Generation
 from onnxbuild.runtimes import sessions
-from onnxbuild.runtimes.decoding import Generation
 from onnxbuild.sources.decoder import PastLayout
 from onnxbuild.sources.seq2seq import (
     cross_inputs,
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     import torch
     from numpy.typing import NDArray
 
-    from onnxbuild.runtimes.decoding import Chooser
+    from onnxbuild.layouts.decoding import Chooser
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ class OrtSeq2Seq:
         has produced ``eos``."""
         import numpy as np
 
-        from onnxbuild.runtimes.decoding import greedy
+        from onnxbuild.layouts.decoding import greedy
 
         choose = choose or greedy
 

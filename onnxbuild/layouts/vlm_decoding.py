@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from onnxbuild.errors import StepError
+from onnxbuild.layouts.decoding import Generation
 from onnxbuild.runtimes import sessions
-from onnxbuild.runtimes.decoding import Generation
 from onnxbuild.sources.decoder import PastLayout
 from onnxbuild.sources.vlm import EMBEDS, FEATURES, PIXELS, Prompt
 
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
     from transformers import PreTrainedModel
 
-    from onnxbuild.runtimes.decoding import Chooser
+    from onnxbuild.layouts.decoding import Chooser
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ class OrtVlm:
         produced ``eos``."""
         import numpy as np
 
-        from onnxbuild.runtimes.decoding import greedy
+        from onnxbuild.layouts.decoding import greedy
 
         choose = choose or greedy
         batch = prompt.input_ids.shape[0]
