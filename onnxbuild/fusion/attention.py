@@ -17,11 +17,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from onnxbuild.fusion.passes import Pass, live, set_nodes
+
 if TYPE_CHECKING:
     import onnx
 
 OPSET = 23
 """ONNX's Attention op appeared in opset 23."""
+PASS = Pass(
+    "attention",
+    requires="eager attention: Softmax(MatMul(Q, Kᵀ) [* constant scale] + additive biases) then MatMul(·, V), 4-D",
+    guarantees="each such chain is one ONNX Attention node (opset >= 23) with the same output name; "
+    "nodes nothing reads any more are gone",
+)
 
 
 def fuse(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
@@ -123,8 +131,7 @@ def fuse(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     if not count:
         return model, 0
     kept = [replaced.get(id(n), n) for n in graph.node]
-    del graph.node[:]
-    graph.node.extend(_live([*kept, *added], graph))
+    set_nodes(graph, live([*kept, *added], graph))
     for imp in model.opset_import:
         if imp.domain in ("", "ai.onnx") and imp.version < OPSET:
             imp.version = OPSET
@@ -145,27 +152,3 @@ def _leads_to_qk(name: str, made: dict[str, onnx.NodeProto]) -> bool:
             return False
         node = made.get(nxt[0])
     return node is not None and node.op_type == "MatMul"
-
-
-def _live(nodes: list[onnx.NodeProto], graph: onnx.GraphProto) -> list[onnx.NodeProto]:
-    """``nodes`` without those whose outputs nothing reads any more, producers before users
-    (the added nodes come after the nodes that read them in ``nodes``)."""
-    made = {o: n for n in nodes for o in n.output if o}
-    order: list[onnx.NodeProto] = []
-    state: dict[int, bool] = {}  # False: being visited, True: placed
-    for out in graph.output:
-        if out.name not in made:
-            continue
-        stack = [(made[out.name], False)]
-        while stack:
-            node, ready = stack.pop()
-            if ready:
-                state[id(node)] = True
-                order.append(node)
-                continue
-            if id(node) in state:
-                continue
-            state[id(node)] = False
-            stack.append((node, True))
-            stack.extend((made[i], False) for i in reversed(node.input) if i in made and id(made[i]) not in state)
-    return order

@@ -15,11 +15,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from onnxbuild.fusion.passes import Pass, set_nodes
+
 if TYPE_CHECKING:
     import onnx
 
 MIN_OPSET = 17
 """LayerNormalization entered the ONNX domain at opset 17."""
+PASS = Pass(
+    "split-skip-layer-norm",
+    requires=f"ONNX opset >= {MIN_OPSET} (LayerNormalization); any SkipLayerNormalization (com.microsoft)",
+    guarantees="no SkipLayerNormalization is left: each is Sum (with its bias Add) + LayerNormalization",
+)
 
 
 def default_opset(model: onnx.ModelProto) -> int:
@@ -66,6 +73,5 @@ def split_skip_layer_norm(model: onnx.ModelProto) -> int:
         )
         count += 1
     if count:
-        del graph.node[:]
-        graph.node.extend(nodes)
+        set_nodes(graph, nodes)
     return count

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from onnxbuild._util import every_node
+from onnxbuild.fusion.passes import Pass, set_nodes
+
 if TYPE_CHECKING:
     import onnx
 
@@ -18,6 +21,13 @@ def weight_aliases(graph: onnx.GraphProto) -> dict[str, str]:
     return {n.output[0]: n.input[0] for n in graph.node if n.op_type == "Identity" and n.input[0] in constants}
 
 
+PASS = Pass(
+    "fold-weight-aliases",
+    requires="any graph; TorchScript writes a shared module's later calls as Identity(initializer)",
+    guarantees="every reader of an Identity of an initializer reads the initializer itself (a graph output stays)",
+)
+
+
 def fold_weight_aliases(model: onnx.ModelProto) -> int:
     """Every reader of such an Identity reads the initializer itself and the Identity goes (a
     graph output that is one stays, as a name the caller sees); how many went."""
@@ -26,21 +36,9 @@ def fold_weight_aliases(model: onnx.ModelProto) -> int:
     aliases = {k: v for k, v in weight_aliases(graph).items() if k not in outputs}
     if not aliases:
         return 0
-    for node in _every_node(graph):  # an If's or a Loop's body may read one from the outer scope
+    for node in every_node(graph):  # an If's or a Loop's body may read one from the outer scope
         for i, name in enumerate(node.input):
             if name in aliases:
                 node.input[i] = aliases[name]
-    kept = [n for n in graph.node if not (n.op_type == "Identity" and n.output[0] in aliases)]
-    del graph.node[:]
-    graph.node.extend(kept)
+    set_nodes(graph, [n for n in graph.node if not (n.op_type == "Identity" and n.output[0] in aliases)])
     return len(aliases)
-
-
-def _every_node(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
-    out = []
-    for node in graph.node:
-        out.append(node)
-        for a in node.attribute:
-            for sub in [a.g] if a.HasField("g") else list(a.graphs):
-                out += _every_node(sub)
-    return out

@@ -54,6 +54,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, SupportsIndex, SupportsInt
 
+from onnxbuild.fusion.passes import Pass, drop_unused, replace_nodes
+
 if TYPE_CHECKING:
     import numpy as np
     import onnx
@@ -245,6 +247,14 @@ def read(gguf_path: Path, onnx_names: Sequence[str], *, outputs: Mapping[str, in
     return _read(GGUFReader(gguf_path), onnx_names, outputs or {})
 
 
+PASS = Pass(
+    "gguf-carry",
+    requires="float MatMuls whose weights a GGUF file holds in a block layout MatMulNBits takes (Q4_0, Q4_1, Q8_0...)",
+    guarantees="each such MatMul is a MatMulNBits (float zero points split into codes and block sums) holding the "
+    "GGUF's own blocks, bit for bit; the float weights it replaced are gone",
+)
+
+
 def carry(
     model: onnx.ModelProto,
     gguf_path: Path,
@@ -392,20 +402,11 @@ def carry(
         ]
 
     if rewritten:
-        nodes = [detached(n) for i, old in enumerate(graph.node) for n in rewritten.get(i, [old])]
-        del graph.node[:]
-        graph.node.extend(nodes)
+        replace_nodes(graph, rewritten)
         if not any(o.domain == MS for o in model.opset_import):
             model.opset_import.append(helper.make_opsetid(MS, 1))
     drop_unused(graph, replaced)
     return model, carried
-
-
-def detached(node: onnx.NodeProto) -> onnx.NodeProto:
-    """A detached copy of ``node``, to outlive its removal from the graph's node list."""
-    out = type(node)()
-    out.CopyFrom(node)
-    return out
 
 
 def _attr(node: onnx.NodeProto, name: str, default: int) -> int:
@@ -519,25 +520,6 @@ def pack_zero_points(z: NDArray[np.generic], bits: int) -> U8:
     if u8.shape[1] % 2:
         u8 = np.concatenate([u8, np.zeros((u8.shape[0], 1), np.uint8)], axis=1)
     return np.ascontiguousarray(u8[:, 0::2] | (u8[:, 1::2] << 4)).astype(np.uint8)
-
-
-def drop_unused(graph: onnx.GraphProto, names: set[str]) -> None:
-    """Removes the initializers in ``names`` that no node (subgraphs included) or graph output
-    reads any more, with their graph inputs and value infos."""
-    used = {o.name for o in graph.output}
-
-    def walk(g: onnx.GraphProto) -> None:
-        for n in g.node:
-            used.update(n.input)
-            for a in n.attribute:
-                for sub in [a.g] if a.HasField("g") else list(a.graphs):
-                    walk(sub)
-
-    walk(graph)
-    gone = names - used
-    for field_ in (graph.initializer, graph.input, graph.value_info):
-        for item in [x for x in field_ if x.name in gone]:
-            field_.remove(item)
 
 
 # --------------------------------------------------------------------------- reading the GGUF

@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from onnxbuild.fusion.passes import Pass
+
 if TYPE_CHECKING:
     import numpy as np
     import onnx
@@ -31,6 +33,13 @@ if TYPE_CHECKING:
 
 MS = "com.microsoft"
 _FLOAT = 1  # onnx.TensorProto.FLOAT
+
+
+PASS = Pass(
+    "split-zero-points",
+    requires="MatMulNBits with float zero points (HQQ's), which onnxruntime's int8-compute kernel does not take",
+    guarantees="each is a MatMulNBits on uint8 codes plus a block-sum correction MatMul; no float zero point is left",
+)
 
 
 def split_float_zero_points(model: onnx.ModelProto) -> int:
@@ -53,7 +62,8 @@ def _rewrite_graph(graph: onnx.GraphProto, outer: Mapping[str, onnx.TensorProto]
     """:func:`split_float_zero_points` on one graph and its subgraphs; ``outer`` holds the
     enclosing graphs' initializers, which a subgraph's nodes may read; ``replaced`` collects the
     float zero points rewritten, to drop from whichever graph holds them."""
-    from onnxbuild.quant.gguf_exact import BlockSums, detached, drop_unused, split_matmul_nbits
+    from onnxbuild.fusion.passes import drop_unused, replace_nodes
+    from onnxbuild.quant.gguf_exact import BlockSums, split_matmul_nbits
 
     overridable = {i.name for i in graph.input}
     inits = dict(outer)
@@ -107,9 +117,7 @@ def _rewrite_graph(graph: onnx.GraphProto, outer: Mapping[str, onnx.TensorProto]
         count += 1
 
     if rewritten:
-        nodes = [detached(n) for i, old in enumerate(graph.node) for n in rewritten.get(i, [old])]
-        del graph.node[:]
-        graph.node.extend(nodes)
+        replace_nodes(graph, rewritten)
     drop_unused(graph, replaced)
     return count
 

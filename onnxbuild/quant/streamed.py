@@ -16,6 +16,8 @@ from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, TypeVar
 
+from onnxbuild.fusion.passes import Pass, set_nodes
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -32,6 +34,13 @@ INLINE_BELOW = 1024
 PIECE_BYTES = 128 << 20
 """A float weight larger than this is quantized in pieces of whole columns (:func:`quantized`)."""
 _CHUNK = 64 << 20
+
+
+PASS = Pass(
+    "streamed-weight-only",
+    requires="a model with external data whose MatMuls take 2-D float initializers",
+    guarantees="each such MatMul is a MatMulNBits, quantized one at a time and written to one new data file",
+)
 
 
 def quantize(
@@ -84,8 +93,7 @@ def quantize(
                 kept.append(_copied(t, file.folder, data, location))
             else:
                 kept.append(t)
-    del graph.node[:]
-    graph.node.extend(nodes)
+    set_nodes(graph, nodes)
     del graph.initializer[:]
     graph.initializer.extend(kept + list(made.values()))
     opsets = {o.domain: o.version for o in model.opset_import}

@@ -34,13 +34,15 @@ def light_copy(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> o
     dims."""
     import onnx
 
+    from onnxbuild.fusion.passes import set_nodes
+
     light = onnx.ModelProto()
     light.ir_version = model.ir_version
     light.opset_import.extend(model.opset_import)
     light.functions.extend(model.functions)
     graph = light.graph
     graph.name = model.graph.name
-    graph.node.extend(model.graph.node)
+    set_nodes(graph, model.graph.node)
     graph.output.extend(model.graph.output)
     graph.value_info.extend(model.graph.value_info)
     # A big initializer becomes an input of its type and shape rather than an initializer

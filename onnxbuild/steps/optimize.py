@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     import onnx
 
     from onnxbuild.fusion.decoder import Built
+    from onnxbuild.fusion.passes import Applied
 
 OWN_KEYS = ("level", "decoder", "transformer", "float16")
 """What of ``optimize:`` this step reads: its ``validate:`` block is the validate.optimized step's;
@@ -306,16 +307,7 @@ def _optimize(
             "opt_level": t["opt_level"],
         }
     if opt["transformer"] is not None and fused_graph is None and file != MODEL:
-        # an encoder-decoder's files: the eager attention ORT's patterns missed (T5's, BART's)
-        # as ONNX's Attention (fusion/attention.py)
-        from onnxbuild.fusion.attention import fuse
-
-        rewritten, count = fuse(onnx.load_model(str(current)))
-        if count:
-            staged = ctx.output_dir / "stage-attention.onnx"
-            onnx.save_model(rewritten, str(staged))
-            current = staged
-        report["attention_fusion"] = count
+        current = _fuse_attention(ctx, current, report)
     if opt["float16"] is not None:
         from onnxruntime.transformers.onnx_model import OnnxModel
 
@@ -354,13 +346,38 @@ def _optimize(
     return report, before
 
 
+def _fuse_attention(ctx: StepContext, current: Path, report: dict[str, object]) -> Path:
+    """An encoder-decoder's files: the eager attention ORT's patterns missed (T5's, BART's) as
+    ONNX's Attention (fusion/attention.py); the count goes in optimize.json."""
+    import onnx
+
+    from onnxbuild.fusion import attention
+
+    rewritten, count = attention.fuse(onnx.load_model(str(current)))
+    report["attention_fusion"] = count
+    _ran(report, attention.PASS.ran(count))
+    if not count:
+        return current
+    staged = ctx.output_dir / "stage-attention.onnx"
+    onnx.save_model(rewritten, str(staged))
+    return staged
+
+
+def _ran(report: dict[str, object], applied: Applied) -> None:
+    """A pass's run in optimize.json's ``passes`` (fusion/passes.py): its name and its rewrites,
+    0 where it left the model unchanged."""
+    runs = report.setdefault("passes", [])
+    assert isinstance(runs, list)
+    runs.append(applied)
+
+
 def _split_skip_layer_norm(ctx: StepContext, current: Path, report: dict[str, object]) -> Path:
     """SkipLayerNormalization -> Sum + LayerNormalization (fusion/layernorm.py says why);
     the count goes in optimize.json. A file with external weights is left fused (said so):
     rewriting it here would break the weights' relative paths."""
     import onnx
 
-    from onnxbuild.fusion.layernorm import MIN_OPSET, default_opset, split_skip_layer_norm
+    from onnxbuild.fusion.layernorm import MIN_OPSET, PASS, default_opset, split_skip_layer_norm
 
     model = onnx.load_model(str(current), load_external_data=False)
     if not any(n.op_type == "SkipLayerNormalization" for n in model.graph.node):
@@ -379,6 +396,7 @@ def _split_skip_layer_norm(ctx: StepContext, current: Path, report: dict[str, ob
         }
         return current
     count = split_skip_layer_norm(model)
+    _ran(report, PASS.ran(count))
     staged = ctx.output_dir / "stage-sum.onnx"
     onnx.save_model(model, str(staged))
     report["skip_layer_norm"] = {
