@@ -123,6 +123,8 @@ class StepContext:
     """sha256 of each of the spec's ``files`` (label -> digest), as the planner saw them."""
     versions: dict[str, str] = field(default_factory=dict)
     """The versions of the kind's packages that the step's key holds (the planner's)."""
+    code: dict[str, str] = field(default_factory=dict)
+    """The digest of each onnxbuild module the step's key holds (the planner's code)."""
     log: Callable[[str], None] = print
 
     def input(self, rel: str) -> Path:

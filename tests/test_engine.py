@@ -486,3 +486,34 @@ def test_a_named_list_that_grew_is_explained_item_by_item() -> None:
         'inputs[input_ids].shape[1] changed "sequence" -> 16',
         'inputs[position_ids] added ({"name": "position_ids", "shape": ["batch", "sequence"]})',
     ]
+
+
+def test_a_ray_task_refuses_a_node_whose_onnxbuild_code_differs_from_the_key(tmp_path: Path) -> None:
+    """#53: the key holds the planner's onnxbuild code; a node running other code (another
+    checkout or version) would file its outputs under that key, so it refuses, naming the modules."""
+    from dataclasses import replace
+
+    from onnxbuild.engine.cluster import code_differs
+    from onnxbuild.engine.codekeys import Code
+    from onnxbuild.engine.execute import Task
+    from onnxbuild.spec import StepSpec
+    from onnxbuild.steps import describe
+
+    spec = describe(StepSpec(name="report", kind="report", params={"variants": []}))
+    code = Code().reach((spec.entry, *spec.code_also), spec.code_stops)
+    ctx = StepContext(
+        recipe_name="r",
+        recipe_path="recipes/r.yaml",
+        recipe_dir=tmp_path,
+        input_dir=tmp_path / "in",
+        output_dir=tmp_path / "out",
+        code=code,
+    )
+    assert code_differs(Task(spec, ctx, str(tmp_path / "step.log"))) is None
+    wrong = replace(ctx, code={**code, "onnxbuild.report.validation": "0" * 16})
+    refused = code_differs(Task(spec, wrong, str(tmp_path / "step.log")))
+    assert refused is not None and not refused.ok
+    assert refused.error == (
+        "this node's onnxbuild code differs from the step's key (onnxbuild.report.validation): install the "
+        "planning machine's onnxbuild on every node"
+    )

@@ -86,9 +86,9 @@ def _attempt() -> int:
 
 
 def versions_differ(task: Task) -> Outcome | None:
-    """A failed Outcome when a package the step's key names has another version in this process
-    (a node of a cluster installed differently from the machine that planned), else None: the
-    step would file outputs of other code under the key."""
+    """A failed Outcome when a package the step's key names has another version in this process,
+    or its onnxbuild code differs (a node of a cluster installed differently from the machine that
+    planned), else None: the step would file outputs of other code under the key."""
     from onnxbuild.environment import package_version
 
     differ = {
@@ -96,13 +96,33 @@ def versions_differ(task: Task) -> Outcome | None:
         for name, wanted in sorted(task.ctx.versions.items())
         if package_version(name) != wanted
     }
+    if differ:
+        shown = "; ".join(f"{name} {here} here, {wanted} in the key" for name, (here, wanted) in differ.items())
+        return Outcome(
+            False,
+            error=f"this node's packages differ from the step's key ({shown}): install the planning machine's "
+            "versions on every node (pip install -c constraints.txt ...)",
+        )
+    return code_differs(task)
+
+
+def code_differs(task: Task) -> Outcome | None:
+    """A failed Outcome when the onnxbuild code this node would run differs from the code the
+    step's key holds (a node with another onnxbuild checkout or version), else None."""
+    from onnxbuild.engine.codekeys import Code
+
+    if not task.ctx.code:  # a key computed without code (a kind registered from outside the package)
+        return None
+    spec = task.spec
+    here = Code().reach((spec.entry, *spec.code_also), spec.code_stops)
+    differ = sorted(m for m in set(here) | set(task.ctx.code) if here.get(m) != task.ctx.code.get(m))
     if not differ:
         return None
-    shown = "; ".join(f"{name} {here} here, {wanted} in the key" for name, (here, wanted) in differ.items())
+    shown = ", ".join(differ[:4]) + (f" and {len(differ) - 4} more" if len(differ) > 4 else "")
     return Outcome(
         False,
-        error=f"this node's packages differ from the step's key ({shown}): install the planning machine's "
-        "versions on every node (pip install -c constraints.txt ...)",
+        error=f"this node's onnxbuild code differs from the step's key ({shown}): install the planning "
+        "machine's onnxbuild on every node",
     )
 
 

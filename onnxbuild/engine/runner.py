@@ -449,6 +449,7 @@ def _start(
         output_dir=workdir / "out",
         digests={label: v for label, v in ing["files"].items()},
         versions=dict(ing["packages"]),
+        code=dict(ing["code"]),
     )
     st.record = None
     st.planned = PlannedStep(p.recipe, p.spec, "run", (reason,), key, ing, None)
