@@ -90,9 +90,9 @@ def comparisons(artifacts: Path) -> dict[str, Path]:
         out = OUT / (label.split(" (")[0].replace(" ", "-") + ".onnx")
         if not out.exists():
             if q["method"] == "dynamic":
-                int8._dynamic(src, out, {**base, **q})  # type: ignore[arg-type]
+                int8.dynamic(src, out, {**base, **q})  # type: ignore[arg-type]
             else:
-                onnx.save_model(nbits._weight_only_proto(onnx.load_model(str(src)), {**base, **q}), str(out))  # type: ignore[arg-type]
+                onnx.save_model(nbits.weight_only_proto(onnx.load_model(str(src)), {**base, **q}), str(out))  # type: ignore[arg-type]
         made[f"onnxbuild {label}"] = out
     return made
 

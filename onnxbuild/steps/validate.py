@@ -300,8 +300,9 @@ def run(ctx: StepContext, spec: StepSpec) -> StepResult:
     top1_gated = gates_top1(source)
     ov_counts = [0, 0]  # OpenVINO's top-1 hits and tokens over every shape
     for sizes, feeds, real, reference in cases:
-        runs = prefill if prefill is not None and not sizes.get("past_sequence") else session
-        shape_result, produced = _one_case(runs, sizes, feeds, real, reference, export, rtol, atol, top1_gated, found)
+        shape_result, produced = _one_case(
+            (session, prefill), sizes, feeds, real, reference, export, rtol, atol, top1_gated, found
+        )
         if produced is not None:
             if web_target:
                 shape_result["web"] = web_case(
@@ -478,7 +479,7 @@ def _web_target(params: ValidateParams) -> tuple[bool, str]:
 
 
 def _one_case(
-    runs: Session,
+    files: tuple[Session, Session | None],
     sizes: dict[str, int],
     feeds: dict[str, NDArray[np.generic]],
     real: RealTokens,
@@ -491,8 +492,13 @@ def _one_case(
 ) -> tuple[ShapeResult, list[NDArray[np.generic]] | None]:
     """One shape on ONNX Runtime against PyTorch's outputs: each output's comparison and its
     top-1 agreement (added to ``found``'s count), and the outputs as run (of the real tokens), for
-    the other targets to compare with; None where ONNX Runtime refused the inputs."""
+    the other targets to compare with; None where ONNX Runtime refused the inputs. ``files``: the
+    file's session and its prefill file's, which runs a prompt from an empty past (no name in the
+    caller holds the one chosen, so ``del session`` there frees it before the graph check)."""
     import numpy as np
+
+    session, prefill = files
+    runs = prefill if prefill is not None and not sizes.get("past_sequence") else session
 
     shape_result: ShapeResult = {
         "shape": dict(sizes),
