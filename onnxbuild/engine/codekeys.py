@@ -67,18 +67,7 @@ def code_digest(source: str) -> str:
     """sha256 of the code of ``source``: its syntax tree less docstrings, so comments, docstrings
     and layout do not count."""
     tree = ast.parse(source)
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if (
-            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-            and isinstance(body, list)
-            and body
-            and isinstance(body[0], ast.Expr)
-            and isinstance(body[0].value, ast.Constant)
-            and isinstance(body[0].value.value, str)
-        ):
-            node.body = body[1:] or [ast.Pass()]  # type: ignore[attr-defined]
-    # a string statement elsewhere (an attribute's docstring below it) is not code either
+    # a string statement is a docstring (a module's, a class's, a function's, an attribute's below it): not code
     for node in ast.walk(tree):
         for field in ("body", "orelse", "finalbody"):
             stmts = getattr(node, field, None)
@@ -153,10 +142,11 @@ class Code:
         else:
             # parsed before in this process (another cache folder: a test's, or --cache-dir)
             seen = (str(path), st.st_size, st.st_mtime_ns)
-            parsed = _PARSED.get(seen) or _Module("", ())
-            if not parsed.digest:
+            found = _PARSED.get(seen)
+            if found is None:
                 source = path.read_text(encoding="utf-8")
-                parsed = _PARSED[seen] = _Module(code_digest(source)[:DIGEST_CHARS], imports_of(source, self.paths))
+                found = _PARSED[seen] = _Module(code_digest(source)[:DIGEST_CHARS], imports_of(source, self.paths))
+            parsed = found
             self._memo[rel] = {"stat": stat, "digest": parsed.digest, "imports": list(parsed.imports)}
             self._dirty = True
         self._parsed[name] = parsed
